@@ -1,0 +1,37 @@
+# Two entry points that work on a fresh machine with only Python 3.11:
+#   make demo   -- create .venv, install, train SRNN on the built-in chorales, save figures + MIDI
+#   make test   -- create .venv if needed, install test extras, run the test suite
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.pyro-seq-installed
+DEMO_OUT ?= demo_out
+
+.PHONY: test demo install clean docs
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+$(STAMP): setup.cfg pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install -q --upgrade "setuptools>=64" wheel
+	$(BIN)/python -m pip install -q torch==2.13.0
+	$(BIN)/python -m pip install -q --no-build-isolation -e ".[test]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q tests
+
+demo: $(STAMP)
+	$(BIN)/pyro-seq train --model srnn --data chorales --objective elbo --epochs 40 \
+		--time-limit 360 --out $(DEMO_OUT)
+	$(BIN)/pyro-seq evaluate $(DEMO_OUT)
+	$(BIN)/pyro-seq sample $(DEMO_OUT) --length 64
+
+docs: $(STAMP)
+	$(BIN)/python -m pip install -q -e ".[docs]"
+	$(BIN)/python -m sphinx -b html docs docs/_build/html
+
+clean:
+	rm -rf $(VENV) $(DEMO_OUT) docs/_build

@@ -1,0 +1,149 @@
+"""The sequence-model contract: model/guide pairs defined once, by ``init`` and ``step``.
+
+Every architecture subclasses :class:`SequenceModel` and implements four methods::
+
+    model_init(state, x, mask)      model_step(state, t, x, mask)
+    guide_init(state, x, mask)      guide_step(state, t, x, mask)
+
+``x`` is a batch-first tensor ``(batch, T, D)``, ``mask`` a bool tensor ``(batch, T)`` (True for
+real steps, a prefix of each row), ``t`` a 0-based step index and ``state`` a
+:class:`~pyro_seq.ops.SequenceState`. Step ``t`` samples the latent site ``f"z_{t+1}"`` (and the
+model observes ``f"x_{t+1}"``), masked by ``mask[:, t]`` so that padded steps contribute exactly
+zero. Steps read what they need from the past from ``state`` only; per-particle tensors there
+have shape ``(*particles, batch, ...)`` and ``state.shared`` holds tensors common to all
+particles.
+
+Ordering rule (the one of :class:`pyro.infer.SMCFilter`): at each step the guide runs first, then
+the model, on the same state. The guide therefore only *reads* the latent history (e.g.
+``state["z"]`` is z_{t-1} while it runs) and writes keys of its own; the model step writes the
+new latent ``state["z"] = z_t``.
+
+``m.model`` and ``m.guide`` are :class:`StepProgram` objects: calling them runs the whole
+sequence (``init`` then ``step`` for every ``t`` inside ``pyro.markov``, the batch inside
+``pyro.plate("sequences")``), so they work with :class:`pyro.infer.SVI` and every stock ELBO;
+their ``init``/``step`` methods expose the same code one step at a time to particle methods
+(:class:`pyro_seq.infer.FIVO`). The loop over steps *is* the model, so the two views cannot drift
+apart.
+"""
+
+import pyro
+import torch
+import torch.nn as nn
+
+from pyro_seq.ops.state import SequenceState
+
+
+def check_sequences(x, mask=None, obs_dim=None):
+    """Validate a batch of sequences and return ``(x, mask)`` with a bool prefix mask.
+
+    :param torch.Tensor x: ``(batch, T, D)`` floating tensor.
+    :param mask: ``(batch, T)`` bool (True = observed step) or None (all observed).
+    :raises ValueError: naming the problem (dimensionality, NaN/inf, non-prefix or empty mask).
+    """
+    if not torch.is_tensor(x):
+        raise TypeError(f"x must be a torch.Tensor of shape (batch, T, D), got {type(x).__name__}")
+    if x.dim() != 3:
+        raise ValueError(f"x must have shape (batch, T, D), got shape {tuple(x.shape)}")
+    if not x.is_floating_point():
+        raise TypeError(f"x must be a floating tensor, got dtype {x.dtype}")
+    if obs_dim is not None and x.shape[-1] != obs_dim:
+        raise ValueError(f"x has {x.shape[-1]} features per step, the model expects {obs_dim}")
+    if x.shape[1] == 0:
+        raise ValueError("x has no time steps (T = 0)")
+    if not torch.isfinite(x).all():
+        raise ValueError("x contains NaN or infinite values")
+    if mask is None:
+        mask = torch.ones(x.shape[:2], dtype=torch.bool, device=x.device)
+    else:
+        if mask.shape != x.shape[:2]:
+            raise ValueError(f"mask must have shape {tuple(x.shape[:2])}, got {tuple(mask.shape)}")
+        mask = mask.bool()
+        lengths = mask.sum(-1)
+        if (lengths == 0).any():
+            raise ValueError("mask marks an empty sequence (a row with no observed step)")
+        prefix = torch.arange(x.shape[1], device=x.device) < lengths.unsqueeze(-1)
+        if not torch.equal(prefix, mask):
+            raise ValueError("mask must be a prefix mask: True for steps 0..length-1, then False")
+    return x, mask
+
+
+class StepProgram:
+    """A Pyro program given by ``init``/``step``; calling it runs the whole sequence.
+
+    :param SequenceModel owner: the module whose parameters the program uses.
+    :param str role: ``"model"`` or ``"guide"``.
+    """
+
+    def __init__(self, owner, role):
+        self._owner = owner
+        self.role = role
+        self._init = getattr(owner, f"{role}_init")
+        self._step = getattr(owner, f"{role}_step")
+
+    def __repr__(self):
+        return f"{type(self._owner).__name__}.{self.role}"
+
+    def plate(self, x, num_sequences=None):
+        """The batch plate; ``num_sequences`` (data-set size) scales a minibatch to the full sum."""
+        batch = x.shape[0]
+        if num_sequences is None:
+            return pyro.plate("sequences", batch, dim=-1)
+        return pyro.plate("sequences", num_sequences, subsample=torch.arange(batch), dim=-1)
+
+    def init(self, state, x, mask=None, num_sequences=None):
+        """Register parameters and fill ``state`` for step 0 (inside the batch plate)."""
+        pyro.module(self._owner.module_name, self._owner)
+        with self.plate(x, num_sequences):
+            self._init(state, x, mask)
+
+    def step(self, state, t, x, mask=None, num_sequences=None):
+        """Run step ``t`` (0-based) inside the batch plate."""
+        with self.plate(x, num_sequences):
+            self._step(state, t, x, mask)
+
+    def __call__(self, x, mask=None, num_sequences=None):
+        """Run the whole sequence: ``init`` then ``step`` for t = 0..T-1 in ``pyro.markov``.
+
+        :param torch.Tensor x: ``(batch, T, D)``.
+        :param mask: ``(batch, T)`` bool prefix mask or None.
+        :param int num_sequences: size of the full data set when ``x`` is a minibatch.
+        :returns: the final :class:`SequenceState`.
+        """
+        x, mask = check_sequences(x, mask, self._owner.obs_dim)
+        state = SequenceState()
+        pyro.module(self._owner.module_name, self._owner)
+        with self.plate(x, num_sequences):
+            self._init(state, x, mask)
+            for t in pyro.markov(range(x.shape[1])):
+                self._step(state, t, x, mask)
+        return state
+
+
+class SequenceModel(nn.Module):
+    """Base class of every architecture: holds the networks, exposes ``.model``/``.guide``.
+
+    Subclasses set ``obs_dim`` and implement ``model_init``, ``model_step``, ``guide_init``,
+    ``guide_step`` (see the module docstring for the protocol).
+    """
+
+    module_name = "sequence_model"
+
+    def __init__(self, obs_dim):
+        super().__init__()
+        if int(obs_dim) <= 0:
+            raise ValueError(f"obs_dim must be a positive integer, got {obs_dim}")
+        self.obs_dim = int(obs_dim)
+        self.model = StepProgram(self, "model")
+        self.guide = StepProgram(self, "guide")
+
+    def model_init(self, state, x, mask):
+        raise NotImplementedError
+
+    def model_step(self, state, t, x, mask):
+        raise NotImplementedError
+
+    def guide_init(self, state, x, mask):
+        raise NotImplementedError
+
+    def guide_step(self, state, t, x, mask):
+        raise NotImplementedError
