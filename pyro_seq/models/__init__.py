@@ -1,1 +1,7 @@
-"""pyro_seq.models"""
+"""Sequence architectures as Pyro model/guide pairs sharing the step protocol of ``base``."""
+
+from pyro_seq.models.base import SequenceModel, StepProgram, check_sequences
+from pyro_seq.models.dmm import DMM
+from pyro_seq.models.srnn import SRNN
+
+__all__ = ["DMM", "SRNN", "SequenceModel", "StepProgram", "check_sequences"]

@@ -1,0 +1,85 @@
+"""Deep Markov model / deep Kalman filter (thesis 4.3; Krishnan et al. 2017).
+
+Generative model (thesis eq. 4.3, 4.2)::
+
+    z_t ~ N(GatedTransition(z_{t-1}))                 z_0 learned
+    x_t ~ Bernoulli(logits = Emitter(z_t))            (or Normal for real-valued data)
+
+Inference networks of thesis Fig. 4.2:
+
+* ``inference="smoothing"`` (Fig. 4.2a, eq. 4.6-4.9): ``a_t = RNN(a_{t+1}, x_t)`` runs backwards
+  from ``a_{T+1} = 0`` and ``q(z_t | z_{t-1}, a_t)`` is the combiner of Krishnan et al.;
+* ``inference="filtering"`` (Fig. 4.2b): ``a_t = NN^(a)(x_t)`` sees only the present.
+
+Default sizes are those of Pyro's ``examples/dmm.py`` (z 100, transition 200, emission 100,
+backward RNN 600).
+"""
+
+import pyro
+import pyro.distributions as dist
+import torch
+import torch.nn as nn
+
+from pyro_seq.models.base import SequenceModel
+from pyro_seq.models.emission import make_emission
+from pyro_seq.nn import MLP, BackwardRNN, Combiner, GatedTransition
+
+
+class DMM(SequenceModel):
+    """Deep Markov model as a Pyro model/guide pair.
+
+    :param int obs_dim: observation size ``D`` (88 for piano rolls).
+    :param int z_dim: latent size.
+    :param int transition_dim: hidden size of the gated transition.
+    :param int emission_dim: hidden size of the two-layer emitter.
+    :param int rnn_dim: size of the inference RNN state ``a_t``.
+    :param str inference: ``"smoothing"`` or ``"filtering"`` (thesis Fig. 4.2).
+    :param str rnn_cell: ``"rnn"`` (ReLU RNN, as Pyro's example), ``"gru"`` or ``"lstm"``.
+    :param str likelihood: ``"bernoulli"`` (binary data) or ``"gaussian"``.
+    :param float min_scale: floor on latent standard deviations.
+
+    ``x`` is ``(batch, T, obs_dim)``, ``mask`` ``(batch, T)``; see
+    :mod:`pyro_seq.models.base` for the step protocol.
+    """
+
+    module_name = "dmm"
+
+    def __init__(self, obs_dim, z_dim=100, transition_dim=200, emission_dim=100, rnn_dim=600,
+                 inference="smoothing", rnn_cell="rnn", likelihood="bernoulli", min_scale=1e-3):
+        super().__init__(obs_dim)
+        if inference not in ("smoothing", "filtering"):
+            raise ValueError(f"inference must be 'smoothing' or 'filtering', got {inference!r}")
+        self.z_dim, self.inference = z_dim, inference
+        self.transition = GatedTransition(z_dim, transition_dim, min_scale)
+        self.emitter, self.likelihood = make_emission(likelihood, z_dim, [emission_dim] * 2, obs_dim)
+        if inference == "smoothing":
+            self.encoder = BackwardRNN(obs_dim, rnn_dim, cell=rnn_cell, learn_init=True)
+        else:
+            self.encoder = MLP(obs_dim, [rnn_dim], rnn_dim, activation="tanh", activate_output=True)
+        self.combiner = Combiner(z_dim, rnn_dim, min_scale)
+        self.z_0 = nn.Parameter(torch.zeros(z_dim))
+        self.z_q_0 = nn.Parameter(torch.zeros(z_dim))
+
+    # generative model p(x, z): thesis eq. 4.3
+    def model_init(self, state, x, mask):
+        state["z"] = self.z_0.expand(x.shape[0], self.z_dim)
+
+    def model_step(self, state, t, x, mask):
+        m_t = mask[:, t]
+        loc, scale = self.transition(state["z"])
+        z = pyro.sample(f"z_{t + 1}", dist.Normal(loc, scale).to_event(1).mask(m_t))
+        pyro.sample(f"x_{t + 1}", self.likelihood(self.emitter(z)).mask(m_t), obs=x[:, t])
+        state["z"] = z
+
+    # inference network q(z | x): thesis eq. 4.6-4.9, Fig. 4.2
+    def guide_init(self, state, x, mask):
+        if self.inference == "smoothing":
+            state.shared["a"] = self.encoder(x, mask)
+        else:
+            state.shared["a"] = self.encoder(x)
+        state["guide_z"] = self.z_q_0.expand(x.shape[0], self.z_dim)
+
+    def guide_step(self, state, t, x, mask):
+        loc, scale = self.combiner(state["guide_z"], state.shared["a"][:, t])
+        z = pyro.sample(f"z_{t + 1}", dist.Normal(loc, scale).to_event(1).mask(mask[:, t]))
+        state["guide_z"] = z

@@ -1,0 +1,120 @@
+"""Stochastic recurrent neural network (thesis Ch. 5, Fraccaro et al. 2016).
+
+Generative model (eq. 5.1, 5.3), with ``u_t = x_{t-1}`` (``x_0 = 0``) as in the paper's
+polyphonic-music experiments::
+
+    d_t = GRU(d_{t-1}, u_t)                                   d_0 = 0   (deterministic layer)
+    z_t ~ N(mu^(p)_t, v^(p)_t),  [mu^(p)_t, log v^(p)_t] = NN^(p)(z_{t-1}, d_t)   z_0 = 0
+    x_t ~ Bernoulli(logits = NN^(x)(z_t, d_t))                (skip connection d_t -> x_t)
+
+Inference network (eq. 5.5, 5.7, 5.10): ``q`` reuses the same ``d_{1:T}`` and factorises as
+``prod_t q(z_t | z_{t-1}, a_t)`` with
+
+* ``inference="smoothing"``: ``a_t = GRU_back(a_{t+1}, [d_t, x_t])``, ``a_{T+1} = 0`` (eq. 5.7);
+* ``inference="filtering"``: ``a_t = NN^(a)([d_t, x_t])``.
+
+With ``residual=True`` (Res_q, eq. 5.11-5.12, Algorithm 2) the guide mean is
+``mu^(q)_t = mu^(p)_t(z_{t-1}, d_t) + NN^(q)_1(z_{t-1}, a_t)``: the guide learns the residual to
+the prior mean evaluated at its own sample ``z_{t-1}``.
+
+Defaults follow the polyphonic-music setting of the Ch. 5 supplementary: GRU 300, z 100, every
+distribution parameterised by an MLP with one hidden layer of 500 units, leaky ReLU (1/3)
+clipped at +-3.
+"""
+
+import pyro
+import pyro.distributions as dist
+import torch
+import torch.nn as nn
+
+from pyro_seq.models.base import SequenceModel
+from pyro_seq.models.emission import make_emission
+from pyro_seq.nn import MLP, BackwardRNN, ForwardRNN, GaussianHead, cat_broadcast
+
+
+def shift_right(x):
+    """``u_t = x_{t-1}`` with ``u_1 = 0``: ``(batch, T, D) -> (batch, T, D)``."""
+    return torch.cat([torch.zeros_like(x[:, :1]), x[:, :-1]], dim=1)
+
+
+class GaussianMLP(nn.Module):
+    """``(loc, scale)`` of a diagonal Gaussian from an MLP with one hidden layer (eq. 5.3, 5.10)."""
+
+    def __init__(self, in_dim, hidden_dim, out_dim, activation, min_scale):
+        super().__init__()
+        self.body = MLP(in_dim, [], hidden_dim, activation, activate_output=True)
+        self.head = GaussianHead(hidden_dim, out_dim, min_scale)
+
+    def forward(self, *inputs):
+        return self.head(self.body(cat_broadcast(inputs)))
+
+
+class SRNN(SequenceModel):
+    """Stochastic RNN as a Pyro model/guide pair.
+
+    :param int obs_dim: observation size ``D``.
+    :param int d_dim: GRU size of the deterministic layer.
+    :param int z_dim: stochastic layer size.
+    :param int hidden_dim: hidden units of every MLP.
+    :param str inference: ``"smoothing"`` (backward GRU) or ``"filtering"``.
+    :param bool residual: the Res_q parameterisation (eq. 5.12).
+    :param str likelihood: ``"bernoulli"`` or ``"gaussian"``.
+    :param str activation: hidden activation of the MLPs.
+    :param float min_scale: floor on latent standard deviations.
+    """
+
+    module_name = "srnn"
+
+    def __init__(self, obs_dim, d_dim=300, z_dim=100, hidden_dim=500, inference="smoothing",
+                 residual=True, likelihood="bernoulli", activation="clipped_leaky_relu",
+                 min_scale=1e-3):
+        super().__init__(obs_dim)
+        if inference not in ("smoothing", "filtering"):
+            raise ValueError(f"inference must be 'smoothing' or 'filtering', got {inference!r}")
+        self.z_dim, self.inference, self.residual = z_dim, inference, residual
+        self.deterministic = ForwardRNN(obs_dim, d_dim, cell="gru")
+        self.prior = GaussianMLP(z_dim + d_dim, hidden_dim, z_dim, activation, min_scale)
+        self.emitter, self.likelihood = make_emission(
+            likelihood, z_dim + d_dim, [hidden_dim], obs_dim, activation)
+        if inference == "smoothing":
+            self.encoder = BackwardRNN(d_dim + obs_dim, d_dim, cell="gru")
+        else:
+            self.encoder = MLP(d_dim + obs_dim, [hidden_dim], d_dim, activation, activate_output=True)
+        self.posterior = GaussianMLP(z_dim + d_dim, hidden_dim, z_dim, activation, min_scale)
+
+    def _deterministic_states(self, x):
+        """``d_{1:T}`` (eq. 5.1): ``(batch, T, d_dim)``."""
+        return self.deterministic(shift_right(x))
+
+    # generative model: eq. 5.1, 5.3
+    def model_init(self, state, x, mask):
+        state.shared["d"] = self._deterministic_states(x)
+        state["z"] = x.new_zeros(x.shape[0], self.z_dim)
+
+    def model_step(self, state, t, x, mask):
+        d_t, m_t = state.shared["d"][:, t], mask[:, t]
+        loc, scale = self.prior(state["z"], d_t)
+        z = pyro.sample(f"z_{t + 1}", dist.Normal(loc, scale).to_event(1).mask(m_t))
+        pyro.sample(f"x_{t + 1}", self.likelihood(self.emitter(cat_broadcast([z, d_t]))).mask(m_t),
+                    obs=x[:, t])
+        state["z"] = z
+
+    # inference network: eq. 5.5, 5.7, 5.10, 5.12
+    def guide_init(self, state, x, mask):
+        d = self._deterministic_states(x)
+        state.shared["d"] = d
+        inputs = torch.cat([d, x], dim=-1)
+        if self.inference == "smoothing":
+            state.shared["a"] = self.encoder(inputs, mask)
+        else:
+            state.shared["a"] = self.encoder(inputs)
+        state["guide_z"] = x.new_zeros(x.shape[0], self.z_dim)
+
+    def guide_step(self, state, t, x, mask):
+        z_prev = state["guide_z"]
+        loc, scale = self.posterior(z_prev, state.shared["a"][:, t])
+        if self.residual:
+            prior_loc, _ = self.prior(z_prev, state.shared["d"][:, t])
+            loc = loc + prior_loc
+        z = pyro.sample(f"z_{t + 1}", dist.Normal(loc, scale).to_event(1).mask(mask[:, t]))
+        state["guide_z"] = z

@@ -1,0 +1,68 @@
+"""Recurrent encoders over masked ragged batches."""
+
+import torch
+import torch.nn as nn
+
+
+def reverse_padded(x, lengths):
+    """Reverse each sequence within its own length; padded steps stay in place.
+
+    :param torch.Tensor x: ``(batch, T, ...)``.
+    :param torch.LongTensor lengths: ``(batch,)`` with ``1 <= lengths <= T``.
+    :returns: ``y`` with ``y[b, t] = x[b, lengths[b] - 1 - t]`` for ``t < lengths[b]``.
+    """
+    T = x.shape[1]
+    t = torch.arange(T, device=x.device)
+    idx = torch.where(t < lengths.unsqueeze(-1), lengths.unsqueeze(-1) - 1 - t, t)
+    idx = idx.reshape(idx.shape + (1,) * (x.dim() - 2)).expand(x.shape)
+    return torch.gather(x, 1, idx)
+
+
+RNN_CELLS = {"gru": nn.GRU, "lstm": nn.LSTM, "rnn": nn.RNN}
+
+
+class ForwardRNN(nn.Module):
+    """Causal RNN ``d_t = f(d_{t-1}, u_t)`` from ``d_0 = h0`` (thesis eq. 4.11, SRNN eq. 5.1).
+
+    Padded steps after a sequence's end do not affect its real steps (causality).
+
+    :param int input_dim: input features per step.
+    :param int hidden_dim: size of the state.
+    :param str cell: ``"gru"`` (SRNN), ``"rnn"`` (ReLU RNN of Pyro's DMM example) or ``"lstm"``.
+    :param bool learn_init: learn ``h0`` (default: fixed zeros, as in the thesis).
+
+    Shapes: ``inputs (batch, T, input_dim)`` -> ``(batch, T, hidden_dim)``.
+    """
+
+    def __init__(self, input_dim, hidden_dim, cell="gru", learn_init=False):
+        super().__init__()
+        if cell not in RNN_CELLS:
+            raise ValueError(f"unknown cell {cell!r}; choose from {sorted(RNN_CELLS)}")
+        kwargs = {"nonlinearity": "relu"} if cell == "rnn" else {}
+        self.rnn = RNN_CELLS[cell](input_dim, hidden_dim, batch_first=True, **kwargs)
+        self.cell = cell
+        if learn_init:
+            self.h0 = nn.Parameter(torch.zeros(hidden_dim))
+        else:
+            self.register_buffer("h0", torch.zeros(hidden_dim))
+
+    def forward(self, inputs):
+        h0 = self.h0.expand(1, inputs.shape[0], -1).contiguous()
+        init = (h0, torch.zeros_like(h0)) if self.cell == "lstm" else h0
+        out, _ = self.rnn(inputs, init)
+        return out
+
+
+class BackwardRNN(ForwardRNN):
+    """RNN run backwards in time over ragged sequences: ``a_t = g(a_{t+1}, input_t)``.
+
+    Each sequence starts from ``a_{T_b + 1} = h0`` at its own last real step ``T_b`` (thesis
+    eq. 4.8 and 5.7), so padding never leaks into real steps. The states at padded steps are
+    unspecified and must be masked by the caller. Arguments as :class:`ForwardRNN`.
+
+    Shapes: ``inputs (batch, T, input_dim)``, ``mask (batch, T)`` -> ``(batch, T, hidden_dim)``.
+    """
+
+    def forward(self, inputs, mask):
+        lengths = mask.sum(-1)
+        return reverse_padded(super().forward(reverse_padded(inputs, lengths)), lengths)
