@@ -3,3 +3,25 @@
 from pyro_seq.ops.state import SequenceState, gather_particles
 
 __all__ = ["SequenceState", "gather_particles"]
+
+from pyro_seq.ops.kalman import (  # noqa: E402
+    PARALLEL_THRESHOLD,
+    KalmanFilterResult,
+    KalmanSampleResult,
+    KalmanSmootherResult,
+    kalman_filter,
+    kalman_sample,
+    kalman_smoother,
+    psd_sqrt,
+)
+
+__all__ += [
+    "PARALLEL_THRESHOLD",
+    "KalmanFilterResult",
+    "KalmanSampleResult",
+    "KalmanSmootherResult",
+    "kalman_filter",
+    "kalman_sample",
+    "kalman_smoother",
+    "psd_sqrt",
+]

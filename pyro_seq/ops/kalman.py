@@ -1,0 +1,723 @@
+r"""Exact inference in linear-Gaussian state-space models (thesis Sec. 3.4, eqs. 3.4-3.12).
+
+Pure torch, no Pyro state. The model (column vectors, thesis eqs. 3.4-3.7)::
+
+    z_1 ~ N(mu_{1|0}, Sigma_{1|0})
+    z_t = A_t z_{t-1} + B_t u_t + eps_t,   eps_t   ~ N(0, Q_t)      t = 2..T   (3.4, 3.6)
+    x_t = C_t z_t + delta_t,               delta_t ~ N(0, R_t)      t = 1..T   (3.5, 3.7)
+
+Public API (stable; other modules such as EM build on these names)
+-------------------------------------------------------------------
+All functions take the same leading arguments, written ``*model`` below::
+
+    observations,        # (..., T, D)      x_{1:T}; entries at masked positions are ignored (may be NaN)
+    initial_loc,         # (..., S)         mu_{1|0}
+    initial_cov,         # (..., S, S)      Sigma_{1|0}
+    transition_matrix,   # (..., [T|1,] S, S)   A_t   (entry t is the transition INTO step t; entry 0 unused)
+    transition_cov,      # (..., [T|1,] S, S)   Q_t   (same indexing as A_t)
+    observation_matrix,  # (..., [T|1,] D, S)   C_t
+    observation_cov,     # (..., [T|1,] D, D)   R_t
+    control_matrix=None, # (..., [T|1,] S, U)   B_t   (None with ``controls`` given: B_t = I, u_t is an offset)
+    controls=None,       # (..., T, U)          u_t   (entry 0 unused, like A_t)
+    mask=None,           # bool (..., T) per step or (..., T, D) per element; True = observed
+
+Shapes align from the right as in Pyro's ``GaussianHMM``: for a matrix parameter the
+dimension just left of the two matrix dimensions is time (size T or 1) when present, and
+everything left of it is batch; a bare ``(S, S)`` matrix is constant in time and batch.
+Batch dimensions of all arguments broadcast. A mask is read as per-element when its last
+two dimensions are ``(T, D)`` or ``(T, 1)``; otherwise it must end in ``T`` (per step). In
+the one ambiguous case (a per-step mask of shape ``(T, T)`` with ``T == D``) pass
+``mask[..., None]``.
+
+``kalman_filter(*model, method="auto") -> KalmanFilterResult``
+    fields ``means (..., T, S)`` mu_t, ``covs (..., T, S, S)`` Sigma_t (filtered, eq. 3.11),
+    ``predicted_means (..., T, S)`` mu_{t|t-1}, ``predicted_covs (..., T, S, S)``
+    Sigma_{t|t-1}, ``log_likelihoods (..., T)`` log p(x_t | x_{1:t-1}) (eq. 3.12; masked
+    elements excluded, 0 for a fully masked step). ``log_likelihoods.sum(-1)`` is
+    log p(x_{1:T}).
+``kalman_smoother(*model, method="auto") -> KalmanSmootherResult``
+    fields ``means (..., T, S)`` mu_{t|T}, ``covs (..., T, S, S)`` Sigma_{t|T} (RTS),
+    ``cross_covs (..., T-1, S, S)`` entry t (0-based) = Cov(z_{t+1}, z_t | x_{1:T}),
+    ``gains (..., T-1, S, S)`` J_t = Sigma_t A_{t+1}^T Sigma_{t+1|t}^{-1},
+    ``filtered`` the :class:`KalmanFilterResult`.
+``kalman_sample(*model, sample_shape=(), noise=None, method="auto") -> KalmanSampleResult``
+    forward-filtering backward-sampling; fields ``samples (*sample_shape, ..., T, S)``
+    reparameterized draws of z_{1:T} | x_{1:T}, ``filtered`` the filter result.
+    ``noise`` (optional, standard normal of the samples' shape) fixes the randomness.
+
+``method``: ``"sequential"`` (loop over time), ``"parallel"`` (associative scan of
+depth O(log T), Sarkka & Garcia-Fernandez 2021, see :mod:`pyro_seq.ops.kalman_parallel`) or
+``"auto"`` (parallel when ``T >= PARALLEL_THRESHOLD``). Both agree to rounding.
+
+Numerics
+--------
+* Innovation covariances are factorised by Cholesky; gains come from ``cholesky_solve``;
+  filtered covariances use the Joseph form ``(I-KC) P (I-KC)^T + K R K^T`` and the RTS
+  backward covariances the analogous form ``(I-JA) Sigma (I-JA)^T + J Q J^T``, so every
+  covariance is a sum of PSD terms and is symmetrised. No covariance is ever inverted.
+* A matrix that is not positive definite where it must be raises ``ValueError`` naming
+  it instead of producing NaN. Tested finite and exact for covariance eigenvalues in
+  [1e-6, 1e6] in float64; in float32 keep the condition number of the innovation and
+  predicted covariances below ~1e5 (eigenvalues in about [1e-2, 1e3]).
+* The covariance recursions do not depend on the data, so they run with the batch shape
+  of the *parameters and mask* only; data-dependent work is a linear recursion in the
+  means. A batch of sequences sharing parameters therefore pays for one Riccati recursion.
+
+Missing data (thesis Sec. 3.4.2)
+--------------------------------
+A masked element i of x_t is given zero weight by zeroing row i of C_t, replacing row and
+column i of R_t by the unit vector e_i and setting the residual to 0. The innovation
+covariance becomes block diagonal with a 1 for that element, so the gain column is zero
+and its likelihood factor is the constant N(0; 0, 1), which is removed. This equals
+deleting the rows of C_t and R_t (Durbin & Koopman 2012) without permuting anything; a
+fully masked step propagates the prediction (mu_t = mu_{t|t-1}, Sigma_t = Sigma_{t|t-1}).
+"""
+
+import math
+from typing import NamedTuple, Optional
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    "KalmanFilterResult",
+    "KalmanSmootherResult",
+    "KalmanSampleResult",
+    "kalman_filter",
+    "kalman_smoother",
+    "kalman_sample",
+    "PARALLEL_THRESHOLD",
+    "psd_sqrt",
+]
+
+#: ``method="auto"`` uses the parallel scan for sequences at least this long.
+PARALLEL_THRESHOLD = 64
+
+_LOG_2PI = math.log(2 * math.pi)
+
+
+class KalmanFilterResult(NamedTuple):
+    """Filtered moments (thesis eq. 3.11) and per-step log-likelihood terms (eq. 3.12).
+
+    ``means (..., T, S)``, ``covs (..., T, S, S)``: p(z_t | x_{1:t}) = N(means_t, covs_t).
+    ``predicted_means (..., T, S)``, ``predicted_covs (..., T, S, S)``: p(z_t | x_{1:t-1})
+    (entry 0 is the prior N(mu_{1|0}, Sigma_{1|0})).
+    ``log_likelihoods (..., T)``: log p(x_t | x_{1:t-1}) over the observed elements.
+    """
+
+    means: Tensor
+    covs: Tensor
+    predicted_means: Tensor
+    predicted_covs: Tensor
+    log_likelihoods: Tensor
+
+
+class KalmanSmootherResult(NamedTuple):
+    """RTS-smoothed moments p(z_t | x_{1:T}) (thesis Sec. 3.4.1, smoothing).
+
+    ``means (..., T, S)``, ``covs (..., T, S, S)``; ``cross_covs (..., T-1, S, S)`` with
+    entry t = Cov(z_{t+1}, z_t | x_{1:T}) = covs_{t+1} J_t^T (needed by EM);
+    ``gains (..., T-1, S, S)`` the smoother gains J_t; ``filtered`` the filter result.
+    """
+
+    means: Tensor
+    covs: Tensor
+    cross_covs: Tensor
+    gains: Tensor
+    filtered: KalmanFilterResult
+
+
+class KalmanSampleResult(NamedTuple):
+    """Forward-filtering backward-sampling output.
+
+    ``samples (*sample_shape, ..., T, S)``: draws of z_{1:T} ~ p(z_{1:T} | x_{1:T}),
+    differentiable in all parameters and observations (reparameterized).
+    ``filtered``: the :class:`KalmanFilterResult` the draws were conditioned on.
+    """
+
+    samples: Tensor
+    filtered: KalmanFilterResult
+
+
+# ---------------------------------------------------------------------------------------
+# Argument preparation
+# ---------------------------------------------------------------------------------------
+
+
+class _Model(NamedTuple):
+    """Canonical internal form. Time dims are present (size T or 1); batch dims may differ
+    in size but have equal length in every field (aligned with size-1 dims)."""
+
+    x: Tensor  # (xb, T, D), zero where masked
+    mask: Optional[Tensor]  # bool (mb, T, D) or None
+    init_loc: Tensor  # (b, S)
+    init_cov: Tensor  # (b, S, S)
+    A: Tensor  # (b, Ta, S, S)
+    Q: Tensor  # (b, Tq, S, S)
+    b: Optional[Tensor]  # (b, Tb, S)
+    C: Tensor  # (b, Tc, D, S), masked rows zero
+    R: Tensor  # (b, Tr, D, D), masked rows/cols = unit vectors
+    num_obs: Optional[Tensor]  # (mb, T) number of observed elements, None if unmasked
+    batch_shape: torch.Size  # full broadcast batch shape
+    param_batch_shape: torch.Size  # batch shape of parameters and mask (covariance pass)
+    T: int
+    S: int
+    D: int
+
+
+def _with_time(p: Tensor, event_ndim: int, T: int, name: str) -> Tensor:
+    if p.dim() == event_ndim:
+        p = p.unsqueeze(0)
+    size = p.shape[-event_ndim - 1]
+    if size not in (1, T):
+        raise ValueError(
+            f"{name}: time dimension (just left of the {event_ndim} event dims) has size "
+            f"{size}, expected 1 or T={T}; got shape {tuple(p.shape)}"
+        )
+    return p
+
+
+def _element_mask(mask: Tensor, T: int, D: int) -> Tensor:
+    """Convert a per-step ``(..., T)`` or per-element ``(..., T, D|1)`` mask to ``(..., T, D)``."""
+    mask = torch.as_tensor(mask, dtype=torch.bool)
+    if mask.dim() >= 2 and mask.shape[-2] == T and mask.shape[-1] in (D, 1):
+        if not (mask.shape[-1] == T and mask.shape[-2] == T and D != T and D != 1):
+            return mask.expand(mask.shape[:-1] + (D,))
+    if mask.shape[-1:] != (T,):
+        raise ValueError(f"mask must have shape (..., T) or (..., T, D); got {tuple(mask.shape)}")
+    return mask.unsqueeze(-1).expand(mask.shape + (D,))
+
+
+def _pad_batch(p: Optional[Tensor], event_ndim: int, ndim: int) -> Optional[Tensor]:
+    if p is None:
+        return None
+    missing = ndim - (p.dim() - event_ndim)
+    return p.reshape((1,) * missing + p.shape) if missing > 0 else p
+
+
+def _prepare(
+    observations,
+    initial_loc,
+    initial_cov,
+    transition_matrix,
+    transition_cov,
+    observation_matrix,
+    observation_cov,
+    control_matrix=None,
+    controls=None,
+    mask=None,
+) -> _Model:
+    x = observations
+    if x.dim() < 2:
+        raise ValueError(f"observations must have shape (..., T, D); got {tuple(x.shape)}")
+    T, D = x.shape[-2:]
+    S = initial_loc.shape[-1]
+    if initial_cov.shape[-2:] != (S, S):
+        raise ValueError(f"initial_cov must end in ({S}, {S}); got {tuple(initial_cov.shape)}")
+    A = _with_time(transition_matrix, 2, T, "transition_matrix")
+    Q = _with_time(transition_cov, 2, T, "transition_cov")
+    C = _with_time(observation_matrix, 2, T, "observation_matrix")
+    R = _with_time(observation_cov, 2, T, "observation_cov")
+    if A.shape[-2:] != (S, S) or Q.shape[-2:] != (S, S):
+        raise ValueError("transition_matrix and transition_cov must end in (S, S)")
+    if C.shape[-2:] != (D, S):
+        raise ValueError(f"observation_matrix must end in ({D}, {S}); got {tuple(C.shape)}")
+    if R.shape[-2:] != (D, D):
+        raise ValueError(f"observation_cov must end in ({D}, {D}); got {tuple(R.shape)}")
+    b = None
+    if controls is not None:
+        u = controls
+        if u.dim() < 2 or u.shape[-2] not in (1, T):
+            raise ValueError(f"controls must have shape (..., T, U); got {tuple(u.shape)}")
+        if control_matrix is None:
+            if u.shape[-1] != S:
+                raise ValueError("controls without control_matrix are state offsets (..., T, S)")
+            b = u
+        else:
+            Bm = _with_time(control_matrix, 2, T, "control_matrix")
+            if Bm.shape[-2] != S or Bm.shape[-1] != u.shape[-1]:
+                raise ValueError(f"control_matrix must end in ({S}, U={u.shape[-1]})")
+            b = (Bm @ u.unsqueeze(-1)).squeeze(-1)
+    elif control_matrix is not None:
+        raise ValueError("control_matrix given without controls")
+
+    m = None
+    num_obs = None
+    if mask is not None:
+        m = _element_mask(mask, T, D).to(x.device)
+        num_obs = m.sum(-1).to(x.dtype)
+        C = C * m.unsqueeze(-1).to(C.dtype)
+        pair = m.unsqueeze(-1) & m.unsqueeze(-2)
+        eye = torch.eye(D, dtype=R.dtype, device=R.device)
+        R = torch.where(pair, R, eye)
+        x = torch.where(m, x, torch.zeros((), dtype=x.dtype, device=x.device))
+
+    param_batch = torch.broadcast_shapes(
+        initial_loc.shape[:-1],
+        initial_cov.shape[:-2],
+        A.shape[:-3],
+        Q.shape[:-3],
+        C.shape[:-3],
+        R.shape[:-3],
+        b.shape[:-2] if b is not None else (),
+        m.shape[:-2] if m is not None else (),
+    )
+    batch = torch.broadcast_shapes(param_batch, x.shape[:-2])
+    n = len(batch)
+    return _Model(
+        x=_pad_batch(x, 2, n),
+        mask=_pad_batch(m, 2, n),
+        init_loc=_pad_batch(initial_loc, 1, n),
+        init_cov=_pad_batch(initial_cov, 2, n),
+        A=_pad_batch(A, 3, n),
+        Q=_pad_batch(Q, 3, n),
+        b=_pad_batch(b, 2, n),
+        C=_pad_batch(C, 3, n),
+        R=_pad_batch(R, 3, n),
+        num_obs=_pad_batch(num_obs, 1, n),
+        batch_shape=batch,
+        param_batch_shape=param_batch,
+        T=T,
+        S=S,
+        D=D,
+    )
+
+
+# ---------------------------------------------------------------------------------------
+# Shared numerical kernels (used by both the sequential and the parallel forms)
+# ---------------------------------------------------------------------------------------
+
+
+def _sym(M: Tensor) -> Tensor:
+    return 0.5 * (M + M.mT)
+
+
+def _mv(M: Tensor, v: Tensor) -> Tensor:
+    return (M @ v.unsqueeze(-1)).squeeze(-1)
+
+
+def _at(p: Tensor, t, event_ndim: int) -> Tensor:
+    """Entry t of the time dimension of p (size T or 1)."""
+    dim = p.dim() - event_ndim - 1
+    return p.select(dim, t if p.shape[dim] > 1 else 0)
+
+
+def _slice_time(p: Tensor, start: int, stop: Optional[int], event_ndim: int) -> Tensor:
+    """p[..., start:stop, <event>] along time, leaving a size-1 time dim untouched."""
+    dim = p.dim() - event_ndim - 1
+    if p.shape[dim] == 1:
+        return p
+    return p.narrow(dim, start, (stop if stop is not None else p.shape[dim]) - start)
+
+
+def _cholesky(M: Tensor, what: str) -> Tensor:
+    """Cholesky factor; a clear ``ValueError`` instead of NaN when M is not positive definite."""
+    L, info = torch.linalg.cholesky_ex(M)
+    if bool((info != 0).any()):
+        raise ValueError(
+            f"{what} is not positive definite (Cholesky failed); check the covariances for "
+            "NaN/inf, negative eigenvalues or a condition number beyond the dtype's range"
+        )
+    return L
+
+
+def psd_sqrt(M: Tensor) -> Tensor:
+    """A lower-triangular factor L with L L^T = M for positive *semi*-definite M (..., n, n).
+
+    Uses Cholesky; matrices where it fails (singular, e.g. a zero transition noise) are
+    retried with a diagonal jitter of eps * mean(diag) growing x10 up to 5 times, and an
+    exactly zero matrix gets L = 0. Raises ``ValueError`` if M is not PSD. Used only for
+    drawing samples, where the jitter (relative 1e-16..1e-11 in float64) is immaterial.
+    """
+    L, info = torch.linalg.cholesky_ex(M)
+    bad = info != 0
+    if not bool(bad.any()):
+        return L
+    n = M.shape[-1]
+    eye = torch.eye(n, dtype=M.dtype, device=M.device)
+    scale = M.diagonal(dim1=-2, dim2=-1).abs().mean(-1)
+    zero = (M == 0).flatten(-2).all(-1)
+    eps = torch.finfo(M.dtype).eps
+    safe = torch.where(bad.unsqueeze(-1).unsqueeze(-1), eye, M)
+    L = torch.linalg.cholesky(safe)
+    remaining = bad & ~zero
+    L = torch.where(zero.unsqueeze(-1).unsqueeze(-1), torch.zeros_like(L), L)
+    for k in range(5):
+        if not bool(remaining.any()):
+            break
+        jitter = (eps * 10.0**k) * scale
+        trial = torch.where(
+            remaining.unsqueeze(-1).unsqueeze(-1),
+            M + jitter.unsqueeze(-1).unsqueeze(-1) * eye,
+            eye,
+        )
+        Lk, infok = torch.linalg.cholesky_ex(trial)
+        ok = remaining & (infok == 0)
+        L = torch.where(ok.unsqueeze(-1).unsqueeze(-1), Lk, L)
+        remaining = remaining & ~ok
+    if bool(remaining.any()):
+        raise ValueError("matrix is not positive semi-definite; cannot draw samples")
+    return L
+
+
+def _measurement_update(P: Tensor, C: Tensor, R: Tensor):
+    """Measurement step of thesis Sec. 3.4.1 on covariances only.
+
+    P (..., S, S) predicted Sigma_{t|t-1}; C (..., D, S); R (..., D, D).
+    Returns ``(L, K, Sigma)``: L (..., D, D) Cholesky factor of the innovation covariance
+    C P C^T + R (eq. 3.12), K (..., S, D) the Kalman gain P C^T (C P C^T + R)^{-1}, and the
+    filtered covariance in Joseph form (I - K C) P (I - K C)^T + K R K^T.
+    """
+    CP = C @ P
+    L = _cholesky(_sym(CP @ C.mT + R), "innovation covariance C P C^T + R")
+    K = torch.cholesky_solve(CP, L).mT
+    IKC = torch.eye(P.shape[-1], dtype=P.dtype, device=P.device) - K @ C
+    Sigma = IKC @ P @ IKC.mT + K @ R @ K.mT
+    return L, K, _sym(Sigma)
+
+
+def _mean_coefficients(mdl: _Model, K: Tensor):
+    """Affine form of the mean recursion, mu_t = F_t mu_{t-1} + g_t (thesis 3.4.1).
+
+    With predicted mean mu_{t|t-1} = A_t mu_{t-1} + b_t and update
+    mu_t = mu_{t|t-1} + K_t (x_t - C_t mu_{t|t-1}):
+    F_t = (I - K_t C_t) A_t, g_t = (I - K_t C_t) b_t + K_t x_t, and for t = 1
+    F_1 = 0, g_1 = (I - K_1 C_1) mu_{1|0} + K_1 x_1.  K: (pb, T, S, D).
+    Returns F (pb, T, S, S) and g (b, T, S).
+    """
+    T, S = mdl.T, mdl.S
+    eye = torch.eye(S, dtype=K.dtype, device=K.device)
+    IKC = eye - K @ mdl.C  # (pb, T, S, S)
+    F = IKC @ mdl.A
+    if F.shape[-3] == 1 and T > 1:
+        F = F.expand(F.shape[:-3] + (T, S, S))
+    F = torch.cat([torch.zeros_like(F[..., :1, :, :]), F[..., 1:, :, :]], dim=-3)
+    g = _mv(K, mdl.x)  # (b, T, S)
+    IKC0 = _at(IKC, 0, 2)
+    g0 = g[..., :1, :] + _mv(IKC0, mdl.init_loc).unsqueeze(-2)
+    if T == 1:
+        return F, g0
+    g_rest = g[..., 1:, :]
+    if mdl.b is not None:
+        g_rest = g_rest + _mv(_slice_time(IKC, 1, None, 2), _slice_time(mdl.b, 1, None, 1))
+    return F, _cat_time(g0, g_rest, 1, T)
+
+
+def _cat_time(first: Tensor, rest: Tensor, event_ndim: int, T: int) -> Tensor:
+    """Concatenate a time-1 ``first`` and a time-(T-1 or 1) ``rest`` into a time-T tensor,
+    broadcasting their batch dimensions."""
+    ev = first.shape[first.dim() - event_ndim :]
+    batch = torch.broadcast_shapes(
+        first.shape[: first.dim() - event_ndim - 1], rest.shape[: rest.dim() - event_ndim - 1]
+    )
+    return torch.cat(
+        [first.expand(batch + (1,) + ev), rest.expand(batch + (T - 1,) + ev)], dim=-event_ndim - 1
+    )
+
+
+def _predicted_covs(mdl: _Model, covs: Tensor) -> Tensor:
+    """Sigma_{t|t-1} = A_t Sigma_{t-1} A_t^T + Q_t (t >= 2), Sigma_{1|0} for t = 1. (pb, T, S, S)."""
+    T, S = mdl.T, mdl.S
+    first = mdl.init_cov.unsqueeze(-3)
+    if T == 1:
+        return first
+    A = _slice_time(mdl.A, 1, None, 2)
+    Q = _slice_time(mdl.Q, 1, None, 2)
+    rest = _sym(A @ covs[..., :-1, :, :] @ A.mT + Q)
+    return _cat_time(first, rest, 2, T)
+
+
+def _predicted_means(mdl: _Model, means: Tensor) -> Tensor:
+    """mu_{t|t-1} = A_t mu_{t-1} + B_t u_t (t >= 2), mu_{1|0} for t = 1. (b, T, S)."""
+    T, S = mdl.T, mdl.S
+    first = mdl.init_loc.unsqueeze(-2)
+    if T == 1:
+        return first
+    rest = _mv(_slice_time(mdl.A, 1, None, 2), means[..., :-1, :])
+    if mdl.b is not None:
+        rest = rest + _slice_time(mdl.b, 1, None, 1)
+    return _cat_time(first, rest, 1, T)
+
+
+def _log_likelihoods(mdl: _Model, pred_means: Tensor, L: Tensor) -> Tensor:
+    """log N(x_t; C_t mu_{t|t-1}, C_t Sigma_{t|t-1} C_t^T + R_t) over observed elements (eq. 3.12)."""
+    r = mdl.x - _mv(mdl.C, pred_means)
+    Lb = L.expand(torch.broadcast_shapes(L.shape[:-2], r.shape[:-1]) + L.shape[-2:])
+    v = torch.linalg.solve_triangular(Lb, r.unsqueeze(-1), upper=False).squeeze(-1)
+    half_logdet = L.diagonal(dim1=-2, dim2=-1).log().sum(-1)
+    n = mdl.num_obs if mdl.num_obs is not None else mdl.D
+    return -0.5 * v.pow(2).sum(-1) - half_logdet - 0.5 * _LOG_2PI * n
+
+
+def _covariance_pass_sequential(mdl: _Model):
+    """Riccati recursion of thesis Sec. 3.4.1 (prediction + measurement step), looped over t."""
+    T = mdl.T
+    Ls, Ks, covs, pcovs = [], [], [], []
+    P = mdl.init_cov
+    Sigma = None
+    for t in range(T):
+        if t > 0:
+            At = _at(mdl.A, t, 2)
+            P = _sym(At @ Sigma @ At.mT + _at(mdl.Q, t, 2))
+        L, K, Sigma = _measurement_update(P, _at(mdl.C, t, 2), _at(mdl.R, t, 2))
+        Ls.append(L)
+        Ks.append(K)
+        covs.append(Sigma)
+        pcovs.append(P)
+
+    def stack(xs):
+        shape = torch.broadcast_shapes(*[x.shape for x in xs])
+        return torch.stack([x.expand(shape) for x in xs], dim=-3)
+
+    return stack(pcovs), stack(covs), stack(Ls), stack(Ks)
+
+
+def _mean_pass_sequential(F: Tensor, g: Tensor) -> Tensor:
+    """mu_t = F_t mu_{t-1} + g_t looped over t; F (pb, T, S, S), g (b, T, S)."""
+    m = g[..., 0, :]
+    out = [m]
+    for t in range(1, g.shape[-2]):
+        m = _mv(F[..., t, :, :], m) + g[..., t, :]
+        out.append(m)
+    return torch.stack(out, dim=-2)
+
+
+def _resolve_method(method: str, T: int) -> str:
+    if method == "auto":
+        return "parallel" if T >= PARALLEL_THRESHOLD else "sequential"
+    if method not in ("sequential", "parallel"):
+        raise ValueError(f"method must be 'auto', 'sequential' or 'parallel'; got {method!r}")
+    return method
+
+
+def _expand(t: Tensor, batch: torch.Size, event_ndim: int) -> Tensor:
+    return t.expand(batch + t.shape[t.dim() - event_ndim :])
+
+
+def _filter(mdl: _Model, method: str):
+    """Run the filter on a prepared model. Returns (KalmanFilterResult, L, K) unexpanded."""
+    if _resolve_method(method, mdl.T) == "parallel":
+        from pyro_seq.ops.kalman_parallel import covariance_scan, affine_scan
+
+        pcovs, covs, L, K = covariance_scan(mdl)
+        F, g = _mean_coefficients(mdl, K)
+        means = affine_scan(F, g)
+    else:
+        pcovs, covs, L, K = _covariance_pass_sequential(mdl)
+        F, g = _mean_coefficients(mdl, K)
+        means = _mean_pass_sequential(F, g)
+    pmeans = _predicted_means(mdl, means)
+    ll = _log_likelihoods(mdl, pmeans, L)
+    return KalmanFilterResult(means, covs, pmeans, pcovs, ll), L, K
+
+
+def _expand_filter(res: KalmanFilterResult, batch: torch.Size) -> KalmanFilterResult:
+    return KalmanFilterResult(
+        _expand(res.means, batch, 2),
+        _expand(res.covs, batch, 3),
+        _expand(res.predicted_means, batch, 2),
+        _expand(res.predicted_covs, batch, 3),
+        _expand(res.log_likelihoods, batch, 1),
+    )
+
+
+def _backward_coefficients(mdl: _Model, f: KalmanFilterResult):
+    """RTS gains and backward conditionals p(z_t | z_{t+1}, x_{1:t}) = N(J_t z_{t+1} + h_t, Pc_t).
+
+    J_t = Sigma_t A_{t+1}^T Sigma_{t+1|t}^{-1} (via Cholesky of Sigma_{t+1|t}),
+    h_t = mu_t - J_t mu_{t+1|t},
+    Pc_t = (I - J_t A_{t+1}) Sigma_t (I - J_t A_{t+1})^T + J_t Q_{t+1} J_t^T (Joseph form).
+    Shapes: J, Pc (pb, T-1, S, S); h (b, T-1, S).
+    """
+    S = mdl.S
+    A = _slice_time(mdl.A, 1, None, 2)
+    Q = _slice_time(mdl.Q, 1, None, 2)
+    Sig = f.covs[..., :-1, :, :]
+    Lp = _cholesky(f.predicted_covs[..., 1:, :, :], "predicted covariance Sigma_{t+1|t}")
+    J = torch.cholesky_solve(A @ Sig, Lp).mT
+    IJA = torch.eye(S, dtype=J.dtype, device=J.device) - J @ A
+    Pc = _sym(IJA @ Sig @ IJA.mT + J @ Q @ J.mT)
+    h = f.means[..., :-1, :] - _mv(J, f.predicted_means[..., 1:, :])
+    return J, h, Pc
+
+
+def _smooth_sequential(J, h, Pc, mT, PT):
+    means, covs = [mT], [PT]
+    m, P = mT, PT
+    for t in range(J.shape[-3] - 1, -1, -1):
+        Jt = J[..., t, :, :]
+        m = _mv(Jt, m) + h[..., t, :]
+        P = _sym(Jt @ P @ Jt.mT + Pc[..., t, :, :])
+        means.append(m)
+        covs.append(P)
+    return torch.stack(means[::-1], -2), torch.stack(covs[::-1], -3)
+
+
+def _smooth(mdl: _Model, f: KalmanFilterResult, method: str):
+    T = mdl.T
+    if T == 1:
+        empty = f.covs[..., :0, :, :]
+        return f.means, f.covs, empty, empty
+    J, h, Pc = _backward_coefficients(mdl, f)
+    mT, PT = f.means[..., -1, :], f.covs[..., -1, :, :]
+    if _resolve_method(method, T) == "parallel":
+        from pyro_seq.ops.kalman_parallel import backward_scan
+
+        means, covs = backward_scan(J, h, Pc, mT, PT)
+    else:
+        means, covs = _smooth_sequential(J, h, Pc, mT, PT)
+    cross = covs[..., 1:, :, :] @ J.mT
+    return means, covs, cross, J
+
+
+# ---------------------------------------------------------------------------------------
+# Public functions
+# ---------------------------------------------------------------------------------------
+
+
+def kalman_filter(
+    observations: Tensor,
+    initial_loc: Tensor,
+    initial_cov: Tensor,
+    transition_matrix: Tensor,
+    transition_cov: Tensor,
+    observation_matrix: Tensor,
+    observation_cov: Tensor,
+    control_matrix: Optional[Tensor] = None,
+    controls: Optional[Tensor] = None,
+    mask: Optional[Tensor] = None,
+    method: str = "auto",
+) -> KalmanFilterResult:
+    r"""Kalman filter (thesis Sec. 3.4.1, eq. 3.11) with log-likelihood terms (eq. 3.12).
+
+    Prediction step: mu_{t|t-1} = A_t mu_{t-1} + B_t u_t,
+    Sigma_{t|t-1} = A_t Sigma_{t-1} A_t^T + Q_t. Measurement step:
+    K_t = Sigma_{t|t-1} C_t^T (C_t Sigma_{t|t-1} C_t^T + R_t)^{-1},
+    mu_t = mu_{t|t-1} + K_t (x_t - C_t mu_{t|t-1}), Sigma_t in Joseph form.
+    Missing data per thesis Sec. 3.4.2 (see module docstring).
+
+    :param observations: ``(..., T, D)``.
+    :param initial_loc: ``(..., S)`` mu_{1|0}; ``initial_cov`` ``(..., S, S)`` Sigma_{1|0}.
+    :param transition_matrix: A_t ``(..., [T|1,] S, S)``; ``transition_cov`` Q_t likewise.
+        Entry t is the transition into step t (entry 0 unused).
+    :param observation_matrix: C_t ``(..., [T|1,] D, S)``; ``observation_cov`` R_t
+        ``(..., [T|1,] D, D)``.
+    :param control_matrix: B_t ``(..., [T|1,] S, U)`` or None; ``controls`` u_t
+        ``(..., T, U)`` (with ``control_matrix=None``, u_t is added to the state directly).
+    :param mask: bool ``(..., T)`` or ``(..., T, D)``, True where observed.
+    :param method: ``"auto"``, ``"sequential"`` or ``"parallel"``.
+    :returns: :class:`KalmanFilterResult` with fields of shape ``batch + (T, S)``,
+        ``batch + (T, S, S)``, ``batch + (T, S)``, ``batch + (T, S, S)``, ``batch + (T,)``
+        where ``batch`` broadcasts all batch dimensions.
+    """
+    mdl = _prepare(observations, initial_loc, initial_cov, transition_matrix, transition_cov,
+                   observation_matrix, observation_cov, control_matrix, controls, mask)
+    res, _, _ = _filter(mdl, method)
+    return _expand_filter(res, mdl.batch_shape)
+
+
+def kalman_smoother(
+    observations: Tensor,
+    initial_loc: Tensor,
+    initial_cov: Tensor,
+    transition_matrix: Tensor,
+    transition_cov: Tensor,
+    observation_matrix: Tensor,
+    observation_cov: Tensor,
+    control_matrix: Optional[Tensor] = None,
+    controls: Optional[Tensor] = None,
+    mask: Optional[Tensor] = None,
+    method: str = "auto",
+) -> KalmanSmootherResult:
+    r"""Rauch-Tung-Striebel smoother (thesis Sec. 3.4.1, smoothing) with lag-one covariances.
+
+    mu_{t|T} = mu_t + J_t (mu_{t+1|T} - mu_{t+1|t}),
+    Sigma_{t|T} = Sigma_t + J_t (Sigma_{t+1|T} - Sigma_{t+1|t}) J_t^T,
+    J_t = Sigma_t A_{t+1}^T Sigma_{t+1|t}^{-1}; computed as
+    Sigma_{t|T} = J_t Sigma_{t+1|T} J_t^T + Pc_t with the PSD Joseph-form backward
+    covariance Pc_t = (I - J_t A_{t+1}) Sigma_t (I - J_t A_{t+1})^T + J_t Q_{t+1} J_t^T
+    (algebraically identical). Cross covariance Cov(z_{t+1}, z_t | x) = Sigma_{t+1|T} J_t^T.
+
+    Arguments as :func:`kalman_filter`.
+    :returns: :class:`KalmanSmootherResult`: ``means batch + (T, S)``,
+        ``covs batch + (T, S, S)``, ``cross_covs batch + (T-1, S, S)``,
+        ``gains batch + (T-1, S, S)``, ``filtered`` (:class:`KalmanFilterResult`).
+    """
+    mdl = _prepare(observations, initial_loc, initial_cov, transition_matrix, transition_cov,
+                   observation_matrix, observation_cov, control_matrix, controls, mask)
+    f, _, _ = _filter(mdl, method)
+    means, covs, cross, J = _smooth(mdl, f, method)
+    batch = mdl.batch_shape
+    return KalmanSmootherResult(
+        _expand(means, batch, 2),
+        _expand(covs, batch, 3),
+        _expand(cross, batch, 3),
+        _expand(J, batch, 3),
+        _expand_filter(f, batch),
+    )
+
+
+def kalman_sample(
+    observations: Tensor,
+    initial_loc: Tensor,
+    initial_cov: Tensor,
+    transition_matrix: Tensor,
+    transition_cov: Tensor,
+    observation_matrix: Tensor,
+    observation_cov: Tensor,
+    control_matrix: Optional[Tensor] = None,
+    controls: Optional[Tensor] = None,
+    mask: Optional[Tensor] = None,
+    sample_shape=torch.Size(),
+    noise: Optional[Tensor] = None,
+    method: str = "auto",
+) -> KalmanSampleResult:
+    r"""Forward-filtering backward-sampling: reparameterized draws of z_{1:T} | x_{1:T}.
+
+    After the Kalman filter (eq. 3.11), z_T = mu_T + chol(Sigma_T) e_T and, backwards,
+    z_t = mu_t + J_t (z_{t+1} - mu_{t+1|t}) + chol(Pc_t) e_t with e_t ~ N(0, I), J_t and
+    Pc_t the RTS gain and backward covariance of :func:`kalman_smoother` (Pc_t is factored
+    by :func:`psd_sqrt`, so a singular Q_t such as the ball example's Q = 0 is fine).
+
+    Arguments as :func:`kalman_filter`, plus ``sample_shape`` and ``noise`` (standard
+    normal of shape ``sample_shape + batch + (T, S)``; drawn with torch's RNG if None).
+    :returns: :class:`KalmanSampleResult` with ``samples`` of shape
+        ``sample_shape + batch + (T, S)`` and the ``filtered`` result.
+    """
+    mdl = _prepare(observations, initial_loc, initial_cov, transition_matrix, transition_cov,
+                   observation_matrix, observation_cov, control_matrix, controls, mask)
+    f, _, _ = _filter(mdl, method)
+    samples = _sample(mdl, f, sample_shape, noise, method)
+    return KalmanSampleResult(samples, _expand_filter(f, mdl.batch_shape))
+
+
+def _sample(mdl: _Model, f: KalmanFilterResult, sample_shape, noise, method) -> Tensor:
+    sample_shape = torch.Size(sample_shape)
+    T, S = mdl.T, mdl.S
+    shape = sample_shape + mdl.batch_shape + (T, S)
+    if noise is None:
+        noise = torch.randn(shape, dtype=f.means.dtype, device=f.means.device)
+    elif noise.shape != shape:
+        raise ValueError(f"noise must have shape {tuple(shape)}; got {tuple(noise.shape)}")
+    LT = psd_sqrt(f.covs[..., -1, :, :])
+    zT = f.means[..., -1, :] + _mv(LT, noise[..., -1, :])
+    if T == 1:
+        return zT.unsqueeze(-2)
+    J, h, Pc = _backward_coefficients(mdl, f)
+    g = h + _mv(psd_sqrt(Pc), noise[..., :-1, :])
+    if _resolve_method(method, T) == "parallel":
+        from pyro_seq.ops.kalman_parallel import backward_scan
+
+        z, _ = backward_scan(J, g, None, zT, None)
+    else:
+        z = _smooth_sequential_means(J, g, zT)
+    return z
+
+
+def _smooth_sequential_means(J, g, zT):
+    out = [zT]
+    z = zT
+    for t in range(J.shape[-3] - 1, -1, -1):
+        z = _mv(J[..., t, :, :], z) + g[..., t, :]
+        out.append(z)
+    return torch.stack(out[::-1], -2)
