@@ -21,7 +21,7 @@ import torch
 import torch.nn as nn
 
 from pyro_seq.models.base import SequenceModel
-from pyro_seq.models.emission import make_emission
+from pyro_seq.models.emission import make_emission, stack_params
 from pyro_seq.nn import MLP, BackwardRNN, Combiner, GatedTransition
 
 
@@ -83,3 +83,20 @@ class DMM(SequenceModel):
         loc, scale = self.combiner(state["guide_z"], state.shared["a"][:, t])
         z = pyro.sample(f"z_{t + 1}", dist.Normal(loc, scale).to_event(1).mask(mask[:, t]))
         state["guide_z"] = z
+
+    @torch.no_grad()
+    def generate(self, num_sequences, num_steps):
+        """Ancestral samples from the generative model (thesis eq. 4.3).
+
+        :returns: ``(x, params)``: samples ``(num_sequences, num_steps, obs_dim)`` and the
+            emission parameters per step (Bernoulli logits, or a ``(loc, scale)`` pair).
+        """
+        z = self.z_0.expand(num_sequences, self.z_dim)
+        xs, params = [], []
+        for _ in range(num_steps):
+            loc, scale = self.transition(z)
+            z = torch.distributions.Normal(loc, scale).sample()
+            p = self.emitter(z)
+            xs.append(self.likelihood(p).sample())
+            params.append(p)
+        return torch.stack(xs, 1), stack_params(params)

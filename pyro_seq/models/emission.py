@@ -1,6 +1,7 @@
 """Observation layers shared by the architectures: a network plus a likelihood family."""
 
 import pyro.distributions as dist
+import torch
 import torch.nn as nn
 
 from pyro_seq.nn import MLP, GaussianHead
@@ -29,3 +30,10 @@ def make_emission(likelihood, in_dim, hidden_dims, obs_dim, activation="relu"):
         body = MLP(in_dim, hidden_dims[:-1], hidden_dims[-1], activation, activate_output=True)
         return nn.Sequential(body, GaussianHead(hidden_dims[-1], obs_dim)), gaussian_likelihood
     raise ValueError(f"likelihood must be 'bernoulli' or 'gaussian', got {likelihood!r}")
+
+
+def stack_params(params):
+    """Stack per-step emission parameters along time (dim 1): tensors or ``(loc, scale)`` pairs."""
+    if torch.is_tensor(params[0]):
+        return torch.stack(params, 1)
+    return tuple(torch.stack(p, 1) for p in zip(*params))

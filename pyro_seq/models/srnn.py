@@ -28,7 +28,7 @@ import torch
 import torch.nn as nn
 
 from pyro_seq.models.base import SequenceModel
-from pyro_seq.models.emission import make_emission
+from pyro_seq.models.emission import make_emission, stack_params
 from pyro_seq.nn import MLP, BackwardRNN, ForwardRNN, GaussianHead, cat_broadcast
 
 
@@ -118,3 +118,26 @@ class SRNN(SequenceModel):
             loc = loc + prior_loc
         z = pyro.sample(f"z_{t + 1}", dist.Normal(loc, scale).to_event(1).mask(mask[:, t]))
         state["guide_z"] = z
+
+    @torch.no_grad()
+    def generate(self, num_sequences, num_steps):
+        """Ancestral samples (eq. 5.1): ``d_t = GRU(d_{t-1}, x_{t-1})``, ``z_t ~ p``, ``x_t ~ p``.
+
+        :returns: ``(x, params)``: samples ``(num_sequences, num_steps, obs_dim)`` and the
+            emission parameters per step.
+        """
+        x_prev = torch.zeros(num_sequences, 1, self.obs_dim)
+        h = self.deterministic.h0.expand(1, num_sequences, -1).contiguous()
+        z = torch.zeros(num_sequences, self.z_dim)
+        xs, params = [], []
+        for _ in range(num_steps):
+            d, h = self.deterministic.rnn(x_prev, h)
+            d = d[:, 0]
+            loc, scale = self.prior(z, d)
+            z = torch.distributions.Normal(loc, scale).sample()
+            p = self.emitter(cat_broadcast([z, d]))
+            x = self.likelihood(p).sample()
+            xs.append(x)
+            params.append(p)
+            x_prev = x.unsqueeze(1)
+        return torch.stack(xs, 1), stack_params(params)

@@ -1,1 +1,19 @@
-"""pyro_seq.train"""
+"""Training, evaluation, checkpoints and figures for sequence models."""
+
+from pyro_seq.train.checkpoint import load_checkpoint, restore, save_checkpoint
+from pyro_seq.train.evaluate import elbo_terms, evaluate_bound
+from pyro_seq.train.objectives import OBJECTIVES, make_objective
+from pyro_seq.train.trainer import TrainConfig, fit, kl_beta
+
+__all__ = [
+    "OBJECTIVES",
+    "TrainConfig",
+    "elbo_terms",
+    "evaluate_bound",
+    "fit",
+    "kl_beta",
+    "load_checkpoint",
+    "make_objective",
+    "restore",
+    "save_checkpoint",
+]

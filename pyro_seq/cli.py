@@ -1,0 +1,213 @@
+"""Command line: ``pyro-seq train | evaluate | sample``.
+
+Examples::
+
+    pyro-seq train --model srnn --data chorales --epochs 50 --out runs/srnn
+    pyro-seq train --model dmm --data ../shared/data/polyphonic/jsb_chorales.pickle --out runs/dmm
+    pyro-seq evaluate runs/srnn --objective iwae --particles 64
+    pyro-seq sample runs/srnn --length 64
+
+A run folder holds ``config.json`` (model and training settings), ``checkpoint.pt`` (resume),
+``best.pt`` (best validation weights), ``log.csv``/``log.json`` and ``loss_curve.png``.
+Re-running ``train`` with the same ``--out`` resumes where it stopped.
+"""
+
+import argparse
+import json
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+MODELS = ("dmm", "srnn")
+
+
+def build_model(name, obs_dim, options):
+    """Construct a model by name with keyword ``options`` (see each model's docstring)."""
+    from pyro_seq.models import DMM, SRNN
+
+    classes = {"dmm": DMM, "srnn": SRNN}
+    if name not in classes:
+        raise SystemExit(f"unknown model {name!r}; choose from {MODELS}")
+    try:
+        return classes[name](obs_dim, **options)
+    except TypeError as e:
+        raise SystemExit(f"bad model option for {name}: {e}") from None
+
+
+def _parse_options(pairs):
+    options = {}
+    for pair in pairs or []:
+        if "=" not in pair:
+            raise SystemExit(f"--model-option expects KEY=VALUE, got {pair!r}")
+        key, value = pair.split("=", 1)
+        try:
+            options[key] = json.loads(value)
+        except json.JSONDecodeError:
+            options[key] = value
+    return options
+
+
+def _load_data(spec, splits=("train", "valid", "test")):
+    from pyro_seq.data import load_dataset
+
+    return load_dataset(spec, splits=splits)
+
+
+def _load_run(out_dir):
+    out_dir = Path(out_dir)
+    cfg_path = out_dir / "config.json"
+    if not cfg_path.exists():
+        raise SystemExit(f"{out_dir} is not a run folder (no config.json); train first")
+    run = json.loads(cfg_path.read_text())
+    model = build_model(run["model"], run["obs_dim"], run["model_options"])
+    weights = out_dir / "best.pt"
+    if not weights.exists():
+        raise SystemExit(f"no trained weights in {out_dir} (best.pt missing)")
+    model.load_state_dict(torch.load(weights, map_location="cpu", weights_only=True))
+    model.eval()
+    return run, model
+
+
+def cmd_train(args):
+    from pyro_seq.train import TrainConfig, evaluate_bound, fit
+
+    out_dir = Path(args.out)
+    data = _load_data(args.data)
+    obs_dim = data["train"][0].shape[-1]
+    options = _parse_options(args.model_option)
+    if args.z_dim is not None:
+        options["z_dim"] = args.z_dim
+    if args.inference is not None:
+        options["inference"] = args.inference
+    config = TrainConfig(
+        epochs=args.epochs, batch_size=args.batch_size, objective=args.objective,
+        num_particles=args.particles, lr=args.lr, clip_norm=args.clip_norm, lrd=args.lrd,
+        kl_start=args.kl_start, kl_anneal_steps=args.kl_anneal_steps, free_bits=args.free_bits,
+        chunk_length=args.chunk_length, patience=args.patience, seed=args.seed,
+        time_limit=args.time_limit, num_threads=args.threads, progress=not args.quiet)
+    run = {"model": args.model, "obs_dim": obs_dim, "model_options": options, "data": args.data,
+           "train": {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(config).items()}}
+    cfg_path = out_dir / "config.json"
+    if cfg_path.exists() and not args.restart:
+        previous = json.loads(cfg_path.read_text())
+        if (previous["model"], previous["model_options"]) != (run["model"], run["model_options"]):
+            raise SystemExit(f"{out_dir} holds a different model; use another --out or --restart")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    cfg_path.write_text(json.dumps(run, indent=1))
+    torch.manual_seed(args.seed)
+    model = build_model(args.model, obs_dim, options)
+    print(f"training {args.model} on {args.data}: {len(data['train'])} train / "
+          f"{len(data['valid'])} valid sequences, objective {args.objective} (K={args.particles})")
+    history = fit(model, data["train"], data["valid"], config, out_dir, resume=not args.restart)
+    if history:
+        print(f"last epoch: {json.dumps(history[-1])}")
+    if data.get("test"):
+        model.load_state_dict(torch.load(out_dir / "best.pt", map_location="cpu", weights_only=True))
+        result = evaluate_bound(model, data["test"], method="elbo")
+        (out_dir / "test.json").write_text(json.dumps(result, indent=1))
+        print(f"test ELBO: {result['per_step']:.4f} nats per time step "
+              f"({result['num_steps']} steps, {result['num_sequences']} sequences)")
+    return 0
+
+
+def cmd_evaluate(args):
+    from pyro_seq.train import evaluate_bound
+
+    run, model = _load_run(args.run)
+    data = _load_data(args.data or run["data"], splits=(args.split,))
+    torch.manual_seed(args.seed)
+    result = evaluate_bound(model, data[args.split], batch_size=args.batch_size,
+                            method=args.objective, num_particles=args.particles)
+    result["split"] = args.split
+    name = f"eval_{args.split}_{args.objective}_{args.particles}.json"
+    (Path(args.run) / name).write_text(json.dumps(result, indent=1))
+    print(f"{args.split} {args.objective} (K={args.particles}): {result['per_step']:.4f} nats per "
+          f"time step over {result['num_steps']} steps of {result['num_sequences']} sequences")
+    return 0
+
+
+def cmd_sample(args):
+    from pyro_seq.data.midi import piano_roll_to_midi
+    from pyro_seq.train.plots import plot_piano_roll
+
+    run, model = _load_run(args.run)
+    torch.manual_seed(args.seed)
+    x, params = model.generate(args.num, args.length)
+    out = Path(args.run)
+    for i in range(args.num):
+        probs = torch.sigmoid(params[i]) if torch.is_tensor(params) else None
+        png = out / f"sample_{i}.png"
+        mid = out / f"sample_{i}.mid"
+        plot_piano_roll(x[i], png, probs=probs, title=f"{run['model']} sample {i}")
+        piano_roll_to_midi(x[i], mid, step_seconds=args.step_seconds)
+        print(f"wrote {png} and {mid}")
+    return 0
+
+
+def make_parser():
+    parser = argparse.ArgumentParser(prog="pyro-seq", description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("train", help="train a model with SVI (resumes if --out has a checkpoint)")
+    p.add_argument("--model", choices=MODELS, default="srnn", help="architecture (default srnn)")
+    p.add_argument("--data", default="chorales",
+                   help="'chorales' (music21's Bach chorales, built in) or the path of a "
+                        "piano-roll pickle (e.g. jsb_chorales.pickle)")
+    p.add_argument("--objective", choices=("elbo", "meanfield", "iwae", "fivo"), default="elbo",
+                   help="training objective (default elbo = Trace_ELBO)")
+    p.add_argument("--particles", type=int, default=1, help="samples K of the objective")
+    p.add_argument("--epochs", type=int, default=100, help="maximum number of epochs")
+    p.add_argument("--batch-size", type=int, default=20, help="sequences per minibatch")
+    p.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate")
+    p.add_argument("--clip-norm", type=float, default=10.0, help="gradient norm clip per tensor")
+    p.add_argument("--lrd", type=float, default=1.0, help="learning-rate decay per step")
+    p.add_argument("--kl-start", type=float, default=0.2, help="initial KL weight beta")
+    p.add_argument("--kl-anneal-steps", type=int, default=1000,
+                   help="updates over which beta rises linearly to 1 (0: no annealing)")
+    p.add_argument("--free-bits", type=float, default=0.0, help="free bits per latent site (nats)")
+    p.add_argument("--chunk-length", type=int, default=None, help="train on windows of this length")
+    p.add_argument("--patience", type=int, default=None, help="early-stopping patience (epochs)")
+    p.add_argument("--time-limit", type=float, default=None, help="stop after this many seconds")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    p.add_argument("--z-dim", type=int, default=None, help="latent size")
+    p.add_argument("--inference", choices=("smoothing", "filtering"), default=None,
+                   help="inference network (thesis Fig. 4.2)")
+    p.add_argument("--model-option", action="append", metavar="KEY=VALUE",
+                   help="further model constructor option (JSON value), repeatable")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", required=True, help="run folder")
+    p.add_argument("--restart", action="store_true", help="ignore an existing checkpoint")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("evaluate", help="bound on the test set in nats per time step")
+    p.add_argument("run", help="run folder written by train")
+    p.add_argument("--data", default=None, help="data (default: the run's training data)")
+    p.add_argument("--split", default="test", choices=("train", "valid", "test"))
+    p.add_argument("--objective", choices=("elbo", "iwae", "smc"), default="elbo",
+                   help="estimator: ELBO, IWAE or SMC (FIVO) bound")
+    p.add_argument("--particles", type=int, default=1, help="samples K of the estimator")
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=cmd_evaluate)
+
+    p = sub.add_parser("sample", help="generate sequences: piano-roll PNG and MIDI files")
+    p.add_argument("run", help="run folder written by train")
+    p.add_argument("--length", type=int, default=64, help="time steps per sample")
+    p.add_argument("--num", type=int, default=1, help="number of samples")
+    p.add_argument("--step-seconds", type=float, default=0.25, help="MIDI duration of a step")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=cmd_sample)
+    return parser
+
+
+def main(argv=None):
+    args = make_parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

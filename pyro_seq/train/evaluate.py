@@ -1,0 +1,86 @@
+"""Evaluation of sequence models: bounds in nats per time step.
+
+The per-step number is the convention of Boulanger-Lewandowski et al. (2012) and Pyro's DMM
+example: the *total* bound over all test sequences divided by the *total* number of test time
+steps (not a mean of per-sequence averages).
+"""
+
+import math
+
+import pyro
+import pyro.poutine as poutine
+import torch
+
+from pyro_seq.data.batching import SequenceLoader
+
+
+def elbo_terms(model, x, mask):
+    """One-sample ELBO terms per sequence, from a guide trace and the model replayed on it.
+
+    :param model: a :class:`~pyro_seq.models.SequenceModel`.
+    :param torch.Tensor x: ``(batch, T, D)``; ``mask`` ``(batch, T)``.
+    :returns: dict of ``(batch,)`` tensors: ``log_likelihood`` (sum of observed-site log
+        probabilities), ``kl`` (sum over latent sites of ``log q - log p``, a one-sample KL
+        estimate) and ``elbo = log_likelihood - kl``.
+    """
+    guide_trace = poutine.trace(model.guide).get_trace(x, mask)
+    model_trace = poutine.trace(poutine.replay(model.model, trace=guide_trace)).get_trace(x, mask)
+    batch = x.shape[0]
+    log_lik = x.new_zeros(batch)
+    kl = x.new_zeros(batch)
+    for name, site in model_trace.nodes.items():
+        if site["type"] != "sample":
+            continue
+        lp = site["fn"].log_prob(site["value"])
+        if site["is_observed"]:
+            log_lik = log_lik + lp
+        else:
+            kl = kl - lp
+    for name, site in guide_trace.nodes.items():
+        if site["type"] == "sample" and not site["is_observed"]:
+            kl = kl + site["fn"].log_prob(site["value"])
+    return {"log_likelihood": log_lik, "kl": kl, "elbo": log_lik - kl}
+
+
+@torch.no_grad()
+def evaluate_bound(model, sequences, batch_size=32, method="elbo", num_particles=1):
+    """Bound on ``log p(x)`` over a list of sequences, in total and in nats per time step.
+
+    :param model: a :class:`~pyro_seq.models.SequenceModel`.
+    :param list sequences: tensors ``(T_i, D)``.
+    :param str method: ``"elbo"`` (average of ``num_particles`` one-sample ELBOs; also reports
+        the KL term), ``"iwae"`` or ``"smc"`` (see :func:`pyro_seq.infer.estimate_log_likelihood`).
+    :returns: dict with ``total``, ``num_steps``, ``per_step``, ``kl_per_step`` (ELBO only),
+        ``method``, ``num_particles`` and ``num_sequences``.
+    """
+    if not sequences:
+        raise ValueError("evaluate_bound needs at least one sequence")
+    was_training = model.training
+    model.eval()
+    try:
+        if method == "elbo":
+            total = kl_total = 0.0
+            steps = 0
+            loader = SequenceLoader(sequences, batch_size, shuffle=False)
+            for x, mask in loader:
+                terms = [elbo_terms(model, x, mask) for _ in range(num_particles)]
+                total += sum(float(t["elbo"].sum()) for t in terms) / num_particles
+                kl_total += sum(float(t["kl"].sum()) for t in terms) / num_particles
+                steps += int(mask.sum())
+            result = {"total": total, "num_steps": steps, "per_step": total / steps,
+                      "kl_per_step": kl_total / steps}
+        elif method in ("iwae", "smc"):
+            from pyro_seq.infer import estimate_log_likelihood
+
+            est = estimate_log_likelihood(model.model, model.guide, sequences, method=method,
+                                          num_particles=num_particles, batch_size=batch_size)
+            result = {"total": float(est["total"]), "num_steps": int(est["num_steps"]),
+                      "per_step": float(est["per_step"])}
+        else:
+            raise ValueError(f"method must be 'elbo', 'iwae' or 'smc', got {method!r}")
+    finally:
+        model.train(was_training)
+    if not math.isfinite(result["per_step"]):
+        raise FloatingPointError(f"evaluation gave a non-finite bound: {result}")
+    result.update(method=method, num_particles=num_particles, num_sequences=len(sequences))
+    return result

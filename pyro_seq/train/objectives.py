@@ -1,0 +1,43 @@
+"""Objective names used by the trainer and the command line, mapped to ELBO classes.
+
+Every objective is a :class:`pyro.infer.ELBO` instance, so switching is a change of ``loss=``.
+"""
+
+from pyro.infer import Trace_ELBO, TraceMeanField_ELBO
+
+OBJECTIVES = ("elbo", "meanfield", "iwae", "fivo")
+
+
+def make_objective(name, num_particles=1, free_bits=0.0, **kwargs):
+    """Build the ELBO object for ``name``.
+
+    :param str name: ``"elbo"`` (:class:`~pyro.infer.Trace_ELBO`), ``"meanfield"``
+        (:class:`~pyro.infer.TraceMeanField_ELBO`, analytic KL where registered), ``"iwae"`` or
+        ``"fivo"`` (:mod:`pyro_seq.infer`).
+    :param int num_particles: samples (ELBO: averaged; IWAE/FIVO: inside the log).
+    :param float free_bits: nats per latent site below which the KL earns nothing (ELBO only;
+        see :class:`pyro_seq.infer.FreeBits_ELBO`).
+    """
+    if num_particles < 1:
+        raise ValueError(f"num_particles must be >= 1, got {num_particles}")
+    if free_bits and name not in ("elbo", "meanfield"):
+        raise ValueError("free bits apply to the single-sample ELBO; use KL annealing with "
+                         f"{name!r}")
+    common = dict(num_particles=num_particles, max_plate_nesting=1, **kwargs)
+    if name in ("elbo", "meanfield") and free_bits:
+        from pyro_seq.infer import FreeBits_ELBO
+
+        return FreeBits_ELBO(free_bits=free_bits, vectorize_particles=False, **common)
+    if name == "elbo":
+        return Trace_ELBO(**common)
+    if name == "meanfield":
+        return TraceMeanField_ELBO(**common)
+    if name == "iwae":
+        from pyro_seq.infer import IWAE
+
+        return IWAE(**common)
+    if name == "fivo":
+        from pyro_seq.infer import FIVO
+
+        return FIVO(num_particles=num_particles, **kwargs)
+    raise ValueError(f"unknown objective {name!r}; choose from {OBJECTIVES}")
