@@ -1,1 +1,59 @@
-"""pyro_seq.data"""
+"""pyro_seq.data: sequence datasets and batching.
+
+* Piano rolls in the Boulanger-Lewandowski pickle format (JSB Chorales, Nottingham, MuseData,
+  Piano-midi.de), read with a restricted unpickler: :func:`load_piano_rolls`.
+* A built-in default needing no file, the music21 Bach chorales: :func:`load_chorales`
+  (not the Boulanger-Lewandowski split). :func:`load_dataset` picks either by name or path.
+* Batching ragged ``(T_i, D)`` sequences into ``(batch, T, D)`` tensors with a ``(batch, T)``
+  bool mask: :func:`pad_sequences`, :func:`chunk_sequences`, :class:`SequenceLoader`
+  (reproducible from ``(seed, epoch)``), and input checks: :func:`validate_sequences`.
+* MIDI files: :func:`piano_roll_to_midi`, :func:`midi_to_piano_roll`.
+
+music21, mido and tqdm are imported only when a function that needs them is called.
+"""
+
+from .batching import (
+    SequenceLoader,
+    chunk_sequences,
+    pad_sequences,
+    unpad_sequences,
+    validate_sequences,
+)
+from .chorales import build_chorales, cache_dir, load_chorales, score_to_piano_roll
+from .datasets import NAMED_PICKLES, load_dataset
+from .midi import midi_to_piano_roll, piano_roll_to_midi
+from .piano_roll import (
+    HIGHEST_NOTE,
+    LOWEST_NOTE,
+    NUM_KEYS,
+    load_piano_rolls,
+    notes_to_roll,
+    roll_to_notes,
+)
+from .safe_pickle import RestrictedUnpickler, UnsafePickleError, safe_load, safe_loads
+
+__all__ = [
+    "HIGHEST_NOTE",
+    "LOWEST_NOTE",
+    "NAMED_PICKLES",
+    "NUM_KEYS",
+    "RestrictedUnpickler",
+    "SequenceLoader",
+    "UnsafePickleError",
+    "build_chorales",
+    "cache_dir",
+    "chunk_sequences",
+    "load_chorales",
+    "load_dataset",
+    "load_piano_rolls",
+    "midi_to_piano_roll",
+    "notes_to_roll",
+    "pad_sequences",
+    "piano_roll_to_midi",
+    "roll_to_notes",
+    "safe_load",
+    "safe_loads",
+    "score_to_piano_roll",
+    "unpad_sequences",
+    "validate_sequences",
+]

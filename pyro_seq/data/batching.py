@@ -1,0 +1,306 @@
+"""Batching ragged sequences into padded ``(batch, T, D)`` tensors with a ``(batch, T)`` mask.
+
+Conventions (the sequence-model contract of the design notes): sequences are left-aligned,
+``mask[b, t]`` is ``True`` for the real steps ``t < T_b`` of sequence ``b`` and ``False`` for
+padding, and padded entries of ``x`` are zero.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Iterator, List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+import torch
+
+__all__ = [
+    "pad_sequences",
+    "unpad_sequences",
+    "chunk_sequences",
+    "validate_sequences",
+    "SequenceLoader",
+]
+
+
+def _check_seq_list(seqs: Sequence[torch.Tensor], what: str = "seqs") -> None:
+    if isinstance(seqs, torch.Tensor) or len(seqs) == 0:
+        raise ValueError(f"{what}: expected a non-empty list of (T_i, D) tensors")
+    d = None
+    for i, s in enumerate(seqs):
+        if not isinstance(s, torch.Tensor):
+            raise ValueError(f"{what}[{i}]: expected a torch.Tensor, got {type(s).__name__}")
+        if s.dim() != 2:
+            raise ValueError(
+                f"{what}[{i}]: expected a 2-D (T, D) tensor, got {s.dim()}-D shape {tuple(s.shape)}"
+            )
+        if s.shape[0] == 0:
+            raise ValueError(f"{what}[{i}]: empty sequence (0 time steps)")
+        if d is None:
+            d = s.shape[1]
+        elif s.shape[1] != d:
+            raise ValueError(f"{what}[{i}]: feature size {s.shape[1]} differs from {what}[0]'s {d}")
+
+
+def pad_sequences(
+    seqs: Sequence[torch.Tensor], dtype: torch.dtype = torch.float32
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Stack ragged sequences into a zero-padded batch.
+
+    Args:
+        seqs: ``B`` tensors of shapes ``(T_i, D)`` (same ``D``, ``T_i >= 1``).
+        dtype: floating dtype of the result.
+
+    Returns:
+        ``(x, mask)``: ``x`` of shape ``(B, T, D)`` with ``T = max_i T_i``,
+        ``x[i, :T_i] = seqs[i]`` and zeros after; ``mask`` ``bool`` of shape ``(B, T)``,
+        ``True`` exactly at ``t < T_i``.
+    """
+    _check_seq_list(seqs)
+    lengths = [s.shape[0] for s in seqs]
+    x = torch.zeros(len(seqs), max(lengths), seqs[0].shape[1], dtype=dtype)
+    for i, s in enumerate(seqs):
+        x[i, : s.shape[0]] = s.to(dtype)
+    mask = torch.arange(x.shape[1]).unsqueeze(0) < torch.tensor(lengths).unsqueeze(1)
+    return x, mask
+
+
+def unpad_sequences(x: torch.Tensor, mask: torch.Tensor) -> List[torch.Tensor]:
+    """Inverse of :func:`pad_sequences`.
+
+    Args:
+        x: ``(B, T, D)`` padded batch.
+        mask: ``(B, T)`` boolean mask, each row a prefix of ``True`` values.
+
+    Returns:
+        list of ``B`` tensors ``x[i, :T_i]`` of shapes ``(T_i, D)``, ``T_i = mask[i].sum()``.
+    """
+    validate_sequences(x, mask, prefix_mask=True)
+    return [x[i, : int(m.sum())] for i, m in enumerate(mask)]
+
+
+def chunk_sequences(
+    seqs: Sequence[torch.Tensor], length: int, drop_remainder: bool = False
+) -> List[torch.Tensor]:
+    """Split every sequence into consecutive non-overlapping windows of ``length`` steps.
+
+    Args:
+        seqs: tensors of shapes ``(T_i, D)``.
+        length: window length ``L >= 1``.
+        drop_remainder: if ``True`` drop each sequence's last window when it is shorter than
+            ``L`` (a sequence shorter than ``L`` then contributes nothing); if ``False`` keep it.
+
+    Returns:
+        list of windows in order (sequence by sequence, then time), shapes ``(L, D)`` except
+        possibly the last of each sequence, ``(T_i mod L, D)``. With ``drop_remainder=False``,
+        concatenating the windows of sequence ``i`` gives back ``seqs[i]``.
+    """
+    if not isinstance(length, int) or isinstance(length, bool) or length < 1:
+        raise ValueError(f"chunk length must be a positive int, got {length!r}")
+    _check_seq_list(seqs)
+    out: List[torch.Tensor] = []
+    for s in seqs:
+        for start in range(0, s.shape[0], length):
+            w = s[start : start + length]
+            if w.shape[0] < length and drop_remainder:
+                break
+            out.append(w)
+    return out
+
+
+def validate_sequences(
+    x: torch.Tensor,
+    mask: Optional[torch.Tensor] = None,
+    binary: bool = False,
+    prefix_mask: bool = False,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Check a padded batch against the sequence-model contract; raise a clear error if not.
+
+    Args:
+        x: ``(B, T, D)`` floating tensor.
+        mask: ``(B, T)`` ``bool`` tensor, or ``None`` meaning every step is real.
+        binary: also require the real steps of ``x`` to be 0 or 1 (Bernoulli observations).
+        prefix_mask: also require every mask row to be ``True...True False...False``
+            (left-aligned ragged sequences, as made by :func:`pad_sequences`).
+
+    Returns:
+        ``(x, mask)`` with ``mask`` filled in as all-``True`` when it was ``None``.
+
+    Raises:
+        ValueError: naming the problem: wrong dimensionality, non-floating dtype, NaN or
+            infinite values (anywhere, since ``0 * nan`` is ``nan`` even at padded steps), mask
+            shape or dtype mismatch, an empty sequence (a mask row with no ``True``), a mask with
+            holes when ``prefix_mask``, or non-binary values at real steps when ``binary``.
+    """
+    if not isinstance(x, torch.Tensor):
+        raise ValueError(f"x must be a torch.Tensor of shape (batch, T, D), got {type(x).__name__}")
+    if x.dim() != 3:
+        raise ValueError(
+            f"x must have 3 dimensions (batch, T, D), got {x.dim()} with shape {tuple(x.shape)}"
+        )
+    if not x.is_floating_point():
+        raise ValueError(f"x must be a floating-point tensor, got dtype {x.dtype}")
+    B, T, D = x.shape
+    if B == 0 or T == 0 or D == 0:
+        raise ValueError(f"x has an empty dimension: shape {tuple(x.shape)} (batch, T, D)")
+    if mask is None:
+        mask = torch.ones(B, T, dtype=torch.bool, device=x.device)
+    if not isinstance(mask, torch.Tensor):
+        raise ValueError(f"mask must be a bool torch.Tensor of shape {(B, T)}, got {type(mask).__name__}")
+    if tuple(mask.shape) != (B, T):
+        raise ValueError(
+            f"mask shape {tuple(mask.shape)} does not match x's (batch, T) = {(B, T)}"
+        )
+    if mask.dtype != torch.bool:
+        raise ValueError(f"mask must have dtype torch.bool, got {mask.dtype}")
+    finite = torch.isfinite(x)
+    if not bool(finite.all()):
+        b, t, d = (int(v) for v in (~finite).nonzero()[0])
+        kind = "NaN" if bool(torch.isnan(x[b, t, d])) else "infinite value"
+        where = "real" if bool(mask[b, t]) else "padded"
+        raise ValueError(
+            f"x contains {int((~finite).sum())} NaN/inf values; first: {kind} at "
+            f"(batch {b}, step {t}, feature {d}), a {where} step"
+        )
+    lengths = mask.sum(1)
+    if bool((lengths == 0).any()):
+        b = int((lengths == 0).nonzero()[0])
+        raise ValueError(f"empty sequence: mask row {b} has no True step")
+    if prefix_mask:
+        prefix = torch.arange(T, device=mask.device).unsqueeze(0) < lengths.unsqueeze(1)
+        if not bool((prefix == mask).all()):
+            b = int((prefix != mask).any(1).nonzero()[0])
+            raise ValueError(
+                f"mask row {b} is not a prefix (True steps must come first, then padding)"
+            )
+    if binary:
+        bad = ((x != 0) & (x != 1)) & mask.unsqueeze(-1)
+        if bool(bad.any()):
+            b, t, d = (int(v) for v in bad.nonzero()[0])
+            raise ValueError(
+                f"x must be binary (0/1) for a Bernoulli model, found {x[b, t, d].item()!r} at "
+                f"(batch {b}, step {t}, feature {d}); {int(bad.sum())} non-binary values in all"
+            )
+    return x, mask
+
+
+class SequenceLoader:
+    """Minibatches ``(x, mask)`` of ragged sequences, reproducible from ``(seed, epoch)``.
+
+    Each epoch visits every sequence (or every window, with ``chunk_length``) exactly once
+    (except the incomplete last batch when ``drop_last``). The order of epoch ``e`` is a pure
+    function of ``(seed, e)`` (numpy's PCG64 seeded with ``[seed, e]``), independent of how
+    many epochs were iterated before, so a training run resumed at epoch ``e`` sees exactly the
+    batches an uninterrupted run would.
+
+    Epoch bookkeeping: ``iter(loader)`` yields epoch ``loader.epoch`` and then advances
+    ``loader.epoch`` by one, so plain ``for x, mask in loader`` reshuffles every epoch;
+    ``loader.set_epoch(e)`` makes the next iteration epoch ``e`` (call it when resuming);
+    ``loader.batches(e)`` yields epoch ``e`` without touching ``loader.epoch``.
+
+    Args:
+        seqs: tensors of shapes ``(T_i, D)``.
+        batch_size: sequences per minibatch.
+        shuffle: random order per epoch; if ``False`` the order is the input order, every epoch.
+        seed: seed of the shuffling.
+        chunk_length: if given, split the sequences once, up front, into windows of this many
+            steps (:func:`chunk_sequences`, remainders kept) and batch the windows.
+        drop_last: drop the last batch of an epoch if it has fewer than ``batch_size`` items.
+        sort_by_length: bucketing: after shuffling, sort each pool of ``bucket_batches``
+            consecutive batches' worth of items by length (longest first) so that a batch holds
+            sequences of similar lengths and pads less; the batch order is then shuffled again.
+            Off by default.
+        bucket_batches: pool size of ``sort_by_length``, in batches.
+        dtype: floating dtype of ``x``.
+        device: device of the yielded tensors.
+
+    Yields:
+        ``(x, mask)``: ``x`` of shape ``(b, T, D)`` (``T`` the longest item in the batch,
+        ``b <= batch_size``) and ``bool`` ``mask`` of shape ``(b, T)``, as from
+        :func:`pad_sequences`.
+    """
+
+    def __init__(
+        self,
+        seqs: Sequence[torch.Tensor],
+        batch_size: int,
+        shuffle: bool = True,
+        seed: int = 0,
+        chunk_length: Optional[int] = None,
+        drop_last: bool = False,
+        sort_by_length: bool = False,
+        bucket_batches: int = 50,
+        dtype: torch.dtype = torch.float32,
+        device: Union[str, torch.device, None] = None,
+    ):
+        if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
+            raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+        if bucket_batches < 1:
+            raise ValueError(f"bucket_batches must be >= 1, got {bucket_batches!r}")
+        _check_seq_list(seqs)
+        self.items: List[torch.Tensor] = (
+            chunk_sequences(seqs, chunk_length) if chunk_length is not None else list(seqs)
+        )
+        self.lengths = np.array([s.shape[0] for s in self.items])
+        self.batch_size = batch_size
+        self.shuffle = shuffle
+        self.seed = int(seed)
+        self.drop_last = drop_last
+        self.sort_by_length = sort_by_length
+        self.bucket_batches = bucket_batches
+        self.dtype = dtype
+        self.device = device
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        """Make the next ``iter(self)`` yield the batches of epoch ``epoch``."""
+        if epoch < 0:
+            raise ValueError(f"epoch must be >= 0, got {epoch}")
+        self.epoch = int(epoch)
+
+    def __len__(self) -> int:
+        """Number of batches per epoch."""
+        n = len(self.items)
+        return n // self.batch_size if self.drop_last else math.ceil(n / self.batch_size)
+
+    def batch_indices(self, epoch: int) -> List[np.ndarray]:
+        """Indices into ``self.items`` of every batch of epoch ``epoch``, in order.
+
+        Returns:
+            ``len(self)`` integer arrays, each of length ``<= batch_size``.
+        """
+        n = len(self.items)
+        rng = np.random.Generator(np.random.PCG64([self.seed, int(epoch)]))
+        order = rng.permutation(n) if self.shuffle else np.arange(n)
+        bs = self.batch_size
+        if self.sort_by_length:
+            pool = bs * self.bucket_batches
+            parts = []
+            for start in range(0, n, pool):
+                chunk = order[start : start + pool]
+                # stable sort, longest first: ties keep the (shuffled) order
+                parts.append(chunk[np.argsort(-self.lengths[chunk], kind="stable")])
+            order = np.concatenate(parts)
+        batches = [order[i : i + bs] for i in range(0, n, bs)]
+        if self.drop_last and batches and len(batches[-1]) < bs:
+            batches.pop()
+        if self.sort_by_length and self.shuffle:
+            batches = [batches[i] for i in rng.permutation(len(batches))]
+        return batches
+
+    def batches(self, epoch: int) -> Iterator[Tuple[torch.Tensor, torch.Tensor]]:
+        """Yield the ``(x, mask)`` minibatches of epoch ``epoch`` (``self.epoch`` unchanged)."""
+        for idx in self.batch_indices(epoch):
+            x, mask = pad_sequences([self.items[i] for i in idx], dtype=self.dtype)
+            if self.device is not None:
+                x, mask = x.to(self.device), mask.to(self.device)
+            yield x, mask
+
+    def __iter__(self) -> Iterator[Tuple[torch.Tensor, torch.Tensor]]:
+        epoch = self.epoch
+        self.epoch += 1
+        return self.batches(epoch)
+
+    @property
+    def num_steps(self) -> int:
+        """Total number of real time steps over all items (for per-step averages)."""
+        return int(self.lengths.sum())

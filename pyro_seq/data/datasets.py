@@ -1,0 +1,78 @@
+"""One entry point for every piano-roll dataset: :func:`load_dataset`."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Dict, List, Sequence, Union
+
+import torch
+
+from .chorales import cache_dir, load_chorales
+from .piano_roll import DEFAULT_SPLITS, load_piano_rolls
+
+__all__ = ["NAMED_PICKLES", "load_dataset"]
+
+#: Boulanger-Lewandowski piano-roll sets known by name, and their usual file names.
+NAMED_PICKLES = {
+    "jsb": "jsb_chorales.pickle",
+    "jsb_chorales": "jsb_chorales.pickle",
+    "jsb_2x": "jsb_chorales_2x.pickle",
+    "nottingham": "nottingham.pickle",
+    "musedata": "musedata.pickle",
+    "piano_midi": "piano_midi.pickle",
+}
+
+
+def _search_dirs() -> List[Path]:
+    dirs = []
+    env = os.environ.get("PYRO_SEQ_DATA")
+    if env:
+        dirs.extend(Path(d).expanduser() for d in env.split(os.pathsep) if d)
+    dirs.append(cache_dir())
+    return dirs
+
+
+def load_dataset(
+    name_or_path: Union[str, "os.PathLike[str]"], splits: Sequence[str] = DEFAULT_SPLITS, **kwargs
+) -> Dict[str, List[torch.Tensor]]:
+    """Load a piano-roll dataset by name or path.
+
+    Args:
+        name_or_path: ``"chorales"``: the built-in music21 Bach chorales
+            (:func:`~pyro_seq.data.load_chorales`; not the Boulanger-Lewandowski split);
+            a name of :data:`NAMED_PICKLES` (``"jsb"``, ``"jsb_2x"``, ``"nottingham"``,
+            ``"musedata"``, ``"piano_midi"``): that file looked up in the directories of
+            ``$PYRO_SEQ_DATA`` (``os.pathsep``-separated) and then the cache directory
+            (nothing is downloaded); anything else: the path of a Boulanger-Lewandowski pickle
+            (:func:`~pyro_seq.data.load_piano_rolls`).
+        splits: which splits to return.
+        **kwargs: passed to :func:`~pyro_seq.data.load_chorales` (e.g. ``cache``, ``progress``).
+
+    Returns:
+        ``{split: [roll_0, ...]}``, each a ``float32`` 0/1 tensor of shape ``(T_i, 88)``.
+
+    Raises:
+        FileNotFoundError: a named dataset that is in none of the search directories, or a
+            path that does not exist (the message says where it looked).
+    """
+    key = os.fspath(name_or_path)
+    if key == "chorales":
+        return load_chorales(splits, **kwargs)
+    if kwargs:
+        raise TypeError(f"unexpected arguments {sorted(kwargs)} for a piano-roll pickle")
+    if key.lower() in NAMED_PICKLES and not os.path.exists(key):
+        fname = NAMED_PICKLES[key.lower()]
+        dirs = _search_dirs()
+        for d in dirs:
+            if (d / fname).is_file():
+                return load_piano_rolls(d / fname, splits)
+        raise FileNotFoundError(
+            f"dataset {key!r}: {fname} not found in {[str(d) for d in dirs]}; pass the file's "
+            "path instead, or put its directory in $PYRO_SEQ_DATA (nothing is downloaded)"
+        )
+    if not os.path.exists(key):
+        raise FileNotFoundError(
+            f"no dataset {key!r}: not 'chorales', not one of {sorted(NAMED_PICKLES)}, and no such file"
+        )
+    return load_piano_rolls(key, splits)
