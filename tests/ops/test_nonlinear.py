@@ -30,7 +30,7 @@ def float64_default():
 
 def _mvn_logpdf(x, mean, cov):
     if x.numel() == 0:
-        return torch.zeros(())
+        return torch.zeros((), dtype=x.dtype)
     return torch.distributions.MultivariateNormal(mean, covariance_matrix=cov).log_prob(x)
 
 
@@ -46,9 +46,10 @@ def dense_lgssm(A, b, Q, C, R, m0, P0, x, observed):
     for t in range(1, T):
         mu.append(A[t] @ mu[-1] + b[t])
     mu = torch.cat(mu)
-    L = torch.zeros(T * S, T * S)
+    dt = m0.dtype
+    L = torch.zeros(T * S, T * S, dtype=dt)
     for s in range(T):
-        M = torch.eye(S)
+        M = torch.eye(S, dtype=dt)
         for t in range(s, T):
             if t > s:
                 M = A[t] @ M
@@ -65,7 +66,7 @@ def dense_lgssm(A, b, Q, C, R, m0, P0, x, observed):
     def condition(upto):
         rows = torch.cat([torch.arange(t * D, (t + 1) * D) for t in range(upto) if observed[t]] or [torch.zeros(0, dtype=torch.long)])
         if rows.numel() == 0:
-            return mu, Szz, torch.zeros(())
+            return mu, Szz, torch.zeros((), dtype=dt)
         Soo = Sxx[rows][:, rows]
         K = torch.linalg.solve(Soo, Szx[:, rows].T).T
         m = mu + K @ (xf[rows] - mx[rows])
@@ -73,7 +74,7 @@ def dense_lgssm(A, b, Q, C, R, m0, P0, x, observed):
         return m, P, _mvn_logpdf(xf[rows], mx[rows], Soo)
 
     fm, fP, lls = [], [], []
-    prev = torch.zeros(())
+    prev = torch.zeros((), dtype=dt)
     for t in range(T):
         m, P, ll = condition(t + 1)
         fm.append(m[t * S:(t + 1) * S])
@@ -83,7 +84,7 @@ def dense_lgssm(A, b, Q, C, R, m0, P0, x, observed):
     m, P, _ = condition(T)
     sm = m.reshape(T, S)
     sP = torch.stack([P[t * S:(t + 1) * S, t * S:(t + 1) * S] for t in range(T)])
-    cross = torch.stack([P[(t + 1) * S:(t + 2) * S, t * S:(t + 1) * S] for t in range(T - 1)]) if T > 1 else torch.zeros(0, S, S)
+    cross = torch.stack([P[(t + 1) * S:(t + 2) * S, t * S:(t + 1) * S] for t in range(T - 1)]) if T > 1 else torch.zeros(0, S, S, dtype=dt)
     return dict(
         filter_means=torch.stack(fm),
         filter_covs=torch.stack(fP),
