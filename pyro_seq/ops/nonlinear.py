@@ -49,9 +49,12 @@ of Sec. 3.4.1 for a linear model)::
 For a linear-Gaussian model (``f(z) = A z + b``, ``h(z) = C z``) both the EKF and the UKF are
 exactly the Kalman filter / RTS smoother.
 
-Missing data (thesis Sec. 3.4.2): ``mask`` of shape ``(..., T)`` (True = observed). A missing
-step skips the measurement update (``mu_t = mu_{t|t-1}``, ``Sigma_t = Sigma_{t|t-1}``) and
-contributes 0 to the log-likelihood; masked entries of ``x`` may hold anything (even NaN).
+Missing data (thesis Sec. 3.4.2): ``mask`` of shape ``(..., T)`` per step or ``(..., T, D)``
+per element (True = observed; read as in :mod:`pyro_seq.ops.kalman`: per element when its last
+two dims are ``(T, D)`` or ``(T, 1)``). A missing step skips the measurement update
+(``mu_t = mu_{t|t-1}``, ``Sigma_t = Sigma_{t|t-1}``) and contributes 0 to the log-likelihood; a
+missing element drops its row of the observation model (its column of ``Cov(z_t, x_t)``, its
+row/column of ``Cov(x_t)`` and ``R_t``). Masked entries of ``x`` may hold anything (even NaN).
 
 Parameter shapes (``S`` state dim, ``D`` observation dim; ``...`` batch dims that broadcast):
 ``x (..., T, D)``, ``initial_loc (..., S)``, ``initial_cov (..., S, S)``, ``transition_cov`` either
@@ -85,18 +88,20 @@ class GaussianFilterResult(NamedTuple):
     :ivar covs: filtered covariances ``Sigma_t``, ``(..., T, S, S)``.
     :ivar predicted_means: ``mu_{t|t-1}`` (entry 0 is ``initial_loc``), ``(..., T, S)``.
     :ivar predicted_covs: ``Sigma_{t|t-1}`` (entry 0 is ``initial_cov``), ``(..., T, S, S)``.
-    :ivar predicted_cross_covs: ``D_t = Cov(z_{t-1}, z_t | x_{1:t-1})`` (entry 0 is zero),
-        ``(..., T, S, S)``; what the RTS smoother needs.
     :ivar log_likelihoods: approximate ``log p(x_t | x_{1:t-1})`` (eq. 3.12 with the
         linearized / unscented moments; 0 at masked steps), ``(..., T)``.
+    :ivar predicted_cross_covs: ``D_t = Cov(z_{t-1}, z_t | x_{1:t-1})`` (entry 0 is zero),
+        ``(..., T, S, S)``; what the RTS smoother needs.
+
+    The first five fields are those of :class:`pyro_seq.ops.kalman.KalmanFilterResult`.
     """
 
     means: torch.Tensor
     covs: torch.Tensor
     predicted_means: torch.Tensor
     predicted_covs: torch.Tensor
-    predicted_cross_covs: torch.Tensor
     log_likelihoods: torch.Tensor
+    predicted_cross_covs: torch.Tensor
 
 
 class GaussianSmootherResult(NamedTuple):
@@ -106,15 +111,16 @@ class GaussianSmootherResult(NamedTuple):
     :ivar covs: smoothed covariances ``Sigma_{t|T}``, ``(..., T, S, S)``.
     :ivar cross_covs: ``Cov(z_{t+1}, z_t | x_{1:T})``, ``(..., T-1, S, S)``.
     :ivar gains: smoother gains ``J_t``, ``(..., T-1, S, S)``.
-    :ivar log_likelihoods: the filter's per-step terms, ``(..., T)``.
-    :ivar filtered: the :class:`GaussianFilterResult` the smoother started from.
+    :ivar filtered: the :class:`GaussianFilterResult` the smoother started from (its
+        ``log_likelihoods`` are the per-step terms).
+
+    Same fields as :class:`pyro_seq.ops.kalman.KalmanSmootherResult`.
     """
 
     means: torch.Tensor
     covs: torch.Tensor
     cross_covs: torch.Tensor
     gains: torch.Tensor
-    log_likelihoods: torch.Tensor
     filtered: GaussianFilterResult
 
 
@@ -168,21 +174,31 @@ def _stack(tensors, dim):
     return torch.stack(torch.broadcast_tensors(*tensors), dim=dim)
 
 
+def _element_mask(mask, T, D):
+    """Per-step ``(..., T)`` or per-element ``(..., T, D|1)`` bool mask -> ``(..., T, D)``
+    (the rule of :mod:`pyro_seq.ops.kalman`; pass ``mask[..., None]`` when ``T == D``)."""
+    mask = torch.as_tensor(mask).to(torch.bool)
+    if mask.dim() >= 2 and mask.shape[-2] == T and mask.shape[-1] in (D, 1):
+        if not (mask.shape[-1] == T and D not in (T, 1)):
+            return mask.expand(mask.shape[:-1] + (D,))
+    if mask.shape[-1:] != (T,):
+        raise ValueError(f"mask must have shape (..., T={T}) or (..., T, D={D}), got {tuple(mask.shape)}")
+    return mask.unsqueeze(-1).expand(mask.shape + (D,))
+
+
 def _prepare(x, mask, initial_loc, initial_cov, transition_cov, observation_cov):
     if x.dim() < 2:
         raise ValueError(f"x must have shape (..., T, D), got {tuple(x.shape)}")
-    T = x.shape[-2]
+    T, D = x.shape[-2:]
     if mask is None:
         mask = torch.ones(x.shape[:-1], dtype=torch.bool, device=x.device)
-    mask = mask.to(torch.bool)
-    if mask.shape[-1] != T:
-        raise ValueError(f"mask must have shape (..., T={T}), got {tuple(mask.shape)}")
+    mask = _element_mask(mask, T, D)  # (..., T, D)
     for name, p, k in (("transition_cov", transition_cov, 2), ("observation_cov", observation_cov, 2)):
         if p.dim() > k and p.shape[-k - 1] not in (1, T):
             raise ValueError(f"{name}: time dim (dim -3) must have size 1 or T={T}, got {tuple(p.shape)}")
     batch_shape = torch.broadcast_shapes(
         x.shape[:-2],
-        mask.shape[:-1],
+        mask.shape[:-2],
         initial_loc.shape[:-1],
         initial_cov.shape[:-2],
         _param_batch_shape(transition_cov, 2),
@@ -192,7 +208,7 @@ def _prepare(x, mask, initial_loc, initial_cov, transition_cov, observation_cov)
     m0 = initial_loc.expand(batch_shape + (S,))
     P0 = initial_cov.expand(batch_shape + (S, S))
     # masked entries may be NaN: replace them so that they cannot leak into values or grads
-    x = torch.where(mask.unsqueeze(-1), x, torch.zeros((), dtype=x.dtype, device=x.device))
+    x = torch.where(mask, x, torch.zeros((), dtype=x.dtype, device=x.device))
     return T, mask, m0, P0, x
 
 
@@ -200,13 +216,22 @@ def _measurement_update(m_pred, P_pred, x_t, obs_mean, P_zx, P_xx, R, observed):
     """Gaussian measurement update (thesis Sec. 3.4.1) from predicted observation moments.
 
     Shapes: ``m_pred (..., S)``, ``P_pred (..., S, S)``, ``x_t, obs_mean (..., D)``,
-    ``P_zx (..., S, D)``, ``P_xx, R (..., D, D)``, ``observed (...)`` bool.
+    ``P_zx (..., S, D)``, ``P_xx, R (..., D, D)``, ``observed (..., D)`` bool.
     Returns ``(m, P, log_lik)``.
+
+    A missing element i is removed from the update without reshaping (thesis Sec. 3.4.2):
+    column i of ``P_zx``, row/column i of ``P_xx`` and the residual are zeroed and row/column i
+    of ``R`` replaced by ``e_i``, which makes the gain column 0 and adds the constant
+    ``log N(0; 0, 1)``, subtracted again below.
     """
     D = x_t.shape[-1]
-    S_t = _sym(P_xx + R)
+    obs = observed.to(P_xx.dtype)
+    both = obs.unsqueeze(-1) * obs.unsqueeze(-2)
+    P_zx = P_zx * obs.unsqueeze(-2)
+    R = R * both + torch.diag_embed(1 - obs)
+    S_t = _sym(P_xx * both + R)
     L = _cholesky(S_t, "the innovation covariance C Sigma_{t|t-1} C^T + R")
-    r = (x_t - obs_mean).unsqueeze(-1)  # (..., D, 1)
+    r = ((x_t - obs_mean) * obs).unsqueeze(-1)  # (..., D, 1)
     batch = torch.broadcast_shapes(L.shape[:-2], r.shape[:-2], P_zx.shape[:-2])
     L = L.expand(batch + (D, D))
     W = torch.linalg.solve_triangular(L, _mT(P_zx).expand(batch + (D, P_zx.shape[-2])), upper=False)
@@ -216,11 +241,13 @@ def _measurement_update(m_pred, P_pred, x_t, obs_mean, P_zx, P_xx, R, observed):
     log_lik = (
         -0.5 * v.squeeze(-1).pow(2).sum(-1)
         - L.diagonal(dim1=-1, dim2=-2).log().sum(-1)
-        - 0.5 * D * math.log(2 * math.pi)
+        - 0.5 * obs.sum(-1) * math.log(2 * math.pi)
     )
-    m = torch.where(observed.unsqueeze(-1), m, m_pred)
-    P = torch.where(observed.unsqueeze(-1).unsqueeze(-1), P, P_pred)
-    log_lik = torch.where(observed, log_lik, torch.zeros((), dtype=log_lik.dtype, device=log_lik.device))
+    # fully missing steps: exactly the prediction (also guards against rounding)
+    any_obs = observed.any(-1)
+    m = torch.where(any_obs.unsqueeze(-1), m, m_pred)
+    P = torch.where(any_obs.unsqueeze(-1).unsqueeze(-1), P, P_pred)
+    log_lik = torch.where(any_obs, log_lik, torch.zeros((), dtype=log_lik.dtype, device=log_lik.device))
     return m, P, log_lik
 
 
@@ -238,7 +265,7 @@ def _run_gaussian_filter(predict, update, x, mask, initial_loc, initial_cov, tra
             P_pred = _sym(P_pred + _time_slice(transition_cov, t, 2))
         obs_mean, P_zx, P_xx = update(m_pred, P_pred, t)
         R = _time_slice(observation_cov, t, 2)
-        m, P, ll = _measurement_update(m_pred, P_pred, x[..., t, :], obs_mean, P_zx, P_xx, R, mask[..., t])
+        m, P, ll = _measurement_update(m_pred, P_pred, x[..., t, :], obs_mean, P_zx, P_xx, R, mask[..., t, :])
         means.append(m)
         covs.append(P)
         pmeans.append(m_pred)
@@ -250,8 +277,8 @@ def _run_gaussian_filter(predict, update, x, mask, initial_loc, initial_cov, tra
         _stack(covs, -3),
         _stack(pmeans, -2),
         _stack(pcovs, -3),
-        _stack(pcross, -3),
         _stack(lls, -1),
+        _stack(pcross, -3),
     )
 
 
@@ -292,7 +319,6 @@ def gaussian_rts_smoother(filtered):
         _stack(covs[::-1], -3),
         _stack(cross[::-1], -3) if cross else empty.reshape(empty.shape[:-2] + (S, S)),
         _stack(gains[::-1], -3) if gains else empty.reshape(empty.shape[:-2] + (S, S)),
-        filtered.log_likelihoods,
         filtered,
     )
 
@@ -351,7 +377,8 @@ def extended_kalman_filter(
     :param torch.Tensor initial_cov: ``Sigma_{1|0}``, ``(..., S, S)``.
     :param torch.Tensor transition_cov: ``Q``, ``(S, S)`` or ``(..., T|1, S, S)``.
     :param torch.Tensor observation_cov: ``R``, ``(D, D)`` or ``(..., T|1, D, D)``.
-    :param torch.Tensor mask: optional bool ``(..., T)``, True where ``x_t`` is observed.
+    :param torch.Tensor mask: optional bool ``(..., T)`` per step or ``(..., T, D)`` per
+        element, True where observed.
     :param callable transition_jacobian: optional ``(z, t) -> (..., S, S)``; default autodiff.
     :param callable observation_jacobian: optional ``(z, t) -> (..., D, S)``; default autodiff.
     :returns: :class:`GaussianFilterResult`.

@@ -3,6 +3,7 @@ import math
 import pytest
 import torch
 
+from pyro_seq.ops.kalman import kalman_filter, kalman_smoother
 from pyro_seq.ops.nonlinear import (
     extended_kalman_filter,
     extended_kalman_smoother,
@@ -172,13 +173,13 @@ def test_batched_parameters_and_nan_in_masked_steps():
     for filt, smooth, kw in FILTERS.values():
         sr = smooth(x, f, h, m0, P0, Q, R, mask=mask, **kw)
         assert sr.means.shape == (B, T, 3) and sr.covs.shape == (B, T, 3, 3)
-        assert sr.log_likelihoods.shape == (B, T)
-        assert torch.isfinite(sr.means).all() and torch.isfinite(sr.log_likelihoods).all()
+        assert sr.filtered.log_likelihoods.shape == (B, T)
+        assert torch.isfinite(sr.means).all() and torch.isfinite(sr.filtered.log_likelihoods).all()
         for i in range(B):
             ref = dense_lgssm(A, b, Q.expand(T, 3, 3), C, R, m0[i], P0, torch.nan_to_num(x[i]), mask[i])
             assert torch.allclose(sr.means[i], ref["smooth_means"], atol=1e-9)
             assert torch.allclose(sr.filtered.covs[i], ref["filter_covs"], atol=1e-9)
-            assert torch.allclose(sr.log_likelihoods[i], ref["log_likelihoods"], atol=1e-9)
+            assert torch.allclose(sr.filtered.log_likelihoods[i], ref["log_likelihoods"], atol=1e-9)
 
 
 def test_single_step():
@@ -241,7 +242,7 @@ def test_explicit_jacobians_are_used():
     r1 = extended_kalman_smoother(*args)
     r2 = extended_kalman_smoother(*args, transition_jacobian=fj, observation_jacobian=hj)
     assert torch.allclose(r1.means, r2.means) and torch.allclose(r1.covs, r2.covs)
-    assert torch.allclose(r1.log_likelihoods, r2.log_likelihoods)
+    assert torch.allclose(r1.filtered.log_likelihoods, r2.filtered.log_likelihoods)
 
 
 def test_unscented_transform_moments_of_a_square():
@@ -314,4 +315,46 @@ def test_nonlinear_filters_track_a_pendulum():
         rmse_s = (sr.means[:, 0] - zs[:, 0]).pow(2).mean().sqrt()
         rmse_f = (sr.filtered.means[:, 0] - zs[:, 0]).pow(2).mean().sqrt()
         assert rmse_s < rmse_f < 0.2, (smoother.__name__, rmse_s, rmse_f)
-        assert torch.isfinite(sr.log_likelihoods).all()
+        assert torch.isfinite(sr.filtered.log_likelihoods).all()
+
+
+@pytest.mark.parametrize("name", list(FILTERS))
+def test_linear_model_equals_ops_kalman_with_element_masks(name):
+    """UKF/EKF on a linear model with batch dims, time-varying A and Q, controls as offsets
+    and per-element masks equal :mod:`pyro_seq.ops.kalman` (filter, smoother, likelihood)."""
+    filt, smooth, kw = FILTERS[name]
+    T, S, D, B = 7, 3, 2, 4
+    g = torch.Generator().manual_seed(11)
+    A = 0.8 * torch.linalg.qr(torch.randn(S, S, generator=g))[0] + 0.1 * torch.randn(T, S, S, generator=g)
+    Q = torch.stack([random_spd(S, 0.2, g) for _ in range(T)])
+    C = torch.randn(D, S, generator=g)
+    R = random_spd(D, 0.4, g)
+    u = torch.randn(B, T, S, generator=g)
+    m0 = torch.randn(B, S, generator=g)
+    P0 = random_spd(S, 1.0, g)
+    x = torch.randn(B, T, D, generator=g)
+    mask = torch.rand(B, T, D, generator=g) > 0.35
+    mask[0, 2] = False  # a fully missing step
+    xn = torch.where(mask, x, torch.full_like(x, math.nan))
+
+    def f(z, t):  # z: (..., B, S); the control u_t is an offset
+        return (A[t] @ z.unsqueeze(-1)).squeeze(-1) + u[:, t]
+
+    def h(z, t):
+        return (C @ z.unsqueeze(-1)).squeeze(-1)
+
+    ref = kalman_smoother(x, m0, P0, A, Q, C, R, controls=u, mask=mask, method="sequential")
+    sr = smooth(xn, f, h, m0, P0, Q, R, mask=mask, **kw)
+    assert torch.allclose(sr.filtered.means, ref.filtered.means, atol=1e-9)
+    assert torch.allclose(sr.filtered.covs, ref.filtered.covs, atol=1e-9)
+    assert torch.allclose(sr.filtered.predicted_covs, ref.filtered.predicted_covs, atol=1e-9)
+    assert torch.allclose(sr.filtered.log_likelihoods, ref.filtered.log_likelihoods, atol=1e-9)
+    assert sr.filtered.log_likelihoods[0, 2] == 0
+    assert torch.allclose(sr.means, ref.means, atol=1e-9)
+    assert torch.allclose(sr.covs, ref.covs, atol=1e-9)
+    assert torch.allclose(sr.cross_covs, ref.cross_covs, atol=1e-9)
+    assert torch.allclose(sr.gains, ref.gains, atol=1e-9)
+    fr = filt(xn, f, h, m0, P0, Q, R, mask=mask, **kw)
+    kf = kalman_filter(x, m0, P0, A, Q, C, R, controls=u, mask=mask)
+    assert torch.allclose(fr.means, kf.means, atol=1e-9)
+    assert torch.allclose(fr.log_likelihoods, kf.log_likelihoods, atol=1e-9)
