@@ -1,0 +1,167 @@
+r"""Log-likelihood estimation of sequence models for evaluation (IWAE or SMC estimators).
+
+Both estimators are stochastic lower bounds *in expectation* of :math:`\log p(x)` whose exponent
+is unbiased, :math:`\mathbb{E}[\hat p(x)] = p(x)`:
+
+* ``method="iwae"``: :math:`\log \frac{1}{K}\sum_k p(x, z^{(k)}) / q(z^{(k)}|x)` with
+  :math:`K` independent proposals of the whole sequence (thesis eq. 2.13);
+* ``method="smc"``: the particle filter's :math:`\log \hat p(x)` (thesis eq. 3.20), i.e. one
+  evaluation of :class:`~pyro_seq.infer.FIVO` with adaptive (ESS) resampling.
+
+The bias :math:`\log p(x) - \mathbb{E}\log\hat p(x)` shrinks as :math:`K` grows (as
+:math:`O(1/K)` for IWAE, Maddison et al. 2017 Prop. 1). Results are therefore always reported
+with the method and :math:`K`. ``nats_per_step`` is the summed log-likelihood divided by the
+total number of (unpadded) time steps, the "log-likelihood per time step" of Table 1 of
+Maddison et al. (2017) and of the thesis' chapter 5 (higher is better).
+"""
+
+from dataclasses import dataclass
+
+import torch
+
+from pyro_seq.infer.fivo import FIVO
+from pyro_seq.infer.iwae import IWAE
+
+__all__ = ["LikelihoodEstimate", "estimate_log_likelihood"]
+
+METHODS = ("iwae", "smc")
+
+
+@dataclass
+class LikelihoodEstimate:
+    """Result of :func:`estimate_log_likelihood`.
+
+    :ivar torch.Tensor per_sequence: float64 ``(N,)`` estimates of :math:`\\log p(x^{(n)})`, in
+        the order of the input sequences.
+    :ivar torch.Tensor lengths: long ``(N,)`` numbers of time steps.
+    :ivar float total: sum of ``per_sequence``.
+    :ivar int num_steps: total number of time steps, ``lengths.sum()``.
+    :ivar float nats_per_step: ``total / num_steps``.
+    :ivar str method: ``"iwae"`` or ``"smc"``.
+    :ivar int num_particles: :math:`K`.
+    """
+
+    per_sequence: torch.Tensor
+    lengths: torch.Tensor
+    total: float
+    num_steps: int
+    nats_per_step: float
+    method: str
+    num_particles: int
+
+    def __str__(self):
+        return (f"{self.method} (K={self.num_particles}): {self.nats_per_step:.4f} nats/step, "
+                f"total {self.total:.3f} nats over {len(self.lengths)} sequences, "
+                f"{self.num_steps} steps")
+
+    def as_dict(self):
+        """Plain-Python summary for JSON reports."""
+        return {"method": self.method, "num_particles": self.num_particles,
+                "nats_per_step": self.nats_per_step, "total": self.total,
+                "num_steps": self.num_steps, "num_sequences": len(self.lengths)}
+
+
+def _pad(seqs):
+    lengths = [int(s.shape[0]) for s in seqs]
+    D = seqs[0].shape[-1]
+    x = seqs[0].new_zeros(len(seqs), max(lengths), D)
+    for i, s in enumerate(seqs):
+        x[i, :lengths[i]] = s
+    mask = torch.arange(max(lengths), device=x.device) < torch.tensor(lengths, device=x.device).unsqueeze(-1)
+    return x, mask
+
+
+def _batches(data, batch_size):
+    """Yield ``(x, mask)`` batches from the accepted data formats."""
+    if torch.is_tensor(data):
+        data = (data, None)
+    if isinstance(data, tuple) and len(data) == 2 and torch.is_tensor(data[0]) and data[0].dim() == 3:
+        data = [data]
+    data = list(data)
+    if not data:
+        raise ValueError("estimate_log_likelihood: no data")
+    if all(torch.is_tensor(s) and s.dim() == 2 for s in data):  # a list of (T_i, D) sequences
+        bs = batch_size or len(data)
+        for i in range(0, len(data), bs):
+            yield _pad(data[i:i + bs])
+        return
+    for item in data:
+        if torch.is_tensor(item) and item.dim() == 3:
+            x, mask = item, None
+        elif isinstance(item, (tuple, list)) and len(item) == 2 and torch.is_tensor(item[0]):
+            x, mask = item
+        else:
+            raise TypeError(
+                "data must be a list of (T_i, D) sequences, an (x, mask) batch, or an iterable "
+                f"of (x, mask) batches / (batch, T, D) tensors; got an item of type {type(item).__name__}")
+        if mask is None:
+            mask = torch.ones(x.shape[:2], dtype=torch.bool, device=x.device)
+        bs = batch_size or x.shape[0]
+        for i in range(0, x.shape[0], bs):
+            yield x[i:i + bs], mask[i:i + bs].bool()
+
+
+def _iwae_log_z(model, guide, x, mask, num_particles, particles_per_pass, max_plate_nesting):
+    """IWAE estimate, drawing the ``K`` particles in chunks of ``particles_per_pass``."""
+    chunks, remaining = [], num_particles
+    while remaining > 0:
+        k = min(remaining, particles_per_pass)
+        iwae = IWAE(num_particles=k, vectorize_particles=True, max_plate_nesting=max_plate_nesting)
+        log_z, _ = iwae.log_z(model, guide, x, mask)
+        chunks.append(log_z.double() + torch.log(torch.tensor(float(k), dtype=torch.float64)))
+        remaining -= k
+    # log (1/K) sum_k w_k = logsumexp_j (log_mean_j + log K_j) - log K
+    return torch.logsumexp(torch.stack(chunks), 0) - torch.log(torch.tensor(float(num_particles), dtype=torch.float64))
+
+
+def estimate_log_likelihood(model, guide, data, method="iwae", num_particles=100, batch_size=None,
+                            particles_per_pass=None, resample="ess", resampling="systematic",
+                            ess_threshold=0.5, max_plate_nesting=1):
+    """Estimate :math:`\\log p(x)` of every sequence with an IWAE or SMC estimator.
+
+    :param model: the model program (e.g. ``m.model``); for ``"smc"`` it must follow the step
+        protocol (``init``/``step``).
+    :param guide: the proposal (e.g. ``m.guide``).
+    :param data: a list of ``(T_i, D)`` sequences, a ``(batch, T, D)`` tensor, an ``(x, mask)``
+        batch, or an iterable of ``(x, mask)`` batches.
+    :param str method: ``"iwae"`` or ``"smc"`` (module docstring).
+    :param int num_particles: :math:`K`.
+    :param int batch_size: sequences per pass (default: all of a batch at once).
+    :param int particles_per_pass: IWAE only: draw the :math:`K` particles in chunks of this
+        size to bound memory (the estimate is the same function of the :math:`K` weights).
+    :param str resample: SMC resampling criterion (``"ess"``, ``"always"``, ``"never"``).
+    :param str resampling: SMC resampling scheme.
+    :param float ess_threshold: SMC ESS threshold (fraction of :math:`K`).
+    :param int max_plate_nesting: plates of the programs (1 for the sequence models).
+    :returns: :class:`LikelihoodEstimate` (``per_sequence`` float64 ``(N,)``, ``nats_per_step``,
+        ``method``, ``num_particles``, ...). Computed without gradients.
+    """
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    if int(num_particles) != num_particles or num_particles < 1:
+        raise ValueError(f"num_particles must be a positive integer, got {num_particles}")
+    num_particles = int(num_particles)
+    estimates, lengths = [], []
+    with torch.no_grad():
+        for x, mask in _batches(data, batch_size):
+            if method == "iwae":
+                log_z = _iwae_log_z(model, guide, x, mask, num_particles,
+                                    particles_per_pass or num_particles, max_plate_nesting)
+            else:
+                fivo = FIVO(num_particles=num_particles, resample=resample,
+                            ess_threshold=ess_threshold, resampling=resampling,
+                            max_plate_nesting=max_plate_nesting)
+                log_z, _ = fivo.log_z(model, guide, x, mask)
+            if log_z.shape != (x.shape[0],):
+                raise ValueError(
+                    f"{method}: got {tuple(log_z.shape)} estimates for a batch of {x.shape[0]} "
+                    "sequences; every site must lie in the batch plate to give one per sequence")
+            estimates.append(log_z.double().cpu())
+            lengths.append(mask.sum(-1).cpu())
+    per_sequence = torch.cat(estimates)
+    lengths = torch.cat(lengths).long()
+    total = float(per_sequence.sum())
+    num_steps = int(lengths.sum())
+    return LikelihoodEstimate(per_sequence=per_sequence, lengths=lengths, total=total,
+                              num_steps=num_steps, nats_per_step=total / num_steps, method=method,
+                              num_particles=num_particles)
