@@ -33,12 +33,15 @@ import torch.nn as nn
 from pyro_seq.ops.state import SequenceState
 
 
-def check_sequences(x, mask=None, obs_dim=None):
+def check_sequences(x, mask=None, obs_dim=None, binary=False):
     """Validate a batch of sequences and return ``(x, mask)`` with a bool prefix mask.
 
     :param torch.Tensor x: ``(batch, T, D)`` floating tensor.
     :param mask: ``(batch, T)`` bool (True = observed step) or None (all observed).
-    :raises ValueError: naming the problem (dimensionality, NaN/inf, non-prefix or empty mask).
+    :param int obs_dim: expected ``D``, if known.
+    :param bool binary: require 0/1 values at observed steps (Bernoulli likelihoods).
+    :raises ValueError: naming the problem (dimensionality, NaN/inf, non-binary values,
+        non-prefix or empty mask).
     """
     if not torch.is_tensor(x):
         raise TypeError(f"x must be a torch.Tensor of shape (batch, T, D), got {type(x).__name__}")
@@ -64,6 +67,10 @@ def check_sequences(x, mask=None, obs_dim=None):
         prefix = torch.arange(x.shape[1], device=x.device) < lengths.unsqueeze(-1)
         if not torch.equal(prefix, mask):
             raise ValueError("mask must be a prefix mask: True for steps 0..length-1, then False")
+    if binary:
+        observed = x[mask]
+        if not ((observed == 0) | (observed == 1)).all():
+            raise ValueError("x must be binary (0/1) at observed steps for a Bernoulli likelihood")
     return x, mask
 
 
@@ -109,7 +116,7 @@ class StepProgram:
         :param int num_sequences: size of the full data set when ``x`` is a minibatch.
         :returns: the final :class:`SequenceState`.
         """
-        x, mask = check_sequences(x, mask, self._owner.obs_dim)
+        x, mask = check_sequences(x, mask, self._owner.obs_dim, self._owner.binary_observations)
         state = SequenceState()
         pyro.module(self._owner.module_name, self._owner)
         with self.plate(x, num_sequences):
@@ -127,6 +134,7 @@ class SequenceModel(nn.Module):
     """
 
     module_name = "sequence_model"
+    binary_observations = False  #: True for Bernoulli likelihoods: inputs are checked to be 0/1
 
     def __init__(self, obs_dim):
         super().__init__()

@@ -47,6 +47,7 @@ class DMM(SequenceModel):
     def __init__(self, obs_dim, z_dim=100, transition_dim=200, emission_dim=100, rnn_dim=600,
                  inference="smoothing", rnn_cell="rnn", likelihood="bernoulli", min_scale=1e-3):
         super().__init__(obs_dim)
+        self.binary_observations = likelihood == "bernoulli"
         if inference not in ("smoothing", "filtering"):
             raise ValueError(f"inference must be 'smoothing' or 'filtering', got {inference!r}")
         self.z_dim, self.inference = z_dim, inference

@@ -69,6 +69,7 @@ class SRNN(SequenceModel):
                  residual=True, likelihood="bernoulli", activation="clipped_leaky_relu",
                  min_scale=1e-3):
         super().__init__(obs_dim)
+        self.binary_observations = likelihood == "bernoulli"
         if inference not in ("smoothing", "filtering"):
             raise ValueError(f"inference must be 'smoothing' or 'filtering', got {inference!r}")
         self.z_dim, self.inference, self.residual = z_dim, inference, residual
