@@ -45,7 +45,6 @@ import warnings
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
-import numpy as np
 import torch
 
 from .piano_roll import DEFAULT_SPLITS, LOWEST_NOTE, NUM_KEYS

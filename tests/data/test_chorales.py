@@ -1,6 +1,5 @@
 import os
 from collections import Counter
-from pathlib import Path
 
 import pytest
 import torch
