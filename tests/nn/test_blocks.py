@@ -1,0 +1,84 @@
+"""The reusable blocks: ragged reversal, masked RNNs, transitions, heads."""
+
+import torch
+
+from pyro_seq.nn import (MLP, BackwardRNN, ClippedLeakyReLU, Combiner, ForwardRNN, GatedTransition,
+                         GaussianHead, cat_broadcast, reverse_padded)
+
+
+def test_reverse_padded_reverses_within_length_and_is_an_involution():
+    x = torch.arange(2 * 5).reshape(2, 5, 1).float()
+    lengths = torch.tensor([5, 3])
+    y = reverse_padded(x, lengths)
+    assert y[0, :, 0].tolist() == [4, 3, 2, 1, 0]
+    assert y[1, :, 0].tolist() == [7, 6, 5, 8, 9]          # padding stays in place
+    assert torch.equal(reverse_padded(y, lengths), x)
+
+
+def test_backward_rnn_equals_each_sequence_run_alone():
+    torch.manual_seed(0)
+    rnn = BackwardRNN(3, 4, cell="gru")
+    x = torch.randn(3, 6, 3)
+    lengths = torch.tensor([6, 4, 1])
+    mask = torch.arange(6) < lengths.unsqueeze(-1)
+    out = rnn(x * mask.unsqueeze(-1) + 100 * (~mask).unsqueeze(-1), mask)   # garbage padding
+    for b, L in enumerate(lengths.tolist()):
+        h, ref = torch.zeros(1, 1, 4), []
+        for t in reversed(range(L)):                         # a_t = g(a_{t+1}, x_t), a_{L+1}=0
+            o, h = rnn.rnn(x[b:b + 1, t:t + 1], h)
+            ref.append(o[0, 0])
+        ref = torch.stack(ref[::-1])
+        assert torch.allclose(out[b, :L], ref, atol=1e-6)
+
+
+def test_forward_rnn_is_causal():
+    torch.manual_seed(0)
+    rnn = ForwardRNN(3, 4)
+    x = torch.randn(2, 6, 3)
+    y = x.clone()
+    y[:, 4:] += 5.0
+    assert torch.equal(rnn(x)[:, :4], rnn(y)[:, :4])
+    assert not torch.allclose(rnn(x)[:, 4:], rnn(y)[:, 4:])
+
+
+def test_gated_transition_starts_close_to_identity_mean_and_has_positive_scale():
+    torch.manual_seed(0)
+    tr = GatedTransition(5, 16, min_scale=0.01)
+    z = torch.randn(7, 5)
+    loc, scale = tr(z)
+    gate = torch.sigmoid(tr.gate(torch.relu(tr.gate_hidden(z))))
+    proposed = tr.proposal(torch.relu(tr.proposal_hidden(z)))
+    assert torch.allclose(loc, (1 - gate) * z + gate * proposed, atol=1e-6)   # W_0 = I at init
+    assert (scale > 0.01).all()
+
+
+def test_combiner_formula():
+    torch.manual_seed(0)
+    c = Combiner(3, 4, min_scale=0.0)
+    z, a = torch.randn(2, 3), torch.randn(2, 4)
+    h = 0.5 * (torch.tanh(c.z_to_hidden(z)) + a)
+    loc, scale = c(z, a)
+    assert torch.allclose(loc, c.loc(h)) and torch.allclose(scale, torch.nn.functional.softplus(c.raw_scale(h)))
+
+
+def test_gaussian_head_floor_and_mlp_shapes():
+    head = GaussianHead(4, 2, min_scale=0.5)
+    with torch.no_grad():
+        head.raw_scale.bias.fill_(-50.0)
+        head.raw_scale.weight.zero_()
+    _, scale = head(torch.randn(3, 4))
+    assert torch.allclose(scale, torch.full((3, 2), 0.5))
+    assert MLP(4, [8, 8], 2)(torch.randn(5, 6, 4)).shape == (5, 6, 2)
+
+
+def test_clipped_leaky_relu():
+    f = ClippedLeakyReLU()
+    x = torch.tensor([-20.0, -3.0, 0.0, 2.0, 10.0])
+    assert f(x).tolist() == [-3.0, -1.0, 0.0, 2.0, 3.0]
+
+
+def test_cat_broadcast_joins_particle_and_shared_tensors():
+    a, b = torch.randn(4, 2, 3), torch.randn(2, 5)
+    out = cat_broadcast([a, b])
+    assert out.shape == (4, 2, 8)
+    assert torch.equal(out[1, :, 3:], b) and torch.equal(out[..., :3], a)
