@@ -9,9 +9,11 @@ from pyro_seq.ops.kalman import (  # noqa: E402
     KalmanFilterResult,
     KalmanSampleResult,
     KalmanSmootherResult,
+    LGSSMSample,
     kalman_filter,
     kalman_sample,
     kalman_smoother,
+    lgssm_sample,
     psd_sqrt,
 )
 
@@ -20,8 +22,10 @@ __all__ += [
     "KalmanFilterResult",
     "KalmanSampleResult",
     "KalmanSmootherResult",
+    "LGSSMSample",
     "kalman_filter",
     "kalman_sample",
     "kalman_smoother",
+    "lgssm_sample",
     "psd_sqrt",
 ]

@@ -45,6 +45,12 @@ the one ambiguous case (a per-step mask of shape ``(T, T)`` with ``T == D``) pas
     reparameterized draws of z_{1:T} | x_{1:T}, ``filtered`` the filter result.
     ``noise`` (optional, standard normal of the samples' shape) fixes the randomness.
 
+``lgssm_sample(initial_loc, ..., observation_cov, control_matrix=None, controls=None,
+num_steps=None, sample_shape=(), noise=None, method="auto") -> LGSSMSample``
+    joint prior draws (eqs. 3.4-3.5); fields ``states (*sample_shape, ..., T, S)`` and
+    ``observations (*sample_shape, ..., T, D)``.
+``psd_sqrt(M) -> Tensor``: a Cholesky-like factor of a positive *semi*-definite matrix.
+
 ``method``: ``"sequential"`` (loop over time), ``"parallel"`` (associative scan of
 depth O(log T), Sarkka & Garcia-Fernandez 2021, see :mod:`pyro_seq.ops.kalman_parallel`) or
 ``"auto"`` (parallel when ``T >= PARALLEL_THRESHOLD``). Both agree to rounding.
@@ -86,6 +92,8 @@ __all__ = [
     "kalman_filter",
     "kalman_smoother",
     "kalman_sample",
+    "LGSSMSample",
+    "lgssm_sample",
     "PARALLEL_THRESHOLD",
     "psd_sqrt",
 ]
@@ -125,6 +133,14 @@ class KalmanSmootherResult(NamedTuple):
     cross_covs: Tensor
     gains: Tensor
     filtered: KalmanFilterResult
+
+
+class LGSSMSample(NamedTuple):
+    """Joint draws from the LGSSM prior: ``states (*sample_shape, ..., T, S)`` z_{1:T} and
+    ``observations (*sample_shape, ..., T, D)`` x_{1:T}."""
+
+    states: Tensor
+    observations: Tensor
 
 
 class KalmanSampleResult(NamedTuple):
@@ -477,7 +493,7 @@ def _mean_pass_sequential(F: Tensor, g: Tensor) -> Tensor:
     m = g[..., 0, :]
     out = [m]
     for t in range(1, g.shape[-2]):
-        m = _mv(F[..., t, :, :], m) + g[..., t, :]
+        m = _mv(_at(F, t, 2), m) + g[..., t, :]
         out.append(m)
     return torch.stack(out, dim=-2)
 
@@ -721,3 +737,73 @@ def _smooth_sequential_means(J, g, zT):
         z = _mv(J[..., t, :, :], z) + g[..., t, :]
         out.append(z)
     return torch.stack(out[::-1], -2)
+
+
+def lgssm_sample(
+    initial_loc: Tensor,
+    initial_cov: Tensor,
+    transition_matrix: Tensor,
+    transition_cov: Tensor,
+    observation_matrix: Tensor,
+    observation_cov: Tensor,
+    control_matrix: Optional[Tensor] = None,
+    controls: Optional[Tensor] = None,
+    num_steps: Optional[int] = None,
+    sample_shape=torch.Size(),
+    noise=None,
+    method: str = "auto",
+) -> LGSSMSample:
+    r"""Reparameterized joint draws of (z_{1:T}, x_{1:T}) from the LGSSM (thesis eqs. 3.4-3.8).
+
+    z_1 = mu_{1|0} + chol(Sigma_{1|0}) e_1, z_t = A_t z_{t-1} + B_t u_t + chol(Q_t) e_t,
+    x_t = C_t z_t + chol(R_t) f_t with e, f standard normal; covariances are factored by
+    :func:`psd_sqrt`, so singular Q_t (deterministic dynamics) is allowed.
+
+    Parameters as :func:`kalman_filter` (no observations); ``num_steps`` T is required when
+    no parameter or control has a time dimension of size T. ``noise``: optional pair
+    ``(e, f)`` of shapes ``sample_shape + batch + (T, S)`` and ``sample_shape + batch + (T, D)``
+    (any shapes that broadcast against the parameters' batch shape are accepted; the
+    result then has their broadcast batch shape).
+    :returns: :class:`LGSSMSample` ``(states, observations)``.
+    """
+    sample_shape = torch.Size(sample_shape)
+    sizes = [p.shape[-3] for p in (transition_matrix, transition_cov, observation_matrix,
+                                   observation_cov, control_matrix) if p is not None and p.dim() > 2]
+    if controls is not None:
+        sizes.append(controls.shape[-2])
+    if num_steps is None:
+        if not sizes:
+            raise ValueError("num_steps is required when no argument has a time dimension")
+        T = max(sizes)
+    else:
+        T = int(num_steps)
+    S, D = initial_loc.shape[-1], observation_matrix.shape[-2]
+    dummy = initial_loc.new_zeros(()).expand(T, D)
+    mdl = _prepare(dummy, initial_loc, initial_cov, transition_matrix, transition_cov,
+                   observation_matrix, observation_cov, control_matrix, controls)
+    batch = mdl.param_batch_shape
+    if noise is None:
+        e = torch.randn(sample_shape + batch + (T, S), dtype=initial_loc.dtype,
+                        device=initial_loc.device)
+        f = torch.randn(sample_shape + batch + (T, D), dtype=initial_loc.dtype,
+                        device=initial_loc.device)
+    else:
+        e, f = noise
+    g0 = mdl.init_loc + _mv(psd_sqrt(mdl.init_cov), e[..., 0, :])
+    if T > 1:
+        rest = _mv(psd_sqrt(_slice_time(mdl.Q, 1, None, 2)), e[..., 1:, :])
+        if mdl.b is not None:
+            rest = rest + _slice_time(mdl.b, 1, None, 1)
+        g = _cat_time(g0.unsqueeze(-2), rest, 1, T)
+    else:
+        g = g0.unsqueeze(-2)
+    F = mdl.A.expand(mdl.A.shape[:-3] + (T, S, S))
+    if _resolve_method(method, T) == "parallel":
+        from pyro_seq.ops.kalman_parallel import affine_scan
+
+        z = affine_scan(F, g)
+    else:
+        z = _mean_pass_sequential(F, g)
+    x = _mv(mdl.C, z) + _mv(psd_sqrt(mdl.R), f)
+    out = torch.broadcast_shapes(sample_shape + batch, z.shape[:-2], x.shape[:-2])
+    return LGSSMSample(z.expand(out + (T, S)), x.expand(out + (T, D)))
