@@ -36,7 +36,7 @@ def plot_piano_roll(roll, path, probs=None, title="sample", lowest_note=21):
     if probs is not None:
         images.append((torch.as_tensor(probs).float(), f"{title}: note probabilities"))
     for ax, (img, name) in zip(axes[:, 0], images):
-        ax.imshow(img.T, aspect="auto", origin="lower", cmap="Greys", vmin=0, vmax=1,
+        ax.imshow(img.T.numpy(), aspect="auto", origin="lower", cmap="Greys", vmin=0, vmax=1,
                   extent=(0, img.shape[0], lowest_note - 0.5, lowest_note + img.shape[1] - 0.5))
         ax.set_xlabel("time step")
         ax.set_ylabel("MIDI note")
