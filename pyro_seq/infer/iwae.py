@@ -244,6 +244,13 @@ class IWAE(ELBO):
             check_if_enumerated(guide_trace)
         return model_trace, guide_trace
 
+    def _get_traces(self, model, guide, args, kwargs):
+        if self._vectorized:
+            yield from super()._get_traces(model, guide, args, kwargs)
+        else:  # one particle, or a loop: no plate, so no need to guess max_plate_nesting
+            for _ in range(self.num_particles):
+                yield self._get_trace(model, guide, args, kwargs)
+
     @property
     def _vectorized(self):
         return self.vectorize_particles and self.num_particles > 1
