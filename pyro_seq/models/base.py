@@ -18,6 +18,13 @@ the model, on the same state. The guide therefore only *reads* the latent histor
 ``state["z"]`` is z_{t-1} while it runs) and writes keys of its own; the model step writes the
 new latent ``state["z"] = z_t``.
 
+Observations: a model step observes ``x_t`` with :meth:`SequenceModel.observe`, passing the
+*features* of the emission network (e.g. ``[z_t, d_t]``). Evaluated one step at a time (particle
+methods) it emits the site at once; in a full-sequence run the emission network is evaluated
+once over all steps after the latent loop and the per-step sites ``x_{t+1}`` are emitted from
+its slices. The same network and likelihood serve both orders, so the log-densities agree
+(tested); batching over time only replaces T small matrix products by one large one.
+
 ``m.model`` and ``m.guide`` are :class:`StepProgram` objects: calling them runs the whole
 sequence (``init`` then ``step`` for every ``t`` inside ``pyro.markov``, the batch inside
 ``pyro.plate("sequences")``), so they work with :class:`pyro.infer.SVI` and every stock ELBO;
@@ -74,6 +81,13 @@ def check_sequences(x, mask=None, obs_dim=None, binary=False):
     return x, mask
 
 
+def time_slice(params, t):
+    """Step ``t`` of emission parameters with time at dim -2 (a tensor or a tuple of them)."""
+    if torch.is_tensor(params):
+        return params[..., t, :]
+    return tuple(p[..., t, :] for p in params)
+
+
 class StepProgram:
     """A Pyro program given by ``init``/``step``; calling it runs the whole sequence.
 
@@ -118,11 +132,15 @@ class StepProgram:
         """
         x, mask = check_sequences(x, mask, self._owner.obs_dim, self._owner.binary_observations)
         state = SequenceState()
+        if self.role == "model":
+            state.deferred_features = []
         pyro.module(self._owner.module_name, self._owner)
         with self.plate(x, num_sequences):
             self._init(state, x, mask)
             for t in pyro.markov(range(x.shape[1])):
                 self._step(state, t, x, mask)
+            if state.deferred_features:
+                self._owner._observe_deferred(state, x, mask)
         return state
 
 
@@ -143,6 +161,29 @@ class SequenceModel(nn.Module):
         self.obs_dim = int(obs_dim)
         self.model = StepProgram(self, "model")
         self.guide = StepProgram(self, "guide")
+
+    # Subclasses that call ``observe`` define ``self.emitter(features) -> params`` (a module)
+    # and ``self.likelihood(params) -> distribution`` with event shape ``(obs_dim,)``.
+
+    def observe(self, state, t, x, mask, features):
+        """Observe ``x_t`` (site ``f"x_{t+1}"``) from emission ``features`` ``(..., F)``.
+
+        Per step when driven by ``step``; deferred to one batched evaluation of
+        ``self.emitter`` when the whole sequence runs (see the module docstring).
+        """
+        deferred = getattr(state, "deferred_features", None)
+        if deferred is not None:
+            deferred.append(features)
+            return
+        pyro.sample(f"x_{t + 1}", self.likelihood(self.emitter(features)).mask(mask[:, t]),
+                    obs=x[:, t])
+
+    def _observe_deferred(self, state, x, mask):
+        params = self.emitter(torch.stack(state.deferred_features, dim=-2))
+        state.deferred_features = None
+        for t in pyro.markov(range(x.shape[1])):
+            pyro.sample(f"x_{t + 1}", self.likelihood(time_slice(params, t)).mask(mask[:, t]),
+                        obs=x[:, t])
 
     def model_init(self, state, x, mask):
         raise NotImplementedError

@@ -69,7 +69,7 @@ class DMM(SequenceModel):
         m_t = mask[:, t]
         loc, scale = self.transition(state["z"])
         z = pyro.sample(f"z_{t + 1}", dist.Normal(loc, scale).to_event(1).mask(m_t))
-        pyro.sample(f"x_{t + 1}", self.likelihood(self.emitter(z)).mask(m_t), obs=x[:, t])
+        self.observe(state, t, x, mask, z)
         state["z"] = z
 
     # inference network q(z | x): thesis eq. 4.6-4.9, Fig. 4.2

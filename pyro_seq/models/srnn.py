@@ -26,10 +26,11 @@ import pyro
 import pyro.distributions as dist
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 from pyro_seq.models.base import SequenceModel
 from pyro_seq.models.emission import make_emission, stack_params
-from pyro_seq.nn import MLP, BackwardRNN, ForwardRNN, GaussianHead, cat_broadcast
+from pyro_seq.nn import MLP, BackwardRNN, ForwardRNN, GaussianHead, cat_broadcast, make_activation
 
 
 def shift_right(x):
@@ -38,15 +39,30 @@ def shift_right(x):
 
 
 class GaussianMLP(nn.Module):
-    """``(loc, scale)`` of a diagonal Gaussian from an MLP with one hidden layer (eq. 5.3, 5.10)."""
+    """``(loc, scale)`` of a diagonal Gaussian from an MLP with one hidden layer (eq. 5.3, 5.10).
 
-    def __init__(self, in_dim, hidden_dim, out_dim, activation, min_scale):
+    The input is ``[z_{t-1}, c_t]`` with a context ``c_t`` (``d_t`` or ``a_t``) known for all
+    steps in advance, so the first layer ``W [z, c] + b = W_z z + (W_c c + b)`` is split: the
+    context term is computed for every step at once by :meth:`project_context` and only the
+    ``z`` term is computed per step. The parameters are those of one ``Linear(z + c, hidden)``.
+
+    Shapes: ``project_context(c (..., T, c_dim)) -> (..., T, hidden)``;
+    ``forward(z (..., z_dim), projected (..., hidden)) -> (loc, scale)``, each ``(..., out_dim)``.
+    """
+
+    def __init__(self, z_dim, context_dim, hidden_dim, out_dim, activation, min_scale):
         super().__init__()
-        self.body = MLP(in_dim, [], hidden_dim, activation, activate_output=True)
+        self.z_dim = z_dim
+        self.first = nn.Linear(z_dim + context_dim, hidden_dim)
+        self.activation = make_activation(activation)
         self.head = GaussianHead(hidden_dim, out_dim, min_scale)
 
-    def forward(self, *inputs):
-        return self.head(self.body(cat_broadcast(inputs)))
+    def project_context(self, context):
+        return F.linear(context, self.first.weight[:, self.z_dim:], self.first.bias)
+
+    def forward(self, z, projected_context):
+        hidden = F.linear(z, self.first.weight[:, :self.z_dim]) + projected_context
+        return self.head(self.activation(hidden))
 
 
 class SRNN(SequenceModel):
@@ -74,14 +90,14 @@ class SRNN(SequenceModel):
             raise ValueError(f"inference must be 'smoothing' or 'filtering', got {inference!r}")
         self.z_dim, self.inference, self.residual = z_dim, inference, residual
         self.deterministic = ForwardRNN(obs_dim, d_dim, cell="gru")
-        self.prior = GaussianMLP(z_dim + d_dim, hidden_dim, z_dim, activation, min_scale)
+        self.prior = GaussianMLP(z_dim, d_dim, hidden_dim, z_dim, activation, min_scale)
         self.emitter, self.likelihood = make_emission(
             likelihood, z_dim + d_dim, [hidden_dim], obs_dim, activation)
         if inference == "smoothing":
             self.encoder = BackwardRNN(d_dim + obs_dim, d_dim, cell="gru")
         else:
             self.encoder = MLP(d_dim + obs_dim, [hidden_dim], d_dim, activation, activate_output=True)
-        self.posterior = GaussianMLP(z_dim + d_dim, hidden_dim, z_dim, activation, min_scale)
+        self.posterior = GaussianMLP(z_dim, d_dim, hidden_dim, z_dim, activation, min_scale)
 
     def _deterministic_states(self, x):
         """``d_{1:T}`` (eq. 5.1): ``(batch, T, d_dim)``."""
@@ -89,33 +105,35 @@ class SRNN(SequenceModel):
 
     # generative model: eq. 5.1, 5.3
     def model_init(self, state, x, mask):
-        state.shared["d"] = self._deterministic_states(x)
+        d = self._deterministic_states(x)
+        state.shared["d"] = d
+        state.shared["prior_context"] = self.prior.project_context(d)
         state["z"] = x.new_zeros(x.shape[0], self.z_dim)
 
     def model_step(self, state, t, x, mask):
-        d_t, m_t = state.shared["d"][:, t], mask[:, t]
-        loc, scale = self.prior(state["z"], d_t)
-        z = pyro.sample(f"z_{t + 1}", dist.Normal(loc, scale).to_event(1).mask(m_t))
-        pyro.sample(f"x_{t + 1}", self.likelihood(self.emitter(cat_broadcast([z, d_t]))).mask(m_t),
-                    obs=x[:, t])
+        loc, scale = self.prior(state["z"], state.shared["prior_context"][:, t])
+        z = pyro.sample(f"z_{t + 1}", dist.Normal(loc, scale).to_event(1).mask(mask[:, t]))
+        self.observe(state, t, x, mask, cat_broadcast([z, state.shared["d"][:, t]]))
         state["z"] = z
 
     # inference network: eq. 5.5, 5.7, 5.10, 5.12
     def guide_init(self, state, x, mask):
         d = self._deterministic_states(x)
-        state.shared["d"] = d
         inputs = torch.cat([d, x], dim=-1)
         if self.inference == "smoothing":
-            state.shared["a"] = self.encoder(inputs, mask)
+            a = self.encoder(inputs, mask)
         else:
-            state.shared["a"] = self.encoder(inputs)
+            a = self.encoder(inputs)
+        state.shared["posterior_context"] = self.posterior.project_context(a)
+        if self.residual:
+            state.shared["prior_context"] = self.prior.project_context(d)
         state["guide_z"] = x.new_zeros(x.shape[0], self.z_dim)
 
     def guide_step(self, state, t, x, mask):
         z_prev = state["guide_z"]
-        loc, scale = self.posterior(z_prev, state.shared["a"][:, t])
-        if self.residual:
-            prior_loc, _ = self.prior(z_prev, state.shared["d"][:, t])
+        loc, scale = self.posterior(z_prev, state.shared["posterior_context"][:, t])
+        if self.residual:  # Res_q, eq. 5.12: residual to the prior mean at the guide's z_{t-1}
+            prior_loc, _ = self.prior(z_prev, state.shared["prior_context"][:, t])
             loc = loc + prior_loc
         z = pyro.sample(f"z_{t + 1}", dist.Normal(loc, scale).to_event(1).mask(mask[:, t]))
         state["guide_z"] = z
@@ -134,7 +152,7 @@ class SRNN(SequenceModel):
         for _ in range(num_steps):
             d, h = self.deterministic.rnn(x_prev, h)
             d = d[:, 0]
-            loc, scale = self.prior(z, d)
+            loc, scale = self.prior(z, self.prior.project_context(d))
             z = torch.distributions.Normal(loc, scale).sample()
             p = self.emitter(cat_broadcast([z, d]))
             x = self.likelihood(p).sample()

@@ -21,6 +21,8 @@ class SequenceState(dict):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.shared = {}
+        #: emission features collected by a full-sequence model run (None: observe at once)
+        self.deferred_features = None
 
     def resample(self, ancestors):
         """Replace every per-particle tensor by its ancestors' values, in place.

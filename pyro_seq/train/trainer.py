@@ -6,7 +6,10 @@
 1. runs :class:`pyro.infer.SVI` over shuffled minibatches (order a function of seed and epoch),
    with :class:`~pyro.optim.ClippedAdam` (per-parameter gradient-norm clipping, learning-rate
    decay) and optional KL annealing (:class:`~pyro_seq.infer.LatentScale`, beta rising
-   linearly from ``kl_start`` to 1 over ``kl_anneal_steps`` updates, thesis 4.8.1);
+   linearly from ``kl_start`` to 1 over ``kl_anneal_steps`` updates, thesis 4.8.1). Pyro's
+   per-site validation (argument checks, NaN hooks on every log-density) is off during the
+   updates unless ``pyro_validation=True``: the inputs are checked once per batch by the model
+   and a non-finite loss stops training with an error, so the per-site checks only add cost;
 2. evaluates the validation ELBO in nats per step (and its KL term);
 3. appends a row to ``log.csv``/``log.json``, saves ``checkpoint.pt`` (everything needed to
    continue exactly) and ``best.pt`` when validation improves, and redraws ``loss_curve.png``;
@@ -58,6 +61,7 @@ class TrainConfig:
     seed: int = 0
     time_limit: Optional[float] = None
     num_threads: Optional[int] = None
+    pyro_validation: bool = False
     progress: bool = True
     extra: dict = field(default_factory=dict)
 
@@ -141,7 +145,8 @@ def fit(model, train_sequences, valid_sequences, config, out_dir, resume=True):
             beta = kl_beta(global_step, config)
             if annealer is not None:
                 annealer.beta = beta
-            step_loss = svi.step(x, mask)
+            with pyro.validation_enabled(config.pyro_validation):
+                step_loss = svi.step(x, mask)
             if not math.isfinite(step_loss):
                 raise FloatingPointError(
                     f"non-finite loss {step_loss} at epoch {epoch}, step {global_step}; "

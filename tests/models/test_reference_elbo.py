@@ -62,7 +62,7 @@ def relu_rnn_cell(rnn, x, h):
 
 
 def gaussian_mlp(net, *inputs):
-    h = act(lin(net.body[0], torch.cat(inputs, -1)))
+    h = act(lin(net.first, torch.cat(inputs, -1)))
     return lin(net.head.loc, h), net.head.min_scale + softplus(lin(net.head.raw_scale, h))
 
 

@@ -1,0 +1,1 @@
+"""Reference implementations used only as timing baselines in the benchmarks."""

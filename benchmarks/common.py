@@ -1,0 +1,49 @@
+"""Helpers shared by the benchmark scripts: machine facts, JSON results, data paths."""
+
+import json
+import os
+import platform
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+SHARED_DATA = ROOT.parent / "shared" / "data" / "polyphonic"
+
+
+def machine_info():
+    """Facts that a timing depends on: CPU, cores, threads, library versions."""
+    import pyro
+
+    cpu = platform.processor()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {"cpu": cpu, "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+            "python": platform.python_version(), "torch": torch.__version__,
+            "pyro": pyro.__version__, "platform": platform.platform(),
+            "date": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
+
+
+def write_result(name, payload):
+    """Write ``payload`` (plus machine facts) to ``benchmarks/results/<name>.json``."""
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    payload = dict(payload, machine=machine_info())
+    path = RESULTS / f"{name}.json"
+    path.write_text(json.dumps(payload, indent=1))
+    print(f"wrote {path}")
+    return path
+
+
+def data_file(name, override=None):
+    """Path of a shared data file, or exit with a clear message when absent."""
+    path = Path(override) if override else SHARED_DATA / name
+    if not path.exists():
+        raise SystemExit(f"data file {path} not found; pass --data PATH")
+    return path

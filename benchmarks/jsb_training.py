@@ -1,0 +1,72 @@
+"""Shared driver of the JSB Chorales training benchmarks (``jsb_srnn.py``, ``jsb_dmm.py``).
+
+Trains with :func:`pyro_seq.train.fit` into a checkpoint folder (resumable: run the same
+command again to continue), evaluates the best-validation weights on the test set, and writes
+``benchmarks/results/<name>.json`` with the test bound in nats per step, the wall time, seconds
+per epoch and every setting.
+"""
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import torch  # noqa: E402
+
+from common import ROOT, data_file, write_result  # noqa: E402
+from pyro_seq.data import load_piano_rolls  # noqa: E402
+from pyro_seq.train import TrainConfig, evaluate_bound, fit  # noqa: E402
+
+
+def run(name, data_name, build_model, model_settings, config, target, reference, argv=None):
+    """Parse the common options, train (resuming), evaluate and write the JSON result."""
+    parser = argparse.ArgumentParser(description=f"{name}: {reference}")
+    parser.add_argument("--epochs", type=int, default=config.epochs, help="maximum epochs in total")
+    parser.add_argument("--time-limit", type=float, default=None,
+                        help="stop this invocation after this many seconds (resume later)")
+    parser.add_argument("--data", default=None, help=f"path of {data_name}")
+    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "checkpoints" / name),
+                        help="checkpoint folder (resumed if it exists)")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads")
+    parser.add_argument("--eval-only", action="store_true", help="only evaluate the best weights")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    args = parser.parse_args(argv)
+    config.epochs, config.time_limit, config.progress = args.epochs, args.time_limit, not args.quiet
+    config.num_threads = args.threads
+    data = load_piano_rolls(data_file(data_name, args.data))
+    out = Path(args.out)
+    torch.manual_seed(config.seed)
+    model = build_model()
+    started = time.time()
+    history = []
+    if not args.eval_only:
+        history = fit(model, data["train"], data["valid"], config, out)
+    else:
+        history = json.loads((out / "log.json").read_text())
+    wall = time.time() - started
+    model.load_state_dict(torch.load(out / "best.pt", map_location="cpu", weights_only=True))
+    torch.manual_seed(0)
+    test = evaluate_bound(model, data["test"], batch_size=16)
+    valid_curve = [row.get("valid_elbo_per_step") for row in history]
+    seconds = [row["seconds"] for row in history]
+    result = {
+        "benchmark": name, "data": data_name, "reference": reference,
+        "test_elbo_per_step": test["per_step"], "test_kl_per_step": test["kl_per_step"],
+        "test_num_steps": test["num_steps"], "estimator": "ELBO, 1 sample",
+        "target_test_elbo_per_step": target, "target_reached": test["per_step"] >= target,
+        "epochs_completed": len(history), "best_valid_elbo_per_step": max(
+            (v for v in valid_curve if v is not None), default=None),
+        "seconds_per_epoch_mean": sum(seconds) / len(seconds) if seconds else None,
+        "wall_seconds_this_invocation": wall, "wall_seconds_total_training": sum(seconds),
+        "model": model_settings, "train": {k: (list(v) if isinstance(v, tuple) else v)
+                                           for k, v in asdict(config).items()},
+        "valid_curve": valid_curve,
+    }
+    print(f"{name}: test ELBO {test['per_step']:.4f} nats/step after {len(history)} epochs "
+          f"(target {target}); {result['seconds_per_epoch_mean'] or 0:.1f} s/epoch")
+    write_result(name, result)
+    return result
