@@ -166,9 +166,10 @@ class FIVO(ELBO):
                         check_site_shape(site, self.max_plate_nesting + 1)
         return model_trace, guide_trace
 
-    def _check_state(self, state, batch):
+    def _prepare_state(self, state, batch):
+        """Check per-particle shapes and expand size-1 particle axes to ``K`` before a resample."""
         K = self.num_particles
-        for key, value in state.items():
+        for key, value in list(state.items()):
             if not torch.is_tensor(value) or value.dim() < 2 or value.shape[0] not in (1, K) \
                     or value.shape[1] not in (1, batch):
                 raise ValueError(
@@ -176,6 +177,8 @@ class FIVO(ELBO):
                     f"expected a per-particle tensor (K={K} or 1, batch={batch}, ...); "
                     "tensors common to all particles belong in state.shared"
                 )
+            if value.shape[0] == 1:
+                state[key] = value.expand((K,) + tuple(value.shape[1:]))
 
     def log_z(self, model, guide, *args, check_reparam=False, **kwargs):
         r"""Run the particle filter once; return :math:`\log \hat p(x^{(b)})` per sequence.
@@ -237,7 +240,7 @@ class FIVO(ELBO):
                     do &= ess < self.ess_threshold * K
             if not do.any():
                 continue
-            self._check_state(state, B)
+            self._prepare_state(state, B)
             ancestors = resample(log_w.detach(), scheme=self.resampling, generator=self.generator)
             ancestors = torch.where(do, ancestors, identity)
             state.resample(ancestors)

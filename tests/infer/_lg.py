@@ -9,9 +9,10 @@ from pyro_seq.models.linear_gaussian import LinearGaussianSequenceModel
 
 
 def make_model(guide="prior", learnable=False, seed=0, obs_dim=2, state_dim=2):
-    """A fixed, well-conditioned LGSSM with a non-trivial A and C (seeded)."""
+    """A fixed, stable (spectral radius <= 0.9) LGSSM with non-trivial A and C (seeded)."""
     g = torch.Generator().manual_seed(seed)
     A = 0.7 * torch.eye(state_dim) + 0.2 * torch.randn(state_dim, state_dim, generator=g)
+    A = A * min(1.0, 0.9 / torch.linalg.eigvals(A).abs().max().item())  # stable: radius <= 0.9
     C = torch.randn(obs_dim, state_dim, generator=g)
     return LinearGaussianSequenceModel(obs_dim, state_dim, A=A, C=C, Q=0.3 * torch.eye(state_dim),
                                        R=0.4 * torch.eye(obs_dim), learnable=learnable, guide=guide)
