@@ -139,6 +139,11 @@ def _mT(P):
 def _cholesky(P, what):
     """Cholesky factor of a symmetric PSD matrix; retries with a tiny relative jitter for
     numerically semi-definite inputs and raises a clear error if that is not enough."""
+    if not bool(torch.isfinite(P).all()):
+        raise ValueError(
+            f"{what} has non-finite entries (NaN/inf); for the EKF this usually means f or h is "
+            "not differentiable at the current mean (e.g. sqrt at 0); try the UKF"
+        )
     L, info = torch.linalg.cholesky_ex(P)
     if not bool((info > 0).any()):
         return L
