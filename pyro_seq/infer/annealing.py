@@ -114,6 +114,9 @@ class LatentScale(Messenger):
         between steps.
     """
 
+    #: only scores are rescaled; sample values are untouched (lets models score time-parallel)
+    preserves_sample_values = True
+
     def __init__(self, beta=1.0):
         super().__init__()
         self.beta = beta

@@ -25,6 +25,19 @@ once over all steps after the latent loop and the per-step sites ``x_{t+1}`` are
 its slices. The same network and likelihood serve both orders, so the log-densities agree
 (tested); batching over time only replaces T small matrix products by one large one.
 
+Time-parallel scoring: the steps of DMM and SRNN are written so that ``t`` may be an int (one
+step) or ``slice(None)`` (every step at once, with time at dim -2 of each tensor). When the
+full-sequence model runs while *all* its latent values are already fixed by an enclosing
+:class:`~pyro.poutine.replay_messenger.ReplayMessenger` (as inside every Pyro ELBO, which
+replays the model against the guide's trace), :class:`StepProgram` fills ``state`` with the
+latent history ``z_{0:T-1}`` and calls the model step once with ``t = slice(None)``: the
+networks then run once over all steps, and :meth:`SequenceModel.sample_latent` /
+:meth:`SequenceModel.observe` still emit one site per step, from slices of the batched
+distributions, in ``pyro.markov``. Sites, values and log-densities are those of the step-by-step
+loop (tested); only the evaluation order of the networks differs. With any handler that could
+change sample values (``condition``, ``do``, enumeration, ...) the step-by-step loop runs.
+Models opt in with ``time_parallel = True``.
+
 ``m.model`` and ``m.guide`` are :class:`StepProgram` objects: calling them runs the whole
 sequence (``init`` then ``step`` for every ``t`` inside ``pyro.markov``, the batch inside
 ``pyro.plate("sequences")``), so they work with :class:`pyro.infer.SVI` and every stock ELBO;
@@ -34,8 +47,10 @@ apart.
 """
 
 import pyro
+import pyro.distributions as dist
 import torch
 import torch.nn as nn
+from pyro.poutine.runtime import _PYRO_STACK
 
 from pyro_seq.ops.state import SequenceState
 
@@ -79,6 +94,64 @@ def check_sequences(x, mask=None, obs_dim=None, binary=False):
         if not ((observed == 0) | (observed == 1)).all():
             raise ValueError("x must be binary (0/1) at observed steps for a Bernoulli likelihood")
     return x, mask
+
+
+def _value_preserving_messengers():
+    """Handler types that never change the value a ``pyro.sample`` statement returns."""
+    from pyro.poutine.block_messenger import BlockMessenger
+    from pyro.poutine.broadcast_messenger import BroadcastMessenger
+    from pyro.poutine.indep_messenger import IndepMessenger
+    from pyro.poutine.infer_config_messenger import InferConfigMessenger
+    from pyro.poutine.markov_messenger import MarkovMessenger
+    from pyro.poutine.mask_messenger import MaskMessenger
+    from pyro.poutine.scale_messenger import ScaleMessenger
+    from pyro.poutine.seed_messenger import SeedMessenger
+    from pyro.poutine.trace_messenger import TraceMessenger
+
+    return (BlockMessenger, BroadcastMessenger, IndepMessenger, InferConfigMessenger,
+            MarkovMessenger, MaskMessenger, ScaleMessenger, SeedMessenger, TraceMessenger)
+
+
+def replayed_latents(names, num_steps):
+    """Values of the latent sites ``{name}_1..{name}_T`` fixed by an enclosing replay, or None.
+
+    Returns a dict ``name -> list of T tensors`` when exactly one
+    :class:`~pyro.poutine.replay_messenger.ReplayMessenger` on the handler stack holds every
+    site and every other active handler is known not to change sample values (messengers may
+    declare ``preserves_sample_values = True``); otherwise None.
+    """
+    from pyro.poutine.replay_messenger import ReplayMessenger
+
+    safe = _value_preserving_messengers()
+    replay = None
+    for messenger in _PYRO_STACK:
+        if isinstance(messenger, ReplayMessenger):
+            if replay is not None:
+                return None
+            replay = messenger
+        elif not (isinstance(messenger, safe) or getattr(messenger, "preserves_sample_values", False)):
+            return None
+    if replay is None or replay.trace is None:
+        return None
+    nodes = replay.trace.nodes
+    values = {}
+    for name in names:
+        sites = [nodes.get(f"{name}_{t + 1}") for t in range(num_steps)]
+        if any(site is None or site["type"] != "sample" or site["is_observed"] for site in sites):
+            return None
+        values[name] = [site["value"] for site in sites]
+    return values
+
+
+def stack_time(values):
+    """Stack per-step tensors ``(..., F)`` into ``(..., T, F)`` after broadcasting them."""
+    shape = torch.broadcast_shapes(*(v.shape for v in values))
+    return torch.stack([v.expand(shape) for v in values], dim=-2)
+
+
+def normal(loc, scale):
+    """Diagonal Gaussian with event shape ``(dim,)``: the latent layer of DMM and SRNN."""
+    return dist.Normal(loc, scale).to_event(1)
 
 
 def time_slice(params, t):
@@ -130,17 +203,29 @@ class StepProgram:
         :param int num_sequences: size of the full data set when ``x`` is a minibatch.
         :returns: the final :class:`SequenceState`.
         """
-        x, mask = check_sequences(x, mask, self._owner.obs_dim, self._owner.binary_observations)
+        owner = self._owner
+        x, mask = check_sequences(x, mask, owner.obs_dim, owner.binary_observations)
         state = SequenceState()
-        if self.role == "model":
-            state.deferred_features = []
-        pyro.module(self._owner.module_name, self._owner)
+        pyro.module(owner.module_name, owner)
+        T = x.shape[1]
         with self.plate(x, num_sequences):
             self._init(state, x, mask)
-            for t in pyro.markov(range(x.shape[1])):
-                self._step(state, t, x, mask)
-            if state.deferred_features:
-                self._owner._observe_deferred(state, x, mask)
+            latents = None
+            if self.role == "model" and owner.time_parallel:
+                latents = replayed_latents(owner.latent_names, T)
+            if latents is not None:  # every latent fixed by a replay: score all steps at once
+                state.replayed = latents
+                for name, values in latents.items():
+                    history = [state[name]] + values[:-1]     # z_{0:T-1}
+                    state[name] = stack_time(history)
+                self._step(state, slice(None), x, mask)
+            else:
+                if self.role == "model":
+                    state.deferred_features = []
+                for t in pyro.markov(range(T)):
+                    self._step(state, t, x, mask)
+                if state.deferred_features:
+                    owner._observe_deferred(state, x, mask)
         return state
 
 
@@ -165,12 +250,38 @@ class SequenceModel(nn.Module):
     # Subclasses that call ``observe`` define ``self.emitter(features) -> params`` (a module)
     # and ``self.likelihood(params) -> distribution`` with event shape ``(obs_dim,)``.
 
+    time_parallel = False  #: the steps accept ``t = slice(None)`` (see the module docstring)
+    latent_names = ("z",)  #: latent site prefixes; ``state[name]`` holds the previous value
+
+    def sample_latent(self, state, name, t, make_dist, params, mask):
+        """Sample the latent site(s) ``f"{name}_{t+1}"`` from ``make_dist(*params)``.
+
+        :param str name: site prefix (also the ``state`` key of the latent history).
+        :param t: step index, or ``slice(None)`` for all steps (time-parallel scoring).
+        :param make_dist: builds the per-step distribution (event shape ``(dim,)``) from params.
+        :param tuple params: tensors ``(..., dim)`` for one step or ``(..., T, dim)`` for all.
+        :returns: the value(s), ``(..., dim)`` or ``(..., T, dim)``.
+        """
+        if not isinstance(t, slice):
+            return pyro.sample(f"{name}_{t + 1}", make_dist(*params).mask(mask[:, t]))
+        expected = state.replayed[name]
+        for i in pyro.markov(range(len(expected))):
+            value = pyro.sample(f"{name}_{i + 1}",
+                                make_dist(*time_slice(params, i)).mask(mask[:, i]))
+            if value is not expected[i]:
+                raise RuntimeError(f"site {name}_{i + 1} did not take its replayed value")
+        return stack_time(expected)
+
     def observe(self, state, t, x, mask, features):
         """Observe ``x_t`` (site ``f"x_{t+1}"``) from emission ``features`` ``(..., F)``.
 
         Per step when driven by ``step``; deferred to one batched evaluation of
-        ``self.emitter`` when the whole sequence runs (see the module docstring).
+        ``self.emitter`` when the whole sequence runs step by step; batched at once when
+        ``t = slice(None)`` (see the module docstring).
         """
+        if isinstance(t, slice):
+            self._emit_observations(self.emitter(features), x, mask)
+            return
         deferred = getattr(state, "deferred_features", None)
         if deferred is not None:
             deferred.append(features)
@@ -179,8 +290,11 @@ class SequenceModel(nn.Module):
                     obs=x[:, t])
 
     def _observe_deferred(self, state, x, mask):
-        params = self.emitter(torch.stack(state.deferred_features, dim=-2))
-        state.deferred_features = None
+        features, state.deferred_features = state.deferred_features, None
+        self._emit_observations(self.emitter(stack_time(features)), x, mask)
+
+    def _emit_observations(self, params, x, mask):
+        """One site ``x_{t+1}`` per step from emission parameters with time at dim -2."""
         for t in pyro.markov(range(x.shape[1])):
             pyro.sample(f"x_{t + 1}", self.likelihood(time_slice(params, t)).mask(mask[:, t]),
                         obs=x[:, t])

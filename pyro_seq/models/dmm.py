@@ -20,7 +20,7 @@ import pyro.distributions as dist
 import torch
 import torch.nn as nn
 
-from pyro_seq.models.base import SequenceModel
+from pyro_seq.models.base import SequenceModel, normal
 from pyro_seq.models.emission import make_emission, stack_params
 from pyro_seq.nn import MLP, BackwardRNN, Combiner, GatedTransition
 
@@ -42,6 +42,7 @@ class DMM(SequenceModel):
     :mod:`pyro_seq.models.base` for the step protocol.
     """
 
+    time_parallel = True
     module_name = "dmm"
 
     def __init__(self, obs_dim, z_dim=100, transition_dim=200, emission_dim=100, rnn_dim=600,
@@ -66,9 +67,8 @@ class DMM(SequenceModel):
         state["z"] = self.z_0.expand(x.shape[0], self.z_dim)
 
     def model_step(self, state, t, x, mask):
-        m_t = mask[:, t]
         loc, scale = self.transition(state["z"])
-        z = pyro.sample(f"z_{t + 1}", dist.Normal(loc, scale).to_event(1).mask(m_t))
+        z = self.sample_latent(state, "z", t, normal, (loc, scale), mask)
         self.observe(state, t, x, mask, z)
         state["z"] = z
 

@@ -28,7 +28,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from pyro_seq.models.base import SequenceModel
+from pyro_seq.models.base import SequenceModel, normal
 from pyro_seq.models.emission import make_emission, stack_params
 from pyro_seq.nn import MLP, BackwardRNN, ForwardRNN, GaussianHead, cat_broadcast, make_activation
 
@@ -79,6 +79,7 @@ class SRNN(SequenceModel):
     :param float min_scale: floor on latent standard deviations.
     """
 
+    time_parallel = True
     module_name = "srnn"
 
     def __init__(self, obs_dim, d_dim=300, z_dim=100, hidden_dim=500, inference="smoothing",
@@ -112,7 +113,7 @@ class SRNN(SequenceModel):
 
     def model_step(self, state, t, x, mask):
         loc, scale = self.prior(state["z"], state.shared["prior_context"][:, t])
-        z = pyro.sample(f"z_{t + 1}", dist.Normal(loc, scale).to_event(1).mask(mask[:, t]))
+        z = self.sample_latent(state, "z", t, normal, (loc, scale), mask)
         self.observe(state, t, x, mask, cat_broadcast([z, state.shared["d"][:, t]]))
         state["z"] = z
 
