@@ -74,6 +74,7 @@ __all__ = [
     "extended_kalman_filter",
     "extended_kalman_smoother",
     "gaussian_rts_smoother",
+    "jacobian",
     "sigma_points",
     "unscented_kalman_filter",
     "unscented_kalman_smoother",
