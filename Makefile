@@ -25,7 +25,7 @@ test: $(STAMP)
 
 demo: $(STAMP)
 	$(BIN)/pyro-seq train --model srnn --data chorales --objective elbo --epochs 40 \
-		--time-limit 360 --out $(DEMO_OUT)
+		--time-limit 240 --out $(DEMO_OUT)
 	$(BIN)/pyro-seq evaluate $(DEMO_OUT)
 	$(BIN)/pyro-seq sample $(DEMO_OUT) --length 64
 
