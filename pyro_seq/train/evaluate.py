@@ -74,8 +74,8 @@ def evaluate_bound(model, sequences, batch_size=32, method="elbo", num_particles
 
             est = estimate_log_likelihood(model.model, model.guide, sequences, method=method,
                                           num_particles=num_particles, batch_size=batch_size)
-            result = {"total": float(est["total"]), "num_steps": int(est["num_steps"]),
-                      "per_step": float(est["per_step"])}
+            result = {"total": float(est.total), "num_steps": int(est.num_steps),
+                      "per_step": float(est.nats_per_step)}
         else:
             raise ValueError(f"method must be 'elbo', 'iwae' or 'smc', got {method!r}")
     finally:
