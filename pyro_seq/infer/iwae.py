@@ -255,37 +255,50 @@ class IWAE(ELBO):
     def _vectorized(self):
         return self.vectorize_particles and self.num_particles > 1
 
-    def _particle_rank(self, traces):
-        """Rank of the per-particle layout and the particle dim (None: particles are stacked)."""
-        if self._vectorized:
-            return self.max_plate_nesting, -self.max_plate_nesting
-        dims = [-f.dim for t in traces for s in _sample_sites(*t) for f in s["cond_indep_stack"]
-                if f.vectorized]
-        return max(dims, default=0), None
+    def _layout(self, traces):
+        """How per-site log-probs of ``traces`` are laid out and stacked into ``(K, E)``.
 
-    def _log_weights(self, model, guide, args, kwargs, parts):
-        """Run the particles; return ``(tensors (K, E) for parts, scale, replays)``."""
-        traces = list(self._get_traces(model, guide, args, kwargs))
+        :returns: dict with ``frames`` (data-point plates), ``keep`` (dims not summed),
+            ``rank``, ``particle_dim`` (None when particles are stacked from a loop),
+            ``shape`` (full per-trace layout) and ``scale`` (``N / B`` of the data-point plates).
+        """
         frames = data_point_frames([tr for pair in traces for tr in pair])
         keep = {f.dim for f in frames}
-        scale = plate_scale(frames)
-        rank, particle_dim = self._particle_rank(traces)
-        if particle_dim is not None:
-            keep = keep | {particle_dim}
+        if self._vectorized:
+            particle_dim = -self.max_plate_nesting
+            keep.add(particle_dim)
+            rank = self.max_plate_nesting
+        else:
+            particle_dim = None
+            rank = max((-f.dim for pair in traces for s in _sample_sites(*pair)
+                        for f in s["cond_indep_stack"] if f.vectorized), default=0)
         rank = max(rank, max((-d for d in keep), default=0))
-        results = [site_log_weights(m, g, rank, keep, scale, parts) for m, g in traces]
         shape = [1] * rank
         for f in frames:
             shape[f.dim] = int(f.size)
-        like = next(t for r in results for t in r if torch.is_tensor(t))
         if particle_dim is not None:
             shape[particle_dim] = self.num_particles
+        return dict(frames=frames, keep=keep, rank=rank, particle_dim=particle_dim,
+                    shape=shape, scale=plate_scale(frames))
+
+    def _stack(self, traces, layout, parts, like=None):
+        """``site_log_weights`` of every (model, guide) pair, as tensors ``(K, E)`` per part."""
+        results = [site_log_weights(m, g, layout["rank"], layout["keep"], layout["scale"], parts)
+                   for m, g in traces]
+        if like is None:
+            like = next(t for r in results for t in r if torch.is_tensor(t))
+        shape = layout["shape"]
+        if layout["particle_dim"] is not None:
             (res,) = results
-            out = [_full(t, shape, like).reshape(self.num_particles, -1) for t in res]
-        else:
-            out = [torch.stack([_full(r[i], shape, like).reshape(-1) for r in results])
-                   for i in range(len(parts))]
-        return out, scale, traces
+            return [_full(t, shape, like).reshape(self.num_particles, -1) for t in res]
+        return [torch.stack([_full(r[i], shape, like).reshape(-1) for r in results])
+                for i in range(len(parts))]
+
+    def _log_weights(self, model, guide, args, kwargs, parts):
+        """Run the particles; return ``(tensors (K, E) for parts, layout, traces)``."""
+        traces = list(self._get_traces(model, guide, args, kwargs))
+        layout = self._layout(traces)
+        return self._stack(traces, layout, parts), layout, traces
 
     def _replay_detached(self, model, guide, traces, args, kwargs):
         """Model and guide replayed at the detached guide samples (DReG's second pass)."""
@@ -300,35 +313,21 @@ class IWAE(ELBO):
 
     def _bound_and_surrogate(self, model, guide, args, kwargs):
         """Return ``(bound, surrogate)`` tensors; ``surrogate`` has the estimator's gradient."""
-        dreg = self.gradient_estimator == "dreg"
-        (log_w, score), scale, traces = self._log_weights(
+        (log_w, score), layout, traces = self._log_weights(
             model, guide, args, kwargs, ("weight", "score"))
+        scale = layout["scale"]
         log_z = log_mean_exp(log_w, dim=0)  # (E,)
         bound = scale * log_z.sum()
-        if not dreg:
+        if self.gradient_estimator == "standard":
+            # reparameterized paths through log_z; REINFORCE term for non-reparam guide sites
             surrogate = log_z + log_z.detach() * score.sum(0) if score.requires_grad else log_z
             return bound, scale * surrogate.sum()
+        # DReG: replay at detached z to isolate the direct derivatives T3 = log q(z-bar),
+        # T4 = log p(x, z-bar); log_w = T1 - T2 has direct + path derivatives.
         replays = self._replay_detached(model, guide, traces, args, kwargs)
-        frames = data_point_frames([tr for pair in traces for tr in pair])
-        keep = {f.dim for f in frames}
-        rank, particle_dim = self._particle_rank(traces)
-        if particle_dim is not None:
-            keep = keep | {particle_dim}
-        rank = max(rank, max((-d for d in keep), default=0))
-        parts = [site_log_weights(m, g, rank, keep, scale, ("model", "guide")) for m, g in replays]
-        shape = [1] * rank
-        for f in frames:
-            shape[f.dim] = int(f.size)
-        if particle_dim is not None:
-            shape[particle_dim] = self.num_particles
-            (p,) = parts
-            log_p_det, log_q_det = [_full(t, shape, log_w).reshape(self.num_particles, -1) for t in p]
-        else:
-            log_p_det, log_q_det = [torch.stack([_full(r[i], shape, log_w).reshape(-1) for r in parts])
-                                    for i in range(2)]
+        log_p_det, log_q_det = self._stack(replays, layout, ("model", "guide"), like=log_w)
         w = torch.softmax(log_w.detach(), dim=0)  # normalized weights (K, E)
-        # path derivative of log w: (T1 - T2) - (T4 - T3); direct model derivative: T4
-        path = log_w - (log_p_det - log_q_det)
+        path = log_w - (log_p_det - log_q_det)  # gradient: path derivative of log w only
         surrogate = (w.pow(2) * path + w * log_p_det).sum(0)
         return bound, scale * surrogate.sum()
 
@@ -339,8 +338,8 @@ class IWAE(ELBO):
             (for sequence models: ``(batch,)``; ``(1,)`` when no plate holds every site), with
             gradients, and the subsampling factor ``N / B`` of those plates.
         """
-        (log_w,), scale, _ = self._log_weights(model, guide, args, kwargs, ("weight",))
-        return log_mean_exp(log_w, dim=0), scale
+        (log_w,), layout, _ = self._log_weights(model, guide, args, kwargs, ("weight",))
+        return log_mean_exp(log_w, dim=0), layout["scale"]
 
     def loss(self, model, guide, *args, **kwargs):
         """
