@@ -53,4 +53,5 @@ def gather_particles(value, ancestors):
         )
     shape = (ancestors.shape[0],) + tuple(value.shape[1:])
     idx = ancestors.reshape(ancestors.shape + (1,) * (value.dim() - 2)).expand(shape)
-    return torch.gather(value.expand((max(value.shape[0], 1),) + shape[1:]), 0, idx)
+    source = value.expand(shape) if value.shape[0] == 1 else value
+    return torch.gather(source, 0, idx)
