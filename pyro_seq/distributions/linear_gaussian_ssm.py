@@ -21,6 +21,7 @@ from torch import Tensor
 from pyro_seq.ops.kalman import (
     KalmanFilterResult,
     KalmanSmootherResult,
+    _broadcast_shapes,
     _element_mask,
     kalman_filter,
     kalman_sample,
@@ -161,7 +162,7 @@ class LinearGaussianSSM(TorchDistribution):
                 return ()
             return p.shape[: max(p.dim() - event_ndim - 1, 0)]
 
-        batch_shape = torch.broadcast_shapes(
+        batch_shape = _broadcast_shapes(
             initial_loc.shape[:-1],
             initial_cov.shape[:-2],
             bshape(transition_matrix, 2),
@@ -222,7 +223,7 @@ class LinearGaussianSSM(TorchDistribution):
                 raise ValueError("observations must be finite reals (outside masked entries)")
 
     def _out_batch(self, value: Tensor):
-        return torch.broadcast_shapes(self.batch_shape, value.shape[:-2])
+        return _broadcast_shapes(self.batch_shape, value.shape[:-2])
 
     def log_prob(self, value: Tensor) -> Tensor:
         """Exact log p(x_{1:T}) = sum_t log p(x_t | x_{1:t-1}) (thesis eq. 3.12), over the
@@ -336,7 +337,7 @@ class LinearGaussianSSM(TorchDistribution):
         means = (C @ m.unsqueeze(-1)).squeeze(-1)
         covs = C @ P @ C.mT + R
         covs = 0.5 * (covs + covs.mT)
-        batch = torch.broadcast_shapes(self.batch_shape, x.shape[:-2], means.shape[:-2])
+        batch = _broadcast_shapes(self.batch_shape, x.shape[:-2], means.shape[:-2])
         return LGSSMForecast(
             _expand_to(means, batch, 2), _expand_to(covs, batch, 3),
             _expand_to(m, batch, 2), _expand_to(P, batch, 3),

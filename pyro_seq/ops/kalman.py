@@ -181,6 +181,19 @@ class _Model(NamedTuple):
     D: int
 
 
+def _broadcast_shapes(*shapes) -> torch.Size:
+    """Plain-Python ``torch.broadcast_shapes`` (the torch version is slow for tiny calls)."""
+    n = max((len(s) for s in shapes), default=0)
+    out = [1] * n
+    for s in shapes:
+        for i, d in enumerate(s, n - len(s)):
+            if d != 1:
+                if out[i] != 1 and out[i] != d:
+                    raise ValueError(f"shapes {[tuple(x) for x in shapes]} do not broadcast")
+                out[i] = d
+    return torch.Size(out)
+
+
 def _with_time(p: Tensor, event_ndim: int, T: int, name: str) -> Tensor:
     if p.dim() == event_ndim:
         p = p.unsqueeze(0)
@@ -268,7 +281,7 @@ def _prepare(
         R = torch.where(pair, R, eye)
         x = torch.where(m, x, torch.zeros((), dtype=x.dtype, device=x.device))
 
-    param_batch = torch.broadcast_shapes(
+    param_batch = _broadcast_shapes(
         initial_loc.shape[:-1],
         initial_cov.shape[:-2],
         A.shape[:-3],
@@ -278,7 +291,7 @@ def _prepare(
         b.shape[:-2] if b is not None else (),
         m.shape[:-2] if m is not None else (),
     )
-    batch = torch.broadcast_shapes(param_batch, x.shape[:-2])
+    batch = _broadcast_shapes(param_batch, x.shape[:-2])
     n = len(batch)
     return _Model(
         x=_pad_batch(x, 2, n),
@@ -308,8 +321,50 @@ def _sym(M: Tensor) -> Tensor:
     return 0.5 * (M + M.mT)
 
 
+def _fold(M: Tensor, v: Tensor, op):
+    """Apply ``op(M', V')`` (a batched ``(..., n, k) x (..., k, c) -> (..., n, c)`` operation)
+    to matrices M ``(mb..., n, k)`` and vectors v ``(vb..., k)``, returning ``(b..., n)``.
+
+    Batch dims where M has size 1 and v does not (typically: data batch against shared
+    parameters) are folded into the column dimension c, so M is never expanded and copied
+    over the data batch; a batch of sequences costs one matrix-matrix product per matrix.
+    """
+    nb = max(M.dim() - 2, v.dim() - 1)
+    M = M.reshape((1,) * (nb - (M.dim() - 2)) + M.shape)
+    v = v.reshape((1,) * (nb - (v.dim() - 1)) + v.shape)
+    data = [i for i in range(nb) if M.shape[i] == 1 and v.shape[i] > 1]
+    if not data:
+        return op(M, v.unsqueeze(-1)).squeeze(-1)
+    keep = [i for i in range(nb) if M.shape[i] != 1 or v.shape[i] <= 1]
+    sizes = tuple(v.shape[i] for i in data)
+    vp = v.permute(keep + [nb] + data)
+    vp = vp.reshape(vp.shape[: len(keep) + 1] + (-1,))
+    Mp = M.reshape(tuple(M.shape[i] for i in keep) + M.shape[-2:])
+    out = op(Mp, vp)
+    out = out.reshape(out.shape[:-1] + sizes)
+    order = keep + [nb] + data
+    return out.permute([order.index(i) for i in range(nb + 1)])
+
+
+def _matmul(M: Tensor, V: Tensor) -> Tensor:
+    return M @ V
+
+
 def _mv(M: Tensor, v: Tensor) -> Tensor:
-    return (M @ v.unsqueeze(-1)).squeeze(-1)
+    """Batched matrix-vector product ``M (..., n, k) @ v (..., k) -> (..., n)`` (see _fold)."""
+    return _fold(M, v, _matmul)
+
+
+def _tri_solve_lower(L: Tensor, V: Tensor) -> Tensor:
+    if V.shape[:-2] != L.shape[:-2]:
+        shape = _broadcast_shapes(L.shape[:-2], V.shape[:-2])
+        L, V = L.expand(shape + L.shape[-2:]), V.expand(shape + V.shape[-2:])
+    return torch.linalg.solve_triangular(L, V, upper=False)
+
+
+def _trsv(L: Tensor, v: Tensor) -> Tensor:
+    """``L^{-1} v`` for lower-triangular L ``(..., n, n)`` and vectors v ``(..., n)``."""
+    return _fold(L, v, _tri_solve_lower)
 
 
 def _at(p: Tensor, t, event_ndim: int) -> Tensor:
@@ -376,6 +431,15 @@ def psd_sqrt(M: Tensor) -> Tensor:
     return L
 
 
+def _gain(P: Tensor, C: Tensor, R: Tensor):
+    """Cholesky factor L of the innovation covariance C P C^T + R (eq. 3.12) and the Kalman
+    gain K = P C^T (C P C^T + R)^{-1} (by ``cholesky_solve``). P (..., S, S), C (..., D, S),
+    R (..., D, D) -> L (..., D, D), K (..., S, D)."""
+    CP = C @ P
+    L = _cholesky(_sym(CP @ C.mT + R), "innovation covariance C P C^T + R")
+    return L, torch.cholesky_solve(CP, L).mT
+
+
 def _measurement_update(P: Tensor, C: Tensor, R: Tensor):
     """Measurement step of thesis Sec. 3.4.1 on covariances only.
 
@@ -384,9 +448,7 @@ def _measurement_update(P: Tensor, C: Tensor, R: Tensor):
     C P C^T + R (eq. 3.12), K (..., S, D) the Kalman gain P C^T (C P C^T + R)^{-1}, and the
     filtered covariance in Joseph form (I - K C) P (I - K C)^T + K R K^T.
     """
-    CP = C @ P
-    L = _cholesky(_sym(CP @ C.mT + R), "innovation covariance C P C^T + R")
-    K = torch.cholesky_solve(CP, L).mT
+    L, K = _gain(P, C, R)
     IKC = torch.eye(P.shape[-1], dtype=P.dtype, device=P.device) - K @ C
     Sigma = IKC @ P @ IKC.mT + K @ R @ K.mT
     return L, K, _sym(Sigma)
@@ -423,7 +485,7 @@ def _cat_time(first: Tensor, rest: Tensor, event_ndim: int, T: int) -> Tensor:
     """Concatenate a time-1 ``first`` and a time-(T-1 or 1) ``rest`` into a time-T tensor,
     broadcasting their batch dimensions."""
     ev = first.shape[first.dim() - event_ndim :]
-    batch = torch.broadcast_shapes(
+    batch = _broadcast_shapes(
         first.shape[: first.dim() - event_ndim - 1], rest.shape[: rest.dim() - event_ndim - 1]
     )
     return torch.cat(
@@ -458,8 +520,7 @@ def _predicted_means(mdl: _Model, means: Tensor) -> Tensor:
 def _log_likelihoods(mdl: _Model, pred_means: Tensor, L: Tensor) -> Tensor:
     """log N(x_t; C_t mu_{t|t-1}, C_t Sigma_{t|t-1} C_t^T + R_t) over observed elements (eq. 3.12)."""
     r = mdl.x - _mv(mdl.C, pred_means)
-    Lb = L.expand(torch.broadcast_shapes(L.shape[:-2], r.shape[:-1]) + L.shape[-2:])
-    v = torch.linalg.solve_triangular(Lb, r.unsqueeze(-1), upper=False).squeeze(-1)
+    v = _trsv(L, r)
     half_logdet = L.diagonal(dim1=-2, dim2=-1).log().sum(-1)
     n = mdl.num_obs if mdl.num_obs is not None else mdl.D
     return -0.5 * v.pow(2).sum(-1) - half_logdet - 0.5 * _LOG_2PI * n
@@ -482,7 +543,7 @@ def _covariance_pass_sequential(mdl: _Model):
         pcovs.append(P)
 
     def stack(xs):
-        shape = torch.broadcast_shapes(*[x.shape for x in xs])
+        shape = _broadcast_shapes(*[x.shape for x in xs])
         return torch.stack([x.expand(shape) for x in xs], dim=-3)
 
     return stack(pcovs), stack(covs), stack(Ls), stack(Ks)
@@ -805,5 +866,5 @@ def lgssm_sample(
     else:
         z = _mean_pass_sequential(F, g)
     x = _mv(mdl.C, z) + _mv(psd_sqrt(mdl.R), f)
-    out = torch.broadcast_shapes(sample_shape + batch, z.shape[:-2], x.shape[:-2])
+    out = _broadcast_shapes(sample_shape + batch, z.shape[:-2], x.shape[:-2])
     return LGSSMSample(z.expand(out + (T, S)), x.expand(out + (T, D)))

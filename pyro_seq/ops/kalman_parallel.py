@@ -32,7 +32,9 @@ from torch import Tensor
 from pyro_seq.ops.kalman import (
     _Model,
     _at,
+    _broadcast_shapes,
     _cat_time,
+    _gain,
     _measurement_update,
     _mv,
     _predicted_covs,
@@ -44,12 +46,12 @@ __all__ = ["associative_scan", "covariance_scan", "affine_scan", "backward_scan"
 
 
 def _cat0(a: Tensor, b: Tensor) -> Tensor:
-    shape = torch.broadcast_shapes(a.shape[1:], b.shape[1:])
+    shape = _broadcast_shapes(a.shape[1:], b.shape[1:])
     return torch.cat([a.expand(a.shape[:1] + shape), b.expand(b.shape[:1] + shape)], 0)
 
 
 def _interleave(even: Tensor, odd: Tensor) -> Tensor:
-    shape = torch.broadcast_shapes(even.shape[1:], odd.shape[1:])
+    shape = _broadcast_shapes(even.shape[1:], odd.shape[1:])
     even = even.expand(even.shape[:1] + shape)
     odd = odd.expand(odd.shape[:1] + shape)
     n = odd.shape[0]
@@ -108,25 +110,23 @@ def associative_scan(
 
 
 def _combine_filter(earlier: List[Tensor], later: List[Tensor]) -> List[Tensor]:
-    """Sarkka & Garcia-Fernandez (2021) filtering operator on (A, C, J):
+    """Sarkka & Garcia-Fernandez (2021) filtering operator on packed elements [A | C | J]:
 
     A_ij = A_j (I + C_i J_j)^{-1} A_i,  C_ij = A_j (I + C_i J_j)^{-1} C_i A_j^T + C_j,
     J_ij = A_i^T (I + J_j C_i)^{-1} J_j A_i + J_i,
     using one LU solve with M = I + C_i J_j (and A_i^T M^{-T} = (M^{-1} A_i)^T).
     """
-    Ai, Ci, Ji = earlier
-    Aj, Cj, Jj = later
-    S = Ai.shape[-1]
-    eye = torch.eye(S, dtype=Ai.dtype, device=Ai.device)
-    M = eye + Ci @ Jj
-    rhs = torch.cat(torch.broadcast_tensors(Ai, Ci), -1)
-    M = M.expand(rhs.shape[:-2] + (S, S))
-    Y = torch.linalg.solve(M, rhs)
-    YA, YC = Y[..., :S], Y[..., S:]
-    A = Aj @ YA
-    C = _sym(Aj @ YC @ Aj.mT + Cj)
-    J = _sym(YA.mT @ Jj @ Ai + Ji)
-    return [A, C, J]
+    (Pi,), (Pj,) = earlier, later
+    S = Pi.shape[-2]
+    Ai, Ci, Ji = Pi[..., :S], Pi[..., S : 2 * S], Pi[..., 2 * S :]
+    Aj, Cj, Jj = Pj[..., :S], Pj[..., S : 2 * S], Pj[..., 2 * S :]
+    M = Ci @ Jj
+    M.diagonal(dim1=-2, dim2=-1).add_(1.0)
+    Y = torch.linalg.solve(M, Pi[..., : 2 * S])  # [M^{-1} A_i | M^{-1} C_i]
+    X = Aj @ Y
+    C = X[..., S:] @ Aj.mT + Cj
+    J = Y[..., :S].mT @ (Jj @ Ai) + Ji
+    return [torch.cat([X[..., :S], C, J], -1)]
 
 
 def covariance_scan(mdl: _Model):
@@ -136,7 +136,8 @@ def covariance_scan(mdl: _Model):
     update of Sigma_{1|0}), J = 0; for t >= 2 with S_t = C_t Q_t C_t^T + R_t,
     K_t = Q_t C_t^T S_t^{-1}: A = (I - K_t C_t) A_t, C = (I - K_t C_t) Q_t (Joseph form),
     J = A_t^T C_t^T S_t^{-1} C_t A_t. The prefix C is Sigma_t; from it
-    Sigma_{t|t-1} = A_t Sigma_{t-1} A_t^T + Q_t and the gains are recomputed in one batch.
+    Sigma_{t|t-1} = A_t Sigma_{t-1} A_t^T + Q_t and the gains K_t and innovation Cholesky
+    factors are computed for all t in one batch.
 
     :returns: ``(predicted_covs, covs, innovation_cholesky, gains)`` of shapes
         ``pb + (T, S, S)``, ``pb + (T, S, S)``, ``pb + (T, D, D)``, ``pb + (T, S, D)``
@@ -156,15 +157,15 @@ def covariance_scan(mdl: _Model):
         W = torch.linalg.solve_triangular(L, Ct @ At, upper=False)
         Je = W.mT @ W
         zero = torch.zeros((1, S, S), dtype=Ae.dtype, device=Ae.device)
-        A_el = _cat_time(zero, Ae, 2, T)
-        C_el = _cat_time(Sigma1.unsqueeze(-3), Ce, 2, T)
-        J_el = _cat_time(zero, Je, 2, T)
-        _, prefix_C, _ = associative_scan(_combine_filter, [A_el, C_el, J_el], [2, 2, 2])
+        first = torch.cat(torch.broadcast_tensors(zero, Sigma1.unsqueeze(-3), zero), -1)
+        rest = torch.cat(torch.broadcast_tensors(Ae, Ce, Je), -1)
+        (packed,) = associative_scan(_combine_filter, [_cat_time(first, rest, 2, T)], [2])
+        prefix_C = _sym(packed[..., S : 2 * S])
     else:
         prefix_C = Sigma1.unsqueeze(-3)
     pcovs = _predicted_covs(mdl, prefix_C)
-    L, K, covs = _measurement_update(pcovs, mdl.C, mdl.R)
-    return pcovs, covs, L, K
+    L, K = _gain(pcovs, mdl.C, mdl.R)
+    return pcovs, prefix_C, L, K
 
 
 # ---------------------------------------------------------------------------------------
@@ -173,15 +174,58 @@ def covariance_scan(mdl: _Model):
 
 
 def _combine_affine(earlier: List[Tensor], later: List[Tensor]) -> List[Tensor]:
-    F1, g1 = earlier
-    F2, g2 = later
-    return [F2 @ F1, _mv(F2, g1) + g2]
+    """(F2, G2) o (F1, G1) = (F2 F1, F2 G1 + G2) on packed [F | G] (G: vectors as columns)."""
+    (P1,), (P2,) = earlier, later
+    S = P2.shape[-2]
+    X = P2[..., :S] @ P1
+    return [torch.cat([X[..., :S], X[..., S:] + P2[..., S:]], -1)]
 
 
 def _combine_affine_cov(earlier: List[Tensor], later: List[Tensor]) -> List[Tensor]:
-    F1, g1, L1 = earlier
-    F2, g2, L2 = later
-    return [F2 @ F1, _mv(F2, g1) + g2, _sym(F2 @ L1 @ F2.mT + L2)]
+    """(E2, L2, G2) o (E1, L1, G1) = (E2 E1, E2 L1 E2^T + L2, E2 G1 + G2) on packed [E | L | G]."""
+    (P1,), (P2,) = earlier, later
+    S = P2.shape[-2]
+    E2 = P2[..., :S]
+    X = E2 @ P1
+    L = X[..., S : 2 * S] @ E2.mT + P2[..., S : 2 * S]
+    return [torch.cat([X[..., :S], L, X[..., 2 * S :] + P2[..., 2 * S :]], -1)]
+
+
+def _fold_columns(M: Tensor, v: Tensor, *others: Tensor):
+    """Fold the batch dims where the matrices M ``(mb..., T, S, S)`` have size 1 but the
+    vectors v ``(vb..., T, S)`` do not into columns: returns ``(M', V', unfold, *others')``
+    with ``M' (kb..., T, S, S)``, ``V' (kb..., T, S, N)`` and
+    ``unfold(V'') -> (b..., T, S)``; ``others`` (matrices batched like M) are reshaped as M."""
+    nb = max([M.dim() - 3, v.dim() - 2] + [o.dim() - 3 for o in others])
+    M, *others = [m.reshape((1,) * (nb - (m.dim() - 3)) + m.shape) for m in (M, *others)]
+    v = v.reshape((1,) * (nb - (v.dim() - 2)) + v.shape)
+    data = [i for i in range(nb) if M.shape[i] == 1 and v.shape[i] > 1]
+    if any(o.shape[i] != 1 for o in others for i in data):
+        M = M.expand(_broadcast_shapes(M.shape[:-3], *(o.shape[:-3] for o in others))
+                     + M.shape[-3:])
+        data = [i for i in range(nb) if M.shape[i] == 1 and v.shape[i] > 1]
+    keep = [i for i in range(nb) if i not in data]
+    sizes = tuple(v.shape[i] for i in data)
+    kshape = tuple(max([M.shape[i], v.shape[i]] + [o.shape[i] for o in others]) for i in keep)
+
+    def squeeze(m):
+        m = m.reshape(tuple(m.shape[i] for i in keep) + m.shape[-3:])
+        return m.expand(kshape + m.shape[-3:])
+
+    vp = v.permute(keep + [nb, nb + 1] + data)
+    vp = vp.expand(kshape + vp.shape[len(keep) :]).reshape(kshape + v.shape[-2:] + (-1,))
+    order = keep + [nb, nb + 1] + data
+
+    def unfold(V: Tensor) -> Tensor:
+        V = V.reshape(V.shape[:-1] + sizes)
+        return V.permute([order.index(i) for i in range(nb + 2)])
+
+    def restore(m: Tensor) -> Tensor:  # (kb..., T, S, S) -> (nb dims with 1 at data dims)
+        shape = tuple(1 if i in data else kshape[keep.index(i)] for i in range(nb))
+        return m.reshape(shape + m.shape[-3:])
+
+    unfold.restore = restore
+    return (squeeze(M), vp, unfold) + tuple(squeeze(o) for o in others)
 
 
 def affine_scan(F: Tensor, g: Tensor) -> Tensor:
@@ -189,9 +233,11 @@ def affine_scan(F: Tensor, g: Tensor) -> Tensor:
 
     :param F: ``pb + (T, S, S)``; :param g: ``b + (T, S)``. :returns: ``b + (T, S)``.
     """
+    S = F.shape[-1]
     F = torch.cat([torch.zeros_like(F[..., :1, :, :]), F[..., 1:, :, :]], -3)
-    _, means = associative_scan(_combine_affine, [F, g], [2, 1])
-    return means
+    Fp, G, unfold = _fold_columns(F, g)
+    (packed,) = associative_scan(_combine_affine, [torch.cat([Fp, G], -1)], [2])
+    return unfold(packed[..., S:])
 
 
 def backward_scan(
@@ -211,17 +257,21 @@ def backward_scan(
     E = torch.cat([J, zero.expand(J.shape[:-3] + (1, S, S))], -3)
     g = _cat_time_end(h, zT)
     if Pc is None:
-        _, z = associative_scan(_combine_affine, [E, g], [2, 1], reverse=True)
-        return z, None
+        Ep, G, unfold = _fold_columns(E, g)
+        (packed,) = associative_scan(_combine_affine, [torch.cat([Ep, G], -1)], [2],
+                                     reverse=True)
+        return unfold(packed[..., S:]), None
     L = _cat_time_end(Pc, PT, 2)
-    _, z, P = associative_scan(_combine_affine_cov, [E, g, L], [2, 1, 2], reverse=True)
-    return z, P
+    Ep, G, unfold, Lp = _fold_columns(E, g, L)
+    (packed,) = associative_scan(_combine_affine_cov, [torch.cat([Ep, Lp, G], -1)], [2],
+                                 reverse=True)
+    return unfold(packed[..., 2 * S :]), unfold.restore(_sym(packed[..., S : 2 * S]))
 
 
 def _cat_time_end(rest: Tensor, last: Tensor, event_ndim: int = 1) -> Tensor:
     last = last.unsqueeze(-event_ndim - 1)
     ev = rest.shape[rest.dim() - event_ndim :]
-    batch = torch.broadcast_shapes(
+    batch = _broadcast_shapes(
         rest.shape[: rest.dim() - event_ndim - 1], last.shape[: last.dim() - event_ndim - 1]
     )
     n = rest.shape[-event_ndim - 1]
