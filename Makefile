@@ -24,9 +24,10 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -q tests
 
 demo: $(STAMP)
-	$(BIN)/pyro-seq train --model srnn --data chorales --objective elbo --epochs 40 \
-		--time-limit 240 --out $(DEMO_OUT)
-	$(BIN)/pyro-seq evaluate $(DEMO_OUT)
+	$(BIN)/pyro-seq train --model srnn --data chorales --epochs 200 --time-limit 240 --threads 1 \
+		--z-dim 32 --model-option d_dim=128 --model-option hidden_dim=200 \
+		--kl-anneal-steps 500 --out $(DEMO_OUT)
+	$(BIN)/pyro-seq evaluate $(DEMO_OUT) --objective iwae --particles 16
 	$(BIN)/pyro-seq sample $(DEMO_OUT) --length 64
 
 docs: $(STAMP)
