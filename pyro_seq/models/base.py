@@ -18,6 +18,11 @@ the model, on the same state. The guide therefore only *reads* the latent histor
 ``state["z"]`` is z_{t-1} while it runs) and writes keys of its own; the model step writes the
 new latent ``state["z"] = z_t``.
 
+Rules for ``init`` that particle methods rely on: ``init`` does not sample; after it FIVO gives
+every per-particle tensor a leading particle axis of size 1, and before each resampling every
+per-particle tensor must have shape ``(K or 1, batch, ...)``. Anything with another shape
+(a time axis, a particle-independent context) belongs in ``state.shared``.
+
 Observations: a model step observes ``x_t`` with :meth:`SequenceModel.observe`, passing the
 *features* of the emission network (e.g. ``[z_t, d_t]``). Evaluated one step at a time (particle
 methods) it emits the site at once; in a full-sequence run the emission network is evaluated
