@@ -139,6 +139,7 @@ def bench_config(S, D, B, T, repeats, dtypes):
     agreement = {}
     xs = x64.numpy()
     ref_means = model64.smooth(x64).means.numpy()
+    ref_lp = model64.log_prob(x64).detach()  # float64 exact value (agrees with hmm to 1e-14)
     if filterpy is not None:
         t0 = time.perf_counter()
         ms = filterpy_filter_smooth(p64, xs)
@@ -189,6 +190,11 @@ def bench_config(S, D, B, T, repeats, dtypes):
             log_prob_max_abs_diff_vs_hmm=float((lp_ours.double() - lp_hmm.double()).abs().max()),
             log_prob_max_rel_diff_vs_hmm=float(((lp_ours.double() - lp_hmm.double()).abs()
                                                 / lp_hmm.double().abs()).max()),
+            # relative error of each implementation against the float64 exact log p(x)
+            lgssm_log_prob_max_rel_err_vs_float64=float(
+                ((lp_ours.double() - ref_lp).abs() / ref_lp.abs()).max()),
+            hmm_log_prob_max_rel_err_vs_float64=float(
+                ((lp_hmm.double() - ref_lp).abs() / ref_lp.abs()).max()),
         )
         entry["targets_met"] = {
             "log_prob <= 0.5x hmm.log_prob": ratios["log_prob / hmm.log_prob"] <= 0.5,

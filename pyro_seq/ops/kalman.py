@@ -58,16 +58,20 @@ depth O(log T), Sarkka & Garcia-Fernandez 2021, see :mod:`pyro_seq.ops.kalman_pa
 Numerics
 --------
 * Innovation covariances are factorised by Cholesky; gains come from ``cholesky_solve``;
-  filtered covariances use the Joseph form ``(I-KC) P (I-KC)^T + K R K^T`` and the RTS
-  backward covariances the analogous form ``(I-JA) Sigma (I-JA)^T + J Q J^T``, so every
-  covariance is a sum of PSD terms and is symmetrised. No covariance is ever inverted.
+  filtered covariances use the Joseph form ``(I-KC) P (I-KC)^T + K R K^T`` (sequential
+  form; the parallel form builds its scan elements in Joseph form and combines them with
+  the Sarkka & Garcia-Fernandez operator) and the RTS backward covariances the analogous
+  form ``(I-JA) Sigma (I-JA)^T + J Q J^T``, so covariances are sums of PSD terms; all are
+  symmetrised. No covariance is ever inverted.
 * A matrix that is not positive definite where it must be raises ``ValueError`` naming
   it instead of producing NaN. Tested finite and exact for covariance eigenvalues in
   [1e-6, 1e6] in float64; in float32 keep the condition number of the innovation and
   predicted covariances below ~1e5 (eigenvalues in about [1e-2, 1e3]).
 * The covariance recursions do not depend on the data, so they run with the batch shape
   of the *parameters and mask* only; data-dependent work is a linear recursion in the
-  means. A batch of sequences sharing parameters therefore pays for one Riccati recursion.
+  means (mu_t = F_t mu_{t-1} + g_t), evaluated with the data batch folded into matrix
+  columns. A batch of sequences sharing parameters therefore pays for one Riccati
+  recursion. Measured speed: ``benchmarks/kalman.py`` / ``benchmarks/results/kalman.json``.
 
 Missing data (thesis Sec. 3.4.2)
 --------------------------------
@@ -99,7 +103,7 @@ __all__ = [
 ]
 
 #: ``method="auto"`` uses the parallel scan for sequences at least this long.
-PARALLEL_THRESHOLD = 64
+PARALLEL_THRESHOLD = 32
 
 _LOG_2PI = math.log(2 * math.pi)
 
@@ -346,6 +350,43 @@ def _fold(M: Tensor, v: Tensor, op):
     return out.permute([order.index(i) for i in range(nb + 1)])
 
 
+def _fold_columns(M: Tensor, v: Tensor, *others: Tensor):
+    """Fold the batch dims where the matrices M ``(mb..., T, S, S)`` have size 1 but the
+    vectors v ``(vb..., T, S)`` do not into columns: returns ``(M', V', unfold, *others')``
+    with ``M' (kb..., T, S, S)``, ``V' (kb..., T, S, N)`` and
+    ``unfold(V'') -> (b..., T, S)``; ``others`` (matrices batched like M) are reshaped as M."""
+    nb = max([M.dim() - 3, v.dim() - 2] + [o.dim() - 3 for o in others])
+    M, *others = [m.reshape((1,) * (nb - (m.dim() - 3)) + m.shape) for m in (M, *others)]
+    v = v.reshape((1,) * (nb - (v.dim() - 2)) + v.shape)
+    data = [i for i in range(nb) if M.shape[i] == 1 and v.shape[i] > 1]
+    if any(o.shape[i] != 1 for o in others for i in data):
+        M = M.expand(_broadcast_shapes(M.shape[:-3], *(o.shape[:-3] for o in others))
+                     + M.shape[-3:])
+        data = [i for i in range(nb) if M.shape[i] == 1 and v.shape[i] > 1]
+    keep = [i for i in range(nb) if i not in data]
+    sizes = tuple(v.shape[i] for i in data)
+    kshape = tuple(max([M.shape[i], v.shape[i]] + [o.shape[i] for o in others]) for i in keep)
+
+    def squeeze(m):
+        m = m.reshape(tuple(m.shape[i] for i in keep) + m.shape[-3:])
+        return m.expand(kshape + m.shape[-3:])
+
+    vp = v.permute(keep + [nb, nb + 1] + data)
+    vp = vp.expand(kshape + vp.shape[len(keep) :]).reshape(kshape + v.shape[-2:] + (-1,))
+    order = keep + [nb, nb + 1] + data
+
+    def unfold(V: Tensor) -> Tensor:
+        V = V.reshape(V.shape[:-1] + sizes)
+        return V.permute([order.index(i) for i in range(nb + 2)])
+
+    def restore(m: Tensor) -> Tensor:  # (kb..., T, S, S) -> (nb dims with 1 at data dims)
+        shape = tuple(1 if i in data else kshape[keep.index(i)] for i in range(nb))
+        return m.reshape(shape + m.shape[-3:])
+
+    unfold.restore = restore
+    return (squeeze(M), vp, unfold) + tuple(squeeze(o) for o in others)
+
+
 def _matmul(M: Tensor, V: Tensor) -> Tensor:
     return M @ V
 
@@ -550,13 +591,17 @@ def _covariance_pass_sequential(mdl: _Model):
 
 
 def _mean_pass_sequential(F: Tensor, g: Tensor) -> Tensor:
-    """mu_t = F_t mu_{t-1} + g_t looped over t; F (pb, T, S, S), g (b, T, S)."""
-    m = g[..., 0, :]
+    """mu_t = F_t mu_{t-1} + g_t looped over t; F (pb, T|1, S, S), g (b, T, S) -> (b, T, S).
+    The data batch is folded into matrix columns (see ``_fold_columns``)."""
+    T = g.shape[-2]
+    F = F.expand(F.shape[:-3] + (T,) + F.shape[-2:])
+    Fp, G, unfold = _fold_columns(F, g)
+    m = G[..., 0, :, :]
     out = [m]
-    for t in range(1, g.shape[-2]):
-        m = _mv(_at(F, t, 2), m) + g[..., t, :]
+    for t in range(1, T):
+        m = Fp[..., t, :, :] @ m + G[..., t, :, :]
         out.append(m)
-    return torch.stack(out, dim=-2)
+    return unfold(torch.stack(out, dim=-3))
 
 
 def _resolve_method(method: str, T: int) -> str:
@@ -619,15 +664,15 @@ def _backward_coefficients(mdl: _Model, f: KalmanFilterResult):
 
 
 def _smooth_sequential(J, h, Pc, mT, PT):
-    means, covs = [mT], [PT]
-    m, P = mT, PT
+    """Backward RTS loop: mu_{t|T} = J_t mu_{t+1|T} + h_t, Sigma_{t|T} = J_t Sigma_{t+1|T} J_t^T + Pc_t."""
+    means = _smooth_sequential_means(J, h, mT)
+    covs = [PT]
+    P = PT
     for t in range(J.shape[-3] - 1, -1, -1):
         Jt = J[..., t, :, :]
-        m = _mv(Jt, m) + h[..., t, :]
         P = _sym(Jt @ P @ Jt.mT + Pc[..., t, :, :])
-        means.append(m)
         covs.append(P)
-    return torch.stack(means[::-1], -2), torch.stack(covs[::-1], -3)
+    return means, torch.stack(covs[::-1], -3)
 
 
 def _smooth(mdl: _Model, f: KalmanFilterResult, method: str):
@@ -792,12 +837,20 @@ def _sample(mdl: _Model, f: KalmanFilterResult, sample_shape, noise, method) -> 
 
 
 def _smooth_sequential_means(J, g, zT):
-    out = [zT]
-    z = zT
-    for t in range(J.shape[-3] - 1, -1, -1):
-        z = _mv(J[..., t, :, :], z) + g[..., t, :]
+    """Backward loop z_t = J_t z_{t+1} + g_t from z_T; J (pb, T-1, S, S), g (b, T-1, S)."""
+    T1 = J.shape[-3]
+    zero = torch.zeros_like(J[..., :1, :, :])
+    E = torch.cat([J, zero], -3)
+    gT = zT.unsqueeze(-2)
+    batch = _broadcast_shapes(g.shape[:-2], gT.shape[:-2])
+    gg = torch.cat([g.expand(batch + g.shape[-2:]), gT.expand(batch + gT.shape[-2:])], -2)
+    Ep, G, unfold = _fold_columns(E, gg)
+    z = G[..., T1, :, :]
+    out = [z]
+    for t in range(T1 - 1, -1, -1):
+        z = Ep[..., t, :, :] @ z + G[..., t, :, :]
         out.append(z)
-    return torch.stack(out[::-1], -2)
+    return unfold(torch.stack(out[::-1], dim=-3))
 
 
 def lgssm_sample(

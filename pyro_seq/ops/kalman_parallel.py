@@ -34,6 +34,7 @@ from pyro_seq.ops.kalman import (
     _at,
     _broadcast_shapes,
     _cat_time,
+    _fold_columns,
     _gain,
     _measurement_update,
     _mv,
@@ -189,43 +190,6 @@ def _combine_affine_cov(earlier: List[Tensor], later: List[Tensor]) -> List[Tens
     X = E2 @ P1
     L = X[..., S : 2 * S] @ E2.mT + P2[..., S : 2 * S]
     return [torch.cat([X[..., :S], L, X[..., 2 * S :] + P2[..., 2 * S :]], -1)]
-
-
-def _fold_columns(M: Tensor, v: Tensor, *others: Tensor):
-    """Fold the batch dims where the matrices M ``(mb..., T, S, S)`` have size 1 but the
-    vectors v ``(vb..., T, S)`` do not into columns: returns ``(M', V', unfold, *others')``
-    with ``M' (kb..., T, S, S)``, ``V' (kb..., T, S, N)`` and
-    ``unfold(V'') -> (b..., T, S)``; ``others`` (matrices batched like M) are reshaped as M."""
-    nb = max([M.dim() - 3, v.dim() - 2] + [o.dim() - 3 for o in others])
-    M, *others = [m.reshape((1,) * (nb - (m.dim() - 3)) + m.shape) for m in (M, *others)]
-    v = v.reshape((1,) * (nb - (v.dim() - 2)) + v.shape)
-    data = [i for i in range(nb) if M.shape[i] == 1 and v.shape[i] > 1]
-    if any(o.shape[i] != 1 for o in others for i in data):
-        M = M.expand(_broadcast_shapes(M.shape[:-3], *(o.shape[:-3] for o in others))
-                     + M.shape[-3:])
-        data = [i for i in range(nb) if M.shape[i] == 1 and v.shape[i] > 1]
-    keep = [i for i in range(nb) if i not in data]
-    sizes = tuple(v.shape[i] for i in data)
-    kshape = tuple(max([M.shape[i], v.shape[i]] + [o.shape[i] for o in others]) for i in keep)
-
-    def squeeze(m):
-        m = m.reshape(tuple(m.shape[i] for i in keep) + m.shape[-3:])
-        return m.expand(kshape + m.shape[-3:])
-
-    vp = v.permute(keep + [nb, nb + 1] + data)
-    vp = vp.expand(kshape + vp.shape[len(keep) :]).reshape(kshape + v.shape[-2:] + (-1,))
-    order = keep + [nb, nb + 1] + data
-
-    def unfold(V: Tensor) -> Tensor:
-        V = V.reshape(V.shape[:-1] + sizes)
-        return V.permute([order.index(i) for i in range(nb + 2)])
-
-    def restore(m: Tensor) -> Tensor:  # (kb..., T, S, S) -> (nb dims with 1 at data dims)
-        shape = tuple(1 if i in data else kshape[keep.index(i)] for i in range(nb))
-        return m.reshape(shape + m.shape[-3:])
-
-    unfold.restore = restore
-    return (squeeze(M), vp, unfold) + tuple(squeeze(o) for o in others)
 
 
 def affine_scan(F: Tensor, g: Tensor) -> Tensor:
