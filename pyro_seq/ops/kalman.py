@@ -214,8 +214,7 @@ def _element_mask(mask: Tensor, T: int, D: int) -> Tensor:
     """Convert a per-step ``(..., T)`` or per-element ``(..., T, D|1)`` mask to ``(..., T, D)``."""
     mask = torch.as_tensor(mask, dtype=torch.bool)
     if mask.dim() >= 2 and mask.shape[-2] == T and mask.shape[-1] in (D, 1):
-        if not (mask.shape[-1] == T and mask.shape[-2] == T and D != T and D != 1):
-            return mask.expand(mask.shape[:-1] + (D,))
+        return mask.expand(mask.shape[:-1] + (D,))
     if mask.shape[-1:] != (T,):
         raise ValueError(f"mask must have shape (..., T) or (..., T, D); got {tuple(mask.shape)}")
     return mask.unsqueeze(-1).expand(mask.shape + (D,))
@@ -672,7 +671,8 @@ def _smooth_sequential(J, h, Pc, mT, PT):
         Jt = J[..., t, :, :]
         P = _sym(Jt @ P @ Jt.mT + Pc[..., t, :, :])
         covs.append(P)
-    return means, torch.stack(covs[::-1], -3)
+    shape = _broadcast_shapes(*[c.shape for c in covs])
+    return means, torch.stack([c.expand(shape) for c in covs[::-1]], -3)
 
 
 def _smooth(mdl: _Model, f: KalmanFilterResult, method: str):
