@@ -100,13 +100,13 @@ class SRNN(SequenceModel):
             self.encoder = MLP(d_dim + obs_dim, [hidden_dim], d_dim, activation, activate_output=True)
         self.posterior = GaussianMLP(z_dim, d_dim, hidden_dim, z_dim, activation, min_scale)
 
-    def _deterministic_states(self, x):
-        """``d_{1:T}`` (eq. 5.1): ``(batch, T, d_dim)``."""
-        return self.deterministic(shift_right(x))
+    def _deterministic_states(self, x, mask):
+        """``d_{1:T}`` (eq. 5.1): ``(batch, T, d_dim)`` (zero after each sequence's end)."""
+        return self.deterministic(shift_right(x), mask.sum(-1))
 
     # generative model: eq. 5.1, 5.3
     def model_init(self, state, x, mask):
-        d = self._deterministic_states(x)
+        d = self._deterministic_states(x, mask)
         state.shared["d"] = d
         state.shared["prior_context"] = self.prior.project_context(d)
         state["z"] = x.new_zeros(x.shape[0], self.z_dim)
@@ -119,7 +119,7 @@ class SRNN(SequenceModel):
 
     # inference network: eq. 5.5, 5.7, 5.10, 5.12
     def guide_init(self, state, x, mask):
-        d = self._deterministic_states(x)
+        d = self._deterministic_states(x, mask)
         inputs = torch.cat([d, x], dim=-1)
         if self.inference == "smoothing":
             a = self.encoder(inputs, mask)

@@ -2,6 +2,7 @@
 
 import torch
 import torch.nn as nn
+from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 
 def reverse_padded(x, lengths):
@@ -46,11 +47,17 @@ class ForwardRNN(nn.Module):
         else:
             self.register_buffer("h0", torch.zeros(hidden_dim))
 
-    def forward(self, inputs):
+    def forward(self, inputs, lengths=None):
+        """Run over ``inputs (batch, T, input_dim)``; with ``lengths (batch,)`` the padded steps
+        after each sequence's end are skipped (packed sequences) and their outputs are zero."""
         h0 = self.h0.expand(1, inputs.shape[0], -1).contiguous()
         init = (h0, torch.zeros_like(h0)) if self.cell == "lstm" else h0
-        out, _ = self.rnn(inputs, init)
-        return out
+        if lengths is None or bool((lengths == inputs.shape[1]).all()):
+            out, _ = self.rnn(inputs, init)
+            return out
+        packed = pack_padded_sequence(inputs, lengths.cpu(), batch_first=True, enforce_sorted=False)
+        out, _ = self.rnn(packed, init)
+        return pad_packed_sequence(out, batch_first=True, total_length=inputs.shape[1])[0]
 
 
 class BackwardRNN(ForwardRNN):
@@ -65,4 +72,4 @@ class BackwardRNN(ForwardRNN):
 
     def forward(self, inputs, mask):
         lengths = mask.sum(-1)
-        return reverse_padded(super().forward(reverse_padded(inputs, lengths)), lengths)
+        return reverse_padded(super().forward(reverse_padded(inputs, lengths), lengths), lengths)

@@ -82,3 +82,14 @@ def test_cat_broadcast_joins_particle_and_shared_tensors():
     out = cat_broadcast([a, b])
     assert out.shape == (4, 2, 8)
     assert torch.equal(out[1, :, 3:], b) and torch.equal(out[..., :3], a)
+
+
+def test_forward_rnn_packed_equals_padded_on_real_steps():
+    torch.manual_seed(0)
+    rnn = ForwardRNN(3, 4)
+    x = torch.randn(3, 6, 3)
+    lengths = torch.tensor([6, 2, 4])
+    packed, padded = rnn(x, lengths), rnn(x)
+    for b, L in enumerate(lengths.tolist()):
+        assert torch.allclose(packed[b, :L], padded[b, :L], atol=1e-6)
+        assert (packed[b, L:] == 0).all()
