@@ -25,9 +25,9 @@ Shapes align from the right as in Pyro's ``GaussianHMM``: for a matrix parameter
 dimension just left of the two matrix dimensions is time (size T or 1) when present, and
 everything left of it is batch; a bare ``(S, S)`` matrix is constant in time and batch.
 Batch dimensions of all arguments broadcast. A mask is read as per-element when its last
-two dimensions are ``(T, D)`` or ``(T, 1)``; otherwise it must end in ``T`` (per step). In
-the one ambiguous case (a per-step mask of shape ``(T, T)`` with ``T == D``) pass
-``mask[..., None]``.
+two dimensions are ``(T, D)`` (or ``(T, 1)`` with T > 1); otherwise it must end in ``T``
+(per step). The only ambiguous shape, a per-step mask ``(..., T, T)`` with ``T == D``, is
+read per element; write it as ``mask[..., None].expand(..., T, D)``.
 
 ``kalman_filter(*model, method="auto") -> KalmanFilterResult``
     fields ``means (..., T, S)`` mu_t, ``covs (..., T, S, S)`` Sigma_t (filtered, eq. 3.11),
@@ -213,7 +213,10 @@ def _with_time(p: Tensor, event_ndim: int, T: int, name: str) -> Tensor:
 def _element_mask(mask: Tensor, T: int, D: int) -> Tensor:
     """Convert a per-step ``(..., T)`` or per-element ``(..., T, D|1)`` mask to ``(..., T, D)``."""
     mask = torch.as_tensor(mask, dtype=torch.bool)
-    if mask.dim() >= 2 and mask.shape[-2] == T and mask.shape[-1] in (D, 1):
+    elementwise = mask.dim() >= 2 and mask.shape[-2] == T
+    if elementwise and mask.shape[-1] == D:
+        return mask
+    if elementwise and mask.shape[-1] == 1 and T != 1:
         return mask.expand(mask.shape[:-1] + (D,))
     if mask.shape[-1:] != (T,):
         raise ValueError(f"mask must have shape (..., T) or (..., T, D); got {tuple(mask.shape)}")
