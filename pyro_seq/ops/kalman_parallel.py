@@ -37,7 +37,6 @@ from pyro_seq.ops.kalman import (
     _fold_columns,
     _gain,
     _measurement_update,
-    _mv,
     _predicted_covs,
     _slice_time,
     _sym,
