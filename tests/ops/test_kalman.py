@@ -1,6 +1,5 @@
 """Kalman filter / RTS smoother / FFBS against the dense float64 Gaussian of tests/dense_gaussian.py."""
 
-
 import pytest
 import torch
 
