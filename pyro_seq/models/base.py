@@ -159,11 +159,15 @@ def normal(loc, scale):
     return dist.Normal(loc, scale).to_event(1)
 
 
-def time_slice(params, t):
-    """Step ``t`` of emission parameters with time at dim -2 (a tensor or a tuple of them)."""
+def time_steps(params):
+    """Split parameters with time at dim -2 into per-step values (a tensor or a tuple of them).
+
+    Uses :func:`torch.unbind` (one ``stack`` in the backward pass) rather than indexing every
+    step, whose backward would cost a full-size gradient per step.
+    """
     if torch.is_tensor(params):
-        return params[..., t, :]
-    return tuple(p[..., t, :] for p in params)
+        return params.unbind(-2)
+    return list(zip(*(p.unbind(-2) for p in params)))
 
 
 class StepProgram:
@@ -270,9 +274,9 @@ class SequenceModel(nn.Module):
         if not isinstance(t, slice):
             return pyro.sample(f"{name}_{t + 1}", make_dist(*params).mask(mask[:, t]))
         expected = state.replayed[name]
+        steps = time_steps(tuple(params))
         for i in pyro.markov(range(len(expected))):
-            value = pyro.sample(f"{name}_{i + 1}",
-                                make_dist(*time_slice(params, i)).mask(mask[:, i]))
+            value = pyro.sample(f"{name}_{i + 1}", make_dist(*steps[i]).mask(mask[:, i]))
             if value is not expected[i]:
                 raise RuntimeError(f"site {name}_{i + 1} did not take its replayed value")
         return stack_time(expected)
@@ -300,9 +304,9 @@ class SequenceModel(nn.Module):
 
     def _emit_observations(self, params, x, mask):
         """One site ``x_{t+1}`` per step from emission parameters with time at dim -2."""
+        steps = time_steps(params)
         for t in pyro.markov(range(x.shape[1])):
-            pyro.sample(f"x_{t + 1}", self.likelihood(time_slice(params, t)).mask(mask[:, t]),
-                        obs=x[:, t])
+            pyro.sample(f"x_{t + 1}", self.likelihood(steps[t]).mask(mask[:, t]), obs=x[:, t])
 
     def model_init(self, state, x, mask):
         raise NotImplementedError

@@ -81,7 +81,7 @@ class DMM(SequenceModel):
         state["guide_z"] = self.z_q_0.expand(x.shape[0], self.z_dim)
 
     def guide_step(self, state, t, x, mask):
-        loc, scale = self.combiner(state["guide_z"], state.shared["a"][:, t])
+        loc, scale = self.combiner(state["guide_z"], state.shared_at("a", t))
         z = pyro.sample(f"z_{t + 1}", dist.Normal(loc, scale).to_event(1).mask(mask[:, t]))
         state["guide_z"] = z
 

@@ -112,9 +112,9 @@ class SRNN(SequenceModel):
         state["z"] = x.new_zeros(x.shape[0], self.z_dim)
 
     def model_step(self, state, t, x, mask):
-        loc, scale = self.prior(state["z"], state.shared["prior_context"][:, t])
+        loc, scale = self.prior(state["z"], state.shared_at("prior_context", t))
         z = self.sample_latent(state, "z", t, normal, (loc, scale), mask)
-        self.observe(state, t, x, mask, cat_broadcast([z, state.shared["d"][:, t]]))
+        self.observe(state, t, x, mask, cat_broadcast([z, state.shared_at("d", t)]))
         state["z"] = z
 
     # inference network: eq. 5.5, 5.7, 5.10, 5.12
@@ -132,9 +132,9 @@ class SRNN(SequenceModel):
 
     def guide_step(self, state, t, x, mask):
         z_prev = state["guide_z"]
-        loc, scale = self.posterior(z_prev, state.shared["posterior_context"][:, t])
+        loc, scale = self.posterior(z_prev, state.shared_at("posterior_context", t))
         if self.residual:  # Res_q, eq. 5.12: residual to the prior mean at the guide's z_{t-1}
-            prior_loc, _ = self.prior(z_prev, state.shared["prior_context"][:, t])
+            prior_loc, _ = self.prior(z_prev, state.shared_at("prior_context", t))
             loc = loc + prior_loc
         z = pyro.sample(f"z_{t + 1}", dist.Normal(loc, scale).to_event(1).mask(mask[:, t]))
         state["guide_z"] = z

@@ -23,6 +23,22 @@ class SequenceState(dict):
         self.shared = {}
         #: emission features collected by a full-sequence model run (None: observe at once)
         self.deferred_features = None
+        self._steps = {}
+
+    def shared_at(self, key, t):
+        """``shared[key]`` at step ``t`` (time at dim -2): ``(..., F)``, or ``(..., T, F)`` for a slice.
+
+        Per-step reads go through one cached :func:`torch.unbind`: indexing ``value[:, t]`` at
+        every step would make each step's backward allocate and fill a gradient the size of the
+        whole sequence (quadratic in ``T``); the gradient of ``unbind`` is one ``stack``.
+        """
+        value = self.shared[key]
+        if isinstance(t, slice):
+            return value[..., t, :]
+        steps = self._steps.get(key)
+        if steps is None or steps[0] is not value:
+            steps = self._steps[key] = (value, value.unbind(-2))
+        return steps[1][t]
 
     def resample(self, ancestors):
         """Replace every per-particle tensor by its ancestors' values, in place.
