@@ -2,7 +2,6 @@
 
 import torch
 import torch.nn as nn
-from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 
 def reverse_padded(x, lengths):
@@ -48,16 +47,19 @@ class ForwardRNN(nn.Module):
             self.register_buffer("h0", torch.zeros(hidden_dim))
 
     def forward(self, inputs, lengths=None):
-        """Run over ``inputs (batch, T, input_dim)``; with ``lengths (batch,)`` the padded steps
-        after each sequence's end are skipped (packed sequences) and their outputs are zero."""
+        """Run over ``inputs (batch, T, input_dim)``; with ``lengths (batch,)`` the outputs after
+        each sequence's end are set to zero.
+
+        The padded steps are computed and then discarded: on CPU, torch's padded RNN kernels
+        with their single backward pass are about twice as fast as packed sequences here
+        (measured: ReLU RNN 600, batch 20, T 128).
+        """
         h0 = self.h0.expand(1, inputs.shape[0], -1).contiguous()
         init = (h0, torch.zeros_like(h0)) if self.cell == "lstm" else h0
-        if lengths is None or bool((lengths == inputs.shape[1]).all()):
-            out, _ = self.rnn(inputs, init)
-            return out
-        packed = pack_padded_sequence(inputs, lengths.cpu(), batch_first=True, enforce_sorted=False)
-        out, _ = self.rnn(packed, init)
-        return pad_packed_sequence(out, batch_first=True, total_length=inputs.shape[1])[0]
+        out, _ = self.rnn(inputs, init)
+        if lengths is not None:
+            out = out * (torch.arange(inputs.shape[1], device=out.device) < lengths.unsqueeze(-1)).unsqueeze(-1)
+        return out
 
 
 class BackwardRNN(ForwardRNN):
