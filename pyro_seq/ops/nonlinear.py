@@ -506,6 +506,16 @@ def _weighted_mean(wm, a):
     return (wm.reshape((-1,) + (1,) * (a.dim() - 1)) * a).sum(0)
 
 
+def _unscented_transform(fn, m, P, t, wm, wc, scale):
+    """Moments of ``fn(z, t)`` for ``z ~ N(m, P)`` by sigma points: ``(mean, Cov(y), Cov(z, y))``."""
+    chi = sigma_points(m, P, scale)
+    Y = fn(chi, t)
+    chi = chi.expand(Y.shape[:-1] + chi.shape[-1:])
+    mean = _weighted_mean(wm, Y)
+    dY = Y - mean
+    return mean, _weighted_cov(wc, dY, dY), _weighted_cov(wc, chi - chi[0], dY)
+
+
 def unscented_kalman_filter(
     x,
     transition_fn,
@@ -539,20 +549,11 @@ def unscented_kalman_filter(
     wm, wc, scale = unscented_weights(S, alpha, beta, kappa, dtype=initial_loc.dtype, device=initial_loc.device)
 
     def predict(m, P, t):
-        chi = sigma_points(m, P, scale)
-        Y = transition_fn(chi, t)
-        chi = chi.expand(Y.shape[:-1] + chi.shape[-1:])
-        m_pred = _weighted_mean(wm, Y)
-        dY = Y - m_pred
-        return m_pred, _weighted_cov(wc, dY, dY), _weighted_cov(wc, chi - chi[0], dY)
+        return _unscented_transform(transition_fn, m, P, t, wm, wc, scale)
 
     def update(m_pred, P_pred, t):
-        chi = sigma_points(m_pred, P_pred, scale)
-        Y = observation_fn(chi, t)
-        chi = chi.expand(Y.shape[:-1] + chi.shape[-1:])
-        obs_mean = _weighted_mean(wm, Y)
-        dY = Y - obs_mean
-        return obs_mean, _weighted_cov(wc, chi - chi[0], dY), _weighted_cov(wc, dY, dY)
+        obs_mean, obs_cov, cross = _unscented_transform(observation_fn, m_pred, P_pred, t, wm, wc, scale)
+        return obs_mean, cross, obs_cov
 
     return _run_gaussian_filter(predict, update, x, mask, initial_loc, initial_cov, transition_cov, observation_cov)
 
