@@ -17,7 +17,7 @@ from pyro_seq.train import TrainConfig
 
 MODEL = dict(d_dim=300, z_dim=100, hidden_dim=500, inference="smoothing", residual=True)
 CONFIG = TrainConfig(epochs=2000, batch_size=16, lr=1e-3, clip_norm=10.0, kl_start=0.2,
-                     kl_anneal_steps=5000, patience=100, valid_batch_size=80, seed=0)
+                     kl_anneal_steps=1000, patience=100, valid_batch_size=80, seed=0)
 
 if __name__ == "__main__":
     run("jsb_srnn", "jsb_chorales_2x.pickle", lambda: SRNN(88, **MODEL), MODEL, CONFIG,
