@@ -2,6 +2,7 @@
 
 from pyro_seq.models.base import SequenceModel, StepProgram, check_sequences
 from pyro_seq.models.dmm import DMM
+from pyro_seq.models.linear_gaussian import LinearGaussianSequenceModel
 from pyro_seq.models.srnn import SRNN
 
-__all__ = ["DMM", "SRNN", "SequenceModel", "StepProgram", "check_sequences"]
+__all__ = ["DMM", "LinearGaussianSequenceModel", "SRNN", "SequenceModel", "StepProgram", "check_sequences"]

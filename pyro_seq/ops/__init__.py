@@ -1,10 +1,14 @@
-"""Pure tensor math with no Pyro state: Kalman recursions, resampling, log-mean-exp, state."""
+"""Pure tensor math with no Pyro state.
 
-from pyro_seq.ops.state import SequenceState, gather_particles
+* :mod:`~pyro_seq.ops.state`: the resamplable state of the step protocol.
+* :mod:`~pyro_seq.ops.kalman` (+ :mod:`~pyro_seq.ops.kalman_parallel`): exact Kalman filter,
+  RTS smoother and posterior sampling, sequential and parallel-in-time.
+* :mod:`~pyro_seq.ops.nonlinear`: extended and unscented Kalman filters and smoothers.
+* :mod:`~pyro_seq.ops.particle_filter`: the bootstrap particle filter (thesis eq. 3.20).
+* :mod:`~pyro_seq.ops.resampling`: log-mean-exp, effective sample size, resampling schemes.
+"""
 
-__all__ = ["SequenceState", "gather_particles"]
-
-from pyro_seq.ops.kalman import (  # noqa: E402
+from pyro_seq.ops.kalman import (
     PARALLEL_THRESHOLD,
     KalmanFilterResult,
     KalmanSampleResult,
@@ -16,16 +20,43 @@ from pyro_seq.ops.kalman import (  # noqa: E402
     lgssm_sample,
     psd_sqrt,
 )
+from pyro_seq.ops.nonlinear import (
+    GaussianFilterResult,
+    GaussianSmootherResult,
+    extended_kalman_filter,
+    extended_kalman_smoother,
+    gaussian_rts_smoother,
+    unscented_kalman_filter,
+    unscented_kalman_smoother,
+)
+from pyro_seq.ops.particle_filter import ParticleFilterResult, bootstrap_particle_filter
+from pyro_seq.ops.resampling import effective_sample_size, log_mean_exp, normalize_log_weights, resample
+from pyro_seq.ops.state import SequenceState, gather_particles
 
-__all__ += [
+__all__ = [
     "PARALLEL_THRESHOLD",
+    "GaussianFilterResult",
+    "GaussianSmootherResult",
     "KalmanFilterResult",
     "KalmanSampleResult",
     "KalmanSmootherResult",
     "LGSSMSample",
+    "ParticleFilterResult",
+    "SequenceState",
+    "bootstrap_particle_filter",
+    "effective_sample_size",
+    "extended_kalman_filter",
+    "extended_kalman_smoother",
+    "gather_particles",
+    "gaussian_rts_smoother",
     "kalman_filter",
     "kalman_sample",
     "kalman_smoother",
     "lgssm_sample",
+    "log_mean_exp",
+    "normalize_log_weights",
     "psd_sqrt",
+    "resample",
+    "unscented_kalman_filter",
+    "unscented_kalman_smoother",
 ]
