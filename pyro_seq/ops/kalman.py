@@ -105,6 +105,10 @@ __all__ = [
 #: ``method="auto"`` uses the parallel scan for sequences at least this long.
 PARALLEL_THRESHOLD = 32
 
+#: On CPU ``method="auto"`` stays sequential from this state dimension on: the scan's
+#: O(S^3) combines cost several times the sequential flops, which dominate at large S.
+PARALLEL_MAX_STATE_CPU = 16
+
 _LOG_2PI = math.log(2 * math.pi)
 
 
@@ -502,25 +506,25 @@ def _mean_coefficients(mdl: _Model, K: Tensor):
 
     With predicted mean mu_{t|t-1} = A_t mu_{t-1} + b_t and update
     mu_t = mu_{t|t-1} + K_t (x_t - C_t mu_{t|t-1}):
-    F_t = (I - K_t C_t) A_t, g_t = (I - K_t C_t) b_t + K_t x_t, and for t = 1
-    F_1 = 0, g_1 = (I - K_1 C_1) mu_{1|0} + K_1 x_1.  K: (pb, T, S, D).
-    Returns F (pb, T, S, S) and g (b, T, S).
+    F_t = A_t - K_t (C_t A_t), g_t = b_t - K_t C_t b_t + K_t x_t, and for t = 1
+    g_1 = mu_{1|0} - K_1 C_1 mu_{1|0} + K_1 x_1 (F_1 is not used). K: (pb, T, S, D).
+    Returns F (pb, T|1, S, S) and g (b, T, S). With C_t A_t constant, K_t (C A) for all t
+    is one ``(T*S, D) x (D, S)`` GEMM.
     """
-    T, S = mdl.T, mdl.S
-    eye = torch.eye(S, dtype=K.dtype, device=K.device)
-    IKC = eye - K @ mdl.C  # (pb, T, S, S)
-    F = IKC @ mdl.A
-    if F.shape[-3] == 1 and T > 1:
-        F = F.expand(F.shape[:-3] + (T, S, S))
-    F = torch.cat([torch.zeros_like(F[..., :1, :, :]), F[..., 1:, :, :]], dim=-3)
+    T, D, S = mdl.T, mdl.D, mdl.S
+    CA = mdl.C @ mdl.A
+    if CA.shape[:-2].numel() == 1:
+        CA = CA.reshape(D, S)
+    F = mdl.A - K @ CA  # (pb, T, S, S)
     g = _mv(K, mdl.x)  # (b, T, S)
-    IKC0 = _at(IKC, 0, 2)
-    g0 = g[..., :1, :] + _mv(IKC0, mdl.init_loc).unsqueeze(-2)
+    C0, K0 = _at(mdl.C, 0, 2), _at(K, 0, 2)
+    g0 = g[..., :1, :] + (mdl.init_loc - _mv(K0, _mv(C0, mdl.init_loc))).unsqueeze(-2)
     if T == 1:
         return F, g0
     g_rest = g[..., 1:, :]
     if mdl.b is not None:
-        g_rest = g_rest + _mv(_slice_time(IKC, 1, None, 2), _slice_time(mdl.b, 1, None, 1))
+        b = _slice_time(mdl.b, 1, None, 1)
+        g_rest = g_rest + (b - _mv(_slice_time(K, 1, None, 2), _mv(_slice_time(mdl.C, 1, None, 2), b)))
     return F, _cat_time(g0, g_rest, 1, T)
 
 
@@ -569,27 +573,107 @@ def _log_likelihoods(mdl: _Model, pred_means: Tensor, L: Tensor) -> Tensor:
     return -0.5 * v.pow(2).sum(-1) - half_logdet - 0.5 * _LOG_2PI * n
 
 
+def _flat_time_entries(p: Tensor, batch: torch.Size, T: int, event_ndim: int):
+    """The T entries of p ``(b..., T|1, *event)`` along time, each expanded to ``batch`` and
+    flattened to ``(n, *event)``, or to ``event`` alone when ``batch`` has one element
+    (so that per-step products are plain ``mm`` / ``addmm`` calls without broadcasting)."""
+    dim = p.dim() - event_ndim - 1
+    p = p.expand(batch + p.shape[dim:])
+    n = batch.numel()
+    p = p.reshape(((n,) if n != 1 else ()) + p.shape[dim:])
+    tdim = p.dim() - event_ndim - 1
+    if p.shape[tdim] == 1:
+        return [p.select(tdim, 0)] * T
+    return list(p.unbind(tdim))
+
+
+def _addmm(bias: Tensor, X: Tensor, Y: Tensor, beta: float = 1.0, alpha: float = 1.0) -> Tensor:
+    """``beta * bias + alpha * X @ Y`` in one fused kernel where the shapes allow it."""
+    if X.dim() == 2 and Y.dim() == 2 and bias.dim() <= 2:
+        return torch.addmm(bias, X, Y, beta=beta, alpha=alpha)
+    if X.dim() == 3 and Y.dim() == 3 and bias.dim() == 3 and bias.shape[0] == X.shape[0] == Y.shape[0]:
+        return torch.baddbmm(bias, X, Y, beta=beta, alpha=alpha)
+    XY = X @ Y
+    return (bias if beta == 1.0 else beta * bias) + (XY if alpha == 1.0 else alpha * XY)
+
+
+def _half_sym_addmm(bias: Tensor, X: Tensor, Y: Tensor, alpha: float = 1.0) -> Tensor:
+    """The symmetric part of ``bias + alpha * X @ Y``, exactly symmetric, in two kernels:
+    H = bias / 2 + alpha X Y / 2, then H + H^T (halving is exact in binary floating point,
+    so this equals ``_sym(bias + alpha * X @ Y)`` up to the rounding of the product)."""
+    H = _addmm(bias, X, Y, beta=0.5, alpha=0.5 * alpha)
+    return H + H.mT
+
+
+def _stack_time(xs, dim: int = -3) -> Tensor:
+    shape = _broadcast_shapes(*[x.shape for x in xs])
+    return torch.stack([x.expand(shape) for x in xs], dim=dim)
+
+
 def _covariance_pass_sequential(mdl: _Model):
-    """Riccati recursion of thesis Sec. 3.4.1 (prediction + measurement step), looped over t."""
-    T = mdl.T
-    Ls, Ks, covs, pcovs = [], [], [], []
-    P = mdl.init_cov
+    """Riccati recursion of thesis Sec. 3.4.1 (prediction + measurement step), looped over t.
+
+    Per step, with L L^T = C P C^T + R (Cholesky) and W = L^{-1} C P (triangular solve):
+    Sigma = P - W^T W, the Schur-complement form of the measurement update (equal to the
+    Joseph form (I-KC) P (I-KC)^T + K R K^T for the optimal gain, at a third of its cost),
+    then Sigma_{t+1|t} = A Sigma A^T + Q; both are symmetrised exactly. The loop runs on
+    the covariance batch flattened to one dimension (plain 2-D products when the
+    parameters are shared), the gains K_t = W_t^T L_t^{-1} are formed for all t at once
+    after the loop, and Cholesky failures are checked once at the end.
+
+    :returns: ``(predicted_covs, covs, L, K, ASig)``, the last ``(cb, T-1, S, S)`` with
+        entry t = A_{t+1} Sigma_t (reused by the smoother), or None for T = 1.
+    """
+    T, S, D = mdl.T, mdl.S, mdl.D
+    cb = _broadcast_shapes(mdl.init_cov.shape[:-2], mdl.A.shape[:-3], mdl.Q.shape[:-3],
+                           mdl.C.shape[:-3], mdl.R.shape[:-3])
+    As, Qs = _flat_time_entries(mdl.A, cb, T, 2), _flat_time_entries(mdl.Q, cb, T, 2)
+    Cs, Rs = _flat_time_entries(mdl.C, cb, T, 2), _flat_time_entries(mdl.R, cb, T, 2)
+    ATs = [a.mT for a in As] if mdl.A.shape[-3] > 1 else [As[0].mT] * T
+    CTs = [c.mT for c in Cs] if mdl.C.shape[-3] > 1 else [Cs[0].mT] * T
+    n = cb.numel()
+    P = mdl.init_cov.expand(cb + (S, S)).reshape(((n,) if n != 1 else ()) + (S, S))
+    Ls, Ws, covs, pcovs, infos, ASigs = [], [], [], [], [], []
     Sigma = None
+    solve = torch.linalg.solve_triangular
+    cholesky_ex = torch.linalg.cholesky_ex
     for t in range(T):
         if t > 0:
-            At = _at(mdl.A, t, 2)
-            P = _sym(At @ Sigma @ At.mT + _at(mdl.Q, t, 2))
-        L, K, Sigma = _measurement_update(P, _at(mdl.C, t, 2), _at(mdl.R, t, 2))
+            ASig = As[t] @ Sigma
+            ASigs.append(ASig)
+            P = _half_sym_addmm(Qs[t], ASig, ATs[t])
+        CP = Cs[t] @ P
+        L, info = cholesky_ex(_addmm(Rs[t], CP, CTs[t]))
+        W = solve(L, CP, upper=False)
+        Sigma = _half_sym_addmm(P, W.mT, W, alpha=-1.0)
         Ls.append(L)
-        Ks.append(K)
+        Ws.append(W)
+        infos.append(info)
         covs.append(Sigma)
         pcovs.append(P)
+    if bool((torch.stack(infos) != 0).any()):
+        raise ValueError(
+            "innovation covariance C P C^T + R is not positive definite (Cholesky failed); "
+            "check the covariances for NaN/inf, negative eigenvalues or a condition number "
+            "beyond the dtype's range"
+        )
+    tdim = 1 if n != 1 else 0
 
     def stack(xs):
-        shape = _broadcast_shapes(*[x.shape for x in xs])
-        return torch.stack([x.expand(shape) for x in xs], dim=-3)
+        out = torch.stack(xs, tdim)
+        return out.reshape(cb + out.shape[tdim:])
 
-    return stack(pcovs), stack(covs), stack(Ls), stack(Ks)
+    L, W = stack(Ls), stack(Ws)
+    K = _tri_solve_lower_T(L, W).mT
+    return stack(pcovs), stack(covs), L, K, (stack(ASigs) if T > 1 else None)
+
+
+def _tri_solve_lower_T(L: Tensor, V: Tensor) -> Tensor:
+    """``L^{-T} V`` for lower-triangular L."""
+    if V.shape[:-2] != L.shape[:-2]:
+        shape = _broadcast_shapes(L.shape[:-2], V.shape[:-2])
+        L, V = L.expand(shape + L.shape[-2:]), V.expand(shape + V.shape[-2:])
+    return torch.linalg.solve_triangular(L.mT, V, upper=True)
 
 
 def _mean_pass_sequential(F: Tensor, g: Tensor) -> Tensor:
@@ -598,17 +682,22 @@ def _mean_pass_sequential(F: Tensor, g: Tensor) -> Tensor:
     T = g.shape[-2]
     F = F.expand(F.shape[:-3] + (T,) + F.shape[-2:])
     Fp, G, unfold = _fold_columns(F, g)
-    m = G[..., 0, :, :]
+    Fs, Gs = Fp.unbind(-3), G.unbind(-3)
+    m = Gs[0]
     out = [m]
     for t in range(1, T):
-        m = Fp[..., t, :, :] @ m + G[..., t, :, :]
+        m = _addmm(Gs[t], Fs[t], m)
         out.append(m)
     return unfold(torch.stack(out, dim=-3))
 
 
-def _resolve_method(method: str, T: int) -> str:
+def _resolve_method(method: str, mdl: _Model) -> str:
     if method == "auto":
-        return "parallel" if T >= PARALLEL_THRESHOLD else "sequential"
+        if mdl.T < PARALLEL_THRESHOLD:
+            return "sequential"
+        if mdl.x.device.type == "cpu" and mdl.S >= PARALLEL_MAX_STATE_CPU:
+            return "sequential"
+        return "parallel"
     if method not in ("sequential", "parallel"):
         raise ValueError(f"method must be 'auto', 'sequential' or 'parallel'; got {method!r}")
     return method
@@ -619,20 +708,22 @@ def _expand(t: Tensor, batch: torch.Size, event_ndim: int) -> Tensor:
 
 
 def _filter(mdl: _Model, method: str):
-    """Run the filter on a prepared model. Returns (KalmanFilterResult, L, K) unexpanded."""
-    if _resolve_method(method, mdl.T) == "parallel":
+    """Run the filter on a prepared model. Returns ``(KalmanFilterResult, ASig)`` unexpanded,
+    ``ASig`` the products A_{t+1} Sigma_t of the sequential pass (None otherwise)."""
+    ASig = None
+    if _resolve_method(method, mdl) == "parallel":
         from pyro_seq.ops.kalman_parallel import covariance_scan, affine_scan
 
         pcovs, covs, L, K = covariance_scan(mdl)
         F, g = _mean_coefficients(mdl, K)
         means = affine_scan(F, g)
     else:
-        pcovs, covs, L, K = _covariance_pass_sequential(mdl)
+        pcovs, covs, L, K, ASig = _covariance_pass_sequential(mdl)
         F, g = _mean_coefficients(mdl, K)
         means = _mean_pass_sequential(F, g)
     pmeans = _predicted_means(mdl, means)
     ll = _log_likelihoods(mdl, pmeans, L)
-    return KalmanFilterResult(means, covs, pmeans, pcovs, ll), L, K
+    return KalmanFilterResult(means, covs, pmeans, pcovs, ll), ASig
 
 
 def _expand_filter(res: KalmanFilterResult, batch: torch.Size) -> KalmanFilterResult:
@@ -665,32 +756,79 @@ def _backward_coefficients(mdl: _Model, f: KalmanFilterResult):
     return J, h, Pc
 
 
-def _smooth_sequential(J, h, Pc, mT, PT):
-    """Backward RTS loop: mu_{t|T} = J_t mu_{t+1|T} + h_t, Sigma_{t|T} = J_t Sigma_{t+1|T} J_t^T + Pc_t."""
-    means = _smooth_sequential_means(J, h, mT)
-    covs = [PT]
-    P = PT
-    for t in range(J.shape[-3] - 1, -1, -1):
-        Jt = J[..., t, :, :]
-        P = _sym(Jt @ P @ Jt.mT + Pc[..., t, :, :])
-        covs.append(P)
-    shape = _broadcast_shapes(*[c.shape for c in covs])
-    return means, torch.stack([c.expand(shape) for c in covs[::-1]], -3)
+def _smoother_coefficients(mdl: _Model, f: KalmanFilterResult, ASig: Optional[Tensor],
+                           backward_covs: bool):
+    """RTS gains for smoothing (cheaper variants of :func:`_backward_coefficients`).
+
+    With L_t L_t^T = Sigma_{t+1|t} (Cholesky) and A_{t+1} Sigma_t (``ASig``, reused from
+    the sequential filter when given): J_t = Sigma_t A_{t+1}^T Sigma_{t+1|t}^{-1} by one
+    ``cholesky_solve``, h_t = mu_t - J_t mu_{t+1|t}. With ``backward_covs`` (for the
+    parallel scan) also Pc_t = Sigma_t - J_t Sigma_{t+1|t} J_t^T in the exactly symmetric
+    Schur-complement form Sigma_t - G_t^T G_t, G_t = L_t^{-1} A_{t+1} Sigma_t, and
+    J_t = G_t^T L_t^{-1}; otherwise Pc is None. (FFBS keeps the Joseph form, whose
+    PSD-by-construction Pc_t is factored for sampling.)
+    """
+    A = _slice_time(mdl.A, 1, None, 2)
+    Sig = f.covs[..., :-1, :, :]
+    Lp = _cholesky(f.predicted_covs[..., 1:, :, :], "predicted covariance Sigma_{t+1|t}")
+    if ASig is None:
+        if A.shape[:-2].numel() == 1:
+            # Sigma_t is exactly symmetric: A Sigma_t = (Sigma_t A^T)^T, one (T*S, S) x (S, S) GEMM
+            ASig = (Sig @ A.reshape(A.shape[-2:]).mT).mT
+        else:
+            ASig = A @ Sig
+    if backward_covs:
+        G = _tri_solve_lower(Lp, ASig)
+        J = _tri_solve_lower_T(Lp, G).mT
+        Pc = _sym(_addmm(Sig, G.mT, G, alpha=-1.0))
+    else:
+        if ASig.shape[:-2] != Lp.shape[:-2]:
+            shape = _broadcast_shapes(ASig.shape[:-2], Lp.shape[:-2])
+            ASig, Lp = ASig.expand(shape + ASig.shape[-2:]), Lp.expand(shape + Lp.shape[-2:])
+        J = torch.cholesky_solve(ASig, Lp).mT
+        Pc = None
+    h = f.means[..., :-1, :] - _mv(J, f.predicted_means[..., 1:, :])
+    return J, h, Pc
 
 
-def _smooth(mdl: _Model, f: KalmanFilterResult, method: str):
+def _smooth_sequential_covs(J: Tensor, covs: Tensor, pcovs: Tensor) -> Tensor:
+    """Backward RTS loop on covariances, Sigma_{t|T} = Sigma_t + J_t (Sigma_{t+1|T} -
+    Sigma_{t+1|t}) J_t^T from Sigma_{T|T} = Sigma_T (symmetrised exactly), run on the
+    covariance batch flattened to one dimension. J (pb, T-1, S, S), covs and pcovs
+    (pb, T, S, S) -> (pb, T, S, S)."""
+    T1 = J.shape[-3]
+    T = T1 + 1
+    cb = _broadcast_shapes(J.shape[:-3], covs.shape[:-3], pcovs.shape[:-3])
+    Js = _flat_time_entries(J, cb, T1, 2)
+    Sigs = _flat_time_entries(covs, cb, T, 2)
+    Ps = _flat_time_entries(pcovs, cb, T, 2)
+    n = cb.numel()
+    P = Sigs[T - 1]
+    out = [P]
+    for t in range(T1 - 1, -1, -1):
+        Jt = Js[t]
+        P = _half_sym_addmm(Sigs[t], Jt @ (P - Ps[t + 1]), Jt.mT)
+        out.append(P)
+    tdim = 1 if n != 1 else 0
+    res = torch.stack(out[::-1], tdim)
+    return res.reshape(cb + res.shape[tdim:])
+
+
+def _smooth(mdl: _Model, f: KalmanFilterResult, method: str, ASig: Optional[Tensor] = None):
     T = mdl.T
     if T == 1:
         empty = f.covs[..., :0, :, :]
         return f.means, f.covs, empty, empty
-    J, h, Pc = _backward_coefficients(mdl, f)
+    parallel = _resolve_method(method, mdl) == "parallel"
+    J, h, Pc = _smoother_coefficients(mdl, f, ASig, backward_covs=parallel)
     mT, PT = f.means[..., -1, :], f.covs[..., -1, :, :]
-    if _resolve_method(method, T) == "parallel":
+    if parallel:
         from pyro_seq.ops.kalman_parallel import backward_scan
 
         means, covs = backward_scan(J, h, Pc, mT, PT)
     else:
-        means, covs = _smooth_sequential(J, h, Pc, mT, PT)
+        means = _smooth_sequential_means(J, h, mT)
+        covs = _smooth_sequential_covs(J, f.covs, f.predicted_covs)
     cross = covs[..., 1:, :, :] @ J.mT
     return means, covs, cross, J
 
@@ -737,7 +875,7 @@ def kalman_filter(
     """
     mdl = _prepare(observations, initial_loc, initial_cov, transition_matrix, transition_cov,
                    observation_matrix, observation_cov, control_matrix, controls, mask)
-    res, _, _ = _filter(mdl, method)
+    res, _ = _filter(mdl, method)
     return _expand_filter(res, mdl.batch_shape)
 
 
@@ -770,8 +908,8 @@ def kalman_smoother(
     """
     mdl = _prepare(observations, initial_loc, initial_cov, transition_matrix, transition_cov,
                    observation_matrix, observation_cov, control_matrix, controls, mask)
-    f, _, _ = _filter(mdl, method)
-    means, covs, cross, J = _smooth(mdl, f, method)
+    f, ASig = _filter(mdl, method)
+    means, covs, cross, J = _smooth(mdl, f, method, ASig)
     batch = mdl.batch_shape
     return KalmanSmootherResult(
         _expand(means, batch, 2),
@@ -811,7 +949,7 @@ def kalman_sample(
     """
     mdl = _prepare(observations, initial_loc, initial_cov, transition_matrix, transition_cov,
                    observation_matrix, observation_cov, control_matrix, controls, mask)
-    f, _, _ = _filter(mdl, method)
+    f, _ = _filter(mdl, method)
     samples = _sample(mdl, f, sample_shape, noise, method)
     return KalmanSampleResult(samples, _expand_filter(f, mdl.batch_shape))
 
@@ -830,7 +968,7 @@ def _sample(mdl: _Model, f: KalmanFilterResult, sample_shape, noise, method) -> 
         return zT.unsqueeze(-2)
     J, h, Pc = _backward_coefficients(mdl, f)
     g = h + _mv(psd_sqrt(Pc), noise[..., :-1, :])
-    if _resolve_method(method, T) == "parallel":
+    if _resolve_method(method, mdl) == "parallel":
         from pyro_seq.ops.kalman_parallel import backward_scan
 
         z, _ = backward_scan(J, g, None, zT, None)
@@ -848,10 +986,11 @@ def _smooth_sequential_means(J, g, zT):
     batch = _broadcast_shapes(g.shape[:-2], gT.shape[:-2])
     gg = torch.cat([g.expand(batch + g.shape[-2:]), gT.expand(batch + gT.shape[-2:])], -2)
     Ep, G, unfold = _fold_columns(E, gg)
-    z = G[..., T1, :, :]
+    Es, Gs = Ep.unbind(-3), G.unbind(-3)
+    z = Gs[T1]
     out = [z]
     for t in range(T1 - 1, -1, -1):
-        z = Ep[..., t, :, :] @ z + G[..., t, :, :]
+        z = _addmm(Gs[t], Es[t], z)
         out.append(z)
     return unfold(torch.stack(out[::-1], dim=-3))
 
@@ -915,7 +1054,7 @@ def lgssm_sample(
     else:
         g = g0.unsqueeze(-2)
     F = mdl.A.expand(mdl.A.shape[:-3] + (T, S, S))
-    if _resolve_method(method, T) == "parallel":
+    if _resolve_method(method, mdl) == "parallel":
         from pyro_seq.ops.kalman_parallel import affine_scan
 
         z = affine_scan(F, g)
