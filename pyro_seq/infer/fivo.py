@@ -46,13 +46,14 @@ References
 
 import pyro
 import torch
-from pyro import poutine
+from pyro.distributions.util import scale_and_mask
 from pyro.infer.elbo import ELBO
 from pyro.infer.util import is_validation_enabled, torch_item
-from pyro.poutine.util import prune_subsample_sites
+from pyro.poutine.messenger import Messenger
+from pyro.poutine.util import site_is_subsample
 from pyro.util import check_site_shape, warn_if_nan
 
-from pyro_seq.infer.iwae import check_fully_reparameterized, site_log_weights
+from pyro_seq.infer.iwae import _reduce_site
 from pyro_seq.ops.resampling import RESAMPLING_SCHEMES, effective_sample_size, log_mean_exp, resample
 from pyro_seq.ops.state import SequenceState
 
@@ -95,6 +96,55 @@ def _parse_args(args, kwargs):
     return x, mask.bool(), values.get("num_sequences")
 
 
+class _StepSites(Messenger):
+    """Collects the sample sites of one program step (a light stand-in for trace + replay).
+
+    ``run(fn, replay, *args)`` calls ``fn(*args)`` and returns ``(sites, latent)``: the messages
+    of its sample sites in execution order, after every handler inside has processed them
+    (plates, scales, masks), without the subsample sites of plates; and its non-observed
+    messages by name (subsample sites included). With ``replay`` (such a dict from the guide),
+    non-observed sites of ``fn`` take the guide's values, as
+    :class:`~pyro.poutine.replay_messenger.ReplayMessenger` sets them in
+    ``trace(replay(model, guide_trace))``.
+    """
+
+    def __init__(self):
+        super().__init__()
+        self._sites, self._latent, self._replay = [], {}, None
+
+    def run(self, fn, replay, *args):
+        self._sites, self._latent, self._replay = [], {}, replay
+        try:
+            fn(*args)
+            return self._sites, self._latent
+        finally:
+            self._sites, self._latent, self._replay = [], {}, None
+
+    def _pyro_sample(self, msg):
+        if self._replay is None or msg["is_observed"]:
+            return
+        guide_msg = self._replay.get(msg["name"])
+        if guide_msg is not None:
+            msg["value"] = guide_msg["value"]
+            msg["infer"] = guide_msg["infer"]
+            msg["done"] = True
+
+    def _pyro_post_sample(self, msg):
+        if not msg["is_observed"]:
+            self._latent[msg["name"]] = msg
+        if not site_is_subsample(msg):
+            self._sites.append(msg)
+
+
+def _check_reparameterized(guide_sites):
+    for site in guide_sites:
+        if not site["fn"].has_rsample:
+            raise ValueError(
+                f"FIVO needs a fully reparameterized guide, but guide site {site['name']!r} "
+                f"({type(site['fn']).__name__}) has no rsample; use a reparameterizable "
+                "distribution")
+
+
 class FIVO(ELBO):
     r"""Filtering variational objective :math:`\frac{N}{B}\sum_b \log \hat p(x^{(b)})` (module docstring).
 
@@ -105,16 +155,16 @@ class FIVO(ELBO):
         svi = SVI(m.model, m.guide, optim, loss=FIVO(num_particles=4))
         svi.step(x, mask)
 
-    At each step ``t`` the guide step runs first (traced), then the model step replayed against
-    the guide's samples, both inside a particle plate at dim ``-max_plate_nesting - 1``.
-    ``init`` must not sample (per-particle state tensors it writes, ``(batch, ...)``, get a
-    particle dim of size 1 that broadcasts); every step must accept per-particle tensors
-    ``(K, batch, ...)`` in ``state``. After step ``t`` the per-sequence log weights
-    :math:`\log w_{k,b}` (the step's model-site log-probs minus guide-site log-probs, with each
-    site's scale apart from the batch-plate subsampling factor) are accumulated, and where the
-    criterion fires (and the sequence has a step ``t+1``) :math:`\log \hat p_b` gains
-    :math:`\log \frac{1}{K}\sum_k w_{k,b}`, the state is resampled with
-    :meth:`SequenceState.resample` and the weights are reset.
+    At each step ``t`` the guide step runs first, then the model step with the guide's latent
+    values, both inside a particle plate at dim ``-max_plate_nesting - 1``. ``init`` must not
+    sample (per-particle state tensors it writes, ``(batch, ...)``, get a particle dim of size 1
+    that broadcasts); every step must accept per-particle tensors ``(K, batch, ...)`` in
+    ``state``. After step ``t`` the per-sequence log weights :math:`\log w_{k,b}` (the step's
+    model-site log-probs minus guide-site log-probs, with each site's scale apart from the
+    batch-plate subsampling factor) are accumulated, and where the criterion fires (and the
+    sequence has a step ``t+1``) :math:`\log \hat p_b` gains :math:`\log \frac{1}{K}\sum_k
+    w_{k,b}`, the state is resampled with :meth:`SequenceState.resample` and the weights are
+    reset.
 
     :param int num_particles: :math:`K \ge 1`.
     :param str resample: ``"ess"`` (adaptive), ``"always"`` or ``"never"`` (= IWAE).
@@ -151,21 +201,6 @@ class FIVO(ELBO):
         raise NotImplementedError("FIVO traces one time step at a time; see FIVO.log_z")
 
     # ---------------------------------------------------------------- the particle filter
-    def _trace_step(self, fn_guide, fn_model, state, call_args):
-        guide_trace = poutine.trace(fn_guide).get_trace(state, *call_args)
-        model_trace = poutine.trace(poutine.replay(fn_model, trace=guide_trace)).get_trace(
-            state, *call_args)
-        guide_trace = prune_subsample_sites(guide_trace)
-        model_trace = prune_subsample_sites(model_trace)
-        model_trace.compute_log_prob()
-        guide_trace.compute_score_parts()
-        if is_validation_enabled():
-            for tr in (model_trace, guide_trace):
-                for site in tr.nodes.values():
-                    if site["type"] == "sample":
-                        check_site_shape(site, self.max_plate_nesting + 1)
-        return model_trace, guide_trace
-
     def _prepare_state(self, state, batch):
         """Check per-particle shapes and expand size-1 particle axes to ``K`` before a resample."""
         K = self.num_particles
@@ -180,8 +215,54 @@ class FIVO(ELBO):
             if value.shape[0] == 1:
                 state[key] = value.expand((K,) + tuple(value.shape[1:]))
 
+    def _site_log_prob(self, site, layout):
+        """A site's log-density as ``(K, B)``: scaled, masked, other plate dims summed."""
+        rank, keep, divide_scale, K, B = layout
+        lp = site["fn"].log_prob(site["value"], *site["args"], **site["kwargs"])
+        lp = scale_and_mask(lp, site["scale"], site["mask"])
+        if is_validation_enabled():
+            warn_if_nan(lp.sum(), f"log_prob_sum at site {site['name']!r}")
+            check_site_shape(dict(site, log_prob=lp), rank)
+        if rank == 2 and lp.dim() <= 2:  # already (K or 1, B or 1), (B,) or a scalar
+            lp = lp.expand(K, B)
+        else:
+            lp = _reduce_site(lp, rank, keep)  # (K or 1, 1, ..., B or 1)
+            lp = lp.reshape(lp.shape[0], lp.shape[-1]).expand(K, B)
+        return lp if divide_scale == 1.0 else lp / divide_scale
+
+    def _step_log_weight(self, model_sites, guide_sites, layout):
+        """Incremental log weight ``(K, B)`` of one step (None when the step has no site).
+
+        Model-site log-densities minus guide-site log-densities, summed in the order of
+        :func:`~pyro_seq.infer.iwae.site_log_weights` (model sites, then guide sites).
+        """
+        total = None
+        for site in model_sites:
+            lp = self._site_log_prob(site, layout)
+            total = lp if total is None else total + lp
+        for site in guide_sites:
+            lq = self._site_log_prob(site, layout)
+            total = -lq if total is None else total - lq
+        return total
+
+    @staticmethod
+    def _check_latents_proposed(model_sites, latent):
+        for site in model_sites:
+            if not site["is_observed"] and site["name"] not in latent:
+                raise ValueError(
+                    f"latent model site {site['name']!r} has no guide site; importance weights "
+                    "need the guide to propose every latent variable")
+
     def log_z(self, model, guide, *args, check_reparam=False, **kwargs):
         r"""Run the particle filter once; return :math:`\log \hat p(x^{(b)})` per sequence.
+
+        Sites are collected by :class:`_StepSites`, a minimal messenger (no
+        :class:`~pyro.poutine.Trace` objects, no replay trace per step): the guide step runs
+        first and its latent values are then fixed in the model step, as
+        ``trace(replay(model, guide_trace))`` would do. Per-step log weights are kept as
+        ``(T, K, B)`` tensors and combined once at the end: :math:`\log \hat p_b = \sum_r \log
+        \frac{1}{K}\sum_k \exp(\sum_{t \in \text{epoch } r} \log \alpha_{t,k,b})` over the
+        resampling epochs of sequence ``b``; detached running weights drive the resampling.
 
         :param model: step-protocol model (``m.model``, possibly wrapped by a handler such as
             :class:`~pyro_seq.infer.LatentScale`).
@@ -199,71 +280,96 @@ class FIVO(ELBO):
         particle_dim = -self.max_plate_nesting - 1
         rank = self.max_plate_nesting + 1
         keep = {particle_dim, -1}
-        plate = pyro.plate(PARTICLE_PLATE, K, dim=particle_dim)
         state = SequenceState()
+        sites = _StepSites()
+        call_args = (x, mask, num_sequences)
+        decide = K > 1 and self.resample != "never"  # resampling decisions to take
 
-        with plate:
-            model_trace, guide_trace = self._trace_step(guide.init, model.init, state,
-                                                        (x, mask, num_sequences))
-        for tr in (model_trace, guide_trace):
-            sampled = [n for n, s in tr.nodes.items() if s["type"] == "sample"]
+        with pyro.plate(PARTICLE_PLATE, K, dim=particle_dim), sites:
+            guide_sites, latent = sites.run(guide.init, None, state, *call_args)
+            model_sites, _ = sites.run(model.init, latent, state, *call_args)
+            sampled = [s["name"] for s in guide_sites + model_sites]
             if sampled:
                 raise NotImplementedError(
                     f"FIVO: init must not sample (found sites {sampled}); sample z_1 in step 0")
-        for key, value in list(state.items()):
-            if not torch.is_tensor(value) or value.dim() < 1:
-                raise ValueError(f"FIVO: state[{key!r}] after init must be a (batch, ...) tensor")
-            state[key] = value.unsqueeze(0)  # particle dim of size 1, broadcasts
+            for key, value in list(state.items()):
+                if not torch.is_tensor(value) or value.dim() < 1:
+                    raise ValueError(f"FIVO: state[{key!r}] after init must be a (batch, ...) tensor")
+                state[key] = value.unsqueeze(0)  # particle dim of size 1, broadcasts
 
-        log_w = x.new_zeros(K, B)
-        log_z = x.new_zeros(B)
+            layout = None
+            incs, resampled = [], []  # per step: (K, B) log weight or None; (B,) bool or None
+            log_w = x.new_zeros(K, B)  # detached running weights: they only drive decisions
+            identity = torch.arange(K, device=x.device).unsqueeze(-1).expand(K, B)
+            for t in range(T):
+                guide_sites, latent = sites.run(guide.step, None, state, t, *call_args)
+                model_sites, _ = sites.run(model.step, latent, state, t, *call_args)
+                if check_reparam:
+                    _check_reparameterized(guide_sites)
+                self._check_latents_proposed(model_sites, latent)
+                if layout is None:
+                    layout = (rank, keep, self._batch_scale(model_sites + guide_sites), K, B)
+                inc = self._step_log_weight(model_sites, guide_sites, layout)
+                incs.append(inc)
+                resampled.append(None)
+                if not decide or t == T - 1:
+                    continue
+                with torch.no_grad():
+                    if inc is not None:
+                        log_w = log_w + inc
+                    do = mask[:, t + 1]  # never resample after a sequence's last step
+                    if self.resample == "ess":
+                        do = do & (effective_sample_size(log_w, dim=0) < self.ess_threshold * K)
+                if not do.any():
+                    continue
+                self._prepare_state(state, B)
+                ancestors = resample(log_w, scheme=self.resampling, generator=self.generator)
+                state.resample(torch.where(do, ancestors, identity))
+                log_w = log_w.masked_fill(do, 0.0)
+                resampled[t] = do
+        log_z = self._combine(incs, resampled, x, K, B)
         num_resamples = torch.zeros(B, dtype=torch.long, device=x.device)
-        scale = None
-        identity = torch.arange(K, device=x.device).unsqueeze(-1).expand(K, B)
-        for t in range(T):
-            with plate:
-                model_trace, guide_trace = self._trace_step(guide.step, model.step, state,
-                                                            (t, x, mask, num_sequences))
-            if check_reparam:
-                check_fully_reparameterized(guide_trace, "FIVO")
-            if scale is None:
-                scale = self._batch_scale(model_trace, guide_trace)
-            (inc,) = site_log_weights(model_trace, guide_trace, rank, keep, scale, ("weight",))
-            if torch.is_tensor(inc):  # (K or 1, 1, ..., B or 1) -> (K, B)
-                log_w = log_w + inc.reshape(inc.shape[0], inc.shape[-1]).expand(K, B)
-            if K == 1 or t == T - 1 or self.resample == "never":
-                continue
-            with torch.no_grad():
-                do = mask[:, t + 1].clone()  # never resample after a sequence's last step
-                if self.resample == "ess":
-                    ess = effective_sample_size(log_w.detach(), dim=0)
-                    do &= ess < self.ess_threshold * K
-            if not do.any():
-                continue
-            self._prepare_state(state, B)
-            ancestors = resample(log_w.detach(), scheme=self.resampling, generator=self.generator)
-            ancestors = torch.where(do, ancestors, identity)
-            state.resample(ancestors)
-            log_z = log_z + torch.where(do, log_mean_exp(log_w, dim=0), log_z.new_zeros(()))
-            log_w = torch.where(do, log_w.new_zeros(()), log_w)
-            num_resamples += do.long()
-        log_z = log_z + log_mean_exp(log_w, dim=0)
+        for do in resampled:
+            if do is not None:
+                num_resamples += do.long()
         self.last_num_resamples = num_resamples
-        return log_z, (1.0 if scale is None else scale)
+        return log_z, (1.0 if layout is None else layout[2])
 
-    def _batch_scale(self, model_trace, guide_trace):
+    @staticmethod
+    def _combine(incs, resampled, x, K, B):
+        r""":math:`\log \hat p_b = \sum_r \log \frac{1}{K}\sum_k \exp(\sum_{t \in r}
+        \log\alpha_{t,k,b})` from the per-step log weights, in a few batched operations.
+
+        :param list incs: per step, the ``(K, B)`` log weights (None: no site, zero).
+        :param list resampled: per step, ``(B,)`` bool (resampled after the step) or None.
+        """
+        if not incs:  # no time step
+            return x.new_zeros(B)
+        zeros = x.new_zeros(K, B)
+        inc = torch.stack([zeros if v is None else v for v in incs])  # (T, K, B)
+        events = [(t, do) for t, do in enumerate(resampled) if do is not None]
+        if not events:
+            return log_mean_exp(inc.sum(0), dim=0)
+        # epoch[t, b]: number of resampling events of sequence b before step t
+        after = torch.zeros(len(incs), B, dtype=torch.long, device=x.device)
+        for t, do in events:
+            after[t] = do.long()
+        epoch = torch.cumsum(after, 0) - after
+        sums = inc.new_zeros(len(events) + 1, K, B).scatter_add(
+            0, epoch.unsqueeze(1).expand(inc.shape), inc)  # (epochs, K, B)
+        # epochs that a sequence never reaches are all zero: log-mean-exp 0 adds nothing
+        return log_mean_exp(sums, dim=1).sum(0)
+
+    def _batch_scale(self, sites):
         """Subsampling factor ``N / B`` of the batch plate (the plate at dim -1)."""
         frames = set()
-        for tr in (model_trace, guide_trace):
-            for name, site in tr.nodes.items():
-                if site["type"] != "sample":
-                    continue
-                f = [f for f in site["cond_indep_stack"] if f.vectorized and f.dim == -1]
-                if not f:
-                    raise ValueError(
-                        f"FIVO: site {name!r} is not inside the batch plate at dim -1; every "
-                        "site of a step must be local to its sequence")
-                frames.add((f[0].size, f[0].full_size))
+        for site in sites:
+            f = [f for f in site["cond_indep_stack"] if f.vectorized and f.dim == -1]
+            if not f:
+                raise ValueError(
+                    f"FIVO: site {site['name']!r} is not inside the batch plate at dim -1; every "
+                    "site of a step must be local to its sequence")
+            frames.add((f[0].size, f[0].full_size))
         if len(frames) > 1:
             raise ValueError(f"FIVO: inconsistent batch plates across sites: {sorted(frames)}")
         if not frames:
