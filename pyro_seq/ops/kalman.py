@@ -613,13 +613,18 @@ def _stack_time(xs, dim: int = -3) -> Tensor:
 def _covariance_pass_sequential(mdl: _Model):
     """Riccati recursion of thesis Sec. 3.4.1 (prediction + measurement step), looped over t.
 
-    Per step, with L L^T = C P C^T + R (Cholesky) and W = L^{-1} C P (triangular solve):
-    Sigma = P - W^T W, the Schur-complement form of the measurement update (equal to the
+    Per step, with L L^T = C P C^T + R (Cholesky) and W = L^{-1} C P (triangular solve),
+    the measurement update is Sigma = P - W^T W, the Schur-complement form (equal to the
     Joseph form (I-KC) P (I-KC)^T + K R K^T for the optimal gain, at a third of its cost),
-    then Sigma_{t+1|t} = A Sigma A^T + Q; both are symmetrised exactly. The loop runs on
-    the covariance batch flattened to one dimension (plain 2-D products when the
-    parameters are shared), the gains K_t = W_t^T L_t^{-1} are formed for all t at once
-    after the loop, and Cholesky failures are checked once at the end.
+    symmetrised exactly. The prediction and the next step's C P come from one product:
+    [A; C A] Sigma A^T + [Q; C Q] = [Sigma_{t+1|t}; C Sigma_{t+1|t}]. The loop carries
+    halves (H = M / 2, so that the exact symmetrisation M_sym = H + H^T is a single add;
+    halving is exact in binary floating point) and runs 7 kernels per step on the
+    covariance batch flattened to one dimension (plain 2-D products when the parameters
+    are shared). The predicted covariances are symmetrised after the loop in one batched
+    add (inside the loop Sigma's symmetrisation absorbs P's rounding asymmetry), the gains
+    K_t = W_t^T L_t^{-1} are formed for all t at once, and Cholesky failures are checked
+    once at the end.
 
     :returns: ``(predicted_covs, covs, L, K, ASig)``, the last ``(cb, T-1, S, S)`` with
         entry t = A_{t+1} Sigma_t (reused by the smoother), or None for T = 1.
@@ -627,30 +632,45 @@ def _covariance_pass_sequential(mdl: _Model):
     T, S, D = mdl.T, mdl.S, mdl.D
     cb = _broadcast_shapes(mdl.init_cov.shape[:-2], mdl.A.shape[:-3], mdl.Q.shape[:-3],
                            mdl.C.shape[:-3], mdl.R.shape[:-3])
-    As, Qs = _flat_time_entries(mdl.A, cb, T, 2), _flat_time_entries(mdl.Q, cb, T, 2)
-    Cs, Rs = _flat_time_entries(mdl.C, cb, T, 2), _flat_time_entries(mdl.R, cb, T, 2)
-    ATs = [a.mT for a in As] if mdl.A.shape[-3] > 1 else [As[0].mT] * T
-    CTs = [c.mT for c in Cs] if mdl.C.shape[-3] > 1 else [Cs[0].mT] * T
     n = cb.numel()
-    P = mdl.init_cov.expand(cb + (S, S)).reshape(((n,) if n != 1 else ()) + (S, S))
-    Ls, Ws, covs, pcovs, infos, ASigs = [], [], [], [], [], []
-    Sigma = None
+    lead = (n,) if n != 1 else ()
+    C0 = _flat_time_entries(mdl.C, cb, 1, 2)[0]
+    Cs, Rs = _flat_time_entries(mdl.C, cb, T, 2), _flat_time_entries(mdl.R, cb, T, 2)
+    CTs = [c.mT for c in Cs] if mdl.C.shape[-3] > 1 else [Cs[0].mT] * T
+    if T > 1:
+        # blocks [A_t; C_t A_t] and [Q_t; C_t Q_t] for all t (one small product when constant)
+        CA, CQ = mdl.C @ mdl.A, mdl.C @ mdl.Q
+        Ab = mdl.A.expand(CA.shape[:-2] + mdl.A.shape[-2:])
+        Qb = mdl.Q.expand(CQ.shape[:-2] + mdl.Q.shape[-2:])
+        AB = torch.cat([Ab, CA], -2)
+        QB = torch.cat([Qb, CQ], -2)
+        ABs, QBs = _flat_time_entries(AB, cb, T, 2), _flat_time_entries(QB, cb, T, 2)
+        As = _flat_time_entries(mdl.A, cb, T, 2)
+        ATs = [a.mT for a in As] if mdl.A.shape[-3] > 1 else [As[0].mT] * T
+    P0 = mdl.init_cov.expand(cb + (S, S)).reshape(lead + (S, S))
+    Ph = 0.5 * P0
+    CPh = 0.5 * (C0 @ P0)
+    Phs, Ls, Whs, covs, infos, ASigs = [Ph], [], [], [], [], []
     solve = torch.linalg.solve_triangular
     cholesky_ex = torch.linalg.cholesky_ex
+    two_d = n == 1
+    addmm = torch.addmm if two_d else torch.baddbmm
+    mm = torch.mm if two_d else torch.bmm
     for t in range(T):
         if t > 0:
-            ASig = As[t] @ Sigma
-            ASigs.append(ASig)
-            P = _half_sym_addmm(Qs[t], ASig, ATs[t])
-        CP = Cs[t] @ P
-        L, info = cholesky_ex(_addmm(Rs[t], CP, CTs[t]))
-        W = solve(L, CP, upper=False)
-        Sigma = _half_sym_addmm(P, W.mT, W, alpha=-1.0)
+            Y = mm(ABs[t], Sigma)  # [A; C A] Sigma
+            Z = addmm(QBs[t], Y, ATs[t], beta=0.5, alpha=0.5)  # [P; C P] / 2
+            Ph, CPh = Z[..., :S, :], Z[..., S:, :]
+            ASigs.append(Y[..., :S, :])
+            Phs.append(Ph)
+        L, info = cholesky_ex(addmm(Rs[t], CPh, CTs[t], alpha=2.0))
+        Wh = solve(L, CPh, upper=False)  # W / 2
+        H = addmm(Ph, Wh.mT, Wh, alpha=-2.0)  # (P - W^T W) / 2
+        Sigma = H + H.mT
         Ls.append(L)
-        Ws.append(W)
+        Whs.append(Wh)
         infos.append(info)
         covs.append(Sigma)
-        pcovs.append(P)
     if bool((torch.stack(infos) != 0).any()):
         raise ValueError(
             "innovation covariance C P C^T + R is not positive definite (Cholesky failed); "
@@ -663,9 +683,12 @@ def _covariance_pass_sequential(mdl: _Model):
         out = torch.stack(xs, tdim)
         return out.reshape(cb + out.shape[tdim:])
 
-    L, W = stack(Ls), stack(Ws)
-    K = _tri_solve_lower_T(L, W).mT
-    return stack(pcovs), stack(covs), L, K, (stack(ASigs) if T > 1 else None)
+    L, Wh = stack(Ls), stack(Whs)
+    K = _tri_solve_lower_T(L, Wh).mT * 2.0
+    Ph = stack(Phs)
+    pcovs = Ph + Ph.mT
+    pcovs[..., 0, :, :] = mdl.init_cov.expand(cb + (S, S))  # entry 0 is the input itself
+    return pcovs, stack(covs), L, K, (stack(ASigs) if T > 1 else None)
 
 
 def _tri_solve_lower_T(L: Tensor, V: Tensor) -> Tensor:
@@ -756,6 +779,15 @@ def _backward_coefficients(mdl: _Model, f: KalmanFilterResult):
     return J, h, Pc
 
 
+def _a_sigma(mdl: _Model, Sig: Tensor) -> Tensor:
+    """A_{t+1} Sigma_t for Sig = filtered covs[:-1]."""
+    A = _slice_time(mdl.A, 1, None, 2)
+    if A.shape[:-2].numel() == 1:
+        # Sigma_t is exactly symmetric: A Sigma_t = (Sigma_t A^T)^T, one (T*S, S) x (S, S) GEMM
+        return (Sig @ A.reshape(A.shape[-2:]).mT).mT
+    return A @ Sig
+
+
 def _smoother_coefficients(mdl: _Model, f: KalmanFilterResult, ASig: Optional[Tensor],
                            backward_covs: bool):
     """RTS gains for smoothing (cheaper variants of :func:`_backward_coefficients`).
@@ -772,11 +804,7 @@ def _smoother_coefficients(mdl: _Model, f: KalmanFilterResult, ASig: Optional[Te
     Sig = f.covs[..., :-1, :, :]
     Lp = _cholesky(f.predicted_covs[..., 1:, :, :], "predicted covariance Sigma_{t+1|t}")
     if ASig is None:
-        if A.shape[:-2].numel() == 1:
-            # Sigma_t is exactly symmetric: A Sigma_t = (Sigma_t A^T)^T, one (T*S, S) x (S, S) GEMM
-            ASig = (Sig @ A.reshape(A.shape[-2:]).mT).mT
-        else:
-            ASig = A @ Sig
+        ASig = _a_sigma(mdl, Sig)
     if backward_covs:
         G = _tri_solve_lower(Lp, ASig)
         J = _tri_solve_lower_T(Lp, G).mT
@@ -791,27 +819,33 @@ def _smoother_coefficients(mdl: _Model, f: KalmanFilterResult, ASig: Optional[Te
     return J, h, Pc
 
 
-def _smooth_sequential_covs(J: Tensor, covs: Tensor, pcovs: Tensor) -> Tensor:
-    """Backward RTS loop on covariances, Sigma_{t|T} = Sigma_t + J_t (Sigma_{t+1|T} -
-    Sigma_{t+1|t}) J_t^T from Sigma_{T|T} = Sigma_T (symmetrised exactly), run on the
-    covariance batch flattened to one dimension. J (pb, T-1, S, S), covs and pcovs
-    (pb, T, S, S) -> (pb, T, S, S)."""
+def _smooth_sequential_covs(J: Tensor, covs: Tensor, ASig: Tensor) -> Tensor:
+    """Backward RTS loop on covariances, Sigma_{t|T} = Pc_t + J_t Sigma_{t+1|T} J_t^T from
+    Sigma_{T|T} = Sigma_T, with Pc_t = Sigma_t - J_t A_{t+1} Sigma_t (= Sigma_t - J_t
+    Sigma_{t+1|t} J_t^T) formed for all t at once. The loop carries halves and runs two
+    kernels per step on the covariance batch flattened to one dimension; the results are
+    symmetrised exactly in one batched add (H + H^T). J, ASig (pb, T-1, S, S),
+    covs (pb, T, S, S) -> (pb, T, S, S)."""
     T1 = J.shape[-3]
     T = T1 + 1
-    cb = _broadcast_shapes(J.shape[:-3], covs.shape[:-3], pcovs.shape[:-3])
+    Pch = _addmm(covs[..., :-1, :, :], J, ASig, beta=0.5, alpha=-0.5)  # Pc / 2
+    cb = _broadcast_shapes(J.shape[:-3], covs.shape[:-3], Pch.shape[:-3])
     Js = _flat_time_entries(J, cb, T1, 2)
-    Sigs = _flat_time_entries(covs, cb, T, 2)
-    Ps = _flat_time_entries(pcovs, cb, T, 2)
+    Pchs = _flat_time_entries(Pch, cb, T1, 2)
     n = cb.numel()
-    P = Sigs[T - 1]
-    out = [P]
+    two_d = n == 1
+    addmm = torch.addmm if two_d else torch.baddbmm
+    mm = torch.mm if two_d else torch.bmm
+    X = 0.5 * _flat_time_entries(covs[..., -1:, :, :], cb, 1, 2)[0]
+    out = [X]
     for t in range(T1 - 1, -1, -1):
         Jt = Js[t]
-        P = _half_sym_addmm(Sigs[t], Jt @ (P - Ps[t + 1]), Jt.mT)
-        out.append(P)
+        X = addmm(Pchs[t], mm(Jt, X), Jt.mT)
+        out.append(X)
     tdim = 1 if n != 1 else 0
     res = torch.stack(out[::-1], tdim)
-    return res.reshape(cb + res.shape[tdim:])
+    res = res.reshape(cb + res.shape[tdim:])
+    return res + res.mT
 
 
 def _smooth(mdl: _Model, f: KalmanFilterResult, method: str, ASig: Optional[Tensor] = None):
@@ -827,8 +861,10 @@ def _smooth(mdl: _Model, f: KalmanFilterResult, method: str, ASig: Optional[Tens
 
         means, covs = backward_scan(J, h, Pc, mT, PT)
     else:
+        if ASig is None:
+            ASig = _a_sigma(mdl, f.covs[..., :-1, :, :])
         means = _smooth_sequential_means(J, h, mT)
-        covs = _smooth_sequential_covs(J, f.covs, f.predicted_covs)
+        covs = _smooth_sequential_covs(J, f.covs, ASig)
     cross = covs[..., 1:, :, :] @ J.mT
     return means, covs, cross, J
 
@@ -980,12 +1016,10 @@ def _sample(mdl: _Model, f: KalmanFilterResult, sample_shape, noise, method) -> 
 def _smooth_sequential_means(J, g, zT):
     """Backward loop z_t = J_t z_{t+1} + g_t from z_T; J (pb, T-1, S, S), g (b, T-1, S)."""
     T1 = J.shape[-3]
-    zero = torch.zeros_like(J[..., :1, :, :])
-    E = torch.cat([J, zero], -3)
     gT = zT.unsqueeze(-2)
     batch = _broadcast_shapes(g.shape[:-2], gT.shape[:-2])
     gg = torch.cat([g.expand(batch + g.shape[-2:]), gT.expand(batch + gT.shape[-2:])], -2)
-    Ep, G, unfold = _fold_columns(E, gg)
+    Ep, G, unfold = _fold_columns(J, gg)  # J has T-1 entries, gg has T (only batch dims matter)
     Es, Gs = Ep.unbind(-3), G.unbind(-3)
     z = Gs[T1]
     out = [z]
