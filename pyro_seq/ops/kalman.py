@@ -648,6 +648,10 @@ def _covariance_pass_sequential(mdl: _Model):
         As = _flat_time_entries(mdl.A, cb, T, 2)
         ATs = [a.mT for a in As] if mdl.A.shape[-3] > 1 else [As[0].mT] * T
     P0 = mdl.init_cov.expand(cb + (S, S)).reshape(lead + (S, S))
+    needs_grad = torch.is_grad_enabled() and any(
+        t is not None and t.requires_grad for t in (mdl.init_cov, mdl.A, mdl.Q, mdl.C, mdl.R))
+    if n == 1 and T > 1 and not needs_grad:
+        return _covariance_loop_2d_nograd(mdl, P0, C0, Cs, Rs, CTs, ABs, QBs, ATs, cb)
     Ph = 0.5 * P0
     CPh = 0.5 * (C0 @ P0)
     Phs, Ls, Whs, covs, infos, ASigs = [Ph], [], [], [], [], []
@@ -689,6 +693,50 @@ def _covariance_pass_sequential(mdl: _Model):
     pcovs = Ph + Ph.mT
     pcovs[..., 0, :, :] = mdl.init_cov.expand(cb + (S, S))  # entry 0 is the input itself
     return pcovs, stack(covs), L, K, (stack(ASigs) if T > 1 else None)
+
+
+def _covariance_loop_2d_nograd(mdl, P0, C0, Cs, Rs, CTs, ABs, QBs, ATs, cb):
+    """The loop of :func:`_covariance_pass_sequential` for shared parameters without
+    autograd: identical kernels, but each writes straight into its slot of the stacked
+    result (``out=``), which saves the per-step allocations and the final stacking copies."""
+    T, S, D = mdl.T, mdl.S, mdl.D
+    kw = dict(dtype=P0.dtype, device=P0.device)
+    Z = torch.empty((T, S + D, S), **kw)  # [P; C P] / 2
+    Y = torch.empty((T, S + D, S), **kw)  # [A; C A] Sigma_{t-1} (entry 0 unused)
+    Lb = torch.empty((T, D, D), **kw)
+    info = torch.empty((T,), dtype=torch.int32, device=P0.device)
+    Wh = torch.empty((T, D, S), **kw)
+    covs = torch.empty((T, S, S), **kw)
+    torch.mul(P0, 0.5, out=Z[0, :S])
+    torch.mm(C0, P0, out=Z[0, S:])
+    Z[0, S:].mul_(0.5)
+    addmm, mm, add = torch.addmm, torch.mm, torch.add
+    solve, cholesky_ex = torch.linalg.solve_triangular, torch.linalg.cholesky_ex
+    Zs, Ys, Ls, Whs, Cv = Z.unbind(0), Y.unbind(0), Lb.unbind(0), Wh.unbind(0), covs.unbind(0)
+    infos = info.unbind(0)
+    Sigma = None
+    for t in range(T):
+        Zt = Zs[t]
+        if t > 0:
+            mm(ABs[t], Sigma, out=Ys[t])
+            addmm(QBs[t], Ys[t], ATs[t], beta=0.5, alpha=0.5, out=Zt)
+        Ph, CPh = Zt[:S], Zt[S:]
+        cholesky_ex(addmm(Rs[t], CPh, CTs[t], alpha=2.0), out=(Ls[t], infos[t]))
+        solve(Ls[t], CPh, upper=False, out=Whs[t])
+        H = addmm(Ph, Whs[t].mT, Whs[t], alpha=-2.0)
+        Sigma = add(H, H.mT, out=Cv[t])
+    if bool((info != 0).any()):
+        raise ValueError(
+            "innovation covariance C P C^T + R is not positive definite (Cholesky failed); "
+            "check the covariances for NaN/inf, negative eigenvalues or a condition number "
+            "beyond the dtype's range"
+        )
+    K = _tri_solve_lower_T(Lb, Wh).mT * 2.0
+    Ph = Z[:, :S]
+    pcovs = Ph + Ph.mT
+    pcovs[0] = P0
+    r = lambda x: x.reshape(cb + x.shape)  # noqa: E731
+    return r(pcovs), r(covs), r(Lb), r(K), r(Y[1:, :S])
 
 
 def _tri_solve_lower_T(L: Tensor, V: Tensor) -> Tensor:

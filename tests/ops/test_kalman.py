@@ -443,3 +443,29 @@ def test_float32_documented_range(method):
         for a, b in pairs:
             assert torch.isfinite(a).all()
             assert (a.double() - b).abs().max() <= 1e-3 * b.abs().max()
+
+
+@pytest.mark.parametrize("time_varying,controls,masked", [(False, False, False), (True, True, True)])
+def test_sequential_autograd_and_nograd_paths_match_dense(time_varying, controls, masked):
+    # the sequential covariance loop has an out=-buffer variant used for shared parameters
+    # when no gradient is needed; both must equal the dense reference (and each other)
+    T, S, D = 7, 3, 2
+    p = random_model(S, D, T, time_varying=time_varying, controls=controls, seed=31)
+    x = observations(T, D, batch=(2,), seed=32)
+    mask = torch.rand(T, D, generator=torch.Generator().manual_seed(33)) > 0.3 if masked else None
+    with torch.no_grad():
+        fast = kalman_smoother(x, **p, mask=mask, method="sequential")
+    slow = kalman_smoother(x, **{k: v.clone().requires_grad_() for k, v in p.items()}, mask=mask,
+                           method="sequential")
+    for a, b in zip(list(fast[:4]) + list(fast.filtered), list(slow[:4]) + list(slow.filtered)):
+        assert_close(a, b.detach(), atol=1e-12, rtol=1e-10)
+    for s in (fast, slow):
+        assert torch.equal(s.covs, s.covs.mT) and torch.equal(s.filtered.covs, s.filtered.covs.mT)
+    for i in range(2):
+        xi = x[i]
+        dense = dense_of(p, T)
+        idx = observed_index(dense) if mask is None else observed_index(dense, mask)
+        mean, cov = condition_z(dense, xi, idx)
+        assert_close(fast.means[i], mean)
+        for t in range(T):
+            assert_close(fast.covs[i, t], block(cov, S, t, t))
