@@ -53,16 +53,22 @@ num_steps=None, sample_shape=(), noise=None, method="auto") -> LGSSMSample``
 
 ``method``: ``"sequential"`` (loop over time), ``"parallel"`` (associative scan of
 depth O(log T), Sarkka & Garcia-Fernandez 2021, see :mod:`pyro_seq.ops.kalman_parallel`) or
-``"auto"`` (parallel when ``T >= PARALLEL_THRESHOLD``). Both agree to rounding.
+``"auto"`` (parallel when ``T >= PARALLEL_THRESHOLD``, except on CPU with state dimension
+``S >= PARALLEL_MAX_STATE_CPU``, where the scan's extra O(S^3) work outweighs its shorter
+depth and the sequential form is faster). Both agree to rounding.
 
 Numerics
 --------
-* Innovation covariances are factorised by Cholesky; gains come from ``cholesky_solve``;
-  filtered covariances use the Joseph form ``(I-KC) P (I-KC)^T + K R K^T`` (sequential
-  form; the parallel form builds its scan elements in Joseph form and combines them with
-  the Sarkka & Garcia-Fernandez operator) and the RTS backward covariances the analogous
-  form ``(I-JA) Sigma (I-JA)^T + J Q J^T``, so covariances are sums of PSD terms; all are
-  symmetrised. No covariance is ever inverted.
+* Innovation covariances are factorised by Cholesky; no covariance is ever inverted.
+  Sequential form: with L L^T = C P C^T + R and W = L^{-1} C P, the filtered covariance
+  is the Schur complement ``P - W^T W`` (equal to the Joseph form for the optimal gain, at
+  a third of its cost), the RTS gain J comes from ``cholesky_solve`` with the Cholesky
+  factor of Sigma_{t+1|t}, and the smoothed covariances follow
+  ``Sigma_{t|T} = (Sigma_t - J A Sigma_t) + J Sigma_{t+1|T} J^T``. The parallel form builds
+  its scan elements in Joseph form and combines them with the Sarkka & Garcia-Fernandez
+  operator; FFBS uses the Joseph-form backward covariance
+  ``(I-JA) Sigma (I-JA)^T + J Q J^T`` (PSD by construction, as sampling factors it). All
+  returned covariances are exactly symmetric.
 * A matrix that is not positive definite where it must be raises ``ValueError`` naming
   it instead of producing NaN. Tested finite and exact for covariance eigenvalues in
   [1e-6, 1e6] in float64; in float32 keep the condition number of the innovation and
