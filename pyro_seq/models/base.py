@@ -57,6 +57,7 @@ import torch
 import torch.nn as nn
 from pyro.poutine.runtime import _PYRO_STACK
 
+from pyro_seq.distributions.scored_value import ScoredValue
 from pyro_seq.ops.state import SequenceState
 
 
@@ -182,16 +183,27 @@ class StepProgram:
         self.role = role
         self._init = getattr(owner, f"{role}_init")
         self._step = getattr(owner, f"{role}_step")
+        self._plate, self._plate_key = None, None
 
     def __repr__(self):
         return f"{type(self._owner).__name__}.{self.role}"
 
     def plate(self, x, num_sequences=None):
-        """The batch plate; ``num_sequences`` (data-set size) scales a minibatch to the full sum."""
-        batch = x.shape[0]
-        if num_sequences is None:
-            return pyro.plate("sequences", batch, dim=-1)
-        return pyro.plate("sequences", num_sequences, subsample=torch.arange(batch), dim=-1)
+        """The batch plate; ``num_sequences`` (data-set size) scales a minibatch to the full sum.
+
+        The plate object is reused while the batch size and ``num_sequences`` stay the same
+        (particle methods enter it once per step).
+        """
+        key = (x.shape[0], num_sequences, x.device)
+        if self._plate_key != key:
+            batch = x.shape[0]
+            if num_sequences is None:
+                self._plate = pyro.plate("sequences", batch, dim=-1)
+            else:
+                self._plate = pyro.plate("sequences", num_sequences,
+                                         subsample=torch.arange(batch, device=x.device), dim=-1)
+            self._plate_key = key
+        return self._plate
 
     def init(self, state, x, mask=None, num_sequences=None):
         """Register parameters and fill ``state`` for step 0 (inside the batch plate)."""
@@ -275,8 +287,10 @@ class SequenceModel(nn.Module):
             return pyro.sample(f"{name}_{t + 1}", make_dist(*params).mask(mask[:, t]))
         expected = state.replayed[name]
         steps = time_steps(tuple(params))
+        log_probs = make_dist(*params).log_prob(stack_time(expected)).unbind(-1)
         for i in pyro.markov(range(len(expected))):
-            value = pyro.sample(f"{name}_{i + 1}", make_dist(*steps[i]).mask(mask[:, i]))
+            fn = ScoredValue(make_dist(*steps[i]), expected[i], log_probs[i])
+            value = pyro.sample(f"{name}_{i + 1}", fn.mask(mask[:, i]))
             if value is not expected[i]:
                 raise RuntimeError(f"site {name}_{i + 1} did not take its replayed value")
         return stack_time(expected)
@@ -305,8 +319,11 @@ class SequenceModel(nn.Module):
     def _emit_observations(self, params, x, mask):
         """One site ``x_{t+1}`` per step from emission parameters with time at dim -2."""
         steps = time_steps(params)
+        log_probs = self.likelihood(params).log_prob(x).unbind(-1)
+        values = x.unbind(1)
         for t in pyro.markov(range(x.shape[1])):
-            pyro.sample(f"x_{t + 1}", self.likelihood(steps[t]).mask(mask[:, t]), obs=x[:, t])
+            fn = ScoredValue(self.likelihood(steps[t]), values[t], log_probs[t])
+            pyro.sample(f"x_{t + 1}", fn.mask(mask[:, t]), obs=values[t])
 
     def model_init(self, state, x, mask):
         raise NotImplementedError

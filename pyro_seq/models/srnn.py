@@ -106,9 +106,11 @@ class SRNN(SequenceModel):
 
     # generative model: eq. 5.1, 5.3
     def model_init(self, state, x, mask):
-        d = self._deterministic_states(x, mask)
-        state.shared["d"] = d
-        state.shared["prior_context"] = self.prior.project_context(d)
+        d = state.shared.get("d")          # set by guide_init when both share a state (FIVO)
+        if d is None:
+            d = state.shared["d"] = self._deterministic_states(x, mask)
+        if "prior_context" not in state.shared:
+            state.shared["prior_context"] = self.prior.project_context(d)
         state["z"] = x.new_zeros(x.shape[0], self.z_dim)
 
     def model_step(self, state, t, x, mask):
@@ -119,7 +121,7 @@ class SRNN(SequenceModel):
 
     # inference network: eq. 5.5, 5.7, 5.10, 5.12
     def guide_init(self, state, x, mask):
-        d = self._deterministic_states(x, mask)
+        d = state.shared["d"] = self._deterministic_states(x, mask)
         inputs = torch.cat([d, x], dim=-1)
         if self.inference == "smoothing":
             a = self.encoder(inputs, mask)

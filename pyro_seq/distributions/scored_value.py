@@ -1,0 +1,62 @@
+"""A distribution paired with a value whose log-density was computed in a batch.
+
+Used by time-parallel scoring (:mod:`pyro_seq.models.base`): when all latent values of a
+sequence are known, the log-densities of every step are computed by one batched call, and each
+per-step site carries a :class:`ScoredValue` that returns its slice for that very value
+(identity, not equality, is checked) and defers everything else to the per-step distribution.
+"""
+
+from pyro.distributions.torch_distribution import TorchDistribution
+from torch.distributions import kl_divergence, register_kl
+from torch.distributions.distribution import Distribution
+
+
+class ScoredValue(TorchDistribution):
+    """``base`` with ``log_prob(value) = log_prob_value`` precomputed for one ``value`` object.
+
+    :param base: the per-step distribution (sampling, support, shapes, other values).
+    :param torch.Tensor value: the value whose log-density is known.
+    :param torch.Tensor log_prob_value: ``base.log_prob(value)``, shape ``base.batch_shape``
+        (up to broadcasting), computed elsewhere (e.g. as a slice of a batched evaluation).
+    """
+
+    arg_constraints = {}
+
+    def __init__(self, base, value, log_prob_value):
+        self.base, self.value, self.log_prob_value = base, value, log_prob_value
+        super().__init__(base.batch_shape, base.event_shape, validate_args=False)
+
+    @property
+    def support(self):
+        return self.base.support
+
+    @property
+    def has_rsample(self):
+        return self.base.has_rsample
+
+    def sample(self, sample_shape=()):
+        return self.base.sample(sample_shape)
+
+    def rsample(self, sample_shape=()):
+        return self.base.rsample(sample_shape)
+
+    def log_prob(self, value):
+        if value is self.value:
+            return self.log_prob_value
+        return self.base.log_prob(value)
+
+    @property
+    def mean(self):
+        return self.base.mean
+
+    @property
+    def variance(self):
+        return self.base.variance
+
+    def expand(self, batch_shape, _instance=None):
+        return self.base.expand(batch_shape)
+
+
+@register_kl(Distribution, ScoredValue)
+def _kl_scored_value(p, q):
+    return kl_divergence(p, q.base)
