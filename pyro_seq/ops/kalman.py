@@ -946,7 +946,8 @@ def kalman_filter(
     Prediction step: mu_{t|t-1} = A_t mu_{t-1} + B_t u_t,
     Sigma_{t|t-1} = A_t Sigma_{t-1} A_t^T + Q_t. Measurement step:
     K_t = Sigma_{t|t-1} C_t^T (C_t Sigma_{t|t-1} C_t^T + R_t)^{-1},
-    mu_t = mu_{t|t-1} + K_t (x_t - C_t mu_{t|t-1}), Sigma_t in Joseph form.
+    mu_t = mu_{t|t-1} + K_t (x_t - C_t mu_{t|t-1}), Sigma_t = Sigma_{t|t-1} - W^T W
+    (Schur complement, W = L^{-1} C Sigma_{t|t-1}; see the module docstring).
     Missing data per thesis Sec. 3.4.2 (see module docstring).
 
     :param observations: ``(..., T, D)``.
