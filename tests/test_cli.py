@@ -62,3 +62,14 @@ def test_different_model_in_same_folder_is_refused(tiny_pickle, tmp_path):
 def test_evaluate_needs_a_run_folder(tmp_path):
     with pytest.raises(SystemExit, match="not a run folder"):
         main(["evaluate", str(tmp_path)])
+
+
+def test_train_with_fivo_and_evaluate_with_smc(tiny_pickle, tmp_path):
+    out = tmp_path / "run"
+    assert main(["train", "--model", "dmm", "--data", str(tiny_pickle), "--objective", "fivo",
+                 "--particles", "3", "--epochs", "1", "--batch-size", "5", "--out", str(out),
+                 "--quiet", "--z-dim", "2", "--model-option", "rnn_dim=8",
+                 "--model-option", "transition_dim=8", "--model-option", "emission_dim=8"]) == 0
+    assert main(["evaluate", str(out), "--objective", "smc", "--particles", "4"]) == 0
+    result = json.loads((out / "eval_test_smc_4.json").read_text())
+    assert result["method"] == "smc" and result["num_particles"] == 4 and result["per_step"] < 0
