@@ -176,6 +176,23 @@ class LinearGaussianSSM(TorchDistribution):
         event_shape = torch.Size((num_steps if num_steps is not None else 1, D))
         super().__init__(batch_shape, event_shape, validate_args=validate_args)
 
+    @classmethod
+    def from_scale_tril(cls, initial_loc, initial_scale_tril, transition_matrix,
+                        transition_scale_tril, observation_matrix, observation_scale_tril, **kwargs):
+        """Build from lower-triangular square roots ``L`` of the covariances (``cov = L L^T``).
+
+        A convenience for parameterisations that learn Cholesky factors (any real lower
+        triangle gives a valid PSD covariance, so no constraint is needed); the recursions then
+        run on ``L L^T`` as with the main constructor. Shapes as for the constructor, with each
+        ``*_scale_tril`` shaped like the covariance it replaces. Other keywords are passed on.
+        """
+        def cov(L):
+            L = L.tril()
+            return L @ L.transpose(-1, -2)
+
+        return cls(initial_loc, cov(initial_scale_tril), transition_matrix, cov(transition_scale_tril),
+                   observation_matrix, cov(observation_scale_tril), **kwargs)
+
     # ----------------------------------------------------------------------------------
     # Pyro / torch distribution protocol
     # ----------------------------------------------------------------------------------

@@ -270,3 +270,19 @@ def test_distribution_smooth_equals_ops():
         s = make(p, num_steps=T, method=method).smooth(x)
         assert_close(s.means, ops.means, atol=1e-10, rtol=1e-10)
         assert_close(s.cross_covs, ops.cross_covs, atol=1e-10, rtol=1e-10)
+
+
+def test_from_scale_tril_equals_covariance_form_and_is_differentiable():
+    torch.manual_seed(3)
+    S, D, T = 3, 2, 6
+    tril = lambda n: (torch.randn(n, n, dtype=torch.float64).tril() + 2 * torch.eye(n, dtype=torch.float64))
+    L0, Lq, Lr = tril(S).requires_grad_(), tril(S), tril(D)
+    A = 0.5 * torch.randn(S, S, dtype=torch.float64)
+    C = torch.randn(D, S, dtype=torch.float64)
+    m0 = torch.randn(S, dtype=torch.float64)
+    x = torch.randn(T, D, dtype=torch.float64)
+    a = LinearGaussianSSM.from_scale_tril(m0, L0, A, Lq, C, Lr, num_steps=T)
+    b = LinearGaussianSSM(m0, L0 @ L0.T, A, Lq @ Lq.T, C, Lr @ Lr.T, num_steps=T)
+    assert torch.allclose(a.log_prob(x), b.log_prob(x), atol=1e-10)
+    a.log_prob(x).backward()
+    assert L0.grad is not None and torch.isfinite(L0.grad).all()
