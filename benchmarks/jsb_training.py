@@ -29,14 +29,22 @@ def run(name, data_name, build_model, model_settings, config, target, reference,
     parser.add_argument("--time-limit", type=float, default=None,
                         help="stop this invocation after this many seconds (resume later)")
     parser.add_argument("--data", default=None, help=f"path of {data_name}")
-    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "checkpoints" / name),
-                        help="checkpoint folder (resumed if it exists)")
+    parser.add_argument("--out", default=None,
+                        help="checkpoint folder, resumed if it exists "
+                             "(default benchmarks/checkpoints/<name>[_<tag>])")
     parser.add_argument("--threads", type=int, default=None, help="torch threads")
     parser.add_argument("--eval-only", action="store_true", help="only evaluate the best weights")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser.add_argument("--lr", type=float, default=config.lr, help="Adam learning rate")
+    parser.add_argument("--lrd", type=float, default=config.lrd, help="learning-rate decay per update")
+    parser.add_argument("--tag", default="", help="suffix of the result name (a variant run)")
     args = parser.parse_args(argv)
     config.epochs, config.time_limit, config.progress = args.epochs, args.time_limit, not args.quiet
-    config.num_threads = args.threads
+    config.num_threads, config.lr, config.lrd = args.threads, args.lr, args.lrd
+    if args.tag:
+        name = f"{name}_{args.tag}"
+    if args.out is None:
+        args.out = str(ROOT / "benchmarks" / "checkpoints" / name)
     data = load_piano_rolls(data_file(data_name, args.data))
     out = Path(args.out)
     torch.manual_seed(config.seed)
