@@ -23,6 +23,8 @@ class SequenceState(dict):
         self.shared = {}
         #: emission features collected by a full-sequence model run (None: observe at once)
         self.deferred_features = None
+        #: latent values fixed by an enclosing replay (time-parallel scoring), name -> T tensors
+        self.replayed = None
         self._steps = {}
 
     def shared_at(self, key, t):
