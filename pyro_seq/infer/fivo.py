@@ -47,13 +47,13 @@ References
 import pyro
 import torch
 from pyro.distributions.util import scale_and_mask
-from pyro.infer.elbo import ELBO
 from pyro.infer.util import is_validation_enabled, torch_item
 from pyro.poutine.messenger import Messenger
 from pyro.poutine.util import site_is_subsample
 from pyro.util import check_site_shape, warn_if_nan
 
 from pyro_seq.infer.iwae import _reduce_site
+from pyro_seq.infer.log_z_bound import LogZBound
 from pyro_seq.ops.resampling import RESAMPLING_SCHEMES, effective_sample_size, log_mean_exp, resample
 from pyro_seq.ops.state import SequenceState
 
@@ -145,7 +145,7 @@ def _check_reparameterized(guide_sites):
                 "distribution")
 
 
-class FIVO(ELBO):
+class FIVO(LogZBound):
     r"""Filtering variational objective :math:`\frac{N}{B}\sum_b \log \hat p(x^{(b)})` (module docstring).
 
     Works with any model/guide pair that follows the step protocol of
@@ -378,18 +378,6 @@ class FIVO(ELBO):
         return 1.0 if full_size is None else full_size / size
 
     # ---------------------------------------------------------------- ELBO interface
-    def loss(self, model, guide, *args, **kwargs):
-        """
-        :returns: an estimate of the negative FIVO bound, :math:`-\\frac{N}{B}\\sum_b \\log
-            \\hat p(x^{(b)})`, for one run of the particle filter
-        :rtype: float
-        """
-        with torch.no_grad():
-            log_z, scale = self.log_z(model, guide, *args, **kwargs)
-            loss = -torch_item(scale * log_z.sum())
-        warn_if_nan(loss, "loss")
-        return loss
-
     def differentiable_loss(self, model, guide, *args, **kwargs):
         """
         :returns: the negative FIVO bound as a differentiable tensor (gradient with the

@@ -58,11 +58,11 @@ import math
 import torch
 from pyro import poutine
 from pyro.distributions.util import is_identically_zero
-from pyro.infer.elbo import ELBO
 from pyro.infer.enum import get_importance_trace
 from pyro.infer.util import is_validation_enabled, torch_item
 from pyro.util import check_if_enumerated, warn_if_nan
 
+from pyro_seq.infer.log_z_bound import LogZBound
 from pyro_seq.ops.resampling import log_mean_exp
 
 __all__ = ["IWAE"]
@@ -203,7 +203,7 @@ def detached_replay_trace(guide_trace):
     return tr
 
 
-class IWAE(ELBO):
+class IWAE(LogZBound):
     r"""Importance weighted bound :math:`\sum_b \mathcal{L}_K(x_b)` (module docstring), per data point.
 
     Used like any Pyro ELBO: ``SVI(model, guide, optim, loss=IWAE(num_particles=8))``.
@@ -340,18 +340,6 @@ class IWAE(ELBO):
         """
         (log_w,), layout, _ = self._log_weights(model, guide, args, kwargs, ("weight",))
         return log_mean_exp(log_w, dim=0), layout["scale"]
-
-    def loss(self, model, guide, *args, **kwargs):
-        """
-        :returns: an estimate of the negative IWAE bound, :math:`-\\frac{N}{B}\\sum_b \\log
-            \\frac{1}{K}\\sum_k w_{k,b}`
-        :rtype: float
-        """
-        with torch.no_grad():
-            log_z, scale = self.log_z(model, guide, *args, **kwargs)
-            loss = -torch_item(scale * log_z.sum())
-        warn_if_nan(loss, "loss")
-        return loss
 
     def differentiable_loss(self, model, guide, *args, **kwargs):
         """
