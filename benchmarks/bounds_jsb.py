@@ -3,15 +3,22 @@
 Maddison et al. (2017, "Filtering variational objectives", Table 1) train the same sequential
 model on the polyphonic-music data sets with the ELBO, IWAE and FIVO bounds at N = 4 particles
 and evaluate every trained model with the same estimator; the bounds are ordered FIVO > IWAE >
-ELBO. This script repeats that comparison with the SRNN (smoothing + Res_q, sizes of the
-thesis' Ch. 5: GRU 300, z 100, MLPs of 500) on the original-resolution JSB Chorales
+ELBO. Their VRNN proposes from the past and the current frame only (a filtering proposal). This
+script repeats the comparison with the SRNN on the original-resolution JSB Chorales
 (``../shared/data/polyphonic/jsb_chorales.pickle``):
 
+* model: ``--size`` ``medium`` (default: GRU 128, z 32, MLPs of 128), ``full`` (the thesis'
+  Ch. 5 sizes: GRU 300, z 100, MLPs of 500) or ``small`` (64/16/64, a smoke test), and
+  ``--inference`` ``filtering`` (default, the proposal family of the FIVO paper) or
+  ``smoothing``; Res_q always;
 * each objective is trained by :func:`pyro_seq.train.fit` with ``TrainConfig(objective=...,
   num_particles=4)`` and otherwise identical settings (no KL annealing by default, so that only
-  the objective differs), into its own checkpoint folder
-  ``benchmarks/checkpoints/bounds_jsb[_small]/<objective>`` (resumable: run the same command
-  again to continue; ``--time-limit`` applies to each objective per invocation);
+  the objective differs; the ELBO averages its 4 samples, drawn in one vectorized pass), into
+  its own checkpoint folder ``benchmarks/checkpoints/<result name>/<objective>``;
+* the objectives take turns, ``--round-epochs`` epochs each, so that at any stopping point
+  they have had the same number of epochs (to within one round); ``--time-limit`` bounds the
+  training time of one invocation (checked after each complete round) and running the same
+  command again resumes every objective from its checkpoint;
 * every trained model is evaluated on the test set with
   ``evaluate_bound(model, test, method="smc", num_particles=64)`` (FIVO's particle filter, ESS
   resampling, systematic scheme), both at the weights with the best validation ELBO and at the
@@ -20,14 +27,13 @@ thesis' Ch. 5: GRU 300, z 100, MLPs of 500) on the original-resolution JSB Chora
   same real minibatches: ``loss_and_grads`` with the same model, median over ``--cost-steps``
   steps of CPU process time and wall time, objectives interleaved; target FIVO <= 1.3x IWAE.
 
-Results go to ``benchmarks/results/bounds_jsb.json`` (``bounds_jsb_small.json`` with
-``--small``, labelled ``"smoke": true``: a quick end-to-end check, not the benchmark).
+Results go to ``benchmarks/results/bounds_jsb.json`` for the default model and to
+``bounds_jsb_<size>_<inference>.json`` otherwise (``"smoke": true`` for ``--size small``).
 
-    python benchmarks/bounds_jsb.py --time-limit 3600          # each objective; run again to resume
-    python benchmarks/bounds_jsb.py --objectives fivo --time-limit 7200
-    python benchmarks/bounds_jsb.py --eval-only                # evaluate what is trained so far
-    python benchmarks/bounds_jsb.py --cost-only                # only the step-cost measurement
-    python benchmarks/bounds_jsb.py --small --epochs 2 --time-limit 30   # quick check
+    python benchmarks/bounds_jsb.py --time-limit 7200 --no-cost     # run again to resume
+    python benchmarks/bounds_jsb.py --eval-only --no-cost           # evaluate what is trained
+    python benchmarks/bounds_jsb.py --size full --inference smoothing --cost-only
+    python benchmarks/bounds_jsb.py --size small --epochs 2 --round-epochs 1   # quick check
 
 Everything runs with one torch thread by default (``--threads``): on a shared machine more
 threads are usually slower.
@@ -55,8 +61,10 @@ from pyro_seq.train import TrainConfig, evaluate_bound, fit, load_checkpoint, ma
 NAME = "bounds_jsb"
 DATA = "jsb_chorales.pickle"
 OBJECTIVES = ("elbo", "iwae", "fivo")
-MODEL = dict(d_dim=300, z_dim=100, hidden_dim=500, inference="smoothing", residual=True)
-SMALL_MODEL = dict(d_dim=64, z_dim=16, hidden_dim=64, inference="smoothing", residual=True)
+SIZES = {"full": dict(d_dim=300, z_dim=100, hidden_dim=500),
+         "medium": dict(d_dim=128, z_dim=32, hidden_dim=128),
+         "small": dict(d_dim=64, z_dim=16, hidden_dim=64)}
+DEFAULT_SIZE, DEFAULT_INFERENCE = "medium", "filtering"
 CONFIG = TrainConfig(epochs=500, batch_size=16, num_particles=4, lr=1e-3, clip_norm=10.0,
                      kl_start=1.0, kl_anneal_steps=0, patience=None, valid_batch_size=80, seed=0)
 REFERENCE = ("Maddison et al. 2017, Filtering variational objectives, Table 1: with N = 4 the "
@@ -71,10 +79,15 @@ def parse_args(argv=None):
     p.add_argument("--epochs", type=int, default=None,
                    help=f"maximum epochs in total per objective (default {CONFIG.epochs})")
     p.add_argument("--time-limit", type=float, default=None,
-                   help="seconds of training per objective in this invocation (resume later)")
+                   help="seconds of training of this invocation, all objectives together, "
+                        "checked after each round (resume later)")
+    p.add_argument("--round-epochs", type=int, default=10,
+                   help="epochs each objective trains in its turn (default 10)")
     p.add_argument("--particles", type=int, default=4, help="K of every training objective")
-    p.add_argument("--small", action="store_true",
-                   help=f"small SRNN {SMALL_MODEL} for quick runs (result labelled smoke)")
+    p.add_argument("--size", choices=sorted(SIZES), default=DEFAULT_SIZE,
+                   help=f"SRNN sizes {SIZES} (default {DEFAULT_SIZE}; small is a smoke test)")
+    p.add_argument("--inference", choices=("filtering", "smoothing"), default=DEFAULT_INFERENCE,
+                   help=f"SRNN inference network (default {DEFAULT_INFERENCE})")
     p.add_argument("--kl-anneal-steps", type=int, default=0,
                    help="KL annealing from 0.2 over this many updates (0: none, the default)")
     p.add_argument("--eval-particles", type=int, default=64, help="K of the FIVO test estimator")
@@ -86,7 +99,7 @@ def parse_args(argv=None):
     p.add_argument("--eval-only", action="store_true", help="no training, evaluate checkpoints")
     p.add_argument("--data", default=None, help=f"path of {DATA}")
     p.add_argument("--out", default=None, help="checkpoint root (default benchmarks/checkpoints/"
-                   "bounds_jsb[_small]); one folder per objective")
+                   "<result name>); one folder per objective")
     p.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     return p.parse_args(argv)
@@ -100,13 +113,39 @@ def build_model(settings, seed):
 def train_config(args, objective):
     return replace(CONFIG, objective=objective, num_particles=args.particles,
                    epochs=args.epochs if args.epochs is not None else CONFIG.epochs,
-                   time_limit=args.time_limit, num_threads=args.threads,
+                   num_threads=args.threads,
                    kl_start=0.2 if args.kl_anneal_steps > 0 else 1.0,
                    kl_anneal_steps=args.kl_anneal_steps, progress=not args.quiet)
 
 
 def _jsonable(config):
     return {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(config).items()}
+
+
+def epochs_done(folder):
+    log = folder / "log.json"
+    return len(json.loads(log.read_text())) if log.exists() else 0
+
+
+def train_in_turns(args, settings, data, out_root):
+    """Train every objective in turn, ``--round-epochs`` at a time, resuming from checkpoints."""
+    started = time.time()
+    while True:
+        configs = {o: train_config(args, o) for o in args.objectives}
+        todo = [o for o in args.objectives if epochs_done(out_root / o) < configs[o].epochs]
+        if not todo:
+            return
+        for objective in todo:
+            folder = out_root / objective
+            config = configs[objective]
+            config.epochs = min(config.epochs, epochs_done(folder) + args.round_epochs)
+            print(f"== {objective} (K={config.num_particles}) to epoch {config.epochs} in "
+                  f"{folder}", flush=True)
+            fit(build_model(settings, config.seed), data["train"], data["valid"], config, folder)
+        if args.time_limit is not None and time.time() - started > args.time_limit:
+            print(f"time limit of {args.time_limit:.0f} s reached; run again to resume",
+                  flush=True)
+            return
 
 
 # ------------------------------------------------------------------ evaluation (cached)
@@ -214,8 +253,9 @@ def step_cost(model_settings, train, args):
 def main(argv=None):
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
-    settings = SMALL_MODEL if args.small else MODEL
-    name = f"{NAME}_small" if args.small else NAME
+    settings = dict(SIZES[args.size], inference=args.inference, residual=True)
+    default = (args.size, args.inference) == (DEFAULT_SIZE, DEFAULT_INFERENCE)
+    name = NAME if default else f"{NAME}_{args.size}_{args.inference}"
     out_root = Path(args.out) if args.out else ROOT / "benchmarks" / "checkpoints" / name
     data = load_piano_rolls(data_file(DATA, args.data))
 
@@ -225,12 +265,7 @@ def main(argv=None):
         previous = json.loads(result_path.read_text())
 
     if not args.cost_only and not args.eval_only:
-        for objective in args.objectives:
-            config = train_config(args, objective)
-            print(f"== training {objective} (K={config.num_particles}) in "
-                  f"{out_root / objective}", flush=True)
-            fit(build_model(settings, config.seed), data["train"], data["valid"], config,
-                out_root / objective)
+        train_in_turns(args, settings, data, out_root)
 
     results = {}
     if not args.cost_only:
@@ -259,9 +294,9 @@ def main(argv=None):
 
     payload = {
         "benchmark": name, "data": DATA, "reference": REFERENCE,
-        "smoke": bool(args.small),
-        "note": ("--small run: a quick end-to-end check of the script, not the benchmark"
-                 if args.small else "full-size SRNN"),
+        "smoke": args.size == "small",
+        "note": ("--size small: a quick end-to-end check of the script, not the benchmark"
+                 if args.size == "small" else f"{args.size} SRNN, {args.inference} inference"),
         "expected_ordering": "fivo > iwae > elbo",
         "ordering_reproduced_best_valid_elbo": ordering(results, "test_fivo_per_step_best_valid_elbo"),
         "ordering_reproduced_last": ordering(results, "test_fivo_per_step_last"),

@@ -37,10 +37,13 @@ def run(name, data_name, build_model, model_settings, config, target, reference,
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     parser.add_argument("--lr", type=float, default=config.lr, help="Adam learning rate")
     parser.add_argument("--lrd", type=float, default=config.lrd, help="learning-rate decay per update")
+    parser.add_argument("--weight-decay", type=float, default=config.weight_decay,
+                        help="L2 penalty added to the gradient by ClippedAdam")
     parser.add_argument("--tag", default="", help="suffix of the result name (a variant run)")
     args = parser.parse_args(argv)
     config.epochs, config.time_limit, config.progress = args.epochs, args.time_limit, not args.quiet
     config.num_threads, config.lr, config.lrd = args.threads, args.lr, args.lrd
+    config.weight_decay = args.weight_decay
     if args.tag:
         name = f"{name}_{args.tag}"
     if args.out is None:

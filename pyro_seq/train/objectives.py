@@ -14,7 +14,10 @@ def make_objective(name, num_particles=1, free_bits=0.0, **kwargs):
     :param str name: ``"elbo"`` (:class:`~pyro.infer.Trace_ELBO`), ``"meanfield"``
         (:class:`~pyro.infer.TraceMeanField_ELBO`, analytic KL where registered), ``"iwae"`` or
         ``"fivo"`` (:mod:`pyro_seq.infer`).
-    :param int num_particles: samples (ELBO: averaged; IWAE/FIVO: inside the log).
+    :param int num_particles: samples (ELBO: averaged; IWAE/FIVO: inside the log). The
+        ELBO objectives draw their samples in one vectorized pass (``vectorize_particles=True``,
+        as IWAE does) unless ``vectorize_particles=False`` is passed; every model of this
+        package supports the extra particle dimension.
     :param float free_bits: nats per latent site below which the KL earns nothing (ELBO only;
         see :class:`pyro_seq.infer.FreeBits_ELBO`).
     """
@@ -28,10 +31,10 @@ def make_objective(name, num_particles=1, free_bits=0.0, **kwargs):
         from pyro_seq.infer import FreeBits_ELBO
 
         return FreeBits_ELBO(free_bits=free_bits, vectorize_particles=False, **common)
-    if name == "elbo":
-        return Trace_ELBO(**common)
-    if name == "meanfield":
-        return TraceMeanField_ELBO(**common)
+    if name in ("elbo", "meanfield"):
+        common.setdefault("vectorize_particles", num_particles > 1)
+        cls = Trace_ELBO if name == "elbo" else TraceMeanField_ELBO
+        return cls(**common)
     if name == "iwae":
         from pyro_seq.infer import IWAE
 
