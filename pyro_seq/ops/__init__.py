@@ -10,6 +10,7 @@
 
 from pyro_seq.ops.kalman import (
     PARALLEL_THRESHOLD,
+    STEADY_STATE_TOL,
     KalmanFilterResult,
     KalmanSampleResult,
     KalmanSmootherResult,
@@ -35,6 +36,7 @@ from pyro_seq.ops.state import SequenceState, gather_particles
 
 __all__ = [
     "PARALLEL_THRESHOLD",
+    "STEADY_STATE_TOL",
     "GaussianFilterResult",
     "GaussianSmootherResult",
     "KalmanFilterResult",

@@ -77,7 +77,16 @@ Numerics
   of the *parameters and mask* only; data-dependent work is a linear recursion in the
   means (mu_t = F_t mu_{t-1} + g_t), evaluated with the data batch folded into matrix
   columns. A batch of sequences sharing parameters therefore pays for one Riccati
-  recursion. Measured speed: ``benchmarks/kalman.py`` / ``benchmarks/results/kalman.json``.
+  recursion.
+* Steady state: with time-invariant parameters shared by the batch, no mask and no
+  autograd, the Riccati recursion converges geometrically to a fixed point. Once the
+  filtered covariance changes by at most ``STEADY_STATE_TOL`` machine epsilons (max-abs,
+  relative to its largest entry) at two consecutive checks four steps apart, it has reached
+  that fixed point to rounding and the remaining steps reuse it (the convergence test of
+  statsmodels' Kalman filter, made relative). The backward RTS covariance recursion does
+  the same over the stretch where its coefficients are exact repeats. The rounding noise
+  of the full recursion is of the same order, so results agree with it to rounding; set
+  ``pyro_seq.ops.kalman.STEADY_STATE_TOL = 0`` to always run every step. Measured speed: ``benchmarks/kalman.py`` / ``benchmarks/results/kalman.json``.
 
 Missing data (thesis Sec. 3.4.2)
 --------------------------------
@@ -105,6 +114,7 @@ __all__ = [
     "LGSSMSample",
     "lgssm_sample",
     "PARALLEL_THRESHOLD",
+    "STEADY_STATE_TOL",
     "psd_sqrt",
 ]
 
@@ -114,6 +124,11 @@ PARALLEL_THRESHOLD = 32
 #: On CPU ``method="auto"`` stays sequential from this state dimension on: the scan's
 #: O(S^3) combines cost several times the sequential flops, which dominate at large S.
 PARALLEL_MAX_STATE_CPU = 16
+#: Steady-state test of the sequential covariance recursions, in machine epsilons (see
+#: Numerics in the module docstring); 0 disables it.
+STEADY_STATE_TOL = 8.0
+#: Steps between two steady-state tests.
+_STEADY_CHECK_EVERY = 4
 
 _LOG_2PI = math.log(2 * math.pi)
 
@@ -603,6 +618,16 @@ def _addmm(bias: Tensor, X: Tensor, Y: Tensor, beta: float = 1.0, alpha: float =
     return (bias if beta == 1.0 else beta * bias) + (XY if alpha == 1.0 else alpha * XY)
 
 
+def _step_addmm(M: Tensor, V: Tensor):
+    """The fused kernel for ``V_t + M_t @ v`` in a per-step loop: ``torch.addmm`` for 2-D
+    entries, ``torch.baddbmm`` for equally batched 3-D ones, else :func:`_addmm`."""
+    if M.dim() == 2 and V.dim() == 2:
+        return torch.addmm
+    if M.dim() == 3 and V.dim() == 3 and M.shape[0] == V.shape[0]:
+        return torch.baddbmm
+    return _addmm
+
+
 def _half_sym_addmm(bias: Tensor, X: Tensor, Y: Tensor, alpha: float = 1.0) -> Tensor:
     """The symmetric part of ``bias + alpha * X @ Y``, exactly symmetric, in two kernels:
     H = bias / 2 + alpha X Y / 2, then H + H^T (halving is exact in binary floating point,
@@ -632,8 +657,10 @@ def _covariance_pass_sequential(mdl: _Model):
     K_t = W_t^T L_t^{-1} are formed for all t at once, and Cholesky failures are checked
     once at the end.
 
-    :returns: ``(predicted_covs, covs, L, K, ASig)``, the last ``(cb, T-1, S, S)`` with
-        entry t = A_{t+1} Sigma_t (reused by the smoother), or None for T = 1.
+    :returns: ``(predicted_covs, covs, L, K, ASig, steady_from)``, ``ASig``
+        ``(cb, T-1, S, S)`` with entry t = A_{t+1} Sigma_t (reused by the smoother), or None
+        for T = 1; every covariance-side quantity of step t >= ``steady_from`` (T when the
+        steady-state shortcut was not taken) repeats that of step ``steady_from``.
     """
     T, S, D = mdl.T, mdl.S, mdl.D
     cb = _broadcast_shapes(mdl.init_cov.shape[:-2], mdl.A.shape[:-3], mdl.Q.shape[:-3],
@@ -698,7 +725,7 @@ def _covariance_pass_sequential(mdl: _Model):
     Ph = stack(Phs)
     pcovs = Ph + Ph.mT
     pcovs[..., 0, :, :] = mdl.init_cov.expand(cb + (S, S))  # entry 0 is the input itself
-    return pcovs, stack(covs), L, K, (stack(ASigs) if T > 1 else None)
+    return pcovs, stack(covs), L, K, (stack(ASigs) if T > 1 else None), T
 
 
 def _covariance_loop_2d_nograd(mdl, P0, C0, Cs, Rs, CTs, ABs, QBs, ATs, cb):
@@ -721,6 +748,9 @@ def _covariance_loop_2d_nograd(mdl, P0, C0, Cs, Rs, CTs, ABs, QBs, ATs, cb):
     Zs, Ys, Ls, Whs, Cv = Z.unbind(0), Y.unbind(0), Lb.unbind(0), Wh.unbind(0), covs.unbind(0)
     infos = info.unbind(0)
     Sigma = None
+    steady = STEADY_STATE_TOL > 0 and all(
+        p.shape[-3] == 1 for p in (mdl.A, mdl.Q, mdl.C, mdl.R))
+    settled, steady_from = 0, T
     for t in range(T):
         Zt = Zs[t]
         if t > 0:
@@ -731,18 +761,42 @@ def _covariance_loop_2d_nograd(mdl, P0, C0, Cs, Rs, CTs, ABs, QBs, ATs, cb):
         solve(Ls[t], CPh, upper=False, out=Whs[t])
         H = addmm(Ph, Whs[t].mT, Whs[t], alpha=-2.0)
         Sigma = add(H, H.mT, out=Cv[t])
+        if steady and t > 0 and t % _STEADY_CHECK_EVERY == 0:
+            settled = settled + 1 if _settled(Sigma, Cv[t - 1]) else 0
+            if settled == 2 and t + 1 < T:  # fixed point reached: the rest repeats step t
+                for buf in (Z, Y, Lb, info, Wh, covs):
+                    buf[t + 1:] = buf[t]
+                steady_from = t
+                break
     if bool((info != 0).any()):
         raise ValueError(
             "innovation covariance C P C^T + R is not positive definite (Cholesky failed); "
             "check the covariances for NaN/inf, negative eigenvalues or a condition number "
             "beyond the dtype's range"
         )
-    K = _tri_solve_lower_T(Lb, Wh).mT * 2.0
-    Ph = Z[:, :S]
-    pcovs = Ph + Ph.mT
+    u = min(steady_from + 1, T)  # distinct steps
+    K = _repeat_last(_tri_solve_lower_T(Lb[:u], Wh[:u]).mT * 2.0, T, 0)
+    Ph = Z[:u, :S]
+    pcovs = _repeat_last(Ph + Ph.mT, T, 0)
     pcovs[0] = P0
     r = lambda x: x.reshape(cb + x.shape)  # noqa: E731
-    return r(pcovs), r(covs), r(Lb), r(K), r(Y[1:, :S])
+    return r(pcovs), r(covs), r(Lb), r(K), r(Y[1:, :S]), steady_from
+
+
+def _repeat_last(x: Tensor, n: int, dim: int = 0) -> Tensor:
+    """``x`` extended to ``n`` entries along ``dim`` by repeating its last entry."""
+    m = x.shape[dim]
+    if m >= n:
+        return x
+    shape = list(x.shape)
+    shape[dim] = n - m
+    return torch.cat([x, x.narrow(dim, m - 1, 1).expand(shape)], dim)
+
+
+def _settled(new: Tensor, old: Tensor) -> bool:
+    """Whether ``new`` equals ``old`` to ``STEADY_STATE_TOL`` epsilons of its largest entry."""
+    tol = STEADY_STATE_TOL * torch.finfo(new.dtype).eps
+    return float(torch.sub(new, old).abs_().max()) <= tol * float(new.abs().max())
 
 
 def _tri_solve_lower_T(L: Tensor, V: Tensor) -> Tensor:
@@ -760,10 +814,11 @@ def _mean_pass_sequential(F: Tensor, g: Tensor) -> Tensor:
     F = F.expand(F.shape[:-3] + (T,) + F.shape[-2:])
     Fp, G, unfold = _fold_columns(F, g)
     Fs, Gs = Fp.unbind(-3), G.unbind(-3)
+    addmm = _step_addmm(Fs[0], Gs[0])
     m = Gs[0]
     out = [m]
     for t in range(1, T):
-        m = _addmm(Gs[t], Fs[t], m)
+        m = addmm(Gs[t], Fs[t], m)
         out.append(m)
     return unfold(torch.stack(out, dim=-3))
 
@@ -785,9 +840,10 @@ def _expand(t: Tensor, batch: torch.Size, event_ndim: int) -> Tensor:
 
 
 def _filter(mdl: _Model, method: str):
-    """Run the filter on a prepared model. Returns ``(KalmanFilterResult, ASig)`` unexpanded,
-    ``ASig`` the products A_{t+1} Sigma_t of the sequential pass (None otherwise)."""
-    ASig = None
+    """Run the filter on a prepared model. Returns ``(KalmanFilterResult, ASig, steady_from)``
+    unexpanded, ``ASig`` the products A_{t+1} Sigma_t of the sequential pass (None otherwise)
+    and ``steady_from`` as in :func:`_covariance_pass_sequential` (T for the parallel form)."""
+    ASig, steady_from = None, mdl.T
     if _resolve_method(method, mdl) == "parallel":
         from pyro_seq.ops.kalman_parallel import covariance_scan, affine_scan
 
@@ -795,12 +851,12 @@ def _filter(mdl: _Model, method: str):
         F, g = _mean_coefficients(mdl, K)
         means = affine_scan(F, g)
     else:
-        pcovs, covs, L, K, ASig = _covariance_pass_sequential(mdl)
+        pcovs, covs, L, K, ASig, steady_from = _covariance_pass_sequential(mdl)
         F, g = _mean_coefficients(mdl, K)
         means = _mean_pass_sequential(F, g)
     pmeans = _predicted_means(mdl, means)
     ll = _log_likelihoods(mdl, pmeans, L)
-    return KalmanFilterResult(means, covs, pmeans, pcovs, ll), ASig
+    return KalmanFilterResult(means, covs, pmeans, pcovs, ll), ASig, steady_from
 
 
 def _expand_filter(res: KalmanFilterResult, batch: torch.Size) -> KalmanFilterResult:
@@ -843,7 +899,7 @@ def _a_sigma(mdl: _Model, Sig: Tensor) -> Tensor:
 
 
 def _smoother_coefficients(mdl: _Model, f: KalmanFilterResult, ASig: Optional[Tensor],
-                           backward_covs: bool):
+                           backward_covs: bool, steady_from: Optional[int] = None):
     """RTS gains for smoothing (cheaper variants of :func:`_backward_coefficients`).
 
     With L_t L_t^T = Sigma_{t+1|t} (Cholesky) and A_{t+1} Sigma_t (``ASig``, reused from
@@ -852,13 +908,17 @@ def _smoother_coefficients(mdl: _Model, f: KalmanFilterResult, ASig: Optional[Te
     parallel scan) also Pc_t = Sigma_t - J_t Sigma_{t+1|t} J_t^T in the exactly symmetric
     Schur-complement form Sigma_t - G_t^T G_t, G_t = L_t^{-1} A_{t+1} Sigma_t, and
     J_t = G_t^T L_t^{-1}; otherwise Pc is None. (FFBS keeps the Joseph form, whose
-    PSD-by-construction Pc_t is factored for sampling.)
+    PSD-by-construction Pc_t is factored for sampling.) With a filter in steady state from
+    step ``steady_from`` on, J_t repeats from there and is computed once.
     """
-    A = _slice_time(mdl.A, 1, None, 2)
-    Sig = f.covs[..., :-1, :, :]
-    Lp = _cholesky(f.predicted_covs[..., 1:, :, :], "predicted covariance Sigma_{t+1|t}")
+    T1 = mdl.T - 1
+    u = T1 if steady_from is None or backward_covs else min(steady_from + 1, T1)
+    Sig = f.covs[..., :u, :, :]
+    Lp = _cholesky(f.predicted_covs[..., 1:u + 1, :, :], "predicted covariance Sigma_{t+1|t}")
     if ASig is None:
         ASig = _a_sigma(mdl, Sig)
+    else:
+        ASig = ASig[..., :u, :, :]
     if backward_covs:
         G = _tri_solve_lower(Lp, ASig)
         J = _tri_solve_lower_T(Lp, G).mT
@@ -867,48 +927,66 @@ def _smoother_coefficients(mdl: _Model, f: KalmanFilterResult, ASig: Optional[Te
         if ASig.shape[:-2] != Lp.shape[:-2]:
             shape = _broadcast_shapes(ASig.shape[:-2], Lp.shape[:-2])
             ASig, Lp = ASig.expand(shape + ASig.shape[-2:]), Lp.expand(shape + Lp.shape[-2:])
-        J = torch.cholesky_solve(ASig, Lp).mT
+        J = _repeat_last(torch.cholesky_solve(ASig, Lp).mT, T1, -3)
         Pc = None
     h = f.means[..., :-1, :] - _mv(J, f.predicted_means[..., 1:, :])
     return J, h, Pc
 
 
-def _smooth_sequential_covs(J: Tensor, covs: Tensor, ASig: Tensor) -> Tensor:
+def _smooth_sequential_covs(J: Tensor, covs: Tensor, ASig: Tensor,
+                            repeat_from: Optional[int] = None) -> Tensor:
     """Backward RTS loop on covariances, Sigma_{t|T} = Pc_t + J_t Sigma_{t+1|T} J_t^T from
     Sigma_{T|T} = Sigma_T, with Pc_t = Sigma_t - J_t A_{t+1} Sigma_t (= Sigma_t - J_t
     Sigma_{t+1|t} J_t^T) formed for all t at once. The loop carries halves and runs two
     kernels per step on the covariance batch flattened to one dimension; the results are
-    symmetrised exactly in one batched add (H + H^T). J, ASig (pb, T-1, S, S),
-    covs (pb, T, S, S) -> (pb, T, S, S)."""
+    symmetrised exactly in one batched add (H + H^T). When J_t and Pc_t repeat exactly for
+    t >= ``repeat_from`` (a filter in steady state) the loop stops once Sigma_{t|T} has
+    settled there (``STEADY_STATE_TOL``) and repeats it down to ``repeat_from``.
+    J, ASig (pb, T-1, S, S), covs (pb, T, S, S) -> (pb, T, S, S)."""
     T1 = J.shape[-3]
-    T = T1 + 1
-    Pch = _addmm(covs[..., :-1, :, :], J, ASig, beta=0.5, alpha=-0.5)  # Pc / 2
+    if repeat_from is None or STEADY_STATE_TOL <= 0:
+        repeat_from = T1
+    u = min(repeat_from + 1, T1)  # distinct coefficients
+    Pch = _addmm(covs[..., :u, :, :], J[..., :u, :, :], ASig[..., :u, :, :],
+                 beta=0.5, alpha=-0.5)  # Pc / 2
     cb = _broadcast_shapes(J.shape[:-3], covs.shape[:-3], Pch.shape[:-3])
     Js = _flat_time_entries(J, cb, T1, 2)
-    Pchs = _flat_time_entries(Pch, cb, T1, 2)
+    Pchs = _flat_time_entries(Pch, cb, u, 2)
+    Pchs += Pchs[-1:] * (T1 - u)
     n = cb.numel()
     two_d = n == 1
     addmm = torch.addmm if two_d else torch.baddbmm
     mm = torch.mm if two_d else torch.bmm
     X = 0.5 * _flat_time_entries(covs[..., -1:, :, :], cb, 1, 2)[0]
     out = [X]
-    for t in range(T1 - 1, -1, -1):
+    settled, t = 0, T1 - 1
+    while t >= 0:
         Jt = Js[t]
-        X = addmm(Pchs[t], mm(Jt, X), Jt.mT)
+        X_new = addmm(Pchs[t], mm(Jt, X), Jt.mT)
+        if t >= repeat_from and (T1 - t) % _STEADY_CHECK_EVERY == 0:
+            settled = settled + 1 if _settled(X_new, X) else 0
+        X = X_new
         out.append(X)
+        if settled == 2:  # settled with constant coefficients: repeat down to repeat_from
+            out.extend([X] * (t - repeat_from))
+            t, settled = repeat_from - 1, 0
+            continue
+        t -= 1
     tdim = 1 if n != 1 else 0
     res = torch.stack(out[::-1], tdim)
     res = res.reshape(cb + res.shape[tdim:])
     return res + res.mT
 
 
-def _smooth(mdl: _Model, f: KalmanFilterResult, method: str, ASig: Optional[Tensor] = None):
+def _smooth(mdl: _Model, f: KalmanFilterResult, method: str, ASig: Optional[Tensor] = None,
+            steady_from: Optional[int] = None):
     T = mdl.T
     if T == 1:
         empty = f.covs[..., :0, :, :]
         return f.means, f.covs, empty, empty
     parallel = _resolve_method(method, mdl) == "parallel"
-    J, h, Pc = _smoother_coefficients(mdl, f, ASig, backward_covs=parallel)
+    J, h, Pc = _smoother_coefficients(mdl, f, ASig, backward_covs=parallel,
+                                      steady_from=steady_from)
     mT, PT = f.means[..., -1, :], f.covs[..., -1, :, :]
     if parallel:
         from pyro_seq.ops.kalman_parallel import backward_scan
@@ -918,7 +996,7 @@ def _smooth(mdl: _Model, f: KalmanFilterResult, method: str, ASig: Optional[Tens
         if ASig is None:
             ASig = _a_sigma(mdl, f.covs[..., :-1, :, :])
         means = _smooth_sequential_means(J, h, mT)
-        covs = _smooth_sequential_covs(J, f.covs, ASig)
+        covs = _smooth_sequential_covs(J, f.covs, ASig, steady_from)
     cross = covs[..., 1:, :, :] @ J.mT
     return means, covs, cross, J
 
@@ -966,7 +1044,7 @@ def kalman_filter(
     """
     mdl = _prepare(observations, initial_loc, initial_cov, transition_matrix, transition_cov,
                    observation_matrix, observation_cov, control_matrix, controls, mask)
-    res, _ = _filter(mdl, method)
+    res, _, _ = _filter(mdl, method)
     return _expand_filter(res, mdl.batch_shape)
 
 
@@ -999,8 +1077,8 @@ def kalman_smoother(
     """
     mdl = _prepare(observations, initial_loc, initial_cov, transition_matrix, transition_cov,
                    observation_matrix, observation_cov, control_matrix, controls, mask)
-    f, ASig = _filter(mdl, method)
-    means, covs, cross, J = _smooth(mdl, f, method, ASig)
+    f, ASig, steady_from = _filter(mdl, method)
+    means, covs, cross, J = _smooth(mdl, f, method, ASig, steady_from)
     batch = mdl.batch_shape
     return KalmanSmootherResult(
         _expand(means, batch, 2),
@@ -1040,7 +1118,7 @@ def kalman_sample(
     """
     mdl = _prepare(observations, initial_loc, initial_cov, transition_matrix, transition_cov,
                    observation_matrix, observation_cov, control_matrix, controls, mask)
-    f, _ = _filter(mdl, method)
+    f, _, _ = _filter(mdl, method)
     samples = _sample(mdl, f, sample_shape, noise, method)
     return KalmanSampleResult(samples, _expand_filter(f, mdl.batch_shape))
 
@@ -1076,10 +1154,11 @@ def _smooth_sequential_means(J, g, zT):
     gg = torch.cat([g.expand(batch + g.shape[-2:]), gT.expand(batch + gT.shape[-2:])], -2)
     Ep, G, unfold = _fold_columns(J, gg)  # J has T-1 entries, gg has T (only batch dims matter)
     Es, Gs = Ep.unbind(-3), G.unbind(-3)
+    addmm = _step_addmm(Es[0], Gs[0])
     z = Gs[T1]
     out = [z]
     for t in range(T1 - 1, -1, -1):
-        z = _addmm(Gs[t], Es[t], z)
+        z = addmm(Gs[t], Es[t], z)
         out.append(z)
     return unfold(torch.stack(out[::-1], dim=-3))
 
