@@ -6,6 +6,7 @@ per-step site carries a :class:`ScoredValue` that returns its slice for that ver
 (identity, not equality, is checked) and defers everything else to the per-step distribution.
 """
 
+import torch
 from pyro.distributions.torch_distribution import TorchDistribution
 from torch.distributions import kl_divergence, register_kl
 from torch.distributions.distribution import Distribution
@@ -54,7 +55,13 @@ class ScoredValue(TorchDistribution):
         return self.base.variance
 
     def expand(self, batch_shape, _instance=None):
-        return self.base.expand(batch_shape)
+        """Keep the precomputed score: Pyro's plates call ``expand`` on every site, usually
+        to the shape the distribution already has."""
+        batch_shape = torch.Size(batch_shape)
+        if batch_shape == self.batch_shape:
+            return self
+        return ScoredValue(self.base.expand(batch_shape), self.value,
+                           self.log_prob_value.expand(batch_shape))
 
 
 @register_kl(Distribution, ScoredValue)

@@ -1,5 +1,6 @@
 """ScoredValue: a precomputed log-density for one value object, everything else delegated."""
 
+import pyro
 import pyro.distributions as dist
 import torch
 from torch.distributions import kl_divergence
@@ -27,3 +28,23 @@ def test_kl_delegates_to_the_base_distribution_also_when_masked():
     mask = torch.tensor([True, False, True, True])
     assert torch.allclose(kl_divergence(p.mask(mask), scored.mask(mask)),
                           kl_divergence(p, q) * mask)
+
+
+def test_expand_keeps_the_precomputed_score():
+    """Pyro's plates call ``expand`` on every site; the precomputed score must survive it
+    (a sentinel score, unequal to the base log-density, shows which one is returned)."""
+    base = dist.Normal(torch.zeros(3), torch.ones(3))
+    value = torch.randn(3)
+    sentinel = torch.full((3,), -123.0)
+    d = ScoredValue(base, value, sentinel)
+    assert d.expand((3,)) is d
+    assert torch.equal(d.expand(torch.Size([3])).log_prob(value), sentinel)
+    wide = d.expand((2, 3))
+    assert wide.batch_shape == (2, 3)
+    assert torch.equal(wide.log_prob(value), sentinel.expand(2, 3))
+    other = torch.randn(3)
+    assert torch.allclose(wide.log_prob(other), base.log_prob(other).expand(2, 3))
+    with pyro.plate("p", 3):
+        tr = pyro.poutine.trace(lambda: pyro.sample("s", d, obs=value)).get_trace()
+    tr.compute_log_prob()
+    assert torch.equal(tr.nodes["s"]["log_prob"], sentinel)
