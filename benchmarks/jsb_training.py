@@ -37,6 +37,12 @@ def run(name, data_name, build_model, model_settings, config, target, reference,
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     parser.add_argument("--lr", type=float, default=config.lr, help="Adam learning rate")
     parser.add_argument("--lrd", type=float, default=config.lrd, help="learning-rate decay per update")
+    parser.add_argument("--lr-decay-after", type=int, default=config.lr_decay_after,
+                        help="epochs at the full rate before the per-epoch decay starts")
+    parser.add_argument("--lr-decay-factor", type=float, default=config.lr_decay_factor,
+                        help="divide the rate by this once per epoch after --lr-decay-after")
+    parser.add_argument("--kl-anneal-steps", type=int, default=config.kl_anneal_steps,
+                        help="updates over which the KL weight rises linearly to 1")
     parser.add_argument("--weight-decay", type=float, default=config.weight_decay,
                         help="L2 penalty added to the gradient by ClippedAdam")
     parser.add_argument("--tag", default="", help="suffix of the result name (a variant run)")
@@ -44,6 +50,8 @@ def run(name, data_name, build_model, model_settings, config, target, reference,
     config.epochs, config.time_limit, config.progress = args.epochs, args.time_limit, not args.quiet
     config.num_threads, config.lr, config.lrd = args.threads, args.lr, args.lrd
     config.weight_decay = args.weight_decay
+    config.lr_decay_after, config.lr_decay_factor = args.lr_decay_after, args.lr_decay_factor
+    config.kl_anneal_steps = args.kl_anneal_steps
     if args.tag:
         name = f"{name}_{args.tag}"
     if args.out is None:

@@ -3,7 +3,7 @@
 from pyro_seq.train.checkpoint import load_checkpoint, restore, save_checkpoint
 from pyro_seq.train.evaluate import elbo_terms, evaluate_bound
 from pyro_seq.train.objectives import OBJECTIVES, make_objective
-from pyro_seq.train.trainer import TrainConfig, fit, kl_beta
+from pyro_seq.train.trainer import TrainConfig, epoch_lr, fit, kl_beta
 
 __all__ = [
     "OBJECTIVES",
@@ -12,6 +12,7 @@ __all__ = [
     "evaluate_bound",
     "fit",
     "kl_beta",
+    "epoch_lr",
     "load_checkpoint",
     "make_objective",
     "restore",

@@ -5,7 +5,8 @@
 
 1. runs :class:`pyro.infer.SVI` over shuffled minibatches (order a function of seed and epoch),
    with :class:`~pyro.optim.ClippedAdam` (per-parameter gradient-norm clipping, learning-rate
-   decay) and optional KL annealing (:class:`~pyro_seq.infer.LatentScale`, beta rising
+   decay per update ``lrd`` or per epoch after ``lr_decay_after`` epochs, see
+   :func:`epoch_lr`) and optional KL annealing (:class:`~pyro_seq.infer.LatentScale`, beta rising
    linearly from ``kl_start`` to 1 over ``kl_anneal_steps`` updates, thesis 4.8.1). Pyro's
    per-site validation (argument checks, NaN hooks on every log-density) is off during the
    updates unless ``pyro_validation=True``: the inputs are checked once per batch by the model
@@ -51,6 +52,8 @@ class TrainConfig:
     betas: tuple = (0.9, 0.999)
     clip_norm: float = 10.0
     lrd: float = 1.0
+    lr_decay_after: Optional[int] = None
+    lr_decay_factor: float = 1.0
     weight_decay: float = 0.0
     kl_start: float = 1.0
     kl_anneal_steps: int = 0
@@ -72,7 +75,36 @@ class TrainConfig:
             raise ValueError(f"kl_start must be in [0, 1], got {self.kl_start}")
         if self.lr <= 0:
             raise ValueError(f"lr must be positive, got {self.lr}")
+        if self.lr_decay_after is not None:
+            if self.lr_decay_after < 0 or self.lr_decay_factor < 1.0:
+                raise ValueError("lr_decay_after must be >= 0 and lr_decay_factor >= 1")
+            if self.lrd != 1.0:
+                raise ValueError("use either the per-update decay lrd or the per-epoch schedule "
+                                 "lr_decay_after/lr_decay_factor, not both")
         return self
+
+
+def epoch_lr(epoch, config):
+    """Learning rate of (0-based) ``epoch`` under the per-epoch exponential schedule of the
+    SRNN code (Fraccaro et al. 2016): constant for ``lr_decay_after`` epochs, then divided by
+    ``lr_decay_factor`` once per epoch. ``config.lr`` when no schedule is set."""
+    if config.lr_decay_after is None:
+        return config.lr
+    return config.lr / config.lr_decay_factor ** max(0, epoch - config.lr_decay_after + 1)
+
+
+def _set_lr(optim, lr):
+    """Set the rate of every optimizer Pyro has created so far."""
+    for opt in optim.optim_objs.values():
+        for group in opt.param_groups:
+            group["lr"] = lr
+
+
+def _set_lr_in_state(state, lr):
+    """Set the rate in a saved ``PyroOptim.get_state()`` (per parameter torch state dicts)."""
+    for opt_state in state.values():
+        for group in opt_state["param_groups"]:
+            group["lr"] = lr
 
 
 def kl_beta(step, config):
@@ -86,9 +118,9 @@ def kl_beta(step, config):
 def _write_logs(out_dir, history):
     with open(out_dir / "log.json", "w") as f:
         json.dump(history, f, indent=1)
-    keys = list(history[0].keys()) if history else []
+    keys = list(dict.fromkeys(k for row in history for k in row))  # rows of older runs may lack some
     with open(out_dir / "log.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=keys)
+        writer = csv.DictWriter(f, fieldnames=keys, restval="")
         writer.writeheader()
         writer.writerows(history)
 
@@ -114,7 +146,7 @@ def fit(model, train_sequences, valid_sequences, config, out_dir, resume=True):
     torch.manual_seed(config.seed)
     loader = SequenceLoader(train_sequences, config.batch_size, shuffle=True, seed=config.seed,
                             chunk_length=config.chunk_length)
-    optim = ClippedAdam({"lr": config.lr, "betas": tuple(config.betas), "clip_norm": config.clip_norm,
+    optim = ClippedAdam({"lr": epoch_lr(0, config), "betas": tuple(config.betas), "clip_norm": config.clip_norm,
                          "lrd": config.lrd, "weight_decay": config.weight_decay})
     loss = make_objective(config.objective, config.num_particles, config.free_bits)
     model_fn, guide_fn, annealer = model.model, model.guide, None
@@ -129,7 +161,10 @@ def fit(model, train_sequences, valid_sequences, config, out_dir, resume=True):
     best, bad_epochs = -math.inf, 0
     ckpt_path = out_dir / "checkpoint.pt"
     if resume and ckpt_path.exists():
-        payload = restore(load_checkpoint(ckpt_path), model=model, optimizer=optim)
+        payload = load_checkpoint(ckpt_path)
+        if config.lr_decay_after is not None:  # optimizers are rebuilt lazily from this state
+            _set_lr_in_state(payload["optimizer"], epoch_lr(payload["epoch"], config))
+        payload = restore(payload, model=model, optimizer=optim)
         history, start_epoch = payload["history"], payload["epoch"]
         global_step = payload["global_step"]
         best = payload["extra"].get("best_valid", -math.inf)
@@ -140,6 +175,9 @@ def fit(model, train_sequences, valid_sequences, config, out_dir, resume=True):
                desc="epochs", disable=not config.progress, unit="epoch")
     for epoch in bar:
         model.train()
+        lr = epoch_lr(epoch, config)
+        if config.lr_decay_after is not None:
+            _set_lr(optim, lr)
         total_loss, epoch_start = 0.0, time.time()
         for x, mask in loader.batches(epoch):
             beta = kl_beta(global_step, config)
@@ -154,6 +192,7 @@ def fit(model, train_sequences, valid_sequences, config, out_dir, resume=True):
             total_loss += step_loss
             global_step += 1
         row = {"epoch": epoch + 1, "step": global_step, "beta": kl_beta(global_step, config),
+               "lr": lr * config.lrd ** global_step,
                "train_loss_per_step": total_loss / loader.num_steps,
                "seconds": time.time() - epoch_start}
         if valid_sequences:

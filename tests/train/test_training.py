@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from pyro_seq.models import DMM, SRNN
-from pyro_seq.train import TrainConfig, elbo_terms, evaluate_bound, fit, kl_beta
+from pyro_seq.train import TrainConfig, elbo_terms, epoch_lr, evaluate_bound, fit, kl_beta
 
 
 def toy_sequences(n, seed=0, D=6):
@@ -34,6 +34,41 @@ def test_resume_gives_the_same_parameters_as_an_uninterrupted_run(tmp_path):
     assert [row["epoch"] for row in history] == [1, 2, 3]
     for (name, p), q in zip(straight.state_dict().items(), other.state_dict().values()):
         assert torch.equal(p, q), name
+
+
+def test_epoch_lr_schedule_of_the_srnn_code():
+    """Constant for ``lr_decay_after`` epochs, then divided by the factor once per epoch
+    (0-based epoch 20 is the first decayed one with lr_decay_after=20, as in the SRNN code)."""
+    cfg = TrainConfig(lr=1e-3, lr_decay_after=20, lr_decay_factor=1.2)
+    assert epoch_lr(0, cfg) == epoch_lr(19, cfg) == 1e-3
+    assert math.isclose(epoch_lr(20, cfg), 1e-3 / 1.2)
+    assert math.isclose(epoch_lr(29, cfg), 1e-3 / 1.2 ** 10)
+    assert epoch_lr(7, TrainConfig(lr=0.5)) == 0.5
+    with pytest.raises(ValueError, match="not both"):
+        TrainConfig(lr_decay_after=2, lr_decay_factor=2.0, lrd=0.99).validate()
+    with pytest.raises(ValueError, match="lr_decay_factor"):
+        TrainConfig(lr_decay_after=2, lr_decay_factor=0.5).validate()
+
+
+def test_epoch_lr_schedule_is_applied_logged_and_resumed_exactly(tmp_path):
+    train, valid = toy_sequences(12), toy_sequences(4, seed=1)
+    cfg = dict(batch_size=5, lr=0.01, lr_decay_after=1, lr_decay_factor=4.0, progress=False)
+    straight = tiny_srnn()
+    history = fit(straight, train, valid, TrainConfig(epochs=3, **cfg), tmp_path / "a")
+    assert [row["lr"] for row in history] == [0.01, 0.01 / 4, 0.01 / 16]
+    resumed = tiny_srnn()
+    fit(resumed, train, valid, TrainConfig(epochs=2, **cfg), tmp_path / "b")
+    fit(resumed, train, valid, TrainConfig(epochs=3, **cfg), tmp_path / "b")
+    for (name, p), q in zip(straight.state_dict().items(), resumed.state_dict().values()):
+        assert torch.equal(p, q), name
+    # the schedule reaches the optimizer: a run with a tiny decayed rate moves less in epoch 2
+    slow = tiny_srnn()
+    cfg_slow = dict(cfg, lr_decay_factor=1e6)
+    fit(slow, train, valid, TrainConfig(epochs=3, **cfg_slow), tmp_path / "c")
+    one = tiny_srnn()
+    fit(one, train, valid, TrainConfig(epochs=1, **cfg_slow), tmp_path / "d")
+    drift = max((p - q).abs().max().item() for p, q in zip(slow.parameters(), one.parameters()))
+    assert drift < 1e-5
 
 
 def test_logs_checkpoints_and_figure_are_written(tmp_path):
