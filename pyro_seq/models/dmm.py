@@ -79,9 +79,11 @@ class DMM(SequenceModel):
         else:
             state.shared["a"] = self.encoder(x)
         state["guide_z"] = self.z_q_0.expand(x.shape[0], self.z_dim)
+        state.shared["combiner_w"], state.shared["combiner_b"] = self.combiner.stacked_heads()
 
     def guide_step(self, state, t, x, mask):
-        loc, scale = self.combiner(state["guide_z"], state.shared_at("a", t))
+        heads = (state.shared["combiner_w"], state.shared["combiner_b"])
+        loc, scale = self.combiner(state["guide_z"], state.shared_at("a", t), heads)
         z = pyro.sample(f"z_{t + 1}", dist.Normal(loc, scale).to_event(1).mask(mask[:, t]))
         state["guide_z"] = z
 

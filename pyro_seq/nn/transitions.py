@@ -43,6 +43,9 @@ class Combiner(nn.Module):
     with ``a_t`` the backward-RNN state summarising ``x_{t:T}`` (thesis eq. 4.8-4.9).
 
     Shapes: ``z_prev (..., z_dim)``, ``a (..., rnn_dim)`` -> ``(loc, scale)`` each ``(..., z_dim)``.
+
+    In a loop over time, pass ``heads=combiner.stacked_heads()`` (computed once per pass): the
+    loc and scale layers then run as one matrix product per step.
     """
 
     def __init__(self, z_dim, rnn_dim, min_scale=1e-3):
@@ -52,6 +55,14 @@ class Combiner(nn.Module):
         self.raw_scale = nn.Linear(rnn_dim, z_dim)
         self.min_scale = min_scale
 
-    def forward(self, z_prev, a):
+    def stacked_heads(self):
+        """``(W, b)``: the loc and scale layers stacked, ``(2 z_dim, rnn_dim)`` and ``(2 z_dim,)``."""
+        return (torch.cat([self.loc.weight, self.raw_scale.weight]),
+                torch.cat([self.loc.bias, self.raw_scale.bias]))
+
+    def forward(self, z_prev, a, heads=None):
         h = 0.5 * (torch.tanh(self.z_to_hidden(z_prev)) + a)
-        return self.loc(h), self.min_scale + softplus(self.raw_scale(h))
+        if heads is None:
+            return self.loc(h), self.min_scale + softplus(self.raw_scale(h))
+        loc, raw_scale = torch.nn.functional.linear(h, *heads).chunk(2, dim=-1)
+        return loc, self.min_scale + softplus(raw_scale)

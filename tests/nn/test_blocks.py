@@ -1,5 +1,6 @@
 """The reusable blocks: ragged reversal, masked RNNs, transitions, heads."""
 
+import pytest
 import torch
 
 from pyro_seq.nn import (MLP, BackwardRNN, ClippedLeakyReLU, Combiner, ForwardRNN, GatedTransition,
@@ -59,6 +60,8 @@ def test_combiner_formula():
     h = 0.5 * (torch.tanh(c.z_to_hidden(z)) + a)
     loc, scale = c(z, a)
     assert torch.allclose(loc, c.loc(h)) and torch.allclose(scale, torch.nn.functional.softplus(c.raw_scale(h)))
+    loc2, scale2 = c(z, a, c.stacked_heads())       # the fused form used in loops
+    assert torch.allclose(loc2, loc, atol=1e-6) and torch.allclose(scale2, scale, atol=1e-6)
 
 
 def test_gaussian_head_floor_and_mlp_shapes():
@@ -93,3 +96,58 @@ def test_forward_rnn_packed_equals_padded_on_real_steps():
     for b, L in enumerate(lengths.tolist()):
         assert torch.allclose(packed[b, :L], padded[b, :L], atol=1e-6)
         assert (packed[b, L:] == 0).all()
+
+
+def _relu_rnn_reference(rnn, x, lengths, h0):
+    """torch.nn.RNN run on each sequence alone (its real steps only)."""
+    outs = []
+    for b in range(x.shape[0]):
+        L = int(lengths[b])
+        o, _ = rnn.rnn(x[b:b + 1, :L], h0[b].reshape(1, 1, -1))
+        outs.append(torch.cat([o[0], o.new_zeros(x.shape[1] - L, o.shape[-1])]))
+    return torch.stack(outs)
+
+
+def test_ragged_relu_rnn_equals_torch_rnn_per_sequence_with_gradients():
+    """Values and every gradient (weights, biases, inputs, initial states) of the ragged scan
+    equal torch.nn.RNN run on each sequence alone; padded outputs are 0 and get no gradient."""
+    torch.manual_seed(0)
+    rnn = ForwardRNN(3, 5, cell="rnn", learn_init=True).double()
+    with torch.no_grad():
+        rnn.h0.normal_()
+    x = torch.randn(4, 7, 3, dtype=torch.float64, requires_grad=True)
+    lengths = torch.tensor([3, 7, 1, 5])
+    w = torch.randn(4, 7, 5, dtype=torch.float64)
+    grads = []
+    for run in (lambda: rnn(x, lengths),
+                lambda: _relu_rnn_reference(rnn, x, lengths, rnn.h0.expand(4, -1))):
+        rnn.zero_grad()
+        x.grad = None
+        out = run()
+        (out * w).sum().backward()
+        grads.append((out.detach(), x.grad.clone(), [p.grad.clone() for p in rnn.parameters()]))
+    (o1, gx1, gp1), (o2, gx2, gp2) = grads
+    assert torch.allclose(o1, o2, atol=1e-12)
+    assert torch.equal(o1[0, 3:], torch.zeros(4, 5))
+    assert torch.allclose(gx1, gx2, atol=1e-12)
+    assert torch.equal(gx1[2, 1:], torch.zeros(6, 3))
+    for a, b in zip(gp1, gp2):
+        assert torch.allclose(a, b, atol=1e-12)
+
+
+def test_ragged_relu_rnn_gradcheck_and_bad_lengths():
+    from pyro_seq.nn.relu_scan import ragged_relu_rnn
+
+    torch.manual_seed(1)
+    args = [torch.randn(3, 4, 2, dtype=torch.float64, requires_grad=True),
+            torch.tensor([4, 2, 3]),
+            torch.randn(3, 5, dtype=torch.float64, requires_grad=True),
+            torch.randn(5, 2, dtype=torch.float64, requires_grad=True),
+            0.4 * torch.randn(5, 5, dtype=torch.float64, requires_grad=True),
+            torch.rand(5, dtype=torch.float64, requires_grad=True)]
+    assert torch.autograd.gradcheck(lambda x, h0, wi, wh, b: ragged_relu_rnn(x, args[1], h0, wi, wh, b),
+                                    (args[0],) + tuple(args[2:]))
+    with pytest.raises(ValueError, match="lengths"):
+        ragged_relu_rnn(args[0], torch.tensor([5, 2, 3]), *args[2:])
+    with pytest.raises(ValueError, match="lengths"):
+        ragged_relu_rnn(args[0], torch.tensor([0, 2, 3]), *args[2:])

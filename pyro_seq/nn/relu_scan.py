@@ -1,0 +1,116 @@
+"""A ReLU RNN over ragged batches that computes only the real steps (forward and backward).
+
+``h_t = relu(W_ih x_t + W_hh h_{t-1} + b)`` (Elman RNN with ReLU, the inference RNN of Pyro's
+DMM example and of Krishnan et al. 2017), evaluated on a batch of sequences of different
+lengths. Two things make it faster on CPU than ``torch.nn.RNN`` on the padded batch:
+
+* only real steps are computed: the batch is sorted by length, so the sequences still running
+  at step t are a prefix of it and every step multiplies only those rows (on JSB Chorales a
+  random minibatch of 20 is about half padding);
+* the backward pass runs one ``(n_t, H) x (H, H)`` product per step (the recurrent gradient);
+  the weight gradients ``sum_t dpre_t^T h_{t-1}`` and ``sum_t dpre_t^T x_t`` are each one large
+  matrix product over all real steps instead of one small product and one accumulation per
+  step. The input projection ``W_ih x_t + b`` is one product over all real steps.
+
+Results equal ``torch.nn.RNN(nonlinearity="relu")`` on the real steps to rounding; states at
+padded steps are 0.
+"""
+
+import torch
+
+
+def _packing(lengths, T):
+    """Time-major packing of a ragged batch sorted by decreasing length.
+
+    :returns: ``(order, counts, index)``: the sorting permutation ``(B,)``, the number of
+        sequences running at each step (a Python list of length ``T_max``) and, for the
+        packed rows in time-major order, their flat position ``b * T + t`` in the padded
+        ``(B, T)`` layout (original batch order).
+    """
+    order = torch.argsort(lengths, descending=True, stable=True)
+    sorted_len = lengths[order]
+    T_max = int(sorted_len[0])
+    steps = torch.arange(T_max, device=lengths.device)
+    active = steps.unsqueeze(-1) < sorted_len  # (T_max, B), a prefix of each row
+    counts = active.sum(-1).tolist()
+    t_idx, rank = active.nonzero(as_tuple=True)  # time-major, then sorted rank
+    index = order[rank] * T + t_idx
+    return order, counts, index
+
+
+class _RaggedReluRNN(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, h0, w_ih, w_hh, bias, lengths):
+        B, T, _ = x.shape
+        H = w_hh.shape[0]
+        order, counts, index = _packing(lengths, T)
+        xp = x.reshape(B * T, -1).index_select(0, index)  # (N, I) packed, time-major
+        pre = torch.addmm(bias, xp, w_ih.t())  # (N, H)
+        out = torch.empty_like(pre)
+        h = h0.index_select(0, order)  # sorted
+        w_hh_t = w_hh.t()
+        start = 0
+        for n in counts:
+            h = torch.addmm(pre[start:start + n], h[:n], w_hh_t, out=out[start:start + n]).relu_()
+            start += n
+        ctx.save_for_backward(xp, h0, w_ih, w_hh, out, order, index)
+        ctx.counts, ctx.shape = counts, (B, T)
+        padded = out.new_zeros(B * T, H)
+        padded.index_copy_(0, index, out)
+        return padded.view(B, T, H)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        xp, h0, w_ih, w_hh, out, order, index = ctx.saved_tensors
+        counts, (B, T) = ctx.counts, ctx.shape
+        H = out.shape[1]
+        g = grad_out.reshape(B * T, H).index_select(0, index)  # packed output gradients
+        dpre = torch.empty_like(out)
+        offsets = [0]
+        for n in counts:
+            offsets.append(offsets[-1] + n)
+        dh = None
+        for t in range(len(counts) - 1, -1, -1):
+            lo, n = offsets[t], counts[t]
+            gt = g[lo:lo + n]
+            if dh is not None:
+                gt[:dh.shape[0]] += dh
+            torch.mul(gt, out[lo:lo + n] > 0, out=dpre[lo:lo + n])
+            dh = dpre[lo:lo + n] @ w_hh
+        # previous states of every packed row: h0 for step 0, else the same rank one step back
+        h0s = h0.index_select(0, order)
+        prev = [h0s[:counts[0]]] + [out[offsets[t - 1]:offsets[t - 1] + counts[t]]
+                                    for t in range(1, len(counts))]
+        hprev = torch.cat(prev, 0)
+        d_w_hh = dpre.t() @ hprev
+        d_w_ih = dpre.t() @ xp
+        d_bias = dpre.sum(0)
+        d_x = None
+        if ctx.needs_input_grad[0]:
+            d_x = dpre.new_zeros(B * T, xp.shape[1])
+            d_x.index_copy_(0, index, dpre @ w_ih)
+            d_x = d_x.view(B, T, -1)
+        d_h0 = None
+        if ctx.needs_input_grad[1]:
+            d_h0 = torch.empty_like(h0s)
+            d_h0[order] = dh  # dh of step 0 covers the whole (sorted) batch
+        return d_x, d_h0, d_w_ih, d_w_hh, d_bias, None
+
+
+def ragged_relu_rnn(x, lengths, h0, weight_ih, weight_hh, bias):
+    """Run ``h_t = relu(W_ih x_t + W_hh h_{t-1} + b)`` over the real steps of each sequence.
+
+    :param torch.Tensor x: ``(batch, T, input_dim)``, sequence b real for ``t < lengths[b]``.
+    :param torch.LongTensor lengths: ``(batch,)``, each in ``[1, T]``.
+    :param torch.Tensor h0: ``(batch, hidden)`` initial states.
+    :param weight_ih: ``(hidden, input_dim)``; ``weight_hh`` ``(hidden, hidden)``;
+        ``bias`` ``(hidden,)`` (``b_ih + b_hh`` of ``torch.nn.RNN``).
+    :returns: ``(batch, T, hidden)``, zero at padded steps.
+    """
+    if x.dim() != 3 or h0.shape != (x.shape[0], weight_hh.shape[0]):
+        raise ValueError(f"expected x (B, T, I) and h0 (B, H); got {tuple(x.shape)}, "
+                         f"{tuple(h0.shape)}")
+    if lengths.shape != (x.shape[0],) or bool((lengths < 1).any()) or \
+            bool((lengths > x.shape[1]).any()):
+        raise ValueError(f"lengths must be (batch,) with values in [1, {x.shape[1]}]")
+    return _RaggedReluRNN.apply(x, h0, weight_ih, weight_hh, bias, lengths)
