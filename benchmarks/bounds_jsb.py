@@ -92,6 +92,8 @@ def parse_args(argv=None):
                    help="KL annealing from 0.2 over this many updates (0: none, the default)")
     p.add_argument("--eval-particles", type=int, default=64, help="K of the FIVO test estimator")
     p.add_argument("--eval-batch-size", type=int, default=16)
+    p.add_argument("--eval-seeds", type=int, default=5,
+                   help="evaluations per weights (seeds 1234, 1235, ...); the mean is reported")
     p.add_argument("--cost-steps", type=int, default=7,
                    help="minibatches in the step-cost measurement (median over them)")
     p.add_argument("--no-cost", action="store_true", help="skip the step-cost measurement")
@@ -150,10 +152,12 @@ def train_in_turns(args, settings, data, out_root):
 
 # ------------------------------------------------------------------ evaluation (cached)
 def evaluate(model, folder, test, args):
-    """FIVO K=64 test bounds at the best-validation and at the last weights of one run."""
+    """FIVO K=64 test bounds at the best-validation and at the last weights of one run: the
+    mean over ``--eval-seeds`` evaluations (seeds 1234, 1235, ...) and its standard error."""
     history = json.loads((folder / "log.json").read_text())
     key = {"epochs_completed": len(history), "num_particles": args.eval_particles,
-           "batch_size": args.eval_batch_size, "num_test_sequences": len(test)}
+           "batch_size": args.eval_batch_size, "num_test_sequences": len(test),
+           "eval_seeds": args.eval_seeds}
     cache = folder / f"eval_smc{args.eval_particles}.json"
     if cache.exists():
         cached = json.loads(cache.read_text())
@@ -165,12 +169,17 @@ def evaluate(model, folder, test, args):
                "last": load_checkpoint(folder / "checkpoint.pt")["model"]}
     for which, state_dict in weights.items():
         model.load_state_dict(state_dict)
-        torch.manual_seed(1234)
         started = time.process_time()
-        ev = evaluate_bound(model, test, batch_size=args.eval_batch_size, method="smc",
-                            num_particles=args.eval_particles)
-        result[which] = {"per_step": ev["per_step"], "total": ev["total"],
-                         "num_steps": ev["num_steps"],
+        runs = []
+        for i in range(max(1, args.eval_seeds)):
+            torch.manual_seed(1234 + i)
+            runs.append(evaluate_bound(model, test, batch_size=args.eval_batch_size,
+                                       method="smc", num_particles=args.eval_particles))
+        per_seed = [ev["per_step"] for ev in runs]
+        result[which] = {"per_step": statistics.mean(per_seed), "per_seed": per_seed,
+                         "stderr": (statistics.stdev(per_seed) / len(per_seed) ** 0.5
+                                    if len(per_seed) > 1 else None),
+                         "num_steps": runs[0]["num_steps"],
                          "cpu_seconds": time.process_time() - started}
     cache.write_text(json.dumps({"key": key, "result": result}, indent=1))
     return result, history
@@ -275,7 +284,7 @@ def main(argv=None):
                 continue
             evaluation, history = evaluate(build_model(settings, 0), folder, data["test"], args)
             results[objective] = summarize(objective, folder, evaluation, history)
-            print(f"{objective}: FIVO K={args.eval_particles} test bound "
+            print(f"{objective}: FIVO K={args.eval_particles} test bound (mean of {args.eval_seeds} seeds) "
                   f"{results[objective]['test_fivo_per_step_best_valid_elbo']:.4f} nats/step "
                   f"(best valid ELBO weights), {results[objective]['test_fivo_per_step_last']:.4f} "
                   f"(last) after {results[objective]['epochs_completed']} epochs, "
@@ -306,7 +315,8 @@ def main(argv=None):
         "estimator": {"function": "pyro_seq.train.evaluate_bound", "method": "smc",
                       "num_particles": args.eval_particles, "resample": "ess",
                       "resampling": "systematic", "batch_size": args.eval_batch_size,
-                      "seed": 1234},
+                      "seeds": list(range(1234, 1234 + max(1, args.eval_seeds))),
+                      "reported": "mean over the seeds (per_seed and stderr per objective)"},
         "objectives": results,
         "step_cost": cost,
         "model": dict(settings, obs_dim=88),
