@@ -114,10 +114,25 @@ class SRNN(SequenceModel):
         state["z"] = x.new_zeros(x.shape[0], self.z_dim)
 
     def model_step(self, state, t, x, mask):
-        loc, scale = self.prior(state["z"], state.shared_at("prior_context", t))
+        loc_scale = self._prior_from_guide(state, t)
+        if loc_scale is None:
+            loc_scale = self.prior(state["z"], state.shared_at("prior_context", t))
+        loc, scale = loc_scale
         z = self.sample_latent(state, "z", t, normal, (loc, scale), mask)
         self.observe(state, t, x, mask, cat_broadcast([z, state.shared_at("d", t)]))
         state["z"] = z
+
+    @staticmethod
+    def _prior_from_guide(state, t):
+        """The prior ``(loc, scale)`` the guide's Res_q step computed at this step, when the model
+        runs on the same state (FIVO) with the same ``z_{t-1}``; None otherwise."""
+        cached = state.shared.pop("_guide_prior", None)
+        if cached is None or cached[0] != t:
+            return None
+        z_guide, z_model = cached[1], state["z"]
+        if z_guide is z_model or (z_guide.shape == z_model.shape and torch.equal(z_guide, z_model)):
+            return cached[2]
+        return None
 
     # inference network: eq. 5.5, 5.7, 5.10, 5.12
     def guide_init(self, state, x, mask):
@@ -136,8 +151,10 @@ class SRNN(SequenceModel):
         z_prev = state["guide_z"]
         loc, scale = self.posterior(z_prev, state.shared_at("posterior_context", t))
         if self.residual:  # Res_q, eq. 5.12: residual to the prior mean at the guide's z_{t-1}
-            prior_loc, _ = self.prior(z_prev, state.shared_at("prior_context", t))
-            loc = loc + prior_loc
+            prior = self.prior(z_prev, state.shared_at("prior_context", t))
+            loc = loc + prior[0]
+            # a model step sharing this state (FIVO) reuses p(z_t | z_{t-1}) at the same z_{t-1}
+            state.shared["_guide_prior"] = (t, z_prev, prior)
         z = pyro.sample(f"z_{t + 1}", dist.Normal(loc, scale).to_event(1).mask(mask[:, t]))
         state["guide_z"] = z
 
