@@ -608,24 +608,29 @@ def _flat_time_entries(p: Tensor, batch: torch.Size, T: int, event_ndim: int):
     return list(p.unbind(tdim))
 
 
+def _fused_kernel(bias: Tensor, X: Tensor, Y: Tensor):
+    """``torch.addmm`` or ``torch.baddbmm`` when they compute ``bias + X @ Y`` for these
+    shapes without broadcasting, else None."""
+    if X.dim() == 2 and Y.dim() == 2 and bias.dim() <= 2:
+        return torch.addmm
+    if X.dim() == 3 and Y.dim() == 3 and bias.dim() == 3 and bias.shape[0] == X.shape[0] == Y.shape[0]:
+        return torch.baddbmm
+    return None
+
+
 def _addmm(bias: Tensor, X: Tensor, Y: Tensor, beta: float = 1.0, alpha: float = 1.0) -> Tensor:
     """``beta * bias + alpha * X @ Y`` in one fused kernel where the shapes allow it."""
-    if X.dim() == 2 and Y.dim() == 2 and bias.dim() <= 2:
-        return torch.addmm(bias, X, Y, beta=beta, alpha=alpha)
-    if X.dim() == 3 and Y.dim() == 3 and bias.dim() == 3 and bias.shape[0] == X.shape[0] == Y.shape[0]:
-        return torch.baddbmm(bias, X, Y, beta=beta, alpha=alpha)
+    kernel = _fused_kernel(bias, X, Y)
+    if kernel is not None:
+        return kernel(bias, X, Y, beta=beta, alpha=alpha)
     XY = X @ Y
     return (bias if beta == 1.0 else beta * bias) + (XY if alpha == 1.0 else alpha * XY)
 
 
 def _step_addmm(M: Tensor, V: Tensor):
-    """The fused kernel for ``V_t + M_t @ v`` in a per-step loop: ``torch.addmm`` for 2-D
-    entries, ``torch.baddbmm`` for equally batched 3-D ones, else :func:`_addmm`."""
-    if M.dim() == 2 and V.dim() == 2:
-        return torch.addmm
-    if M.dim() == 3 and V.dim() == 3 and M.shape[0] == V.shape[0]:
-        return torch.baddbmm
-    return _addmm
+    """The kernel for ``V_t + M_t @ v`` in a per-step loop (``v`` shaped like ``V_t``),
+    chosen once for the loop: :func:`_fused_kernel` where it applies, else :func:`_addmm`."""
+    return _fused_kernel(V, M, V) or _addmm
 
 
 def _half_sym_addmm(bias: Tensor, X: Tensor, Y: Tensor, alpha: float = 1.0) -> Tensor:
@@ -944,7 +949,7 @@ def _smooth_sequential_covs(J: Tensor, covs: Tensor, ASig: Tensor,
     settled there (``STEADY_STATE_TOL``) and repeats it down to ``repeat_from``.
     J, ASig (pb, T-1, S, S), covs (pb, T, S, S) -> (pb, T, S, S)."""
     T1 = J.shape[-3]
-    if repeat_from is None or STEADY_STATE_TOL <= 0:
+    if repeat_from is None:
         repeat_from = T1
     u = min(repeat_from + 1, T1)  # distinct coefficients
     Pch = _addmm(covs[..., :u, :, :], J[..., :u, :, :], ASig[..., :u, :, :],
