@@ -13,6 +13,8 @@ from typing import Iterator, List, Optional, Sequence, Tuple, Union
 import numpy as np
 import torch
 
+from pyro_seq.validation import validate_sequences
+
 __all__ = [
     "pad_sequences",
     "unpad_sequences",
@@ -105,82 +107,6 @@ def chunk_sequences(
                 break
             out.append(w)
     return out
-
-
-def validate_sequences(
-    x: torch.Tensor,
-    mask: Optional[torch.Tensor] = None,
-    binary: bool = False,
-    prefix_mask: bool = False,
-) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Check a padded batch against the sequence-model contract; raise a clear error if not.
-
-    Args:
-        x: ``(B, T, D)`` floating tensor.
-        mask: ``(B, T)`` ``bool`` tensor, or ``None`` meaning every step is real.
-        binary: also require the real steps of ``x`` to be 0 or 1 (Bernoulli observations).
-        prefix_mask: also require every mask row to be ``True...True False...False``
-            (left-aligned ragged sequences, as made by :func:`pad_sequences`).
-
-    Returns:
-        ``(x, mask)`` with ``mask`` filled in as all-``True`` when it was ``None``.
-
-    Raises:
-        ValueError: naming the problem: wrong dimensionality, non-floating dtype, NaN or
-            infinite values (anywhere, since ``0 * nan`` is ``nan`` even at padded steps), mask
-            shape or dtype mismatch, an empty sequence (a mask row with no ``True``), a mask with
-            holes when ``prefix_mask``, or non-binary values at real steps when ``binary``.
-    """
-    if not isinstance(x, torch.Tensor):
-        raise ValueError(f"x must be a torch.Tensor of shape (batch, T, D), got {type(x).__name__}")
-    if x.dim() != 3:
-        raise ValueError(
-            f"x must have 3 dimensions (batch, T, D), got {x.dim()} with shape {tuple(x.shape)}"
-        )
-    if not x.is_floating_point():
-        raise ValueError(f"x must be a floating-point tensor, got dtype {x.dtype}")
-    B, T, D = x.shape
-    if B == 0 or T == 0 or D == 0:
-        raise ValueError(f"x has an empty dimension: shape {tuple(x.shape)} (batch, T, D)")
-    if mask is None:
-        mask = torch.ones(B, T, dtype=torch.bool, device=x.device)
-    if not isinstance(mask, torch.Tensor):
-        raise ValueError(f"mask must be a bool torch.Tensor of shape {(B, T)}, got {type(mask).__name__}")
-    if tuple(mask.shape) != (B, T):
-        raise ValueError(
-            f"mask shape {tuple(mask.shape)} does not match x's (batch, T) = {(B, T)}"
-        )
-    if mask.dtype != torch.bool:
-        raise ValueError(f"mask must have dtype torch.bool, got {mask.dtype}")
-    finite = torch.isfinite(x)
-    if not bool(finite.all()):
-        b, t, d = (int(v) for v in (~finite).nonzero()[0])
-        kind = "NaN" if bool(torch.isnan(x[b, t, d])) else "infinite value"
-        where = "real" if bool(mask[b, t]) else "padded"
-        raise ValueError(
-            f"x contains {int((~finite).sum())} NaN/inf values; first: {kind} at "
-            f"(batch {b}, step {t}, feature {d}), a {where} step"
-        )
-    lengths = mask.sum(1)
-    if bool((lengths == 0).any()):
-        b = int((lengths == 0).nonzero()[0])
-        raise ValueError(f"empty sequence: mask row {b} has no True step")
-    if prefix_mask:
-        prefix = torch.arange(T, device=mask.device).unsqueeze(0) < lengths.unsqueeze(1)
-        if not bool((prefix == mask).all()):
-            b = int((prefix != mask).any(1).nonzero()[0])
-            raise ValueError(
-                f"mask row {b} is not a prefix (True steps must come first, then padding)"
-            )
-    if binary:
-        bad = ((x != 0) & (x != 1)) & mask.unsqueeze(-1)
-        if bool(bad.any()):
-            b, t, d = (int(v) for v in bad.nonzero()[0])
-            raise ValueError(
-                f"x must be binary (0/1) for a Bernoulli model, found {x[b, t, d].item()!r} at "
-                f"(batch {b}, step {t}, feature {d}); {int(bad.sum())} non-binary values in all"
-            )
-    return x, mask
 
 
 class SequenceLoader:

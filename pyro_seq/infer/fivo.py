@@ -56,6 +56,7 @@ from pyro_seq.infer.iwae import _reduce_site
 from pyro_seq.infer.log_z_bound import LogZBound
 from pyro_seq.ops.resampling import RESAMPLING_SCHEMES, effective_sample_size, log_mean_exp, resample
 from pyro_seq.ops.state import SequenceState
+from pyro_seq.validation import validate_sequences
 
 __all__ = ["FIVO"]
 
@@ -85,15 +86,10 @@ def _parse_args(args, kwargs):
         if k in values:
             raise TypeError(f"got multiple values for argument {k!r}")
         values[k] = v
-    x = values.get("x")
-    if not torch.is_tensor(x) or x.dim() != 3:
-        raise ValueError(f"FIVO expects x of shape (batch, T, D), got {getattr(x, 'shape', x)}")
-    mask = values.get("mask")
-    if mask is None:
-        mask = torch.ones(x.shape[:2], dtype=torch.bool, device=x.device)
-    elif mask.shape != x.shape[:2]:
-        raise ValueError(f"mask must have shape {tuple(x.shape[:2])}, got {tuple(mask.shape)}")
-    return x, mask.bool(), values.get("num_sequences")
+    # the package's one validator (model-specific checks, e.g. feature size and binary data for
+    # a Bernoulli likelihood, follow in the model's ``init``)
+    x, mask = validate_sequences(values.get("x"), values.get("mask"))
+    return x, mask, values.get("num_sequences")
 
 
 class _StepSites(Messenger):

@@ -59,47 +59,11 @@ from pyro.poutine.runtime import _PYRO_STACK
 
 from pyro_seq.distributions.scored_value import ScoredValue
 from pyro_seq.ops.state import SequenceState
+from pyro_seq.validation import validate_mask, validate_sequences
 
 
-def check_sequences(x, mask=None, obs_dim=None, binary=False):
-    """Validate a batch of sequences and return ``(x, mask)`` with a bool prefix mask.
-
-    :param torch.Tensor x: ``(batch, T, D)`` floating tensor.
-    :param mask: ``(batch, T)`` bool (True = observed step) or None (all observed).
-    :param int obs_dim: expected ``D``, if known.
-    :param bool binary: require 0/1 values at observed steps (Bernoulli likelihoods).
-    :raises ValueError: naming the problem (dimensionality, NaN/inf, non-binary values,
-        non-prefix or empty mask).
-    """
-    if not torch.is_tensor(x):
-        raise TypeError(f"x must be a torch.Tensor of shape (batch, T, D), got {type(x).__name__}")
-    if x.dim() != 3:
-        raise ValueError(f"x must have shape (batch, T, D), got shape {tuple(x.shape)}")
-    if not x.is_floating_point():
-        raise TypeError(f"x must be a floating tensor, got dtype {x.dtype}")
-    if obs_dim is not None and x.shape[-1] != obs_dim:
-        raise ValueError(f"x has {x.shape[-1]} features per step, the model expects {obs_dim}")
-    if x.shape[1] == 0:
-        raise ValueError("x has no time steps (T = 0)")
-    if not torch.isfinite(x).all():
-        raise ValueError("x contains NaN or infinite values")
-    if mask is None:
-        mask = torch.ones(x.shape[:2], dtype=torch.bool, device=x.device)
-    else:
-        if mask.shape != x.shape[:2]:
-            raise ValueError(f"mask must have shape {tuple(x.shape[:2])}, got {tuple(mask.shape)}")
-        mask = mask.bool()
-        lengths = mask.sum(-1)
-        if (lengths == 0).any():
-            raise ValueError("mask marks an empty sequence (a row with no observed step)")
-        prefix = torch.arange(x.shape[1], device=x.device) < lengths.unsqueeze(-1)
-        if not torch.equal(prefix, mask):
-            raise ValueError("mask must be a prefix mask: True for steps 0..length-1, then False")
-    if binary:
-        observed = x[mask]
-        if not ((observed == 0) | (observed == 1)).all():
-            raise ValueError("x must be binary (0/1) at observed steps for a Bernoulli likelihood")
-    return x, mask
+#: Alias of :func:`pyro_seq.validation.validate_sequences`, the package's one validator.
+check_sequences = validate_sequences
 
 
 def _value_preserving_messengers():
@@ -206,13 +170,26 @@ class StepProgram:
         return self._plate
 
     def init(self, state, x, mask=None, num_sequences=None):
-        """Register parameters and fill ``state`` for step 0 (inside the batch plate)."""
-        pyro.module(self._owner.module_name, self._owner)
+        """Register parameters and fill ``state`` for step 0 (inside the batch plate).
+
+        Validates ``(x, mask)`` once per sequence pass (:func:`~pyro_seq.validation.validate_sequences`
+        with the model's ``obs_dim`` and likelihood), so particle methods that drive the steps
+        refuse bad input with the same messages as the full-sequence program.
+        """
+        owner = self._owner
+        x, mask = validate_sequences(x, mask, owner.obs_dim, owner.binary_observations)
+        pyro.module(owner.module_name, owner)
         with self.plate(x, num_sequences):
             self._init(state, x, mask)
 
     def step(self, state, t, x, mask=None, num_sequences=None):
-        """Run step ``t`` (0-based) inside the batch plate."""
+        """Run step ``t`` (0-based) inside the batch plate.
+
+        ``mask`` is the one given to :meth:`init` (validated there); a mask that is None or not
+        bool is converted here (and its values checked) so every step sees a bool mask.
+        """
+        if mask is None or mask.dtype != torch.bool:
+            mask = validate_mask(mask, x.shape[:2], device=x.device)
         with self.plate(x, num_sequences):
             self._step(state, t, x, mask)
 
@@ -225,7 +202,7 @@ class StepProgram:
         :returns: the final :class:`SequenceState`.
         """
         owner = self._owner
-        x, mask = check_sequences(x, mask, owner.obs_dim, owner.binary_observations)
+        x, mask = validate_sequences(x, mask, owner.obs_dim, owner.binary_observations)
         state = SequenceState()
         pyro.module(owner.module_name, owner)
         T = x.shape[1]

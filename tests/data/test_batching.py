@@ -190,7 +190,13 @@ def _batch():
         (lambda: (torch.zeros(2, 0, 4), None), {}, "empty dimension"),
         (lambda: (_batch()[0], torch.ones(2, 4, dtype=torch.bool)), {},
          r"mask shape \(2, 4\) does not match x's \(batch, T\) = \(2, 3\)"),
-        (lambda: (_batch()[0], torch.ones(2, 3)), {}, "dtype torch.bool"),
+        (lambda: (_batch()[0], torch.tensor([[1.0, 1.0, 0.5], [1.0, 1.0, 0.0]])), {},
+         r"mask must be bool or contain only 0 and 1 \(dtype torch.float32\), found 0.5 at "
+         r"\(batch 0, step 2\)"),
+        (lambda: (_batch()[0], torch.tensor([[2, 1, 1], [1, 1, 0]])), {},
+         r"contain only 0 and 1 \(dtype torch.int64\), found 2 at \(batch 0, step 0\)"),
+        (lambda: (torch.zeros(0, 3, 4), None), {}, r"empty dimension \(batch = 0\)"),
+        (lambda: (torch.zeros(2, 3, 0), None), {}, r"empty dimension \(D = 0\)"),
         (lambda: (_batch()[0].index_put((torch.tensor(1), torch.tensor(2), torch.tensor(0)),
                                         torch.tensor(float("nan"))), _batch()[1]), {},
          r"NaN at \(batch 1, step 2, feature 0\), a padded step"),
@@ -209,6 +215,21 @@ def test_validate_errors_name_the_problem(make, kwargs, message):
     x, mask = make()
     with pytest.raises(ValueError, match=message):
         validate_sequences(x, mask, **kwargs)
+
+
+def test_validate_accepts_exact_zero_one_masks_of_any_dtype():
+    x, mask = _batch()
+    for dtype in (torch.float32, torch.float64, torch.int64, torch.uint8):
+        _, out = validate_sequences(x, mask.to(dtype))
+        assert out.dtype == torch.bool and torch.equal(out, mask)
+
+
+def test_validate_refuses_non_prefix_by_default_and_wrong_feature_size():
+    x, _ = _batch()
+    with pytest.raises(ValueError, match="mask row 0 is not a prefix"):
+        validate_sequences(x, torch.tensor([[True, False, True], [True, True, False]]))
+    with pytest.raises(ValueError, match="x has 4 features per step, the model expects 5"):
+        validate_sequences(x, obs_dim=5)
 
 
 def test_validate_binary_ignores_padding_but_not_real_steps():

@@ -151,8 +151,8 @@ def test_generate_shapes_and_support(arch):
 
 
 @pytest.mark.parametrize("bad, message", [
-    (torch.zeros(3, 6), "shape \\(batch, T, D\\)"),
-    (torch.zeros(2, 0, 6), "no time steps"),
+    (torch.zeros(3, 6), "3 dimensions \\(batch, T, D\\)"),
+    (torch.zeros(2, 0, 6), "T = 0: no time steps"),
     (torch.full((2, 3, 6), float("nan")), "NaN"),
     (torch.zeros(2, 3, 5), "expects 6"),
 ])
@@ -168,7 +168,7 @@ def test_bad_masks_are_named():
         check_sequences(x, torch.tensor([[1, 0, 1], [1, 1, 1]]).bool())
     with pytest.raises(ValueError, match="empty sequence"):
         check_sequences(x, torch.tensor([[0, 0, 0], [1, 1, 1]]).bool())
-    with pytest.raises(ValueError, match="mask must have shape"):
+    with pytest.raises(ValueError, match="does not match x's"):
         check_sequences(x, torch.ones(2, 4).bool())
 
 
@@ -200,3 +200,17 @@ def test_time_parallel_scoring_equals_step_by_step(arch, monkeypatch):
     for name in names:
         assert torch.allclose(parallel.nodes[name]["log_prob"], sequential.nodes[name]["log_prob"],
                               atol=1e-5), name
+
+
+def test_dmm_backward_rnn_starts_from_a_learned_state_srnn_from_zeros():
+    # DMM docstring: a_{T+1} is a parameter (Pyro's example); SRNN eq. 5.7: a_{T+1} = 0.
+    dmm, srnn = TINY["dmm"](), TINY["srnn"]()
+    assert isinstance(dmm.encoder.h0, torch.nn.Parameter)
+    assert "h0" in dict(srnn.encoder.named_buffers()) and not srnn.encoder.h0.any()
+    x, mask = binary_batch()
+    zs = {f"z_{t + 1}": torch.zeros(3, 3) for t in range(7)}
+    before = guide_params(dmm, x, mask, zs)["z_7"][0]
+    with torch.no_grad():
+        dmm.encoder.h0.add_(1.0)
+    after = guide_params(dmm, x, mask, zs)["z_7"][0]
+    assert not torch.allclose(before[0], after[0])   # full-length row: q(z_T) reads a_{T+1}

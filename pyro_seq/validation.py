@@ -1,0 +1,123 @@
+"""The one input validator of the package: a padded batch of sequences and its mask.
+
+Every path that takes sequences from a user goes through :func:`validate_sequences`: the
+full-sequence ``model``/``guide`` of every :class:`~pyro_seq.models.SequenceModel` (and so every
+Pyro ELBO, :class:`~pyro_seq.infer.IWAE` and the IWAE estimator), the step protocol's ``init``
+(so :class:`~pyro_seq.infer.FIVO` and the SMC estimator), :func:`pyro_seq.infer.estimate_log_likelihood`,
+:func:`pyro_seq.train.fit`, the command line and :mod:`pyro_seq.data`. A bad input therefore gets
+the same message whichever path the user takes.
+
+This module depends on :mod:`torch` only, so that every layer may import it.
+"""
+
+from typing import Optional, Tuple
+
+import torch
+
+__all__ = ["validate_sequences", "validate_mask"]
+
+
+def _first(index_mask: torch.Tensor) -> Tuple[int, ...]:
+    return tuple(int(v) for v in index_mask.nonzero()[0])
+
+
+def validate_mask(mask, shape: Tuple[int, int], device=None, name: str = "mask") -> torch.Tensor:
+    """Check a ``(batch, T)`` padding mask and return it as a bool tensor.
+
+    A mask is accepted when it is a bool tensor, or a tensor of any other dtype whose entries
+    are exactly 0 or 1 (e.g. a float mask ``1.0/0.0``). Anything else, e.g. ``0.5``, is refused:
+    a cast with ``.bool()`` would silently read it as True.
+
+    :param mask: tensor ``(batch, T)`` or None (every step real).
+    :param tuple shape: the expected ``(batch, T)``.
+    :param str name: the argument's name, used in messages.
+    :returns: bool tensor ``(batch, T)``.
+    :raises ValueError: naming the problem.
+    """
+    if mask is None:
+        return torch.ones(shape, dtype=torch.bool, device=device)
+    if not torch.is_tensor(mask):
+        raise ValueError(f"{name} must be a bool torch.Tensor of shape {tuple(shape)}, "
+                         f"got {type(mask).__name__}")
+    if tuple(mask.shape) != tuple(shape):
+        raise ValueError(f"{name} shape {tuple(mask.shape)} does not match x's (batch, T) = "
+                         f"{tuple(shape)}")
+    if mask.dtype == torch.bool:
+        return mask
+    if mask.is_complex():
+        raise ValueError(f"{name} must be bool or contain only 0 and 1, got dtype {mask.dtype}")
+    bad = (mask != 0) & (mask != 1)
+    if bool(bad.any()):
+        b, t = _first(bad)
+        raise ValueError(
+            f"{name} must be bool or contain only 0 and 1 (dtype {mask.dtype}), found "
+            f"{mask[b, t].item()!r} at (batch {b}, step {t}); {int(bad.sum())} such entries")
+    return mask != 0
+
+
+def validate_sequences(
+    x,
+    mask=None,
+    obs_dim: Optional[int] = None,
+    binary: bool = False,
+    prefix_mask: bool = True,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Check a padded batch against the sequence-model contract; return ``(x, mask)``.
+
+    :param torch.Tensor x: ``(batch, T, D)`` floating tensor, finite everywhere (padded steps
+        included: ``0 * nan`` is ``nan``, so a NaN placeholder would poison sums and gradients).
+    :param mask: ``(batch, T)`` padding mask (True at real steps), bool or exactly 0/1, or None
+        (every step real). By default every row must be a prefix ``True...True False...False``
+        with at least one True.
+    :param int obs_dim: the expected feature size ``D`` (the model's), if known.
+    :param bool binary: require 0/1 values at real steps (Bernoulli likelihoods).
+    :param bool prefix_mask: require prefix rows (the padding contract). ``False`` only for
+        masks that mark something other than padding.
+    :returns: ``(x, mask)`` with ``mask`` a bool tensor ``(batch, T)`` (all True when None);
+        ``x`` is returned unchanged.
+    :raises TypeError: ``x`` is not a tensor.
+    :raises ValueError: naming the problem: dimensionality, dtype, an empty dimension
+        (``batch = 0``, ``T = 0`` or ``D = 0``), the wrong feature size, NaN or infinite values
+        (with the first position and whether it is a real or a padded step), mask shape, mask
+        values other than 0/1, an empty row, a non-prefix row, non-binary values at real steps.
+    """
+    if not torch.is_tensor(x):
+        raise TypeError(f"x must be a torch.Tensor of shape (batch, T, D), got {type(x).__name__}")
+    if x.dim() != 3:
+        raise ValueError(
+            f"x must have 3 dimensions (batch, T, D), got {x.dim()} with shape {tuple(x.shape)}")
+    if not x.is_floating_point():
+        raise ValueError(f"x must be a floating-point tensor, got dtype {x.dtype}")
+    B, T, D = x.shape
+    if B == 0 or T == 0 or D == 0:
+        what = "batch = 0" if B == 0 else ("T = 0: no time steps" if T == 0 else "D = 0")
+        raise ValueError(f"x has an empty dimension ({what}): shape {tuple(x.shape)} (batch, T, D)")
+    if obs_dim is not None and D != obs_dim:
+        raise ValueError(f"x has {D} features per step, the model expects {obs_dim}")
+    mask = validate_mask(mask, (B, T), device=x.device)
+    finite = torch.isfinite(x)
+    if not bool(finite.all()):
+        b, t, d = _first(~finite)
+        kind = "NaN" if bool(torch.isnan(x[b, t, d])) else "infinite value"
+        where = "real" if bool(mask[b, t]) else "padded"
+        raise ValueError(
+            f"x contains {int((~finite).sum())} NaN/inf values; first: {kind} at "
+            f"(batch {b}, step {t}, feature {d}), a {where} step (use zeros at padded steps)")
+    lengths = mask.sum(1)
+    if bool((lengths == 0).any()):
+        b = int((lengths == 0).nonzero()[0])
+        raise ValueError(f"empty sequence: mask row {b} has no True step")
+    if prefix_mask:
+        prefix = torch.arange(T, device=mask.device).unsqueeze(0) < lengths.unsqueeze(1)
+        if not bool((prefix == mask).all()):
+            b = int((prefix != mask).any(1).nonzero()[0])
+            raise ValueError(
+                f"mask row {b} is not a prefix (True steps must come first, then padding)")
+    if binary:
+        bad = ((x != 0) & (x != 1)) & mask.unsqueeze(-1)
+        if bool(bad.any()):
+            b, t, d = _first(bad)
+            raise ValueError(
+                f"x must be binary (0/1) for a Bernoulli model, found {x[b, t, d].item()!r} at "
+                f"(batch {b}, step {t}, feature {d}); {int(bad.sum())} non-binary values in all")
+    return x, mask
