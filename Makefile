@@ -21,7 +21,7 @@ $(STAMP): setup.cfg pyproject.toml | $(BIN)/python
 install: $(STAMP)
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q -rs tests
 
 demo: $(STAMP)
 	$(BIN)/pyro-seq train --model srnn --data chorales --epochs 200 --time-limit 240 --threads 1 \
