@@ -8,7 +8,9 @@ Generative model (thesis eq. 4.3, 4.2)::
 Inference networks of thesis Fig. 4.2:
 
 * ``inference="smoothing"`` (Fig. 4.2a, eq. 4.6-4.9): ``a_t = RNN(a_{t+1}, x_t)`` runs backwards
-  from ``a_{T+1} = 0`` and ``q(z_t | z_{t-1}, a_t)`` is the combiner of Krishnan et al.;
+  from a *learned* initial state ``a_{T+1}`` (a parameter, as ``h_0`` in Pyro's
+  ``examples/dmm.py``; the thesis starts from zeros, which is the learned state's initial
+  value) and ``q(z_t | z_{t-1}, a_t)`` is the combiner of Krishnan et al.;
 * ``inference="filtering"`` (Fig. 4.2b): ``a_t = NN^(a)(x_t)`` sees only the present.
 
 Default sizes are those of Pyro's ``examples/dmm.py`` (z 100, transition 200, emission 100,

@@ -50,12 +50,13 @@ class GaussianMLP(nn.Module):
     ``forward(z (..., z_dim), projected (..., hidden)) -> (loc, scale)``, each ``(..., out_dim)``.
     """
 
-    def __init__(self, z_dim, context_dim, hidden_dim, out_dim, activation, min_scale):
+    def __init__(self, z_dim, context_dim, hidden_dim, out_dim, activation, min_scale,
+                 variance="softplus"):
         super().__init__()
         self.z_dim = z_dim
         self.first = nn.Linear(z_dim + context_dim, hidden_dim)
         self.activation = make_activation(activation)
-        self.head = GaussianHead(hidden_dim, out_dim, min_scale)
+        self.head = GaussianHead(hidden_dim, out_dim, min_scale, variance)
 
     def project_context(self, context):
         return F.linear(context, self.first.weight[:, self.z_dim:], self.first.bias)
@@ -77,6 +78,14 @@ class SRNN(SequenceModel):
     :param str likelihood: ``"bernoulli"`` or ``"gaussian"``.
     :param str activation: hidden activation of the MLPs.
     :param float min_scale: floor on latent standard deviations.
+    :param str variance: how the MLPs output the latent variances. ``"log"``: a log-variance,
+        ``log v = NN_2(...)`` exactly as eq. 5.3 and 5.10 (with ``min_scale=0``; a positive
+        ``min_scale`` adds a floor to the standard deviation ``exp(NN_2 / 2)``).
+        ``"softplus"`` (default, a departure from eq. 5.10): standard deviation
+        ``min_scale + softplus(NN_2(...))``, which cannot overflow and keeps the floor of
+        thesis 4.8.1; the benchmark results in ``docs/benchmarks.rst`` use it. Both are
+        tested against a reference written from the equations
+        (``tests/models/test_reference_elbo.py``).
     """
 
     time_parallel = True
@@ -84,21 +93,22 @@ class SRNN(SequenceModel):
 
     def __init__(self, obs_dim, d_dim=300, z_dim=100, hidden_dim=500, inference="smoothing",
                  residual=True, likelihood="bernoulli", activation="clipped_leaky_relu",
-                 min_scale=1e-3):
+                 min_scale=1e-3, variance="softplus"):
         super().__init__(obs_dim)
         self.binary_observations = likelihood == "bernoulli"
         if inference not in ("smoothing", "filtering"):
             raise ValueError(f"inference must be 'smoothing' or 'filtering', got {inference!r}")
         self.z_dim, self.inference, self.residual = z_dim, inference, residual
         self.deterministic = ForwardRNN(obs_dim, d_dim, cell="gru")
-        self.prior = GaussianMLP(z_dim, d_dim, hidden_dim, z_dim, activation, min_scale)
+        self.prior = GaussianMLP(z_dim, d_dim, hidden_dim, z_dim, activation, min_scale, variance)
         self.emitter, self.likelihood = make_emission(
             likelihood, z_dim + d_dim, [hidden_dim], obs_dim, activation)
         if inference == "smoothing":
             self.encoder = BackwardRNN(d_dim + obs_dim, d_dim, cell="gru")
         else:
             self.encoder = MLP(d_dim + obs_dim, [hidden_dim], d_dim, activation, activate_output=True)
-        self.posterior = GaussianMLP(z_dim, d_dim, hidden_dim, z_dim, activation, min_scale)
+        self.posterior = GaussianMLP(z_dim, d_dim, hidden_dim, z_dim, activation, min_scale,
+                                     variance)
 
     def _deterministic_states(self, x, mask):
         """``d_{1:T}`` (eq. 5.1): ``(batch, T, d_dim)`` (zero after each sequence's end)."""

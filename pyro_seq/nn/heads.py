@@ -8,26 +8,40 @@ from torch.nn.functional import softplus
 class GaussianHead(nn.Module):
     """Diagonal Gaussian parameters ``(loc, scale)`` from features.
 
-    ``scale = min_scale + softplus(W_s h + b_s)`` keeps a strictly positive variance floor
-    (thesis 4.8.1: lower-bounding the variances keeps latent units stochastic).
+    Two parameterisations of the scale from ``r = W_s h + b_s``:
+
+    * ``variance="softplus"`` (default): ``scale = min_scale + softplus(r)``, a strictly positive
+      floor on the standard deviation (thesis 4.8.1: lower-bounding the variances keeps latent
+      units stochastic) and no overflow for large ``r``;
+    * ``variance="log"``: ``r`` is the log-variance, ``scale = min_scale + exp(r / 2)``; with
+      ``min_scale=0`` this is exactly ``log v = NN(h)`` of thesis eq. 5.3 and 5.10.
 
     :param int in_dim: feature size.
     :param int out_dim: dimension of the Gaussian.
     :param float min_scale: floor added to the standard deviation.
+    :param str variance: ``"softplus"`` or ``"log"``.
 
     Shapes: ``(..., in_dim) -> ((..., out_dim), (..., out_dim))``.
     """
 
-    def __init__(self, in_dim, out_dim, min_scale=1e-3):
+    VARIANCES = ("softplus", "log")
+
+    def __init__(self, in_dim, out_dim, min_scale=1e-3, variance="softplus"):
         super().__init__()
         if min_scale < 0:
             raise ValueError(f"min_scale must be >= 0, got {min_scale}")
+        if variance not in self.VARIANCES:
+            raise ValueError(f"variance must be one of {self.VARIANCES}, got {variance!r}")
         self.loc = nn.Linear(in_dim, out_dim)
         self.raw_scale = nn.Linear(in_dim, out_dim)
         self.min_scale = min_scale
+        self.variance = variance
 
     def forward(self, h):
-        return self.loc(h), self.min_scale + softplus(self.raw_scale(h))
+        raw = self.raw_scale(h)
+        if self.variance == "log":
+            return self.loc(h), self.min_scale + torch.exp(0.5 * raw)
+        return self.loc(h), self.min_scale + softplus(raw)
 
 
 class BernoulliHead(nn.Linear):

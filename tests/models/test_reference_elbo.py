@@ -33,6 +33,11 @@ def normal_logpdf(z, loc, scale):
     return (-0.5 * ((z - loc) / scale) ** 2 - torch.log(scale) - 0.5 * math.log(2 * math.pi)).sum(-1)
 
 
+def normal_logpdf_logvar(z, mu, log_v):
+    """log N(z; mu, diag(v)) written with the log-variance of eq. 5.3 / 5.10."""
+    return (-0.5 * (z - mu) ** 2 / torch.exp(log_v) - 0.5 * log_v - 0.5 * math.log(2 * math.pi)).sum(-1)
+
+
 def bernoulli_logpmf(x, logits):
     p = 1 / (1 + torch.exp(-logits))
     return (x * torch.log(p) + (1 - x) * torch.log1p(-p)).sum(-1)
@@ -62,11 +67,18 @@ def relu_rnn_cell(rnn, x, h):
 
 
 def gaussian_mlp(net, *inputs):
+    """The documented departure (SRNN ``variance="softplus"``): std = min_scale + softplus(NN_2)."""
     h = act(lin(net.first, torch.cat(inputs, -1)))
     return lin(net.head.loc, h), net.head.min_scale + softplus(lin(net.head.raw_scale, h))
 
 
-def srnn_reference(m, x, zs):
+def mean_logvar_mlp(net, *inputs):
+    """Eq. 5.3 / 5.10: ``mu = NN_1(.)``, ``log v = NN_2(.)`` (one hidden layer shared)."""
+    h = act(lin(net.first, torch.cat(inputs, -1)))
+    return lin(net.head.loc, h), lin(net.head.raw_scale, h)
+
+
+def srnn_reference(m, x, zs, variance="softplus"):
     """Per-step (log p(x_t|z_t,d_t), log p(z_t|z_{t-1},d_t), log q(z_t|z_{t-1},a_t)), one sequence."""
     T, D = x.shape
     d, h = [], torch.zeros(m.deterministic.rnn.hidden_size)
@@ -80,13 +92,20 @@ def srnn_reference(m, x, zs):
         a[t] = g
     terms, z_prev = [], torch.zeros(m.z_dim)
     for t in range(T):
-        p_loc, p_scale = gaussian_mlp(m.prior, z_prev, d[t])        # eq. 5.3
-        q_loc, q_scale = gaussian_mlp(m.posterior, z_prev, a[t])    # eq. 5.10
-        q_loc = q_loc + p_loc                                       # Res_q, eq. 5.12
         hid = act(lin(m.emitter[0], torch.cat([zs[t], d[t]])))
-        logits = lin(m.emitter[2], hid)
-        terms.append((bernoulli_logpmf(x[t], logits), normal_logpdf(zs[t], p_loc, p_scale),
-                       normal_logpdf(zs[t], q_loc, q_scale)))
+        log_px = bernoulli_logpmf(x[t], lin(m.emitter[2], hid))
+        if variance == "log":                                          # eq. 5.3 and 5.10
+            p_mu, p_logv = mean_logvar_mlp(m.prior, z_prev, d[t])
+            q_mu, q_logv = mean_logvar_mlp(m.posterior, z_prev, a[t])
+            q_mu = q_mu + p_mu                                         # Res_q, eq. 5.12
+            terms.append((log_px, normal_logpdf_logvar(zs[t], p_mu, p_logv),
+                          normal_logpdf_logvar(zs[t], q_mu, q_logv)))
+        else:                                                          # documented departure
+            p_loc, p_scale = gaussian_mlp(m.prior, z_prev, d[t])
+            q_loc, q_scale = gaussian_mlp(m.posterior, z_prev, a[t])
+            q_loc = q_loc + p_loc                                      # Res_q, eq. 5.12
+            terms.append((log_px, normal_logpdf(zs[t], p_loc, p_scale),
+                           normal_logpdf(zs[t], q_loc, q_scale)))
         z_prev = zs[t]
     return terms
 
@@ -121,11 +140,14 @@ def randomize(module, scale=0.5):
             p.copy_(scale * torch.randn(p.shape, generator=gen))
 
 
-@pytest.mark.parametrize("arch", ["srnn", "dmm"])
+@pytest.mark.parametrize("arch", ["srnn", "srnn_logvar", "dmm"])
 def test_site_log_densities_match_reference(arch):
     torch.manual_seed(0)
     if arch == "srnn":
         m, ref = SRNN(5, d_dim=4, z_dim=3, hidden_dim=6), srnn_reference
+    elif arch == "srnn_logvar":  # eq. 5.10 exactly: log-variance, no floor
+        m = SRNN(5, d_dim=4, z_dim=3, hidden_dim=6, variance="log", min_scale=0.0)
+        ref = lambda m, x, zs: srnn_reference(m, x, zs, variance="log")  # noqa: E731
     else:
         m, ref = DMM(5, z_dim=3, transition_dim=6, emission_dim=4, rnn_dim=4), dmm_reference
     randomize(m)
