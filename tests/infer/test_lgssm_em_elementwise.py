@@ -366,3 +366,18 @@ def test_bad_masks_and_structures_raise():
     out_nan, _ = em_step(x_nan, p, mask=obs)
     out_ok, _ = em_step(x, p, mask=obs)
     assert all(torch.equal(u, v) for u, v in zip(out_nan, out_ok) if u is not None)
+
+
+@pytest.mark.parametrize("structure", ["full", "diag"])
+def test_element_mask_broadcasts_like_the_kalman_filter(structure):
+    """A per-element mask follows the batch rules of pyro_seq.ops.kalman: an unbatched
+    sequence equals a batch of one, and a shared (T, D) mask equals its expansion."""
+    p = with_structure(correlated(random_params(2, 3, seed=80)), structure)
+    _, x = simulate(p, 3, 8, seed=81)
+    mask = element_mask(3, 8, 3, 0.3, seed=82)
+    for (xa, ma), (xb, mb) in [((x[0], mask[0]), (x[:1], mask[:1])), ((x, mask[0]), (x, mask[0].expand(3, 8, 3)))]:
+        a, _ = em_step(xa, p, mask=ma, observation_cov_structure=structure)
+        b, _ = em_step(xb, p, mask=mb, observation_cov_structure=structure)
+        for k in a._fields:
+            if getattr(b, k) is not None:
+                assert rel(getattr(a, k), getattr(b, k)) <= 1e-12, k
