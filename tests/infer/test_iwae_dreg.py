@@ -5,6 +5,8 @@ parameters of its own (tensors of shape ``(R,)``), so one backward pass gives ``
 gradient draws per parameter: mean and standard error come from one call.
 """
 
+import math
+
 import pyro
 import pyro.distributions as dist
 import pytest
@@ -100,3 +102,57 @@ def test_dreg_refuses_guide_sites_with_different_scales():
         elbo.loss_and_grads(model, guide)
     # the standard estimator handles it
     assert torch.isfinite(torch.tensor(IWAE(num_particles=3, max_plate_nesting=0).loss_and_grads(model, guide)))
+
+
+@pytest.mark.parametrize("beta", [0.0, 0.3, 1.0])
+def test_dreg_gradient_equals_hand_written_estimator(float64, beta):
+    # One data point, K = 3 particles, the same random numbers: IWAE's DReG gradient against
+    # eq. (dreg-tempered) written out by hand with explicit reparameterization
+    # z1 = a1 + mu + e^{log_s1} eps1, z2 = b z1 + a2 + e^{log_s2} eps2 (an identity: 1e-9;
+    # measured relative errors 1.7e-16, 6.3e-16, 3.6e-16 at beta = 0, 0.3, 1).
+    K = 3
+    init = dict(mu=0.4, log_sx=-0.5, a1=0.2, log_s1=0.1, b=0.5, a2=0.3, log_s2=-0.2)
+    p = {k: torch.tensor(v, requires_grad=True) for k, v in init.items()}
+    N = dist.Normal
+
+    def model():
+        z1 = pyro.sample("z1", N(p["mu"], 1.0))
+        z2 = pyro.sample("z2", N(0.8 * z1, 0.6))
+        pyro.sample("x", N(z2, p["log_sx"].exp()), obs=torch.tensor(X))
+
+    def guide():
+        z1 = pyro.sample("z1", N(p["a1"] + p["mu"], p["log_s1"].exp()))
+        pyro.sample("z2", N(p["b"] * z1 + p["a2"], p["log_s2"].exp()))
+
+    ls = LatentScale(beta)
+    torch.manual_seed(11)
+    loss = IWAE(num_particles=K, max_plate_nesting=0, gradient_estimator="dreg").loss_and_grads(
+        ls(model), ls(guide))
+    got = torch.stack([-p[k].grad for k in init])
+
+    torch.manual_seed(11)
+    eps1, eps2 = torch.randn(K), torch.randn(K)  # the guide's draws, in the order it makes them
+
+    def parts(z1, z2, q):  # (scaled model log joint a, guide log density log q)
+        a = (beta * (N(q["mu"], 1.0).log_prob(z1) + N(0.8 * z1, 0.6).log_prob(z2))
+             + N(z2, q["log_sx"].exp()).log_prob(torch.tensor(X)))
+        lq = (N(q["a1"] + q["mu"], q["log_s1"].exp()).log_prob(z1)
+              + N(q["b"] * z1 + q["a2"], q["log_s2"].exp()).log_prob(z2))
+        return a, lq
+
+    z1 = p["a1"] + p["mu"] + p["log_s1"].exp() * eps1
+    z2 = p["b"] * z1 + p["a2"] + p["log_s2"].exp() * eps2
+    detached = {k: v.detach() for k, v in p.items()}
+    a, lq = parts(z1, z2, detached)  # depends on the parameters only through z: path terms
+    log_w = a - beta * lq
+    w = torch.softmax(log_w.detach(), 0)
+    coef = (1 - beta) * w + beta * w ** 2
+    a_direct, _ = parts(z1.detach(), z2.detach(), p)  # direct model terms at fixed z
+    params = list(p.values())
+    g_path = torch.autograd.grad((coef * log_w).sum(), params, allow_unused=True)
+    g_direct = torch.autograd.grad((w * a_direct).sum(), params, allow_unused=True)
+    want = torch.stack([sum(g for g in gs if g is not None) for gs in zip(g_path, g_direct)])
+
+    assert abs(-loss - (torch.logsumexp(log_w, 0) - math.log(K)).item()) < 1e-12 * abs(loss)
+    err = ((got - want).abs().max() / want.abs().max()).item()
+    assert err < 1e-9, (got, want)
