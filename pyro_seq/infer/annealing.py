@@ -110,6 +110,17 @@ class LatentScale(Messenger):
     (one with ``init``/``step``) returns a :class:`HandledStepProgram`, so the handler also
     applies when :class:`~pyro_seq.infer.FIVO` drives the program step by step.
 
+    With the multi-sample bounds the weights are tempered, :math:`\\log w = \\log p(x|z) +
+    \\beta(\\log p(z) - \\log q(z|x))`. :class:`~pyro_seq.infer.IWAE` with
+    ``gradient_estimator="standard"`` differentiates that objective exactly (per draw); with
+    ``gradient_estimator="dreg"`` it uses the doubly reparameterized coefficient
+    :math:`(1-\\beta)\\tilde w_k + \\beta\\tilde w_k^2` derived for tempered weights (see
+    :mod:`pyro_seq.infer.iwae`, eq. ``dreg-tempered``; Tucker et al.'s :math:`\\tilde w_k^2` is
+    its :math:`\\beta = 1` case), which is unbiased for the same objective. That derivation needs
+    one common :math:`\\beta` for the guide's joint :math:`\\log q`: wrap the *whole* guide with
+    this handler and scale no guide site further (e.g. by :func:`pyro.poutine.scale`);
+    otherwise DReG raises ``ValueError`` and ``gradient_estimator="standard"`` is the choice.
+
     :param float beta: non-negative, finite multiplier; the attribute ``beta`` may be changed
         between steps.
     """

@@ -21,28 +21,77 @@ Gradients:
 
 * ``gradient_estimator="standard"``: the gradient of the Monte Carlo bound
   :math:`\sum_k \tilde w_k \nabla \log w_k` (:math:`\tilde w_k = w_k / \sum_j w_j`) for
-  reparameterized sites, plus the score-function term :math:`\log \hat Z\, \nabla \sum_k \log
-  q(z^{(k)})` for non-reparameterized guide sites (unbiased, high variance, no baseline).
-* ``gradient_estimator="dreg"``: the doubly reparameterized estimator of Tucker et al. (2019).
-  The score term :math:`\mathbb{E}[\sum_k \tilde w_k \partial_\eta \log q_\eta(z_k)|_{z}]` of the
-  standard estimator is replaced by its reparameterized form :math:`\mathbb{E}[\sum_k (\tilde w_k
-  - \tilde w_k^2) \frac{\partial \log w_k}{\partial z_k} \frac{d z_k}{d\eta}]`, giving, for every
-  parameter :math:`\eta` (of model, guide, or shared between them),
+  reparameterized sites, plus a score-function term for non-reparameterized guide sites
+  (:math:`s_k = \nabla \sum_{\text{non-reparam. sites}} \log q(z_k)`, unscaled):
 
   .. math::
+      :label: iwae-score
 
-      \hat g_{\mathrm{DReG}} = \sum_k \tilde w_k^2\,\frac{\partial \log w_k}{\partial z_k}
-          \frac{d z_k}{d \eta} + \sum_k \tilde w_k\,\frac{\partial \log p_\eta(x, z_k)}
-          {\partial \eta}\Big|_{z_k}.
+      \sum_k \big(\hat{\mathcal L} - b_k\big)\, s_k, \qquad
+      \hat{\mathcal L} = \log \frac1K \sum_j w_j .
 
-  It is implemented with a second pass of guide and model replayed at the *detached* samples
-  (about twice the cost of the standard estimator), which isolates the direct derivatives
-  :math:`\partial_\eta \log p|_z` and :math:`\partial_\eta \log q|_z`; it is exact also for
-  structured guides (``q(z_t|z_{t-1}, ...)``) and for parameters shared by model and guide.
+  With ``score_baseline="vimco"`` (the default; used for :math:`K \ge 2`) :math:`b_k` is the
+  leave-one-out baseline of VIMCO (Mnih & Rezende, 2016, eqs. 9-10): the bound recomputed with
+  :math:`w_k` replaced by the geometric mean of the other weights,
+
+  .. math::
+      :label: vimco-baseline
+
+      b_k = \log \frac1K \Big(\sum_{j \ne k} w_j + \exp\Big(\frac{1}{K-1}\sum_{j\ne k}
+          \log w_j\Big)\Big).
+
+  :math:`b_k` does not depend on :math:`z_k`, and :math:`\mathbb{E}[s_k \mid z_{-k}] = 0`, so
+  the baseline changes the variance, not the expectation. The learning signal
+  :math:`\hat{\mathcal L} - b_k` is :math:`O(1/K)`, so the variance of :eq:`iwae-score` falls
+  with :math:`K`. ``score_baseline="none"`` (:math:`b_k = 0`, the plain REINFORCE term) is kept
+  for comparison; its variance grows linearly with :math:`K`.
+* ``gradient_estimator="dreg"``: the doubly reparameterized estimator of Tucker et al. (2019),
+  generalized to tempered weights. Write the log weight as
+
+  .. math::
+      :label: dreg-logw
+
+      \log w_k = a_\eta(z_k) - \beta \log q_\eta(z_k),
+
+  where :math:`a` is the (scaled) model log joint and :math:`\beta` the common scale of the
+  guide sites (``beta`` of :class:`~pyro_seq.infer.LatentScale`; 1 without it; the data-point
+  plate factor :math:`N/B` is outside the log and divided out). The standard gradient of a
+  guide parameter contains the score term :math:`-\beta\,\mathbb{E}[\sum_k \tilde w_k
+  \partial_\eta \log q_\eta(z_k)|_{z}]`. Conditionally on :math:`z_{-k}`, Tucker's identity
+  :math:`\mathbb{E}_q[f(z)\,\partial_\eta \log q_\eta(z)] = \mathbb{E}_\epsilon[\partial_z f\,
+  dz/d\eta]` (both sides equal :math:`\partial_\eta \mathbb{E}_{q_\eta}[f]` with :math:`f` held
+  fixed) with :math:`f = \tilde w_k` and :math:`\partial_{z_k} \tilde w_k = \tilde w_k(1-\tilde
+  w_k)\,\partial_{z_k} \log w_k` turns it into :math:`-\beta\,\mathbb{E}[\sum_k \tilde w_k
+  (1-\tilde w_k)\,\partial_{z_k}\log w_k\, dz_k/d\eta]`. Adding the path term :math:`\sum_k
+  \tilde w_k \partial_{z_k}\log w_k\, dz_k/d\eta` gives, for every parameter :math:`\eta` (of
+  model, guide, or shared between them),
+
+  .. math::
+      :label: dreg-tempered
+
+      \hat g_{\mathrm{DReG}} = \sum_k \big((1-\beta)\tilde w_k + \beta\,\tilde w_k^2\big)\,
+          \frac{\partial \log w_k}{\partial z_k} \frac{d z_k}{d \eta}
+          + \sum_k \tilde w_k\,\frac{\partial a_\eta(z_k)}{\partial \eta}\Big|_{z_k},
+
+  which is Tucker et al.'s :math:`\tilde w_k^2` at :math:`\beta = 1` and the plain
+  reparameterization gradient at :math:`\beta = 0`. Here :math:`z_k` is the whole latent path of
+  particle :math:`k` and :math:`q(z_k)` its joint density, so :eq:`dreg-tempered` holds for
+  structured guides (``q(z_t|z_{t-1}, ...)``: :math:`dz_k/d\eta` is the total derivative through
+  the chain) and for parameters shared by model and guide (the direct model term stays, the
+  direct guide term is replaced). The identity needs *one* :math:`\beta` for the guide's joint
+  :math:`\log q`; if guide sites carry different scales (after dividing out :math:`N/B`) the
+  score term is not a multiple of the joint score and a ``ValueError`` asks for
+  ``gradient_estimator="standard"``. It is implemented with a second pass of guide and model
+  replayed at the *detached* samples (about twice the cost of the standard estimator), which
+  isolates the direct derivatives :math:`\partial_\eta a|_z` and :math:`\partial_\eta \log q|_z`.
   It requires a fully reparameterized guide. Its expectation equals the standard gradient's,
   and its variance for the guide parameters does not grow with :math:`K` (Rainforth et al.,
   2018 show the signal-to-noise ratio of the standard guide gradient decays as
   :math:`1/\sqrt K`).
+
+Subsampling: a plate with a random ``subsample_size`` draws its minibatch once per call; every
+particle (vectorized or looped) and DReG's second pass see the same indices, so the :math:`K`
+weights of data point :math:`b` all belong to the same :math:`x_b`.
 
 References
 
@@ -51,6 +100,7 @@ References
     for Monte Carlo objectives", ICLR 2019.
 [3] T. Rainforth et al., "Tighter variational bounds are not necessarily better", ICML 2018.
 [4] M. Fraccaro, PhD thesis, DTU 2018, sections 2.5.1 and 4.3.2.
+[5] A. Mnih, D. J. Rezende, "Variational inference for Monte Carlo objectives", ICML 2016.
 """
 
 import math
@@ -60,6 +110,8 @@ from pyro import poutine
 from pyro.distributions.util import is_identically_zero
 from pyro.infer.enum import get_importance_trace
 from pyro.infer.util import is_validation_enabled, torch_item
+from pyro.poutine.messenger import Messenger
+from pyro.poutine.util import site_is_subsample
 from pyro.util import check_if_enumerated, warn_if_nan
 
 from pyro_seq.infer.log_z_bound import LogZBound
@@ -68,6 +120,7 @@ from pyro_seq.ops.resampling import log_mean_exp
 __all__ = ["IWAE"]
 
 GRADIENT_ESTIMATORS = ("standard", "dreg")
+SCORE_BASELINES = ("vimco", "none")
 _PARTICLE_PLATES = ("num_particles_vectorized",)
 
 
@@ -194,6 +247,88 @@ def check_fully_reparameterized(guide_trace, who):
             )
 
 
+def common_guide_scale(guide_traces, divide_scale, who):
+    r"""The one scale :math:`\beta` shared by every guide sample site (``divide_scale`` divided out).
+
+    :eq:`dreg-tempered` needs the guide's joint :math:`\log q` scaled as a whole; a guide whose
+    sites carry different scales (or a tensor scale that is not constant) is refused.
+
+    :param guide_traces: guide traces (one per particle, or one vectorized trace).
+    :param float divide_scale: the data-point plate factor :math:`N/B`.
+    :returns: :math:`\beta` as a float (1.0 for a guide without sample sites).
+    """
+    beta, first = None, None
+    for guide_trace in guide_traces:
+        for name, site in guide_trace.nodes.items():
+            if site["type"] != "sample":
+                continue
+            scale = site["scale"]
+            if torch.is_tensor(scale):
+                flat = scale.detach().reshape(-1)
+                if flat.numel() == 0 or not bool((flat == flat[0]).all()):
+                    raise ValueError(
+                        f"{who} needs one scale for all guide sites, but guide site {name!r} has "
+                        "a non-constant tensor scale; use gradient_estimator='standard'"
+                    )
+                scale = flat[0].item()
+            scale = float(scale) / divide_scale
+            if beta is None:
+                beta, first = scale, name
+            elif not math.isclose(scale, beta, rel_tol=1e-12, abs_tol=1e-300):
+                raise ValueError(
+                    f"{who} needs one scale for all guide sites (the doubly reparameterized "
+                    "identity holds for the guide's joint log q scaled as a whole, e.g. by "
+                    f"LatentScale), but site {first!r} has scale {beta:g} and site {name!r} "
+                    f"{scale:g} (after dividing out the data-point plate factor "
+                    f"{divide_scale:g}); use gradient_estimator='standard'"
+                )
+    return 1.0 if beta is None else beta
+
+
+def vimco_leave_one_out(log_w):
+    r"""VIMCO's leave-one-out baselines :math:`b_k` of :eq:`vimco-baseline`.
+
+    :param torch.Tensor log_w: log weights, shape ``(K, E)`` with ``K >= 2``.
+    :returns: tensor ``(K, E)``, :math:`b_k = \log\frac1K(\sum_{j\ne k} w_j +
+        \exp(\frac{1}{K-1}\sum_{j\ne k}\log w_j))`. The sums over :math:`j \ne k` are formed
+        from exclusive prefix and suffix sums (no subtraction of a dominant weight), so
+        :math:`b_k` is accurate when one weight dominates, and a weight of zero gives no NaN.
+    """
+    K = log_w.shape[0]
+    if K < 2:
+        raise ValueError(f"the VIMCO baseline needs num_particles >= 2, got {K}")
+    pad = log_w.new_zeros((1,) + log_w.shape[1:])
+    ninf = torch.full_like(pad, -math.inf)
+    # sum_{j != k} log w_j and log sum_{j != k} w_j from exclusive prefix/suffix reductions
+    sum_others = (torch.cat([pad, log_w.cumsum(0)[:-1]], 0)
+                  + torch.cat([log_w.flip(0).cumsum(0).flip(0)[1:], pad], 0))
+    lse_others = torch.logaddexp(
+        torch.cat([ninf, torch.logcumsumexp(log_w, 0)[:-1]], 0),
+        torch.cat([torch.logcumsumexp(log_w.flip(0), 0).flip(0)[1:], ninf], 0))
+    return torch.logaddexp(lse_others, sum_others / (K - 1)) - math.log(K)
+
+
+class _SharedSubsample(Messenger):
+    """Makes every run of model and guide under it reuse the first run's plate subsamples.
+
+    A plate with ``subsample_size`` emits a ``_Subsample`` sample site when it is entered; the
+    first value drawn for each plate name is recorded and given to every later run (particles
+    of the non-vectorized loop, DReG's replay), so all see the same minibatch.
+    """
+
+    def __init__(self):
+        super().__init__()
+        self.values = {}
+
+    def _pyro_sample(self, msg):
+        if site_is_subsample(msg) and msg["value"] is None and msg["name"] in self.values:
+            msg["value"] = self.values[msg["name"]]
+
+    def _pyro_post_sample(self, msg):
+        if site_is_subsample(msg) and msg["name"] not in self.values:
+            self.values[msg["name"]] = msg["value"]
+
+
 def detached_replay_trace(guide_trace):
     """A trace holding the guide's sample values detached, for :func:`pyro.poutine.replay`."""
     tr = poutine.Trace()
@@ -213,7 +348,18 @@ class IWAE(LogZBound):
     zero, so padded time steps add nothing) and :math:`N/B` the subsampling scale of those
     plates. Other site scales (e.g. :class:`~pyro_seq.infer.LatentScale`) multiply their terms
     inside :math:`\log w`. With no plate shared by every site the whole batch is one data point,
-    which is exactly :class:`~pyro.infer.RenyiELBO` with ``alpha=0``.
+    which is exactly :class:`~pyro.infer.RenyiELBO` with ``alpha=0``. A model and guide without
+    sample sites give 0, as :class:`~pyro.infer.Trace_ELBO` does.
+
+    Under :class:`~pyro_seq.infer.LatentScale` (every latent site of model and guide scaled by
+    :math:`\beta`) the weights are tempered, :math:`\log w = \log p(x|z) + \beta(\log p(z) -
+    \log q(z|x))`; the ``"standard"`` gradient is the exact gradient of that Monte Carlo
+    objective, and ``"dreg"`` uses the tempered coefficient :math:`(1-\beta)\tilde w_k +
+    \beta\tilde w_k^2` of :eq:`dreg-tempered` (unbiased for the same objective). ``"dreg"``
+    refuses guides whose sites carry different scales.
+
+    Plates with a random ``subsample_size`` draw one minibatch per call, shared by all particles
+    (also with ``vectorize_particles=False``) and by DReG's second pass.
 
     :param int num_particles: :math:`K \ge 1`.
     :param bool vectorize_particles: draw the :math:`K` particles in one pass inside a plate
@@ -221,20 +367,29 @@ class IWAE(LogZBound):
     :param int max_plate_nesting: bound on nested plates of model and guide (guessed by running
         them once if omitted, as in :class:`~pyro.infer.ELBO`).
     :param str gradient_estimator: ``"standard"`` or ``"dreg"`` (module docstring).
+    :param str score_baseline: control variate of the score-function term of
+        non-reparameterized guide sites under ``"standard"``: ``"vimco"`` (default, the
+        leave-one-out baseline :eq:`vimco-baseline`; with ``num_particles=1`` there is nothing
+        to leave out and no baseline is used) or ``"none"`` (plain REINFORCE, :math:`b_k = 0`).
     :param kwargs: other :class:`~pyro.infer.ELBO` options (``retain_graph``, ...).
     """
 
     def __init__(self, num_particles=2, vectorize_particles=True, max_plate_nesting=float("inf"),
-                 gradient_estimator="standard", **kwargs):
+                 gradient_estimator="standard", score_baseline="vimco", **kwargs):
         if int(num_particles) != num_particles or num_particles < 1:
             raise ValueError(f"num_particles must be a positive integer, got {num_particles}")
         if gradient_estimator not in GRADIENT_ESTIMATORS:
             raise ValueError(
                 f"gradient_estimator must be one of {GRADIENT_ESTIMATORS}, got {gradient_estimator!r}"
             )
+        if score_baseline not in SCORE_BASELINES:
+            raise ValueError(
+                f"score_baseline must be one of {SCORE_BASELINES}, got {score_baseline!r}"
+            )
         super().__init__(num_particles=int(num_particles), max_plate_nesting=max_plate_nesting,
                          vectorize_particles=vectorize_particles, **kwargs)
         self.gradient_estimator = gradient_estimator
+        self.score_baseline = score_baseline
 
     def _get_trace(self, model, guide, args, kwargs):
         model_trace, guide_trace = get_importance_trace(
@@ -285,8 +440,8 @@ class IWAE(LogZBound):
         """``site_log_weights`` of every (model, guide) pair, as tensors ``(K, E)`` per part."""
         results = [site_log_weights(m, g, layout["rank"], layout["keep"], layout["scale"], parts)
                    for m, g in traces]
-        if like is None:
-            like = next(t for r in results for t in r if torch.is_tensor(t))
+        if like is None:  # no tensor at all: a model and guide without sample sites
+            like = next((t for r in results for t in r if torch.is_tensor(t)), torch.zeros(()))
         shape = layout["shape"]
         if layout["particle_dim"] is not None:
             (res,) = results
@@ -295,10 +450,16 @@ class IWAE(LogZBound):
                 for i in range(len(parts))]
 
     def _log_weights(self, model, guide, args, kwargs, parts):
-        """Run the particles; return ``(tensors (K, E) for parts, layout, traces)``."""
+        """Run the particles; return ``(tensors (K, E) for parts, layout, traces, programs)``.
+
+        ``programs`` are ``(model, guide)`` wrapped so that every later run of them (DReG's
+        replay) reuses the plate subsamples the particles drew.
+        """
+        share = _SharedSubsample()
+        model, guide = share(model), share(guide)
         traces = list(self._get_traces(model, guide, args, kwargs))
         layout = self._layout(traces)
-        return self._stack(traces, layout, parts), layout, traces
+        return self._stack(traces, layout, parts), layout, traces, (model, guide)
 
     def _replay_detached(self, model, guide, traces, args, kwargs):
         """Model and guide replayed at the detached guide samples (DReG's second pass)."""
@@ -313,22 +474,29 @@ class IWAE(LogZBound):
 
     def _bound_and_surrogate(self, model, guide, args, kwargs):
         """Return ``(bound, surrogate)`` tensors; ``surrogate`` has the estimator's gradient."""
-        (log_w, score), layout, traces = self._log_weights(
+        (log_w, score), layout, traces, (model, guide) = self._log_weights(
             model, guide, args, kwargs, ("weight", "score"))
         scale = layout["scale"]
         log_z = log_mean_exp(log_w, dim=0)  # (E,)
         bound = scale * log_z.sum()
         if self.gradient_estimator == "standard":
-            # reparameterized paths through log_z; REINFORCE term for non-reparam guide sites
-            surrogate = log_z + log_z.detach() * score.sum(0) if score.requires_grad else log_z
+            # reparameterized paths through log_z; score term (iwae-score) for non-reparam sites
+            surrogate = log_z
+            if score.requires_grad:
+                signal = log_z.detach().expand_as(log_w)  # (K, E)
+                if self.score_baseline == "vimco" and self.num_particles > 1:
+                    signal = signal - vimco_leave_one_out(log_w.detach())
+                surrogate = surrogate + (signal * score).sum(0)
             return bound, scale * surrogate.sum()
-        # DReG: replay at detached z to isolate the direct derivatives T3 = log q(z-bar),
-        # T4 = log p(x, z-bar); log_w = T1 - T2 has direct + path derivatives.
+        # DReG (dreg-tempered): replay at detached z to isolate the direct derivatives of
+        # log q(z-bar) and log p(x, z-bar); log_w has direct + path derivatives.
         replays = self._replay_detached(model, guide, traces, args, kwargs)
+        beta = common_guide_scale([g for _, g in traces], scale, "IWAE(gradient_estimator='dreg')")
         log_p_det, log_q_det = self._stack(replays, layout, ("model", "guide"), like=log_w)
         w = torch.softmax(log_w.detach(), dim=0)  # normalized weights (K, E)
         path = log_w - (log_p_det - log_q_det)  # gradient: path derivative of log w only
-        surrogate = (w.pow(2) * path + w * log_p_det).sum(0)
+        coef = (1.0 - beta) * w + beta * w.pow(2)
+        surrogate = (coef * path + w * log_p_det).sum(0)
         return bound, scale * surrogate.sum()
 
     def log_z(self, model, guide, *args, **kwargs):
@@ -338,7 +506,7 @@ class IWAE(LogZBound):
             (for sequence models: ``(batch,)``; ``(1,)`` when no plate holds every site), with
             gradients, and the subsampling factor ``N / B`` of those plates.
         """
-        (log_w,), layout, _ = self._log_weights(model, guide, args, kwargs, ("weight",))
+        (log_w,), layout, _, _ = self._log_weights(model, guide, args, kwargs, ("weight",))
         return log_mean_exp(log_w, dim=0), layout["scale"]
 
     def differentiable_loss(self, model, guide, *args, **kwargs):

@@ -36,9 +36,83 @@ thesis' M-step belongs to the second moment ``E[z_1 z_1^T] - mu_{1|T} mu_{1|T}^T
 Because the E-step is exact and the M-step maximizes, ``log p(x | theta)`` never decreases
 across iterations (thesis Sec. 2.3.1); :func:`lgssm_em` records it at every iteration.
 
-Missing data: ``mask`` ``(*batch, T)`` per step (or per element, ``(*batch, T, D)``, when
-neither ``C`` nor ``R`` is learned). Masked steps are left out of the ``C`` and ``R``
-updates; the latent chain, and so the ``A, B, Q`` updates, cover all steps.
+Missing data (thesis Sec. 3.4.2)
+--------------------------------
+``mask`` is bool (or 0/1) of shape ``(*batch, T)`` per step or ``(*batch, T, D)`` per element
+(True = observed), read as :mod:`pyro_seq.ops.kalman` reads it. Write ``o_ti`` for the mask
+of element ``i`` of ``x_t``, ``O_t``/``M_t`` for the observed/missing elements of step ``t``.
+The E-step conditions on the observed elements only; the latent chain, and so the ``A, B,
+Q`` and initial-state updates, cover all steps. A step with no observed element carries no
+information about ``C, R`` and is left out of their updates (it is integrated out exactly).
+
+The emission updates depend on the structure of ``R`` (``observation_cov_structure``):
+
+* ``"diag"`` (``R = diag(r)``) and ``"scalar"`` (``R = s I``): the observed marginal
+  ``p(x_{t,O_t} | z_t) = N(C_{O_t} z_t, R_{O_t O_t})`` factorizes over elements, so the
+  expected complete-data log-likelihood with the missing elements integrated out,
+  ``Q_obs(theta) = E_{p(z | x_obs, theta_old)}[log p(x_obs, z | theta)]``, has the emission part
+  ``-1/2 sum_{t,i} o_ti [log r_i + E[(x_ti - c_i z_t)^2] / r_i]`` (``c_i`` row ``i`` of ``C``).
+  It separates into one weighted least-squares problem per row ``i`` (``c_i, r_i`` appear
+  only in the terms with ``o_ti = 1``), so its exact joint maximizer is row-wise::
+
+      c_i = (sum_t o_ti x_ti m_t^T) (sum_t o_ti E[z_t z_t^T])^{-1}                  (E1)
+      r_i = sum_t o_ti [(x_ti - c_i m_t)^2 + c_i P_t c_i^T] / sum_t o_ti          (E2)
+      s   = sum_{t,i} o_ti [(x_ti - c_i m_t)^2 + c_i P_t c_i^T] / sum_{t,i} o_ti  (E2')
+
+  (a solve, never an inverse). An element never observed has no data for ``c_i, r_i``:
+  learning them raises ``ValueError``.
+
+* ``"full"``: with correlated noise the observed marginal ``R_{O_t O_t}`` changes with the
+  pattern ``O_t`` and the maximizer of ``Q_obs`` over a full ``R`` has no closed form (it is
+  the incomplete-data covariance problem). Shumway & Stoffer (2017, *Time Series Analysis
+  and Its Applications*, Sec. 6.4) instead treat the missing elements of the partially
+  observed steps as latent variables too: EM with latents ``(z, x_mis)`` maximizes
+  ``Q_aug(theta) = E_{p(z, x_mis | x_obs, theta_old)}[log p(x_obs, x_mis, z | theta)]`` and,
+  since ``log p(x_obs | theta) - log p(x_obs | theta_old) >= Q_aug(theta) - Q_aug(theta_old)``,
+  never decreases ``log p(x_obs)`` either. Derivation (old parameters ``C, R`` inside every
+  expectation; ``delta_t = x_t - C z_t``; blocks after permuting ``O`` first):
+
+  1. Given ``z_t`` and ``x_O`` we know ``delta_O = x_O - C_O z_t``, and Gaussian conditioning
+     of ``delta_t ~ N(0, R)`` gives ``delta_M | delta_O ~ N(K delta_O, R_{MM.O})`` with
+     ``K = R_MO R_OO^{-1}``, ``R_{MM.O} = R_MM - R_MO R_OO^{-1} R_OM``. So
+     ``E[x_M | x_O, z_t] = C_M z_t + K (x_O - C_O z_t)``; in full-length form with
+     ``Omega_t = Pi_t (R~_t)^{-1} Pi_t`` (``Pi_t = diag(o_t)``, ``R~_t`` = ``R`` with the
+     missing rows and columns replaced by the identity, so ``Omega_t`` is ``R_OO^{-1}``
+     padded with zeros)::
+
+         E[x_t | x_O, z_t] = F_t x_t + H_t z_t,   F_t = R Omega_t,  H_t = (I - F_t) C      (S1)
+         Cov(x_t | x_O, z_t) = V_t = R - R Omega_t R   (= R_{MM.O} on M x M, 0 elsewhere)  (S2)
+
+     (``F_t`` has rows ``[I 0]`` on ``O`` and ``[K 0]`` on ``M``; ``x_t``'s missing entries are
+     multiplied by zero columns.)
+  2. Averaging over ``z_t ~ N(m_t, P_t)``::
+
+         E[x_t z_t^T]   = F_t x_t m_t^T + H_t E[z_t z_t^T]                              (S3)
+         E[(x_t - C' z_t)(x_t - C' z_t)^T] = e_t e_t^T + D_t P_t D_t^T + V_t,            (S4)
+             D_t = H_t - C',  e_t = F_t x_t + D_t m_t
+
+     for any new ``C'``.
+  3. ``Q_aug`` is a complete-data Gaussian regression of ``x_t`` on ``z_t`` with the same
+     regressors in every row, so its maximizer over ``C`` does not depend on ``R`` and the
+     joint maximizer is (sums over steps with at least one observed element, ``n`` of them)::
+
+         C' = (sum_t E[x_t z_t^T]) (sum_t E[z_t z_t^T])^{-1}                             (S5)
+         R' = (1/n) sum_t [e_t e_t^T + D_t P_t D_t^T + V_t]                              (S6)
+
+  With ``R_OM = 0`` (the case written out in Shumway & Stoffer's textbook) ``K = 0`` and
+  ``V_t`` is the old ``R_MM``: missing entries filled with ``C z_t``, the old ``R`` on the
+  missing block, no cross terms. Using that simplified form when the old ``R`` *is*
+  correlated is not an EM step: it can decrease ``log p(x_obs)`` (by up to 1.13 nats per
+  iteration in ``tests/infer/test_lgssm_em_elementwise.py``). For a fully observed step ``F_t = I``, ``H_t = 0``, ``V_t = 0`` and (S5)-(S6)
+  are the per-step formulas above. The same construction is used by MARSS (Holmes 2012,
+  "Derivation of an EM algorithm for constrained and unconstrained MARSS models", missing
+  values). Note that (S5)-(S6) maximize ``Q_aug``, not ``Q_obs``: the gradient of ``Q_obs`` is
+  generally nonzero there (both are valid EM auxiliaries; the row-wise (E1) with a full
+  ``R`` maximizes neither, and is not used).
+
+With a per-step mask (or none) all three structures use the per-step formulas; ``"diag"``
+and ``"scalar"`` keep the diagonal, resp. ``tr(R)/D I``, of the full update, which is the
+exact maximizer within the family.
 """
 
 from typing import NamedTuple, Optional
@@ -47,7 +121,18 @@ import torch
 
 from pyro_seq.ops.kalman import kalman_filter, kalman_smoother
 
-__all__ = ["EMResult", "LGSSMParams", "LEARNABLE_PARAMS", "em_step", "lgssm_em", "lgssm_log_likelihood"]
+__all__ = [
+    "EMResult",
+    "LGSSMParams",
+    "LEARNABLE_PARAMS",
+    "OBSERVATION_COV_STRUCTURES",
+    "em_step",
+    "lgssm_em",
+    "lgssm_log_likelihood",
+]
+
+#: Values accepted by ``observation_cov_structure=`` (see the module docstring).
+OBSERVATION_COV_STRUCTURES = ("full", "diag", "scalar")
 
 #: Names accepted by ``learn=`` (``"all"`` selects every one that is not None).
 LEARNABLE_PARAMS = (
@@ -110,10 +195,12 @@ def lgssm_log_likelihood(x, params, mask=None, controls=None, method="auto"):
 
     :param torch.Tensor x: ``(*batch, T, D)``.
     :param LGSSMParams params: the model.
-    :param torch.Tensor mask: optional bool ``(*batch, T)`` or ``(*batch, T, D)``.
+    :param torch.Tensor mask: optional bool (or 0/1) ``(*batch, T)`` or ``(*batch, T, D)``.
     :param torch.Tensor controls: optional ``(*batch, T, U)`` (entry 0 unused).
     :returns: scalar tensor.
+    :raises ValueError: for a mask that is not bool/0-1 or has the wrong shape.
     """
+    _, mask = _normalize_mask(mask, x)
     return kalman_filter(x, method=method, **_args(params, controls, mask)).log_likelihoods.sum()
 
 
@@ -147,17 +234,148 @@ def _outer(a, b):
     return a.unsqueeze(-1) * b.unsqueeze(-2)
 
 
-def em_step(x, params, learn="all", mask=None, controls=None, method="auto"):
+def _normalize_mask(mask, x):
+    """Validate a mask against ``x (*batch, T, D)`` and return ``(kind, bool mask)``.
+
+    ``kind`` is None (no mask), ``"step"`` for ``(*batch, T)`` or ``"element"`` for
+    ``(*batch, T, D)``; a ``(*batch, T, 1)`` mask (T > 1) is per step. The shape rule is the
+    one of :mod:`pyro_seq.ops.kalman` (a ``(..., T, T)`` mask with ``T == D`` is per element).
+    Non-boolean masks must hold only 0 and 1; anything else raises ``ValueError`` (a cast to
+    bool would silently read e.g. 0.5 or NaN as observed).
+    """
+    if mask is None:
+        return None, None
+    mask = torch.as_tensor(mask, device=x.device)
+    if mask.dtype != torch.bool:
+        if mask.is_complex() or not (mask.is_floating_point() or mask.dtype in _INT_DTYPES):
+            raise ValueError(f"mask must be boolean or hold only 0 and 1; got dtype {mask.dtype}")
+        bad = (mask != 0) & (mask != 1)  # NaN compares unequal to both
+        if bad.any():
+            vals = mask[bad].flatten()[:4].tolist()
+            raise ValueError(f"mask must be boolean or hold only 0 and 1 (1 = observed); got values {vals}")
+        mask = mask != 0
+    if x.dim() < 2:
+        raise ValueError(f"observations must have shape (*batch, T, D); got {tuple(x.shape)}")
+    T, D = x.shape[-2:]
+    per_element = mask.dim() >= 2 and mask.shape[-2] == T and (
+        mask.shape[-1] == D or (mask.shape[-1] == 1 and T != 1))
+    if per_element and mask.shape[-1] == 1 and D != 1:
+        mask, per_element = mask[..., 0], False
+    if not per_element and (mask.dim() < 1 or mask.shape[-1] != T):
+        raise ValueError(f"mask must have shape (*batch, T) per step or (*batch, T, D) per element with "
+                         f"T={T}, D={D}; got {tuple(mask.shape)}")
+    batch = mask.shape[:-2] if per_element else mask.shape[:-1]
+    try:
+        torch.broadcast_shapes(batch, x.shape[:-2])
+    except RuntimeError:
+        how = "(*batch, T, D) per element" if per_element else "(*batch, T) per step"
+        raise ValueError(f"mask of shape {tuple(mask.shape)}, read as {how} with T={T}, D={D}: its batch shape "
+                         f"{tuple(batch)} does not broadcast with the observations' {tuple(x.shape[:-2])}") from None
+    return ("element" if per_element else "step"), mask
+
+
+_INT_DTYPES = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
+
+
+def _check_structure(structure, R):
+    """``ValueError`` unless ``structure`` is known and ``R`` belongs to its family (EM's
+    monotonicity needs the old parameters inside the family the M-step maximizes over)."""
+    if structure not in OBSERVATION_COV_STRUCTURES:
+        raise ValueError(f"observation_cov_structure must be one of {OBSERVATION_COV_STRUCTURES}; got "
+                         f"{structure!r} (block, banded or low-rank R are not supported)")
+    if structure == "full":
+        return
+    off = R - torch.diag_embed(R.diagonal(dim1=-2, dim2=-1))
+    if torch.count_nonzero(off):
+        raise ValueError(f"observation_cov_structure={structure!r} needs a diagonal observation_cov; "
+                         f"its largest off-diagonal entry is {off.abs().max().item():.3g}")
+    d = R.diagonal(dim1=-2, dim2=-1)
+    if structure == "scalar" and not torch.all(d == d[..., :1]):
+        raise ValueError("observation_cov_structure='scalar' needs observation_cov = s * I; got diagonal "
+                         f"{d.tolist()}")
+
+
+def _emission_rowwise(xs, o, m, P, C, learn_C, learn_R, structure):
+    """Row-wise emission M-step, eqs. (E1)-(E2') of the module docstring.
+
+    ``xs (N, T, D)`` zero where missing, ``o (N, T, D)`` 0/1 weights, ``m (N, T, S)``,
+    ``P (N, T, S, S)``, ``C (D, S)`` the current ``C``. Returns ``(C, R or None)``.
+    """
+    D = xs.shape[-1]
+    count = o.sum((0, 1))  # (D,) observations of each element
+    never = (count == 0).nonzero().flatten().tolist()
+    if count.sum() == 0:
+        raise ValueError("no element of x is observed: observation_matrix/observation_cov cannot be learned")
+    if never and (learn_C or structure == "diag"):
+        raise ValueError(f"element(s) {never} of x are never observed, so their rows of observation_matrix "
+                         "and their observation_cov entries are not identified; observe them or keep C, R fixed")
+    if learn_C:
+        G = torch.einsum("ntd,ntab->dab", o, P + _outer(m, m))  # (D, S, S) sum_t o_ti E[z z^T]
+        M = torch.einsum("ntd,nta->da", o * xs, m)  # (D, S) sum_t o_ti x_ti m_t^T
+        C = _solve_right(M.unsqueeze(-2), G).squeeze(-2)  # (E1), one S x S solve per row
+    if not learn_R:
+        return C, None
+    resid = xs - m @ C.mT  # (N, T, D)
+    cPc = torch.einsum("da,ntab,db->ntd", C, P, C)  # c_i P_t c_i^T
+    sq = (o * (resid.square() + cPc)).sum((0, 1))  # (D,)
+    eye = torch.eye(D, dtype=xs.dtype, device=xs.device)
+    if structure == "diag":
+        return C, torch.diag_embed(sq / count)  # (E2)
+    return C, (sq.sum() / count.sum()) * eye  # (E2')
+
+
+def _emission_augmented(xs, o, m, P, C_old, R_old, learn_C, learn_R):
+    """Full-``R`` emission M-step with the missing elements as latents, eqs. (S1)-(S6).
+
+    Shapes as :func:`_emission_rowwise`; ``R_old (D, D)``. Returns ``(C, R or None)``.
+    """
+    D = xs.shape[-1]
+    ob = o > 0
+    eye = torch.eye(D, dtype=xs.dtype, device=xs.device)
+    pair = ob.unsqueeze(-1) & ob.unsqueeze(-2)
+    R_tilde = torch.where(pair, R_old, eye)  # (N, T, D, D): R_OO, identity on the missing block
+    L = torch.linalg.cholesky(R_tilde)
+    Omega = o.unsqueeze(-1) * torch.cholesky_solve(torch.diag_embed(o), L)  # Pi R~^{-1} Pi
+    F = R_old @ Omega  # (S1); rows [I 0] on O (set exactly below), [K 0] on M
+    F = torch.where(ob.unsqueeze(-1), eye, F)
+    V = _sym(R_old - F @ R_old) * ((1 - o).unsqueeze(-1) * (1 - o).unsqueeze(-2))  # (S2)
+    H = (eye - F) @ C_old  # (N, T, D, S), zero rows on O
+    Fx = (F @ xs.unsqueeze(-1)).squeeze(-1)  # (N, T, D)
+    w = ob.any(-1).to(xs.dtype)  # steps with at least one observed element
+    n = w.sum()
+    if n == 0:
+        raise ValueError("no element of x is observed: observation_matrix/observation_cov cannot be learned")
+    wm = w[..., None, None]
+    C = C_old
+    if learn_C:
+        Ezz = P + _outer(m, m)
+        Exz = _outer(Fx, m) + H @ Ezz  # (S3)
+        C = _solve_right((wm * Exz).sum((0, 1)), (wm * Ezz).sum((0, 1)))  # (S5)
+    if not learn_R:
+        return C, None
+    Dt = H - C  # (N, T, D, S)
+    e = Fx + (Dt @ m.unsqueeze(-1)).squeeze(-1)
+    cov = _outer(e, e) + Dt @ P @ Dt.mT + V  # (S4)
+    return C, _sym((wm * cov).sum((0, 1)) / n)  # (S6)
+
+
+def em_step(x, params, learn="all", mask=None, controls=None, method="auto", observation_cov_structure="full"):
     """One EM iteration: E-step with the RTS smoother, closed-form M-step (module docstring).
 
     :param torch.Tensor x: observations ``(*batch, T, D)``; all leading dims are independent
         sequences sharing ``params``.
     :param LGSSMParams params: current parameters.
     :param learn: ``"all"``, one name or an iterable of names from :data:`LEARNABLE_PARAMS`.
-    :param torch.Tensor mask: optional bool ``(*batch, T)`` (or ``(*batch, T, D)`` when neither
-        ``observation_matrix`` nor ``observation_cov`` is learned).
+    :param torch.Tensor mask: optional bool (or 0/1) ``(*batch, T)`` per step or
+        ``(*batch, T, D)`` per element, True = observed (module docstring, "Missing data").
     :param torch.Tensor controls: optional ``(*batch, T, U)``.
     :param str method: forwarded to :func:`pyro_seq.ops.kalman.kalman_smoother`.
+    :param str observation_cov_structure: ``"full"`` (default), ``"diag"`` or ``"scalar"``:
+        the family ``R`` is learned in (and must already belong to). With a per-element mask
+        it selects eqs. (E1)-(E2') (diag, scalar) or (S1)-(S6) (full).
+    :raises ValueError: for a bad mask (values other than 0/1, a shape that is neither
+        ``(*batch, T)`` nor ``(*batch, T, D)``), an unknown structure or an ``R`` outside it,
+        non-finite observed entries, or emission parameters with no observed data.
     :returns: ``(new_params, log_likelihood)`` where ``log_likelihood`` is ``log p(x | params)``
         of the *input* parameters (from the E-step's filter).
     """
@@ -165,16 +383,12 @@ def em_step(x, params, learn="all", mask=None, controls=None, method="auto"):
     _check_controls(names, controls)
     T, D = x.shape[-2:]
     S = params.initial_loc.shape[-1]
-    if mask is not None:
-        mask = torch.as_tensor(mask, dtype=torch.bool, device=x.device)
-        per_element = mask.dim() >= 2 and mask.shape[-2] == T and mask.shape[-1] in (D, 1) and not (
-            mask.shape[-1] == T and D not in (T, 1)
-        )
-        if per_element and ({"observation_matrix", "observation_cov"} & names):
-            if mask.shape[-1] == 1:
-                mask = mask[..., 0]
-            else:
-                raise NotImplementedError("learning C or R needs a per-step mask (..., T)")
+    mask_kind, mask = _normalize_mask(mask, x)
+    _check_structure(observation_cov_structure, params.observation_cov)
+    observed = mask if mask_kind != "step" else mask.unsqueeze(-1)
+    finite = torch.isfinite(x)
+    if not (finite if observed is None else finite | ~observed).all():
+        raise ValueError("observations contain NaN or inf at observed positions (mask them out)")
     with torch.no_grad():
         sm = kalman_smoother(x, method=method, **_args(params, controls, mask))
         log_lik = sm.filtered.log_likelihoods.sum()
@@ -228,25 +442,47 @@ def em_step(x, params, learn="all", mask=None, controls=None, method="auto"):
                 cov_e = P_cur - A @ cross.mT - cross @ A.mT + A @ P_prev @ A.mT
                 new["transition_cov"] = _sym((cov_e + _outer(e, e)).sum((0, 1)) / (N * (T - 1)))
 
-        # ---- emission: C, R over observed steps
+        # ---- emission: C, R over observed steps / elements
         if names & {"observation_matrix", "observation_cov"}:
+            learn_C, learn_R = "observation_matrix" in names, "observation_cov" in names
             xs = x.expand(batch + (T, D)).reshape(N, T, D)
-            if mask is None:
-                w = torch.ones(N, T, dtype=x.dtype, device=x.device)
-            else:
-                w = mask.expand(batch + (T,)).reshape(N, T).to(x.dtype)
-            xs = torch.where(w.unsqueeze(-1) > 0, xs, torch.zeros((), dtype=x.dtype, device=x.device))
-            wv, wm = w.unsqueeze(-1), w.unsqueeze(-1).unsqueeze(-1)
-            C = new["observation_matrix"]
-            if "observation_matrix" in names:
-                Exz = (wm * _outer(xs, m)).sum((0, 1))
-                Ezz = (wm * (P + _outer(m, m))).sum((0, 1))
-                C = _solve_right(Exz, Ezz)
+            if mask_kind == "element":
+                o = mask.expand(batch + (T, D)).reshape(N, T, D)
+                xs = torch.where(o, xs, torch.zeros((), dtype=x.dtype, device=x.device))
+                o = o.to(x.dtype)
+                if observation_cov_structure == "full":
+                    C, R = _emission_augmented(xs, o, m, P, params.observation_matrix, params.observation_cov,
+                                               learn_C, learn_R)
+                else:
+                    C, R = _emission_rowwise(xs, o, m, P, params.observation_matrix, learn_C, learn_R,
+                                             observation_cov_structure)
                 new["observation_matrix"] = C
-            if "observation_cov" in names:
-                r = (xs - m @ C.mT) * wv
-                total = (_outer(r, r) + wm * (C @ P @ C.mT)).sum((0, 1))
-                new["observation_cov"] = _sym(total / w.sum())
+                if learn_R:
+                    new["observation_cov"] = R
+            else:
+                if mask is None:
+                    w = torch.ones(N, T, dtype=x.dtype, device=x.device)
+                else:
+                    w = mask.expand(batch + (T,)).reshape(N, T).to(x.dtype)
+                if w.sum() == 0:
+                    raise ValueError("no step of x is observed: observation_matrix/observation_cov cannot be learned")
+                xs = torch.where(w.unsqueeze(-1) > 0, xs, torch.zeros((), dtype=x.dtype, device=x.device))
+                wv, wm = w.unsqueeze(-1), w.unsqueeze(-1).unsqueeze(-1)
+                C = new["observation_matrix"]
+                if learn_C:
+                    Exz = (wm * _outer(xs, m)).sum((0, 1))
+                    Ezz = (wm * (P + _outer(m, m))).sum((0, 1))
+                    C = _solve_right(Exz, Ezz)
+                    new["observation_matrix"] = C
+                if learn_R:
+                    r = (xs - m @ C.mT) * wv
+                    total = (_outer(r, r) + wm * (C @ P @ C.mT)).sum((0, 1))
+                    R = _sym(total / w.sum())
+                    if observation_cov_structure == "diag":
+                        R = torch.diag_embed(R.diagonal())
+                    elif observation_cov_structure == "scalar":
+                        R = (R.diagonal().sum() / D) * torch.eye(D, dtype=R.dtype, device=R.device)
+                    new["observation_cov"] = R
     return LGSSMParams(**new), log_lik
 
 
@@ -254,7 +490,8 @@ def _sym(M):
     return 0.5 * (M + M.mT)
 
 
-def lgssm_em(x, params, num_iters=20, learn="all", mask=None, controls=None, tol=None, method="auto", callback=None):
+def lgssm_em(x, params, num_iters=20, learn="all", mask=None, controls=None, tol=None, method="auto", callback=None,
+             observation_cov_structure="full"):
     """Run EM (thesis Sec. 3.4.3) for ``num_iters`` iterations or until the log-likelihood
     improves by less than ``tol``.
 
@@ -263,17 +500,22 @@ def lgssm_em(x, params, num_iters=20, learn="all", mask=None, controls=None, tol
     :param int num_iters: maximum number of iterations.
     :param learn: ``"all"``, a name or names from :data:`LEARNABLE_PARAMS`; the others stay fixed
         (``learn=("initial_loc", "initial_cov")`` is the thesis' Fig. 3.5 experiment).
-    :param torch.Tensor mask: optional bool ``(*batch, T)`` (see :func:`em_step`).
+    :param torch.Tensor mask: optional bool (or 0/1) ``(*batch, T)`` or ``(*batch, T, D)``
+        (see :func:`em_step`).
     :param torch.Tensor controls: optional ``(*batch, T, U)``.
     :param float tol: optional stopping tolerance on the log-likelihood increase (nats).
     :param str method: forwarded to the Kalman smoother.
     :param callable callback: optional ``callback(iteration, params, log_likelihood)`` called
         after each E-step.
+    :param str observation_cov_structure: ``"full"``, ``"diag"`` or ``"scalar"`` (see
+        :func:`em_step`).
     :returns: :class:`EMResult` with ``log_likelihoods`` of length ``iterations + 1``.
     """
+    _, mask = _normalize_mask(mask, x)
     lls = []
     for it in range(num_iters):
-        new_params, ll = em_step(x, params, learn=learn, mask=mask, controls=controls, method=method)
+        new_params, ll = em_step(x, params, learn=learn, mask=mask, controls=controls, method=method,
+                                 observation_cov_structure=observation_cov_structure)
         lls.append(ll)
         if callback is not None:
             callback(it, params, ll)

@@ -13,6 +13,21 @@ from tests.infer._lg import grads, guide_param_slice, make_data, make_model, mak
 LENGTHS = [6, 3, 1, 5]
 
 
+@pytest.fixture
+def float64():
+    """Exact identities are tested in float64 (at <= 1e-9 relative)."""
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    yield
+    torch.set_default_dtype(old)
+
+
+def rel_err(a, b):
+    """max |a - b| / max |b| (scalars or tensors)."""
+    a, b = torch.as_tensor(a, dtype=torch.float64), torch.as_tensor(b, dtype=torch.float64)
+    return ((a - b).abs().max() / b.abs().max()).item()
+
+
 def manual_iwae(m, x, mask, K, beta=1.0):
     """Reference: sum_b log mean_k w_{k,b}, w from traces with K particles at dim -2."""
     with pyro.plate("num_particles_vectorized", K, dim=-2):
@@ -31,19 +46,27 @@ def manual_iwae(m, x, mask, K, beta=1.0):
 
 
 @pytest.mark.parametrize("beta", [1.0, 0.5])
-def test_value_is_per_sequence_log_mean_exp(beta):
-    m = make_model(guide="prior")
+def test_value_and_gradient_are_per_sequence_log_mean_exp(float64, beta):
+    # loss and standard gradient against the hand-written bound (same random numbers), for a
+    # structured guide with parameters of its own and model parameters shared with it.
+    # Measured relative errors (float64): loss <= 3.1e-16, gradient <= 3.3e-16 (was 1e-5/1e-4).
+    m = make_perturbed()
     x, mask = make_data(m, LENGTHS)
     ls = LatentScale(beta)
     torch.manual_seed(0)
-    loss = IWAE(num_particles=5, max_plate_nesting=1).loss(ls(m.model), ls(m.guide), x, mask)
+    loss = IWAE(num_particles=5, max_plate_nesting=1).loss_and_grads(ls(m.model), ls(m.guide), x, mask)
+    g = grads(m)
     torch.manual_seed(0)
     ref = manual_iwae(m, x, mask, 5, beta)
-    assert loss == pytest.approx(-ref.item(), rel=1e-5)
+    (-ref).backward()
+    g_ref = grads(m)
+    assert rel_err(loss, -ref.item()) < 1e-9
+    assert rel_err(g, g_ref) < 1e-9
+    assert g_ref.abs().max() > 0.1  # a gradient to compare
 
 
 @pytest.mark.parametrize("vectorize", [True, False])
-def test_equals_renyi_alpha0_for_one_data_point(vectorize):
+def test_equals_renyi_alpha0_for_one_data_point(float64, vectorize):
     # RenyiELBO(alpha=0) takes log-mean-exp of the whole batch's weight: for one sequence the
     # two objectives are the same estimator; the random numbers are drawn in the same order.
     m = make_model(guide="optimal", learnable=True)
@@ -55,11 +78,11 @@ def test_equals_renyi_alpha0_for_one_data_point(vectorize):
     torch.manual_seed(3)
     b = RenyiELBO(alpha=0.0, **kw).loss_and_grads(m.model, m.guide, x, mask)
     gb = grads(m)
-    assert a == pytest.approx(b, rel=1e-5)
-    assert torch.allclose(ga, gb, atol=1e-4, rtol=1e-4)
+    assert rel_err(a, b) < 1e-9
+    assert rel_err(ga, gb) < 1e-9
 
 
-def test_equals_renyi_alpha0_without_plates():
+def test_equals_renyi_alpha0_without_plates(float64):
     def model():
         z = pyro.sample("z", dist.Normal(0.0, 1.0))
         pyro.sample("x", dist.Normal(z, 0.5), obs=torch.tensor(1.3))
@@ -68,14 +91,20 @@ def test_equals_renyi_alpha0_without_plates():
         loc = pyro.param("loc", torch.tensor(0.2))
         pyro.sample("z", dist.Normal(loc, 0.8))
 
+    pyro.clear_param_store()
     torch.manual_seed(4)
-    a = IWAE(num_particles=7, max_plate_nesting=0).loss(model, guide)
+    a = IWAE(num_particles=7, max_plate_nesting=0).loss_and_grads(model, guide)
+    ga = pyro.param("loc").grad.clone()
+    pyro.clear_param_store()
     torch.manual_seed(4)
-    b = RenyiELBO(alpha=0.0, num_particles=7, vectorize_particles=True, max_plate_nesting=0).loss(model, guide)
-    assert a == pytest.approx(b, rel=1e-6)
+    b = RenyiELBO(alpha=0.0, num_particles=7, vectorize_particles=True,
+                  max_plate_nesting=0).loss_and_grads(model, guide)
+    gb = pyro.param("loc").grad.clone()
+    pyro.clear_param_store()
+    assert rel_err(a, b) < 1e-9 and rel_err(ga, gb) < 1e-9
 
 
-def test_one_particle_is_trace_elbo():
+def test_one_particle_is_trace_elbo(float64):
     m = make_model(guide="optimal", learnable=True)
     x, mask = make_data(m, LENGTHS)
     torch.manual_seed(5)
@@ -84,8 +113,8 @@ def test_one_particle_is_trace_elbo():
     torch.manual_seed(5)
     b = Trace_ELBO().loss_and_grads(m.model, m.guide, x, mask)
     gb = grads(m)
-    assert a == pytest.approx(b, rel=1e-5)
-    assert torch.allclose(ga, gb, atol=1e-4, rtol=1e-4)
+    assert rel_err(a, b) < 1e-9
+    assert rel_err(ga, gb) < 1e-9
 
 
 def test_bounds_are_ordered_and_gap_shrinks():
@@ -116,7 +145,9 @@ def test_bounds_are_ordered_and_gap_shrinks():
 
 @pytest.mark.parametrize("K", [1, 3])
 @pytest.mark.parametrize("vectorize", [True, False])
-def test_exact_posterior_gives_log_likelihood_and_its_gradient(K, vectorize):
+def test_exact_posterior_gives_log_likelihood_and_its_gradient(float64, K, vectorize):
+    # log p(x, z) - log q(z | x) = log p(x) for every z and every parameter value: an identity
+    # (measured relative errors: loss 1.7e-16, gradients <= 5.9e-15; was abs 1e-3 / 2e-3)
     from pyro_seq.ops.kalman import kalman_filter
 
     m = make_model(guide="smoothing", learnable=True)
@@ -125,17 +156,18 @@ def test_exact_posterior_gives_log_likelihood_and_its_gradient(K, vectorize):
         m.model, m.guide, x, mask)
     g = {n: p.grad.clone() for n, p in m.named_parameters()}
     exact = m.exact_log_likelihood(x, mask).sum().item()
-    assert -loss == pytest.approx(exact, abs=1e-3)  # padded steps (x = 1e3 there) add nothing
+    assert rel_err(-loss, exact) < 1e-9  # padded steps (x = 1e3 there) add nothing
     m.zero_grad()
     ll = kalman_filter(x, m.init_loc, m.init_cov, m.A, m.Q, m.C, m.R, mask=mask,
                        method="sequential").log_likelihoods.sum()
     (-ll).backward()
     for n, p in m.named_parameters():
-        assert torch.allclose(g[n], p.grad, atol=2e-3, rtol=2e-3), n
+        assert rel_err(g[n], p.grad) < 1e-9, n
 
 
 @pytest.mark.parametrize("estimator", ["standard", "dreg"])
-def test_loss_and_loss_and_grads_agree(estimator):
+def test_loss_and_loss_and_grads_agree(float64, estimator):
+    # the three entry points run the same computation: same value, same gradient
     m = make_perturbed()
     x, mask = make_data(m, LENGTHS)
     elbo = IWAE(num_particles=4, max_plate_nesting=1, gradient_estimator=estimator)
@@ -143,10 +175,13 @@ def test_loss_and_loss_and_grads_agree(estimator):
     a = elbo.loss(m.model, m.guide, x, mask)
     torch.manual_seed(7)
     b = elbo.loss_and_grads(m.model, m.guide, x, mask)
+    gb = grads(m)
     torch.manual_seed(7)
     c = elbo.differentiable_loss(m.model, m.guide, x, mask)
-    assert a == pytest.approx(b, rel=1e-6) and a == pytest.approx(c.item(), rel=1e-6)
-    assert torch.isfinite(grads(m)).all()
+    c.backward()
+    gc = grads(m)
+    assert rel_err(b, a) < 1e-12 and rel_err(c.item(), a) < 1e-12
+    assert rel_err(gc, gb) < 1e-12 and gb.abs().max() > 0.1
 
 
 def test_padding_values_do_not_matter():
@@ -160,14 +195,31 @@ def test_padding_values_do_not_matter():
     assert a == b
 
 
-def test_subsampling_scales_the_per_sequence_bound():
+def test_subsampling_scales_the_per_sequence_bound(float64):
     m = make_model(guide="optimal")
     x, mask = make_data(m, LENGTHS)
     torch.manual_seed(9)
     a = IWAE(num_particles=4, max_plate_nesting=1).loss(m.model, m.guide, x, mask)
     torch.manual_seed(9)
     b = IWAE(num_particles=4, max_plate_nesting=1).loss(m.model, m.guide, x, mask, num_sequences=40)
-    assert b == pytest.approx(10 * a, rel=1e-6)  # N / B = 40 / 4 outside the log-mean-exp
+    assert rel_err(b, 10 * a) < 1e-9  # N / B = 40 / 4 outside the log-mean-exp
+
+
+@pytest.mark.parametrize("estimator", ["standard", "dreg"])
+@pytest.mark.parametrize("K,vectorize", [(1, True), (3, True), (3, False)])
+def test_program_without_sample_sites_gives_zero(K, vectorize, estimator):
+    # as Trace_ELBO: a model (and guide) without sample sites has bound 0 (was StopIteration)
+    def model():
+        pyro.deterministic("d", torch.tensor(1.0))
+
+    def guide():
+        pass
+
+    elbo = IWAE(num_particles=K, vectorize_particles=vectorize, gradient_estimator=estimator)
+    assert elbo.loss(model, guide) == 0.0 == Trace_ELBO().loss(model, guide)
+    assert elbo.loss_and_grads(model, guide) == 0.0
+    loss = elbo.differentiable_loss(model, guide)
+    assert torch.is_tensor(loss) and loss.item() == 0.0 and not loss.requires_grad
 
 
 def test_dreg_same_expectation_lower_guide_variance():
@@ -255,7 +307,9 @@ def test_score_function_gradient_is_unbiased_for_discrete_latents():
 
 
 def test_argument_validation():
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="num_particles"):
         IWAE(num_particles=0)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="gradient_estimator"):
         IWAE(gradient_estimator="vimco")
+    with pytest.raises(ValueError, match="score_baseline"):
+        IWAE(score_baseline="mean")

@@ -15,6 +15,11 @@ def spd(n, scale, g):
     return scale * (M @ M.T / n + 0.5 * torch.eye(n, dtype=DT))
 
 
+def rel(a, b):
+    """Relative Frobenius distance |a - b| / |b| (exact identities in float64: <= 1e-12)."""
+    return ((a - b).norm() / b.norm()).item()
+
+
 def random_params(S=2, D=2, U=0, seed=0):
     g = torch.Generator().manual_seed(seed)
     A = 0.9 * torch.linalg.qr(torch.randn(S, S, generator=g, dtype=DT))[0]
@@ -122,14 +127,17 @@ def test_m_step_maximizes_expected_complete_loglik(learn):
     for k in old._fields:
         if k not in names:
             assert torch.equal(getattr(new, k), getattr(old, k))
-    leaves = {k: getattr(new, k).clone().requires_grad_() for k in names}
-    q_new = expected_complete_loglik(new._replace(**leaves), x, mask, controls, posterior)
-    grads = torch.autograd.grad(q_new, list(leaves.values()))
-    for k, gk in zip(names, grads):
-        if k.endswith("cov"):  # only symmetric perturbations are meaningful for a covariance
-            gk = 0.5 * (gk + gk.mT)
-        assert gk.abs().max() < 1e-7, (k, gk)
-    q_old = expected_complete_loglik(old, x, mask, controls, posterior)
+    def grads(p):
+        leaves = {k: getattr(p, k).clone().requires_grad_() for k in names}
+        q = expected_complete_loglik(p._replace(**leaves), x, mask, controls, posterior)
+        gs = torch.autograd.grad(q, list(leaves.values()))
+        # only symmetric perturbations are meaningful for a covariance
+        return leaves, q, {k: 0.5 * (gk + gk.mT) if k.endswith("cov") else gk for k, gk in zip(names, gs)}
+
+    leaves, q_new, g_new = grads(new)
+    _, q_old, g_old = grads(old)
+    for k in names:  # zero up to rounding, relative to the gradient's scale at the old parameters
+        assert g_new[k].norm() <= 1e-10 * g_old[k].norm(), (k, g_new[k], g_old[k])
     assert q_new >= q_old
     # random perturbations of the learned parameters never increase it
     g = torch.Generator().manual_seed(3)
@@ -137,8 +145,8 @@ def test_m_step_maximizes_expected_complete_loglik(learn):
         bumped = {k: v.detach() + 1e-2 * (lambda e: e + e.mT if k.endswith("cov") else e)(
             torch.randn(v.shape, generator=g, dtype=DT)) for k, v in leaves.items()}
         assert expected_complete_loglik(new._replace(**bumped), x, mask, controls, posterior) <= q_new.detach() + 1e-12
-    # em_step reports log p(x | old parameters)
-    assert torch.allclose(ll_old, lgssm_log_likelihood(x, old, mask=mask, controls=controls))
+    # em_step reports log p(x | old parameters) (the same filter: equal to rounding)
+    assert rel(ll_old, lgssm_log_likelihood(x, old, mask=mask, controls=controls)) <= 1e-12
 
 
 @pytest.mark.parametrize("learn", ["all", ("initial_loc", "initial_cov"), ("transition_matrix", "observation_cov")])
@@ -152,9 +160,9 @@ def test_log_likelihood_never_decreases(learn):
     lls = res.log_likelihoods
     assert lls.shape == (16,)
     # monotone up to float64 rounding of a sum of ~N*T terms
-    assert torch.all(lls[1:] - lls[:-1] >= -1e-9 * lls.abs().max()), lls
+    assert torch.all(lls[1:] - lls[:-1] >= -1e-11 * lls.abs().max()), lls
     assert lls[-1] > lls[0] + 1.0
-    assert torch.allclose(lls[-1], lgssm_log_likelihood(x, res.params, mask=mask, controls=controls))
+    assert rel(lls[-1], lgssm_log_likelihood(x, res.params, mask=mask, controls=controls)) <= 1e-12
 
 
 def test_initial_state_update_single_sequence():
@@ -165,8 +173,8 @@ def test_initial_state_update_single_sequence():
     new, _ = em_step(x[0], p, learn=("initial_loc", "initial_cov"))
     sm = kalman_smoother(x[0], p.initial_loc, p.initial_cov, p.transition_matrix, p.transition_cov,
                          p.observation_matrix, p.observation_cov)
-    assert torch.allclose(new.initial_loc, sm.means[0])
-    assert torch.allclose(new.initial_cov, sm.covs[0])
+    assert rel(new.initial_loc, sm.means[0]) <= 1e-12
+    assert rel(new.initial_cov, sm.covs[0]) <= 1e-12
 
 
 def test_recovers_known_parameters():
@@ -202,8 +210,8 @@ def test_tolerance_stops_early_and_bad_arguments():
     res = lgssm_em(x, perturb(p), num_iters=200, learn=("initial_loc",), tol=1e-6)
     n = res.log_likelihoods.shape[0]
     assert n < 201
-    assert torch.allclose(res.log_likelihoods[-1], lgssm_log_likelihood(x, res.params))
-    with pytest.raises(ValueError):
+    assert rel(res.log_likelihoods[-1], lgssm_log_likelihood(x, res.params)) <= 1e-12
+    with pytest.raises(ValueError, match="cannot learn 'not_a_param'"):
         em_step(x, p, learn=("not_a_param",))
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="needs an initial control_matrix"):
         em_step(x, p, learn=("control_matrix",))
