@@ -14,7 +14,7 @@ from typing import Optional, Tuple
 
 import torch
 
-__all__ = ["validate_sequences", "validate_mask"]
+__all__ = ["validate_sequences", "validate_mask", "validate_sequence_list"]
 
 
 def _first(index_mask: torch.Tensor) -> Tuple[int, ...]:
@@ -121,3 +121,29 @@ def validate_sequences(
                 f"x must be binary (0/1) for a Bernoulli model, found {x[b, t, d].item()!r} at "
                 f"(batch {b}, step {t}, feature {d}); {int(bad.sum())} non-binary values in all")
     return x, mask
+
+
+def validate_sequence_list(seqs, obs_dim: Optional[int] = None, binary: bool = False,
+                           name: str = "sequences"):
+    """Check a list of ``(T_i, D)`` sequences (a data split) before any training starts.
+
+    Each sequence is checked as a batch of one by :func:`validate_sequences`, so the message is
+    the validator's, prefixed with the sequence's place: ``"train[17]: x contains ..."``.
+
+    :param seqs: list of tensors ``(T_i, D)``.
+    :param int obs_dim: expected ``D``.
+    :param bool binary: require 0/1 values (Bernoulli likelihoods).
+    :param str name: the split's name, used in messages.
+    :raises ValueError: for an empty list, a non-tensor or non-2-D item, or any problem
+        :func:`validate_sequences` names.
+    """
+    if torch.is_tensor(seqs) or len(seqs) == 0:
+        raise ValueError(f"{name}: expected a non-empty list of (T_i, D) tensors")
+    for i, s in enumerate(seqs):
+        if not torch.is_tensor(s) or s.dim() != 2:
+            raise ValueError(f"{name}[{i}]: expected a (T, D) tensor, got "
+                             f"{tuple(s.shape) if torch.is_tensor(s) else type(s).__name__}")
+        try:
+            validate_sequences(s.unsqueeze(0), None, obs_dim, binary)
+        except ValueError as e:
+            raise ValueError(f"{name}[{i}]: {e}") from None
