@@ -126,7 +126,8 @@ def test_default_smc_resampling_is_systematic_ess():
     for key, kw in [("default", {}), ("explicit", dict(resample="ess", ess_threshold=0.5, resampling="systematic")),
                     ("multinomial", dict(resampling="multinomial"))]:
         torch.manual_seed(5)
-        out[key] = estimate_log_likelihood(m.model, m.guide, (x, mask), method="smc", num_particles=8, **kw).per_sequence
+        est = estimate_log_likelihood(m.model, m.guide, (x, mask), method="smc", num_particles=8, **kw)
+        out[key] = est.per_sequence
     assert torch.equal(out["default"], out["explicit"]) and not torch.equal(out["default"], out["multinomial"])
 
 
