@@ -21,6 +21,7 @@ import torch
 
 from pyro_seq.infer.fivo import FIVO
 from pyro_seq.infer.iwae import IWAE
+from pyro_seq.ops.resampling import DEFAULT_RESAMPLING
 
 __all__ = ["LikelihoodEstimate", "estimate_log_likelihood"]
 
@@ -115,13 +116,14 @@ def _iwae_log_z(model, guide, x, mask, num_particles, particles_per_pass, max_pl
 
 
 def estimate_log_likelihood(model, guide, data, method="iwae", num_particles=100, batch_size=None,
-                            particles_per_pass=None, resample="ess", resampling="systematic",
+                            particles_per_pass=None, resample="ess", resampling=DEFAULT_RESAMPLING,
                             ess_threshold=0.5, max_plate_nesting=1):
     """Estimate :math:`\\log p(x)` of every sequence with an IWAE or SMC estimator.
 
     :param model: the model program (e.g. ``m.model``); for ``"smc"`` it must follow the step
         protocol (``init``/``step``).
-    :param guide: the proposal (e.g. ``m.guide``).
+    :param guide: the proposal (e.g. ``m.guide``); it need not be reparameterized (no gradient
+        is taken; :meth:`FIVO.log_z <pyro_seq.infer.FIVO.log_z>` accepts any guide).
     :param data: a list of ``(T_i, D)`` sequences, a ``(batch, T, D)`` tensor, an ``(x, mask)``
         batch, or an iterable of ``(x, mask)`` batches.
     :param str method: ``"iwae"`` or ``"smc"`` (module docstring).
@@ -129,9 +131,11 @@ def estimate_log_likelihood(model, guide, data, method="iwae", num_particles=100
     :param int batch_size: sequences per pass (default: all of a batch at once).
     :param int particles_per_pass: IWAE only: draw the :math:`K` particles in chunks of this
         size to bound memory (the estimate is the same function of the :math:`K` weights).
-    :param str resample: SMC resampling criterion (``"ess"``, ``"always"``, ``"never"``).
-    :param str resampling: SMC resampling scheme.
-    :param float ess_threshold: SMC ESS threshold (fraction of :math:`K`).
+    :param str resample: SMC resampling criterion (``"ess"``, ``"always"``, ``"never"``), the
+        vocabulary of :mod:`pyro_seq.ops.resampling`.
+    :param str resampling: SMC resampling scheme (``"systematic"``, the default everywhere,
+        ``"stratified"`` or ``"multinomial"``).
+    :param float ess_threshold: SMC ESS threshold (fraction of :math:`K` in ``[0, 1]``).
     :param int max_plate_nesting: plates of the programs (1 for the sequence models).
     :returns: :class:`LikelihoodEstimate` (``per_sequence`` float64 ``(N,)``, ``nats_per_step``,
         ``method``, ``num_particles``, ...). Computed without gradients.

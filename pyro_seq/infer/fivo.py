@@ -18,10 +18,12 @@ By Jensen's inequality :math:`\mathcal{L}^{\mathrm{FIVO}}_K = \mathbb{E}[\log \h
 \log p(x_{1:T})` (Maddison et al., 2017; Le et al., 2018; Naesseth et al., 2018; thesis 4.3.2).
 Without resampling it is the IWAE bound; with :math:`K = 1` it is the ELBO.
 
-Resampling criteria (as FIVO's ``smc.py``): ``"always"``, ``"never"``, or ``"ess"``: resample a
-sequence's particles when their effective sample size :math:`1/\sum_k \tilde w_k^2` falls below
-``ess_threshold * K``. Schemes (``multinomial``, ``systematic``, ``stratified``) are those of
-:func:`pyro_seq.ops.resampling.resample`.
+Resampling uses the vocabulary of :mod:`pyro_seq.ops.resampling`: the criterion ``resample``
+(as FIVO's ``smc.py``) is ``"always"``, ``"never"``, or ``"ess"``: resample a sequence's
+particles when their effective sample size :math:`1/\sum_k \tilde w_k^2` falls below
+``ess_threshold * K``; the scheme ``resampling`` is ``"systematic"`` (default),
+``"stratified"`` or ``"multinomial"`` (:func:`pyro_seq.ops.resampling.resample`). Every scheme
+and every such criterion keeps :math:`\hat p` unbiased.
 
 **Gradient bias.** Ancestor indices are integers and the resampling decision is a comparison:
 no gradient flows through either. The gradient of :math:`\log \hat p` is taken with the
@@ -29,7 +31,15 @@ ancestors held fixed, which drops the score-function term :math:`\log \hat p\, \
 P(\text{ancestors})` of the resampling distribution. The resulting gradient estimate is biased;
 Maddison et al. (2017), Le et al. (2018) and Naesseth et al. (2018) report that the omitted
 term has very high variance and that dropping it works better in practice (thesis 4.3.2). The
-*value* of the bound is unaffected. The guide must be reparameterized for gradients.
+*value* of the bound is unaffected.
+
+**Reparameterized guides.** The training objective (:meth:`FIVO.loss`,
+:meth:`FIVO.differentiable_loss`, :meth:`FIVO.loss_and_grads`) refuses a guide with a site that
+has no ``rsample`` (``ValueError``), since its gradient would silently miss the score-function
+term of that site; :meth:`FIVO.loss` refuses it too, so that the value reported for an
+objective is always that of an objective that can be trained. Evaluating the bound needs no
+gradient: :meth:`FIVO.log_z` (the estimator of ``estimate_log_likelihood(method="smc")``)
+accepts any guide.
 
 Ragged batches: padded steps are masked, so their incremental weights are 1 (log 0), and a
 sequence is never resampled after its last step; each sequence's estimate is that of a particle
@@ -54,13 +64,19 @@ from pyro.util import check_site_shape, warn_if_nan
 
 from pyro_seq.infer.iwae import _reduce_site
 from pyro_seq.infer.log_z_bound import LogZBound
-from pyro_seq.ops.resampling import RESAMPLING_SCHEMES, effective_sample_size, log_mean_exp, resample
+from pyro_seq.ops.resampling import (
+    DEFAULT_RESAMPLING,
+    RESAMPLE_CRITERIA,
+    _check_resampling_args,
+    effective_sample_size,
+    log_mean_exp,
+    resample,
+)
 from pyro_seq.ops.state import SequenceState
 from pyro_seq.validation import validate_sequences
 
 __all__ = ["FIVO"]
 
-RESAMPLE_CRITERIA = ("ess", "always", "never")
 PARTICLE_PLATE = "fivo_particles"
 
 
@@ -133,12 +149,16 @@ class _StepSites(Messenger):
 
 
 def _check_reparameterized(guide_sites):
+    """Refuse a guide site without ``rsample`` (the training objective's gradient would lack
+    its score-function term); the same message for loss, differentiable_loss, loss_and_grads."""
     for site in guide_sites:
         if not site["fn"].has_rsample:
             raise ValueError(
-                f"FIVO needs a fully reparameterized guide, but guide site {site['name']!r} "
+                f"FIVO's training objective (loss, differentiable_loss, loss_and_grads) needs a "
+                f"fully reparameterized guide, but guide site {site['name']!r} "
                 f"({type(site['fn']).__name__}) has no rsample; use a reparameterizable "
-                "distribution")
+                "distribution. To only evaluate the bound, use FIVO.log_z or "
+                "estimate_log_likelihood(method='smc'), which accept any guide")
 
 
 class FIVO(LogZBound):
@@ -163,30 +183,45 @@ class FIVO(LogZBound):
     reset.
 
     :param int num_particles: :math:`K \ge 1`.
-    :param str resample: ``"ess"`` (adaptive), ``"always"`` or ``"never"`` (= IWAE).
-    :param float ess_threshold: resample when ESS < ``ess_threshold * K`` (``"ess"`` only).
-    :param str resampling: ``"multinomial"``, ``"systematic"`` or ``"stratified"``.
+    :param str resample: the criterion: ``"ess"`` (adaptive), ``"always"`` or ``"never"``
+        (= IWAE).
+    :param float ess_threshold: fraction of :math:`K` in ``[0, 1]``: resample when
+        ESS < ``ess_threshold * K`` (``"ess"`` only).
+    :param str resampling: the scheme: ``"systematic"`` (default), ``"stratified"`` or
+        ``"multinomial"``.
     :param int max_plate_nesting: plates of the programs (1: the batch plate).
     :param torch.Generator generator: optional generator for the resampling draws.
+    :param bool vectorize_particles: only ``True`` (the default) is accepted: FIVO always draws
+        its :math:`K` particles in one vectorized particle plate, since it resamples across
+        particles between time steps; ``False`` raises ``ValueError``.
+    :param kwargs: other arguments of :class:`~pyro.infer.ELBO` (e.g. ``retain_graph``).
+
+    The training objective (:meth:`loss`, :meth:`differentiable_loss`, :meth:`loss_and_grads`)
+    needs a fully reparameterized guide and raises ``ValueError`` otherwise; :meth:`log_z`
+    evaluates the bound for any guide (module docstring).
 
     After each evaluation, ``last_num_resamples`` holds the number of resampling events per
     sequence (``(batch,)`` long tensor).
     """
 
     def __init__(self, num_particles=4, resample="ess", ess_threshold=0.5,
-                 resampling="multinomial", max_plate_nesting=1, generator=None, **kwargs):
+                 resampling=DEFAULT_RESAMPLING, max_plate_nesting=1, generator=None,
+                 vectorize_particles=True, **kwargs):
         if int(num_particles) != num_particles or num_particles < 1:
             raise ValueError(f"num_particles must be a positive integer, got {num_particles}")
-        if resample not in RESAMPLE_CRITERIA:
-            raise ValueError(f"resample must be one of {RESAMPLE_CRITERIA}, got {resample!r}")
-        if resampling not in RESAMPLING_SCHEMES:
-            raise ValueError(f"resampling must be one of {RESAMPLING_SCHEMES}, got {resampling!r}")
-        if not 0.0 <= float(ess_threshold) <= 1.0:
-            raise ValueError(f"ess_threshold must lie in [0, 1], got {ess_threshold}")
+        _check_resampling_args(resample, ess_threshold, resampling, where="FIVO")
         if max_plate_nesting == float("inf") or int(max_plate_nesting) < 1:
             raise ValueError("FIVO needs a finite max_plate_nesting >= 1 (the batch plate)")
+        if vectorize_particles is not True:
+            raise ValueError(
+                f"FIVO always draws its particles in one vectorized particle plate (it resamples "
+                f"across particles between time steps), so vectorize_particles must be True (the "
+                f"default) or left out; got vectorize_particles={vectorize_particles!r}")
+        # ELBO's own vectorization (an extra plate and max_plate_nesting + 1) is not used: FIVO
+        # opens its particle plate itself, at dim -max_plate_nesting - 1.
         super().__init__(num_particles=int(num_particles), max_plate_nesting=int(max_plate_nesting),
                          vectorize_particles=False, **kwargs)
+        self.vectorize_particles = True  # what FIVO does (ELBO._get_traces is never used)
         self.resample = resample
         self.ess_threshold = float(ess_threshold)
         self.resampling = resampling
@@ -265,6 +300,9 @@ class FIVO(LogZBound):
         :param guide: step-protocol guide.
         :param args: ``x`` ``(batch, T, D)``, ``mask`` ``(batch, T)`` or None,
             ``num_sequences``.
+        :param bool check_reparam: refuse guide sites without ``rsample`` (``ValueError``), as
+            the training objective does; off by default, since the bound's value needs no
+            gradient and any guide gives an unbiased :math:`\hat p`.
         :returns: ``(log_z, scale)``: tensor ``(batch,)`` (differentiable, ancestors fixed) and
             the batch-plate subsampling factor ``N / B``.
         """
@@ -319,7 +357,7 @@ class FIVO(LogZBound):
                 if not do.any():
                     continue
                 self._prepare_state(state, B)
-                ancestors = resample(log_w, scheme=self.resampling, generator=self.generator)
+                ancestors = resample(log_w, self.resampling, generator=self.generator)
                 state.resample(torch.where(do, ancestors, identity))
                 log_w = log_w.masked_fill(do, 0.0)
                 resampled[t] = do
@@ -374,6 +412,20 @@ class FIVO(LogZBound):
         return 1.0 if full_size is None else full_size / size
 
     # ---------------------------------------------------------------- ELBO interface
+    def loss(self, model, guide, *args, **kwargs):
+        """
+        :returns: the negative FIVO bound, :math:`-\\frac{N}{B}\\sum_b \\log \\hat p(x^{(b)})`, for
+            one run of the particle filter
+        :rtype: float
+        :raises ValueError: for a guide site without ``rsample``, as :meth:`differentiable_loss`
+            (the value of the training objective; use :meth:`log_z` to evaluate any guide).
+        """
+        with torch.no_grad():
+            log_z, scale = self.log_z(model, guide, *args, check_reparam=True, **kwargs)
+            loss = -torch_item(scale * log_z.sum())
+        warn_if_nan(loss, "loss")
+        return loss
+
     def differentiable_loss(self, model, guide, *args, **kwargs):
         """
         :returns: the negative FIVO bound as a differentiable tensor (gradient with the

@@ -15,9 +15,13 @@ which is unbiased, ``E[p-hat] = p(x_{1:T})``, for any resampling scheme with
 ``prod_t (1/K) sum_k w_t^{(k)}``; with no resampling at all it is plain sequential importance
 sampling. ``log p-hat`` is biased low (Jensen), only ``p-hat`` itself is unbiased.
 
-Resampling happens before propagating to step ``t`` whenever the effective sample size
+Resampling before propagating to step ``t`` follows the criterion ``resample`` (the vocabulary
+of :mod:`pyro_seq.ops.resampling`): ``"ess"`` resamples whenever the effective sample size
 (Liu & Chen 1998, thesis Sec. 3.5.1.4) of the weights of step ``t-1`` falls below
-``resample_threshold * K`` (the thesis suggests ``0.7``), independently for every batch element.
+``ess_threshold * K`` (the thesis suggests ``0.7``), independently for every batch element;
+``"always"`` resamples before every step ``t >= 1`` (eq. 3.20 in its plain form) and
+``"never"`` gives sequential importance sampling. The scheme is ``resampling`` (default
+``"systematic"``).
 
 Shapes: **particles first**, as in :mod:`pyro_seq.ops.resampling`: ``K`` particles, batch shape
 ``batch``, ``T`` steps, state dim ``S``.
@@ -28,11 +32,19 @@ the gradient of ``log p-hat`` ignores the resampling term and is biased (as in F
 """
 
 import math
+import warnings
 from typing import NamedTuple
 
 import torch
 
-from pyro_seq.ops.resampling import effective_sample_size, normalize_log_weights, resample
+from pyro_seq.ops.resampling import (
+    DEFAULT_RESAMPLING,
+    _check_resampling_args,
+    _deprecated_alias,
+    effective_sample_size,
+    normalize_log_weights,
+    resample as _resample,
+)
 
 __all__ = ["ParticleFilterResult", "additive_gaussian", "ancestral_paths", "bootstrap_particle_filter"]
 
@@ -103,9 +115,13 @@ def bootstrap_particle_filter(
     observation_fn,
     num_particles,
     mask=None,
-    resample_threshold=0.5,
-    resampling_scheme="systematic",
+    resample="ess",
+    ess_threshold=0.5,
+    resampling=DEFAULT_RESAMPLING,
     generator=None,
+    *,
+    resample_threshold=None,
+    resampling_scheme=None,
 ):
     """Bootstrap particle filter (thesis Sec. 3.5.1.4) with an unbiased likelihood estimate.
 
@@ -120,14 +136,43 @@ def bootstrap_particle_filter(
     :param int num_particles: ``K``.
     :param torch.Tensor mask: optional bool ``(*batch, T)``, True where ``x_t`` is observed;
         missing steps have ``alpha_t = 1`` (masked entries of ``x`` may be NaN).
-    :param float resample_threshold: resample before step ``t`` when
-        ``ESS_{t-1} < resample_threshold * K``; ``>= 1`` resamples at every step (eq. 3.20 in
-        its plain form), ``0`` never (sequential importance sampling).
-    :param str resampling_scheme: see :func:`pyro_seq.ops.resampling.resample`.
+    :param str resample: the criterion: ``"ess"`` (resample before step ``t`` when
+        ``ESS_{t-1} < ess_threshold * K``), ``"always"`` (before every step ``t >= 1``, eq. 3.20
+        in its plain form) or ``"never"`` (sequential importance sampling).
+    :param float ess_threshold: fraction of ``K`` in ``[0, 1]`` (``"ess"`` only).
+    :param str resampling: the scheme, ``"systematic"`` (default), ``"stratified"`` or
+        ``"multinomial"``; see :func:`pyro_seq.ops.resampling.resample`.
     :param torch.Generator generator: for the resampling draws only; particle draws use the
         global RNG (seed it with ``torch.manual_seed``).
+    :param float resample_threshold: deprecated (FutureWarning); ``t >= 1`` is
+        ``resample="always"``, ``t <= 0`` is ``resample="never"``, otherwise
+        ``resample="ess", ess_threshold=t``.
+    :param str resampling_scheme: deprecated alias of ``resampling`` (FutureWarning).
     :returns: :class:`ParticleFilterResult`.
+    :raises ValueError: for an unknown criterion or scheme, a threshold outside ``[0, 1]`` or a
+        non-positive ``num_particles``.
     """
+    name = "bootstrap_particle_filter"
+    if resample_threshold is not None:
+        warnings.warn(
+            f"{name}: `resample_threshold` is deprecated and will be removed in the next release; "
+            "use `resample` (\"ess\", \"always\", \"never\") and `ess_threshold` instead",
+            FutureWarning, stacklevel=2)
+        t = float(resample_threshold)
+        if resample != "ess" or ess_threshold != 0.5:
+            raise ValueError(f"{name}: pass either `resample`/`ess_threshold` or their deprecated "
+                             f"alias `resample_threshold`, not both")
+        if t >= 1:
+            resample = "always"
+        elif t <= 0:
+            resample = "never"
+        else:
+            ess_threshold = t
+    resampling = _deprecated_alias(name, "resampling_scheme", resampling_scheme, "resampling",
+                                   resampling, DEFAULT_RESAMPLING)
+    _check_resampling_args(resample, ess_threshold, resampling, where=name)
+    if isinstance(num_particles, bool) or int(num_particles) != num_particles or num_particles < 1:
+        raise ValueError(f"{name}: num_particles must be a positive integer, got {num_particles!r}")
     K = int(num_particles)
     T = x.shape[-2]
     batch_shape = x.shape[:-2]
@@ -137,7 +182,6 @@ def bootstrap_particle_filter(
     batch_shape = torch.broadcast_shapes(batch_shape, mask.shape[:-1], initial_dist.batch_shape)
     mask = mask.expand(batch_shape + (T,))
     x = torch.where(mask.unsqueeze(-1), x, torch.zeros((), dtype=x.dtype, device=x.device))
-    always = resample_threshold >= 1
 
     z = _sample(initial_dist.expand((K,) + batch_shape))  # (K, *batch, S)
     log_W = None
@@ -149,12 +193,14 @@ def bootstrap_particle_filter(
             anc = identity
             flag = torch.zeros(batch_shape, dtype=torch.bool, device=x.device)
         else:
-            if always:
+            if resample == "always":
                 flag = torch.ones(batch_shape, dtype=torch.bool, device=x.device)
+            elif resample == "never":
+                flag = torch.zeros(batch_shape, dtype=torch.bool, device=x.device)
             else:
-                flag = esses[-1] < resample_threshold * K
+                flag = esses[-1] < ess_threshold * K
             if bool(flag.any()):
-                drawn = resample(log_W, resampling_scheme, generator=generator)
+                drawn = _resample(log_W, resampling, generator=generator)
                 anc = torch.where(flag, drawn, identity)
                 z = torch.gather(z, 0, anc.unsqueeze(-1).expand(z.shape))
                 log_W_bar = torch.where(flag, torch.full_like(log_W, -math.log(K)), log_W)

@@ -26,16 +26,76 @@ Schemes:
   ``u_k = (k + U) / K``. Offspring counts are ``floor(K w_k)`` or ``ceil(K w_k)`` (the lowest
   variance of the three; not independent across particles).
 
-All three are unbiased: ``E[#offspring of k] = K w_k``.
+All three are unbiased: ``E[#offspring of k] = K w_k``. The default is ``"systematic"``
+everywhere in :mod:`pyro_seq` (lowest variance, unbiased like the others).
+
+**Vocabulary** (shared by :func:`resample`, :func:`pyro_seq.ops.bootstrap_particle_filter`,
+:class:`pyro_seq.infer.FIVO` and :func:`pyro_seq.infer.estimate_log_likelihood`):
+
+* ``resample``: the criterion, one of :data:`RESAMPLE_CRITERIA`: ``"ess"`` (resample when the
+  effective sample size falls below ``ess_threshold * K``), ``"always"`` or ``"never"``;
+* ``ess_threshold``: the fraction of ``K`` in ``[0, 1]`` below which the ESS triggers resampling
+  (``"ess"`` only);
+* ``resampling``: the scheme, one of :data:`RESAMPLING_SCHEMES`, default ``"systematic"``.
+
+The former names ``scheme`` (:func:`resample`), ``resample_threshold`` and
+``resampling_scheme`` (:func:`~pyro_seq.ops.bootstrap_particle_filter`) still work for one
+release and emit a :class:`FutureWarning`.
 """
 
 import math
+import warnings
 
 import torch
 
-__all__ = ["RESAMPLING_SCHEMES", "effective_sample_size", "log_mean_exp", "normalize_log_weights", "resample"]
+__all__ = [
+    "DEFAULT_RESAMPLING",
+    "RESAMPLE_CRITERIA",
+    "RESAMPLING_SCHEMES",
+    "effective_sample_size",
+    "log_mean_exp",
+    "normalize_log_weights",
+    "resample",
+]
 
 RESAMPLING_SCHEMES = ("multinomial", "stratified", "systematic")
+RESAMPLE_CRITERIA = ("ess", "always", "never")
+DEFAULT_RESAMPLING = "systematic"
+
+
+def _deprecated_alias(fn_name, old_name, old_value, new_name, new_value, new_default, stacklevel=3):
+    """Resolve a deprecated keyword: warn (FutureWarning naming ``new_name``) and return the
+    value to use. A conflicting non-default ``new_value`` raises ``ValueError``."""
+    if old_value is None:
+        return new_value
+    warnings.warn(
+        f"{fn_name}: `{old_name}` is deprecated and will be removed in the next release; use "
+        f"`{new_name}` instead", FutureWarning, stacklevel=stacklevel)
+    if new_value != new_default and new_value != old_value:
+        raise ValueError(f"{fn_name}: got both `{new_name}`={new_value!r} and its deprecated alias "
+                         f"`{old_name}`={old_value!r}; pass only `{new_name}`")
+    return old_value
+
+
+def _check_resampling_args(resample=None, ess_threshold=None, resampling=None, where="resampling"):
+    """Validate the shared resampling arguments (see the module docstring); ``None`` skips one.
+
+    :raises ValueError: with a message naming the argument and its allowed values.
+    """
+    if resample is not None and resample not in RESAMPLE_CRITERIA:
+        raise ValueError(f"{where}: resample must be one of {RESAMPLE_CRITERIA} (the criterion), "
+                         f"got {resample!r}")
+    if resampling is not None and resampling not in RESAMPLING_SCHEMES:
+        raise ValueError(f"{where}: resampling must be one of {RESAMPLING_SCHEMES} (the scheme), "
+                         f"got {resampling!r}")
+    if ess_threshold is not None:
+        try:
+            ok = 0.0 <= float(ess_threshold) <= 1.0
+        except (TypeError, ValueError):
+            ok = False
+        if not ok:
+            raise ValueError(f"{where}: ess_threshold must be a fraction of K in [0, 1], "
+                             f"got {ess_threshold!r}")
 
 
 def log_mean_exp(x, dim=0, keepdim=False):
@@ -81,23 +141,26 @@ def effective_sample_size(log_weights, dim=0):
     )
 
 
-def resample(log_weights, scheme="multinomial", generator=None):
+def resample(log_weights, resampling=DEFAULT_RESAMPLING, generator=None, *, scheme=None):
     """Draw ancestor indices with ``E[#offspring of particle k] = K * w_k``.
 
     :param torch.Tensor log_weights: unnormalized log-weights of shape ``(K, *batch)``,
         particles first (``*batch`` may be empty or several dims). Normalization is done here.
         Rows that are all ``-inf`` are not allowed (there is nothing to resample from).
-    :param str scheme: ``"multinomial"``, ``"stratified"`` or ``"systematic"`` (see the module
-        docstring for their offspring-count guarantees).
+    :param str resampling: the scheme, ``"multinomial"``, ``"stratified"`` or ``"systematic"``
+        (default; see the module docstring for their offspring-count guarantees).
     :param torch.Generator generator: optional random generator (on ``log_weights.device``) for
         reproducible draws; the global RNG is used otherwise.
+    :param str scheme: deprecated alias of ``resampling`` (emits a FutureWarning).
     :returns: ``torch.LongTensor`` ``ancestors`` of shape ``(K, *batch)`` with values in
         ``[0, K)``; ``ancestors[k, b]`` is the parent of new particle ``k`` in batch element
         ``b``. For the stratified and systematic schemes the indices are sorted along the
         particle dimension. Computed without gradient (integer indices are never differentiable).
     """
-    if scheme not in RESAMPLING_SCHEMES:
-        raise ValueError(f"unknown resampling scheme {scheme!r}; choose from {RESAMPLING_SCHEMES}")
+    resampling = _deprecated_alias("resample", "scheme", scheme, "resampling", resampling, DEFAULT_RESAMPLING)
+    if resampling not in RESAMPLING_SCHEMES:
+        raise ValueError(f"resample: unknown resampling scheme {resampling!r}; choose `resampling` from "
+                         f"{RESAMPLING_SCHEMES}")
     if log_weights.dim() < 1:
         raise ValueError("log_weights needs a leading particle dimension")
     with torch.no_grad():
@@ -109,10 +172,10 @@ def resample(log_weights, scheme="multinomial", generator=None):
         if torch.isneginf(flat).all(0).any() or torch.isnan(flat).any():
             raise ValueError("resample: every batch element needs a finite log-weight and no NaN")
         probs = torch.softmax(flat, dim=0)  # (K, B)
-        if scheme == "multinomial":
+        if resampling == "multinomial":
             anc = torch.multinomial(probs.T, K, replacement=True, generator=generator).T
         else:
-            if scheme == "systematic":
+            if resampling == "systematic":
                 u0 = torch.rand(1, B, dtype=torch.float64, device=flat.device, generator=generator)
             else:
                 u0 = torch.rand(K, B, dtype=torch.float64, device=flat.device, generator=generator)

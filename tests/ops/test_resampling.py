@@ -150,3 +150,23 @@ def test_degenerate_weights_resample_single_particle():
     lw[2] = 0.0
     for scheme in RESAMPLING_SCHEMES:
         assert torch.all(resample(lw, scheme) == 2)
+
+
+def test_default_scheme_and_deprecated_alias():
+    """The scheme is ``resampling``, default "systematic"; ``scheme=`` still works for one
+    release and emits a FutureWarning naming ``resampling``."""
+    lw = torch.randn(9, 40, dtype=torch.float64)
+
+    def draw(*args, **kw):
+        return resample(lw, *args, generator=torch.Generator().manual_seed(3), **kw)
+
+    assert torch.equal(draw(), draw(resampling="systematic"))
+    assert torch.equal(draw(), draw("systematic"))  # positional, as before
+    assert not torch.equal(draw(), draw(resampling="multinomial"))  # the default is not multinomial
+    for name in RESAMPLING_SCHEMES:
+        with pytest.warns(FutureWarning, match="`scheme` is deprecated.*use `resampling`"):
+            assert torch.equal(draw(scheme=name), draw(resampling=name))
+    with pytest.warns(FutureWarning), pytest.raises(ValueError, match="both"):
+        draw(resampling="multinomial", scheme="stratified")
+    with pytest.raises(ValueError, match="resampling"):
+        draw(resampling="residual")
