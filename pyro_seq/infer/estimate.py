@@ -21,7 +21,9 @@ import torch
 
 from pyro_seq.infer.fivo import FIVO
 from pyro_seq.infer.iwae import IWAE
+from pyro_seq.ops.padding import pad_sequences
 from pyro_seq.ops.resampling import DEFAULT_RESAMPLING
+from pyro_seq.validation import validate_sequences
 
 __all__ = ["LikelihoodEstimate", "estimate_log_likelihood"]
 
@@ -62,16 +64,6 @@ class LikelihoodEstimate:
                 "num_steps": self.num_steps, "num_sequences": len(self.lengths)}
 
 
-def _pad(seqs):
-    lengths = [int(s.shape[0]) for s in seqs]
-    D = seqs[0].shape[-1]
-    x = seqs[0].new_zeros(len(seqs), max(lengths), D)
-    for i, s in enumerate(seqs):
-        x[i, :lengths[i]] = s
-    mask = torch.arange(max(lengths), device=x.device) < torch.tensor(lengths, device=x.device).unsqueeze(-1)
-    return x, mask
-
-
 def _batches(data, batch_size):
     """Yield ``(x, mask)`` batches from the accepted data formats."""
     if torch.is_tensor(data):
@@ -84,7 +76,8 @@ def _batches(data, batch_size):
     if all(torch.is_tensor(s) and s.dim() == 2 for s in data):  # a list of (T_i, D) sequences
         bs = batch_size or len(data)
         for i in range(0, len(data), bs):
-            yield _pad(data[i:i + bs])
+            chunk = data[i:i + bs]
+            yield validate_sequences(*pad_sequences(chunk, dtype=chunk[0].dtype))
         return
     for item in data:
         if torch.is_tensor(item) and item.dim() == 3:
@@ -95,11 +88,10 @@ def _batches(data, batch_size):
             raise TypeError(
                 "data must be a list of (T_i, D) sequences, an (x, mask) batch, or an iterable "
                 f"of (x, mask) batches / (batch, T, D) tensors; got an item of type {type(item).__name__}")
-        if mask is None:
-            mask = torch.ones(x.shape[:2], dtype=torch.bool, device=x.device)
+        x, mask = validate_sequences(x, mask)  # the package's one validator, before any slicing
         bs = batch_size or x.shape[0]
         for i in range(0, x.shape[0], bs):
-            yield x[i:i + bs], mask[i:i + bs].bool()
+            yield x[i:i + bs], mask[i:i + bs]
 
 
 def _iwae_log_z(model, guide, x, mask, num_particles, particles_per_pass, max_plate_nesting):
