@@ -35,7 +35,7 @@ from pyro.optim import ClippedAdam
 from tqdm.auto import tqdm
 
 from pyro_seq.data.batching import SequenceLoader
-from pyro_seq.train.checkpoint import load_checkpoint, restore, save_checkpoint
+from pyro_seq.train.checkpoint import load_checkpoint, restore, save_checkpoint, save_weights
 from pyro_seq.train.evaluate import evaluate_bound
 from pyro_seq.train.objectives import make_objective
 
@@ -136,6 +136,8 @@ def fit(model, train_sequences, valid_sequences, config, out_dir, resume=True):
         ``loss_curve.png``.
     :param bool resume: continue from ``out_dir/checkpoint.pt`` if it exists.
     :returns: the list of per-epoch log rows.
+    :raises pyro_seq.train.CheckpointError: ``checkpoint.pt`` is truncated or corrupt (the
+        message names it and says what to do).
     """
     config.validate()
     out_dir = Path(out_dir)
@@ -205,7 +207,7 @@ def fit(model, train_sequences, valid_sequences, config, out_dir, resume=True):
             improved = True
         history.append(row)
         if improved:
-            torch.save(model.state_dict(), out_dir / "best.pt")
+            save_weights(model.state_dict(), out_dir / "best.pt")
         save_checkpoint(ckpt_path, model=model, optimizer=optim, epoch=epoch + 1,
                         global_step=global_step, history=history,
                         extra={"best_valid": best, "bad_epochs": bad_epochs})
