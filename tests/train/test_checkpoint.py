@@ -113,3 +113,43 @@ def test_saves_go_through_a_fsynced_temporary_file_and_os_replace(tmp_path, monk
     tmp, dst = str(tmp_path / "best.pt.tmp"), str(tmp_path / "best.pt")
     assert calls[:2] == ["fsync", ("replace", tmp, dst)]  # the file is synced before the rename
     assert calls[2:] == ["fsync"]                           # then the folder
+
+
+def test_fit_restores_threads_and_rng_and_leaves_the_params_in_the_store(tmp_path):
+    model = tiny_srnn()
+    torch.set_num_threads(1)
+    torch.manual_seed(1234)
+    random.seed(5)
+    np.random.seed(5)
+    torch_state, py_state, np_state = torch.get_rng_state(), random.getstate(), np.random.get_state()
+    try:
+        fit(model, toy_sequences(10), [], TrainConfig(epochs=1, num_threads=2, seed=7, **CFG),
+            tmp_path)
+        assert torch.get_num_threads() == 1
+        assert torch.equal(torch.get_rng_state(), torch_state)
+        assert random.getstate() == py_state
+        assert all(np.array_equal(a, b) for a, b in zip(np.random.get_state(), np_state))
+        # the param store is the training result: it holds the trained model's parameters
+        store = pyro.get_param_store()
+        params = list(model.parameters())
+        assert len(list(store.keys())) == len(params) > 0
+        for name in store.keys():
+            assert any(store[name] is p for p in params), name
+    finally:
+        torch.set_num_threads(1)
+
+
+def test_fit_restores_threads_and_rng_when_it_raises(tmp_path):
+    model = tiny_srnn()
+    torch.set_num_threads(1)
+    torch.manual_seed(99)
+    state = torch.get_rng_state()
+    (tmp_path / "checkpoint.pt").write_bytes(b"garbage")
+    try:
+        with pytest.raises(CheckpointError):
+            fit(model, toy_sequences(10), [], TrainConfig(epochs=1, num_threads=2, seed=7, **CFG),
+                tmp_path)
+        assert torch.get_num_threads() == 1
+        assert torch.equal(torch.get_rng_state(), state)
+    finally:
+        torch.set_num_threads(1)
