@@ -55,6 +55,12 @@ def _load_data(spec, splits=("train", "valid", "test")):
     return load_dataset(spec, splits=splits)
 
 
+def _load_weights(path):
+    from pyro_seq.train import load_weights
+
+    return load_weights(path)
+
+
 def _load_run(out_dir):
     out_dir = Path(out_dir)
     cfg_path = out_dir / "config.json"
@@ -65,7 +71,7 @@ def _load_run(out_dir):
     weights = out_dir / "best.pt"
     if not weights.exists():
         raise SystemExit(f"no trained weights in {out_dir} (best.pt missing)")
-    model.load_state_dict(torch.load(weights, map_location="cpu", weights_only=True))
+    model.load_state_dict(_load_weights(weights))
     model.eval()
     return run, model
 
@@ -104,7 +110,7 @@ def cmd_train(args):
     if history:
         print(f"last epoch: {json.dumps(history[-1])}")
     if data.get("test"):
-        model.load_state_dict(torch.load(out_dir / "best.pt", map_location="cpu", weights_only=True))
+        model.load_state_dict(_load_weights(out_dir / "best.pt"))
         result = evaluate_bound(model, data["test"], method="elbo")
         (out_dir / "test.json").write_text(json.dumps(result, indent=1))
         print(f"test ELBO: {result['per_step']:.4f} nats per time step "
@@ -205,8 +211,13 @@ def make_parser():
 
 
 def main(argv=None):
+    from pyro_seq.train import CheckpointError
+
     args = make_parser().parse_args(argv)
-    return args.func(args)
+    try:
+        return args.func(args)
+    except CheckpointError as e:  # one line naming the file and what to do, no traceback
+        raise SystemExit(f"pyro-seq: error: {e}") from None
 
 
 if __name__ == "__main__":

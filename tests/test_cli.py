@@ -73,3 +73,110 @@ def test_train_with_fivo_and_evaluate_with_smc(tiny_pickle, tmp_path):
     assert main(["evaluate", str(out), "--objective", "smc", "--particles", "4"]) == 0
     result = json.loads((out / "eval_test_smc_4.json").read_text())
     assert result["method"] == "smc" and result["num_particles"] == 4 and result["per_step"] < 0
+
+
+# --- damaged checkpoints and interrupted saves ------------------------------------------------
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _cli(*args, env=None, **kwargs):
+    """``python -m pyro_seq.cli ARGS`` in a subprocess, importing this checkout."""
+    env = dict(os.environ if env is None else env, PYTHONPATH=str(ROOT))
+    return subprocess.Popen([sys.executable, "-m", "pyro_seq.cli", *map(str, args)], cwd=ROOT,
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            **kwargs)
+
+
+def _train_args(tiny_pickle, out, epochs):
+    return ["train", "--model", "srnn", "--data", str(tiny_pickle), "--batch-size", "5",
+            "--kl-anneal-steps", "3", "--out", str(out), "--quiet", "--epochs", str(epochs),
+            "--threads", "1"] + TINY_SRNN
+
+
+def _damage(path, how):
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2] if how == "truncated" else b"\x00garbage\n" * 50)
+
+
+def _ckpt_msg(path):
+    return (f"pyro-seq: error: checkpoint {path} is truncated or corrupt and cannot be loaded; "
+            "delete it to train in this folder from scratch, or train into a new output folder "
+            "(--out)")
+
+
+def _best_msg(path):
+    return (f"pyro-seq: error: weights file {path} is truncated or corrupt and cannot be loaded; "
+            "delete it and train again (train --restart, or a new output folder --out)")
+
+
+@pytest.mark.parametrize("how", ["truncated", "garbage"])
+def test_damaged_checkpoint_and_best_pt_give_one_line(tiny_pickle, tmp_path, how):
+    out = tmp_path / "run"
+    assert main(_train_args(tiny_pickle, out, 1)) == 0
+    good = {name: (out / name).read_bytes() for name in ("checkpoint.pt", "best.pt")}
+
+    _damage(out / "checkpoint.pt", how)                    # train resumes from checkpoint.pt
+    with pytest.raises(SystemExit) as info:
+        main(_train_args(tiny_pickle, out, 2))
+    assert info.value.code == _ckpt_msg(out / "checkpoint.pt")
+    (out / "checkpoint.pt").write_bytes(good["checkpoint.pt"])
+
+    _damage(out / "best.pt", how)                          # evaluate, sample and train read best.pt
+    for args in (["evaluate", out], ["sample", out, "--length", "4"],
+                 _train_args(tiny_pickle, out, 1)):      # nothing left to train: tests best.pt
+        with pytest.raises(SystemExit) as info:
+            main([str(a) for a in args])
+        assert info.value.code == _best_msg(out / "best.pt"), args
+
+
+def test_damaged_best_pt_exits_nonzero_without_traceback(tiny_pickle, tmp_path):
+    out = tmp_path / "run"
+    assert main(_train_args(tiny_pickle, out, 1)) == 0
+    _damage(out / "best.pt", "garbage")
+    proc = _cli("evaluate", out)
+    stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 1
+    assert stderr == _best_msg(out / "best.pt") + "\n" and stdout == ""
+    assert "Traceback" not in stderr and "weights_only" not in stderr
+
+
+def test_killed_during_a_checkpoint_save_keeps_the_previous_one_and_resumes(tiny_pickle, tmp_path):
+    straight = tmp_path / "straight"
+    assert main(_train_args(tiny_pickle, straight, 2)) == 0
+    out = tmp_path / "run"
+    assert main(_train_args(tiny_pickle, out, 1)) == 0
+    epoch1 = (out / "checkpoint.pt").read_bytes()
+
+    # the writer pauses after the temporary file is complete and before os.replace
+    env = dict(os.environ, PYRO_SEQ_TEST_PAUSE_BEFORE_REPLACE="checkpoint.pt")
+    proc = _cli(*_train_args(tiny_pickle, out, 2), env=env)
+    paused = out / "checkpoint.pt.paused"
+    deadline = time.monotonic() + 60
+    while not paused.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert paused.exists(), proc.communicate()
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.communicate(timeout=30)
+    assert proc.returncode == -signal.SIGKILL
+
+    # the new checkpoint was complete in the temporary file, but never replaced the old one
+    assert torch.load(out / "checkpoint.pt.tmp", weights_only=True)["epoch"] == 2
+    assert (out / "checkpoint.pt").read_bytes() == epoch1
+    assert torch.load(out / "checkpoint.pt", weights_only=True)["epoch"] == 1
+
+    assert main(_train_args(tiny_pickle, out, 2)) == 0  # resumes at epoch 2
+    assert [row["epoch"] for row in json.loads((out / "log.json").read_text())] == [1, 2]
+    assert not (out / "checkpoint.pt.tmp").exists()
+    a = torch.load(straight / "checkpoint.pt", weights_only=True)
+    b = torch.load(out / "checkpoint.pt", weights_only=True)
+    assert a["epoch"] == b["epoch"] == 2 and a["global_step"] == b["global_step"]
+    for name, p in a["model"].items():
+        assert torch.equal(p, b["model"][name]), name

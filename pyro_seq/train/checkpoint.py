@@ -2,18 +2,91 @@
 
 A checkpoint is a plain dict of tensors and Python containers saved with :func:`torch.save`
 and read back with ``torch.load(..., weights_only=True)``, so loading never runs pickled code.
-Files are written atomically (temporary file, then rename) so that an interrupted save never
-leaves a corrupt checkpoint behind.
+
+Files are written atomically: to ``<name>.tmp`` in the same folder, flushed and fsynced, then
+renamed over ``<name>`` with :func:`os.replace`, so a save interrupted at any point (killed
+process, full disk, power loss) leaves the previous file intact. A file that is truncated or
+corrupt anyway (copied halfway, edited, from an older tool) raises :class:`CheckpointError`, a
+one-line message naming the file and what to do about it.
 """
 
 import os
+import time
 from pathlib import Path
 
 import torch
 
+__all__ = ["CheckpointError", "load_checkpoint", "load_weights", "restore", "save_checkpoint",
+           "save_weights"]
+
+_CHECKPOINT_KEYS = ("model", "optimizer", "epoch", "global_step", "history", "torch_rng", "extra")
+
+# Tests only: when set to a file name (e.g. "checkpoint.pt"), saving that file stops after the
+# temporary file is complete and before os.replace, creates "<name>.paused" beside it and
+# sleeps, so that a test can kill the process at that exact point.
+_PAUSE_ENV = "PYRO_SEQ_TEST_PAUSE_BEFORE_REPLACE"
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint or weights file cannot be read; the message says what to do."""
+
+
+def _fsync_dir(folder):
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:  # pragma: no cover - e.g. Windows cannot open folders
+        return
+    try:
+        os.fsync(fd)
+    except OSError:  # pragma: no cover - some file systems refuse fsync on folders
+        pass
+    finally:
+        os.close(fd)
+
+
+def _atomic_save(obj, path):
+    """``torch.save(obj, path)`` through a fsynced temporary file and :func:`os.replace`."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        with open(tmp, "wb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        if os.environ.get(_PAUSE_ENV) == path.name:
+            path.with_name(path.name + ".paused").write_text(str(tmp))
+            time.sleep(120)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            tmp.unlink()
+        except OSError:
+            pass
+        raise
+    _fsync_dir(path.parent)
+
+
+def _load(path, what, remedy):
+    """``torch.load(path, weights_only=True)`` with a one-line :class:`CheckpointError`.
+
+    torch's own messages are not passed on: they are long and, for a file that is not a zip
+    archive, advise ``weights_only=False``, which would run whatever code the file holds.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"no {what} at {path}")
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except (PermissionError, IsADirectoryError) as e:
+        raise CheckpointError(f"cannot read {what} {path}: {e.strerror or e}") from None
+    except Exception:  # torch raises RuntimeError, UnpicklingError, EOFError, OSError(EINVAL)...
+        raise CheckpointError(
+            f"{what} {path} is truncated or corrupt and cannot be loaded; {remedy}") from None
+
 
 def save_checkpoint(path, *, model, optimizer, epoch, global_step, history, extra=None):
-    """Write a checkpoint of everything needed to continue training exactly.
+    """Write a checkpoint of everything needed to continue training exactly (atomically).
 
     :param path: file to write.
     :param torch.nn.Module model: its ``state_dict()`` is saved.
@@ -23,8 +96,6 @@ def save_checkpoint(path, *, model, optimizer, epoch, global_step, history, extr
     :param list history: per-epoch log rows (dicts of numbers).
     :param dict extra: further plain data (e.g. best validation score).
     """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     payload = {
         "model": model.state_dict(),
         "optimizer": optimizer.get_state(),
@@ -34,17 +105,39 @@ def save_checkpoint(path, *, model, optimizer, epoch, global_step, history, extr
         "torch_rng": torch.get_rng_state(),
         "extra": dict(extra or {}),
     }
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save(payload, tmp)
-    os.replace(tmp, path)
+    _atomic_save(payload, path)
 
 
 def load_checkpoint(path):
-    """Read a checkpoint written by :func:`save_checkpoint` (``weights_only=True``)."""
-    path = Path(path)
-    if not path.exists():
-        raise FileNotFoundError(f"no checkpoint at {path}")
-    return torch.load(path, map_location="cpu", weights_only=True)
+    """Read a checkpoint written by :func:`save_checkpoint` (``weights_only=True``).
+
+    :raises FileNotFoundError: no file at ``path``.
+    :raises CheckpointError: the file is truncated, corrupt or not a checkpoint.
+    """
+    remedy = ("delete it to train in this folder from scratch, or train into a new output "
+              "folder (--out)")
+    payload = _load(path, "checkpoint", remedy)
+    if not isinstance(payload, dict) or not all(k in payload for k in _CHECKPOINT_KEYS):
+        raise CheckpointError(f"checkpoint {path} is not a pyro-seq training checkpoint; {remedy}")
+    return payload
+
+
+def save_weights(state_dict, path):
+    """Write a model ``state_dict`` (e.g. ``best.pt``) atomically."""
+    _atomic_save(state_dict, path)
+
+
+def load_weights(path):
+    """Read a ``state_dict`` written by :func:`save_weights` (``weights_only=True``).
+
+    :raises FileNotFoundError: no file at ``path``.
+    :raises CheckpointError: the file is truncated, corrupt or not a ``state_dict``.
+    """
+    remedy = ("delete it and train again (train --restart, or a new output folder --out)")
+    state = _load(path, "weights file", remedy)
+    if not isinstance(state, dict) or not all(torch.is_tensor(v) for v in state.values()):
+        raise CheckpointError(f"weights file {path} does not hold a model state_dict; {remedy}")
+    return state
 
 
 def restore(payload, *, model, optimizer=None, restore_rng=True):

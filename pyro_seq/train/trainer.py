@@ -21,6 +21,7 @@ same parameters as an uninterrupted run.
 """
 
 import csv
+import functools
 import json
 import math
 import time
@@ -35,7 +36,7 @@ from pyro.optim import ClippedAdam
 from tqdm.auto import tqdm
 
 from pyro_seq.data.batching import SequenceLoader
-from pyro_seq.train.checkpoint import load_checkpoint, restore, save_checkpoint
+from pyro_seq.train.checkpoint import load_checkpoint, restore, save_checkpoint, save_weights
 from pyro_seq.train.evaluate import evaluate_bound
 from pyro_seq.train.objectives import make_objective
 
@@ -125,6 +126,24 @@ def _write_logs(out_dir, history):
         writer.writerows(history)
 
 
+def _restores_torch_threads_and_rng(func):
+    """Put torch's CPU thread count and global RNG state back as they were when ``func``
+    returns or raises (saving the RNG state is a 5 KB copy)."""
+
+    @functools.wraps(func)
+    def wrapper(*args, **kwargs):
+        threads, rng_state = torch.get_num_threads(), torch.get_rng_state()
+        try:
+            return func(*args, **kwargs)
+        finally:
+            if torch.get_num_threads() != threads:
+                torch.set_num_threads(threads)
+            torch.set_rng_state(rng_state)
+
+    return wrapper
+
+
+@_restores_torch_threads_and_rng
 def fit(model, train_sequences, valid_sequences, config, out_dir, resume=True):
     """Train ``model`` with SVI; resumable, logged and checkpointed in ``out_dir``.
 
@@ -136,6 +155,17 @@ def fit(model, train_sequences, valid_sequences, config, out_dir, resume=True):
         ``loss_curve.png``.
     :param bool resume: continue from ``out_dir/checkpoint.pt`` if it exists.
     :returns: the list of per-epoch log rows.
+    :raises pyro_seq.train.CheckpointError: ``checkpoint.pt`` is truncated or corrupt (the
+        message names it and says what to do).
+
+    Global state. While it runs, ``fit`` seeds torch's global RNG with ``config.seed`` (on
+    resume: sets it to the state saved in the checkpoint) and, if ``config.num_threads`` is set,
+    calls :func:`torch.set_num_threads`; both are put back as they were when it returns or
+    raises. Pyro validation is switched per update with :func:`pyro.validation_enabled`, which
+    restores it. Pyro's global param store is *not* restored: it is cleared on entry and holds
+    the trained model's parameters on return (the training result, as after any Pyro SVI run).
+    Python's and numpy's global RNGs are not used (batch order comes from a local numpy
+    generator seeded with ``(config.seed, epoch)``).
     """
     config.validate()
     out_dir = Path(out_dir)
@@ -205,7 +235,7 @@ def fit(model, train_sequences, valid_sequences, config, out_dir, resume=True):
             improved = True
         history.append(row)
         if improved:
-            torch.save(model.state_dict(), out_dir / "best.pt")
+            save_weights(model.state_dict(), out_dir / "best.pt")
         save_checkpoint(ckpt_path, model=model, optimizer=optim, epoch=epoch + 1,
                         global_step=global_step, history=history,
                         extra={"best_valid": best, "bad_epochs": bad_epochs})
