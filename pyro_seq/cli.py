@@ -76,6 +76,18 @@ def _load_run(out_dir):
     return run, model
 
 
+def _check_data(data, model, spec):
+    """Every split through the package's validator; one line and exit code 1 on bad data."""
+    from pyro_seq.validation import validate_sequence_list
+
+    for split, seqs in data.items():
+        if seqs:
+            try:
+                validate_sequence_list(seqs, model.obs_dim, model.binary_observations, split)
+            except ValueError as e:
+                raise SystemExit(f"pyro-seq: error: data {spec}: {e}") from None
+
+
 def cmd_train(args):
     from pyro_seq.train import TrainConfig, evaluate_bound, fit
 
@@ -95,6 +107,9 @@ def cmd_train(args):
         time_limit=args.time_limit, num_threads=args.threads, progress=not args.quiet)
     run = {"model": args.model, "obs_dim": obs_dim, "model_options": options, "data": args.data,
            "train": {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(config).items()}}
+    torch.manual_seed(args.seed)
+    model = build_model(args.model, obs_dim, options)
+    _check_data(data, model, args.data)  # before anything is written to --out
     cfg_path = out_dir / "config.json"
     if cfg_path.exists() and not args.restart:
         previous = json.loads(cfg_path.read_text())
@@ -102,8 +117,6 @@ def cmd_train(args):
             raise SystemExit(f"{out_dir} holds a different model; use another --out or --restart")
     out_dir.mkdir(parents=True, exist_ok=True)
     cfg_path.write_text(json.dumps(run, indent=1))
-    torch.manual_seed(args.seed)
-    model = build_model(args.model, obs_dim, options)
     print(f"training {args.model} on {args.data}: {len(data['train'])} train / "
           f"{len(data['valid'])} valid sequences, objective {args.objective} (K={args.particles})")
     history = fit(model, data["train"], data["valid"], config, out_dir, resume=not args.restart)
@@ -123,6 +136,7 @@ def cmd_evaluate(args):
 
     run, model = _load_run(args.run)
     data = _load_data(args.data or run["data"], splits=(args.split,))
+    _check_data(data, model, args.data or run["data"])
     torch.manual_seed(args.seed)
     result = evaluate_bound(model, data[args.split], batch_size=args.batch_size,
                             method=args.objective, num_particles=args.particles)

@@ -144,3 +144,49 @@ def test_sequence_list_names_the_split_and_the_sequence():
         validate_sequence_list([], name="test")
     with pytest.raises(ValueError, match=r"^train\[1\]: expected a \(T, D\) tensor, got \(3,\)"):
         validate_sequence_list([torch.ones(2, D), torch.ones(3)], name="train")
+
+
+def _bad_splits():
+    good_seq = torch.ones(4, D)
+    bad_seq = torch.full((3, D), 0.5)  # non-binary for the Bernoulli SRNN
+    return {"train": [good_seq, bad_seq], "valid": [good_seq], "test": [good_seq]}
+
+
+EXPECTED_TRAIN = (r"train\[1\]: x must be binary \(0/1\) for a Bernoulli model, found 0.5 at "
+                  r"\(batch 0, step 0, feature 0\)")
+
+
+def test_fit_refuses_bad_data_before_writing_anything(tmp_path):
+    from pyro_seq.train import TrainConfig, fit
+
+    splits = _bad_splits()
+    with pytest.raises(ValueError, match="^" + EXPECTED_TRAIN):
+        fit(srnn(), splits["train"], splits["valid"], TrainConfig(epochs=1, progress=False),
+            tmp_path / "run")
+    assert not (tmp_path / "run").exists()
+    with pytest.raises(ValueError, match=r"^valid\[0\]: x contains 1 NaN/inf values"):
+        fit(srnn(), [torch.ones(2, D)], [torch.ones(2, D).index_fill(0, torch.tensor([1]), 0)
+                                         .index_put((torch.tensor(0), torch.tensor(0)),
+                                                    torch.tensor(float("nan")))],
+            TrainConfig(epochs=1, progress=False), tmp_path / "run")
+
+
+def test_evaluate_bound_refuses_bad_data():
+    from pyro_seq.train import evaluate_bound
+
+    with pytest.raises(ValueError, match=r"^sequences\[0\]: x has 5 features per step, the model "
+                                         r"expects 4"):
+        evaluate_bound(srnn(), [torch.ones(3, 5)])
+
+
+def test_cli_prints_the_validators_message_in_one_line(tmp_path, monkeypatch):
+    import pyro_seq.cli as cli
+
+    monkeypatch.setattr(cli, "_load_data", lambda spec, splits=None: _bad_splits())
+    out = tmp_path / "run"
+    with pytest.raises(SystemExit) as info:
+        cli.main(["train", "--data", "fake", "--out", str(out), "--epochs", "1", "--quiet",
+                  "--model-option", "d_dim=5", "--model-option", "hidden_dim=5", "--z-dim", "2"])
+    assert re.fullmatch(r"pyro-seq: error: data fake: " + EXPECTED_TRAIN + r"; 12 non-binary "
+                        r"values in all", info.value.code), info.value.code
+    assert not out.exists()

@@ -12,6 +12,7 @@ import pyro.poutine as poutine
 import torch
 
 from pyro_seq.data.batching import SequenceLoader
+from pyro_seq.validation import validate_sequence_list
 
 
 def elbo_terms(model, x, mask):
@@ -55,6 +56,7 @@ def evaluate_bound(model, sequences, batch_size=32, method="elbo", num_particles
     """
     if not sequences:
         raise ValueError("evaluate_bound needs at least one sequence")
+    validate_sequence_list(sequences, model.obs_dim, model.binary_observations, "sequences")
     was_training = model.training
     model.eval()
     try:

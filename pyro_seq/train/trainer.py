@@ -39,6 +39,7 @@ from pyro_seq.data.batching import SequenceLoader
 from pyro_seq.train.checkpoint import load_checkpoint, restore, save_checkpoint, save_weights
 from pyro_seq.train.evaluate import evaluate_bound
 from pyro_seq.train.objectives import make_objective
+from pyro_seq.validation import validate_sequence_list
 
 
 @dataclass
@@ -155,6 +156,8 @@ def fit(model, train_sequences, valid_sequences, config, out_dir, resume=True):
         ``loss_curve.png``.
     :param bool resume: continue from ``out_dir/checkpoint.pt`` if it exists.
     :returns: the list of per-epoch log rows.
+    :raises ValueError: a sequence fails :func:`pyro_seq.validation.validate_sequence_list`
+        (message ``"train[i]: ..."`` / ``"valid[i]: ..."``, before anything is written).
     :raises pyro_seq.train.CheckpointError: ``checkpoint.pt`` is truncated or corrupt (the
         message names it and says what to do).
 
@@ -168,6 +171,10 @@ def fit(model, train_sequences, valid_sequences, config, out_dir, resume=True):
     generator seeded with ``(config.seed, epoch)``).
     """
     config.validate()
+    # the package's one validator, on every sequence before anything is written or trained
+    validate_sequence_list(train_sequences, model.obs_dim, model.binary_observations, "train")
+    if valid_sequences:
+        validate_sequence_list(valid_sequences, model.obs_dim, model.binary_observations, "valid")
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     if config.num_threads:
