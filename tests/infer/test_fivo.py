@@ -16,7 +16,6 @@ from pyro.optim import Adam
 
 from pyro_seq.infer import FIVO, IWAE, LatentScale
 from pyro_seq.models.linear_gaussian import LinearGaussianSequenceModel
-from pyro_seq.ops.state import SequenceState
 from tests.infer._lg import grads, make_data, make_model, make_perturbed
 
 LENGTHS = [6, 3, 1, 5]
@@ -201,14 +200,6 @@ def test_clear_errors():
                 dict(ess_threshold=2.0), dict(max_plate_nesting=0)):
         with pytest.raises(ValueError):
             FIVO(**bad)
-
-
-def test_state_resampling_gathers_particles():
-    # the SequenceState contract FIVO relies on: out[k, b] = value[ancestors[k, b], b]
-    s = SequenceState(z=torch.arange(6.0).reshape(3, 2, 1))
-    anc = torch.tensor([[2, 0], [2, 1], [0, 0]])
-    s.resample(anc)
-    assert s["z"][..., 0].tolist() == [[4.0, 1.0], [4.0, 3.0], [0.0, 1.0]]
 
 
 class _NoRsampleMVN(dist.MultivariateNormal):
