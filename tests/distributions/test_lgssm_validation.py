@@ -194,3 +194,30 @@ def test_nan_placeholders_give_finite_values_and_gradients(method):
             assert torch.isfinite(a).all()
             assert_close(a, b)
         assert (g[-1][~mask] == 0).all()  # no gradient flows to a masked entry
+
+
+def test_arg_constraints_use_the_same_tolerances():
+    p = random_model(2, 2, 1, seed=85)
+    cons = make(p).arg_constraints
+    v = torch.tensor([[0.3], [-0.7]], dtype=F64)
+    Q = v @ v.T  # singular PSD
+    assert bool(cons["transition_cov"].check(Q)) and not bool(cons["observation_cov"].check(Q))
+    asym = torch.tensor([[1.0, 0.1], [0.0, 1.0]], dtype=F64)
+    assert not bool(cons["initial_cov"].check(asym))
+
+
+def test_expand_keeps_masks_offset_and_nan_as_missing():
+    T, S, D = 4, 2, 2
+    p = random_model(S, D, T, time_varying=True, seed=86)
+    x = observations(T, D, batch=(3,), seed=87)
+    x[1, 2, 0] = float("nan")
+    off = torch.randn(T, D, generator=torch.Generator().manual_seed(88), dtype=F64)
+    step = torch.tensor([True, False, True, True])
+    d = make(p, nan_as_missing=True, observation_offset=off, step_mask=step)
+    e = d.expand((3,))
+    assert e.batch_shape == (3,)
+    assert_close(e.log_prob(x), d.log_prob(x))
+    dense = dense_of(p, T)
+    dense = dense._replace(mean_x=dense.mean_x + off.reshape(-1))
+    m = (~torch.isnan(x[1])) & step[:, None]
+    assert_close(e.log_prob(x)[1], log_marginal(dense, x[1], observed_index(dense, m)))
