@@ -24,7 +24,6 @@ included; they are replaced by zeros (``torch.where``) before any arithmetic, so
 value nor the gradients can be poisoned by them (Pyro issue #2654).
 """
 
-import math
 from typing import NamedTuple, Optional
 
 import torch
