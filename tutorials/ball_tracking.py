@@ -183,7 +183,7 @@ observed = torch.zeros(T, dtype=torch.bool)
 observed[:10] = True
 observed[-8:] = True
 x_missing = torch.where(observed[:, None], x_obs, torch.full_like(x_obs, math.nan))
-smooth_m = ssm.smooth(x_missing, observation_mask=observed)
+smooth_m = ssm.smooth(x_missing, step_mask=observed)  # per-step mask (T,)
 filt_m = smooth_m.filtered
 gap = ~observed
 metrics["fig3_4"] = {

@@ -3,12 +3,25 @@ r"""Linear-Gaussian state-space model as a Pyro distribution over observation se
 The generative model (thesis eqs. 3.4-3.8, column vectors)::
 
     z_1 ~ N(initial_loc, initial_cov)
-    z_t = A_t z_{t-1} + B_t u_t + eps_t,  eps_t ~ N(0, Q_t)    (3.4)
-    x_t = C_t z_t + delta_t,              delta_t ~ N(0, R_t)  (3.5)
+    z_t = A_t z_{t-1} + B_t u_t + eps_t,  eps_t ~ N(0, Q_t)          (3.4, 3.6)
+    x_t = C_t z_t + d_t + delta_t,        delta_t ~ N(0, R_t)        (3.5, 3.7)
 
-``LinearGaussianSSM`` is the marginal p(x_{1:T}) with z integrated out exactly by the Kalman
-filter (eq. 3.12); all inference is delegated to :mod:`pyro_seq.ops.kalman`, this class only
-handles shapes and Pyro's distribution protocol.
+with an optional observation offset ``d_t`` (Pyro's ``GaussianHMM`` calls it the mean of
+``observation_dist``; the thesis has ``d_t = 0``). ``LinearGaussianSSM`` is the marginal
+p(x_{1:T}) with z integrated out exactly by the Kalman filter (eq. 3.12); all inference is
+delegated to :mod:`pyro_seq.ops.kalman`, this class handles shapes, masks, validation and
+Pyro's distribution protocol. The offset is exact to handle at this level: p(x | d) is the
+offset-free model evaluated at ``x - d``.
+
+Missing data (thesis Sec. 3.4.2) come in two explicit kinds that cannot be confused:
+
+* ``observation_mask``: per element, bool ``(..., T, D)``, True = observed;
+* ``step_mask``: per time step, bool ``(..., T)``, True = step observed.
+
+Both may be given (they are combined with ``and``). With ``nan_as_missing=True`` NaN entries of
+the observations are treated as missing as well. Masked entries may hold any value, NaN
+included; they are replaced by zeros (``torch.where``) before any arithmetic, so neither the
+value nor the gradients can be poisoned by them (Pyro issue #2654).
 """
 
 from typing import NamedTuple, Optional
@@ -22,7 +35,6 @@ from pyro_seq.ops.kalman import (
     KalmanFilterResult,
     KalmanSmootherResult,
     _broadcast_shapes,
-    _element_mask,
     kalman_filter,
     kalman_sample,
     kalman_smoother,
@@ -30,6 +42,11 @@ from pyro_seq.ops.kalman import (
 )
 
 __all__ = ["LinearGaussianSSM", "LGSSMForecast"]
+
+#: Relative tolerance, in machine epsilons of the dtype, of the symmetry test
+#: ``max |M - M^T| <= COV_TOL_EPS * eps * max |M|`` and of the semi-definiteness test
+#: ``min eig(M) >= -COV_TOL_EPS * eps * max |eig(M)|`` applied under ``validate_args``.
+COV_TOL_EPS = 1000.0
 
 
 class LGSSMForecast(NamedTuple):
@@ -51,6 +68,148 @@ def _time_size(p: Optional[Tensor], event_ndim: int) -> Optional[int]:
     return p.shape[-event_ndim - 1]
 
 
+def _index(bad: Tensor) -> str:
+    """`` at batch index (i, j)`` of the first True entry of ``bad``, or '' for a scalar."""
+    if bad.dim() == 0:
+        return ""
+    return f" at batch index {tuple(int(i) for i in bad.nonzero()[0])}"
+
+
+def _covariance_problem(M: Tensor, definite: bool) -> Optional[str]:
+    """Why ``M (..., n, n)`` is not a valid covariance, or None.
+
+    Symmetry: ``max |M - M^T| <= COV_TOL_EPS * eps * max |M|`` per matrix (never symmetrised
+    here). ``definite``: Cholesky must succeed. Otherwise positive *semi*-definite:
+    ``min eig(M) >= -COV_TOL_EPS * eps * max |eig(M)|``, so a singular PSD matrix (e.g. a
+    noise-free state component) passes although rounding makes its smallest eigenvalue
+    slightly negative.
+    """
+    if not bool(torch.isfinite(M).all()):
+        return "contains NaN or inf"
+    tol = COV_TOL_EPS * torch.finfo(M.dtype).eps
+    asym = (M - M.mT).abs().amax((-2, -1))
+    bound = tol * M.abs().amax((-2, -1))
+    bad = asym > bound
+    if bool(bad.any()):
+        i = bad.nonzero()[0] if bad.dim() else ()
+        return (
+            f"is not symmetric{_index(bad)}: max |M - M^T| = {float(asym[tuple(i)]):.3g} exceeds "
+            f"{float(bound[tuple(i)]):.3g} (= {COV_TOL_EPS:g} eps x max |M|); covariances are not "
+            "symmetrised for you, pass 0.5 * (M + M.mT) if the asymmetry is rounding"
+        )
+    info = torch.linalg.cholesky_ex(M)[1]
+    if not bool((info != 0).any()):
+        return None
+    eig = torch.linalg.eigvalsh(M)
+    lam_min = eig[..., 0]
+    if definite:
+        bad = info != 0
+        i = tuple(bad.nonzero()[0]) if bad.dim() else ()
+        return (f"is not positive definite{_index(bad)} (Cholesky failed; smallest eigenvalue "
+                f"{float(lam_min[i]):.3g})")
+    bound = tol * eig.abs().amax(-1)
+    bad = lam_min < -bound
+    if bool(bad.any()):
+        i = tuple(bad.nonzero()[0]) if bad.dim() else ()
+        return (f"is not positive semi-definite{_index(bad)}: smallest eigenvalue "
+                f"{float(lam_min[i]):.3g} < -{float(bound[i]):.3g}")
+    return None
+
+
+class _Covariance(constraints.Constraint):
+    """Symmetric positive (semi-)definite matrices with the tolerances of
+    :func:`_covariance_problem` (``torch``'s own constraints use an absolute 1e-6 symmetry
+    tolerance and reject singular PSD matrices whose smallest eigenvalue rounds below 0)."""
+
+    event_dim = 2
+
+    def __init__(self, definite: bool):
+        self.definite = definite
+        super().__init__()
+
+    def check(self, value):
+        tol = COV_TOL_EPS * torch.finfo(value.dtype).eps
+        finite = torch.isfinite(value).all(-1).all(-1)
+        v = torch.where(finite[..., None, None], value, torch.zeros_like(value))
+        sym = (v - v.mT).abs().amax((-2, -1)) <= tol * v.abs().amax((-2, -1))
+        ok = torch.linalg.cholesky_ex(v)[1] == 0
+        if not self.definite and not bool(ok.all()):
+            eig = torch.linalg.eigvalsh(v)
+            ok = ok | (eig[..., 0] >= -tol * eig.abs().amax(-1))
+        return finite & sym & ok
+
+    def __repr__(self):
+        return "SymmetricPositiveDefinite()" if self.definite else "SymmetricPositiveSemidefinite()"
+
+
+def _resolve_masks(observation_mask, step_mask, T: Optional[int], D: int):
+    """Combine a per-element ``observation_mask`` and a per-step ``step_mask`` into one bool
+    mask ``(..., T|1, D|1)`` (True = observed), or None. Returns ``(mask, T)``, with ``T``
+    taken from the masks when it was None.
+
+    ``observation_mask`` is per element, ``(..., T, D)`` (a last dimension of 1 broadcasts
+    over D). For backward compatibility a per-step mask ``(..., T)`` is still accepted in
+    ``observation_mask`` when ``step_mask`` is None and its shape cannot be read per element.
+    The one shape that reads both ways, last two dimensions ``(D, D)`` with ``T == D`` (or T
+    not known yet), is refused unless ``step_mask`` is given, which makes ``observation_mask``
+    per element.
+    """
+    parts = []
+    if step_mask is not None:
+        s = torch.as_tensor(step_mask, dtype=torch.bool)
+        if s.dim() == 0:
+            s = s.reshape(1)  # broadcasts over time
+        elif T is None:
+            T = s.shape[-1]
+        elif s.shape[-1] != T:
+            raise ValueError(
+                f"step_mask must have shape (..., T) = (..., {T}) (one flag per time step); got "
+                f"{tuple(s.shape)}. Per-element masks go in observation_mask."
+            )
+        parts.append(s.unsqueeze(-1))
+    if observation_mask is not None:
+        m = torch.as_tensor(observation_mask, dtype=torch.bool)
+        strict = step_mask is not None
+        elementwise = m.dim() >= 2 and m.shape[-1] in (D, 1) and (T is None or m.shape[-2] == T)
+        if (elementwise and not strict and D > 1 and tuple(m.shape[-2:]) == (D, D)
+                and T in (None, D)):
+            raise ValueError(
+                f"observation_mask of shape {tuple(m.shape)} is ambiguous: with T == D == {D} it "
+                "reads both as a per-element mask (..., T, D) and as a per-step mask (..., T). "
+                "Pass a per-step mask as step_mask=mask; for a per-element mask pass "
+                "step_mask=True (all steps observed) alongside observation_mask=mask."
+            )
+        if elementwise:
+            T = m.shape[-2] if T is None else T
+            parts.append(m)
+        elif not strict and m.dim() >= 1 and (T is None or m.shape[-1] == T):
+            T = m.shape[-1] if T is None else T
+            parts.append(m.unsqueeze(-1))  # legacy per-step mask
+        else:
+            t = "T" if T is None else T
+            raise ValueError(
+                f"observation_mask must have shape (..., T, D) = (..., {t}, {D}) (per element); "
+                f"got {tuple(m.shape)}. Per-step masks (..., T) go in step_mask."
+            )
+    if not parts:
+        return None, T
+    mask = parts[0] if len(parts) == 1 else parts[0] & parts[1]
+    return mask, T
+
+
+def _expand_mask(mask: Tensor, T: int, D: int, name: str = "mask") -> Tensor:
+    if mask.shape[-2] not in (1, T):
+        raise ValueError(f"{name} covers {mask.shape[-2]} time steps, the observations {T}")
+    return mask.expand(mask.shape[:-2] + (T, D))
+
+
+_DEFAULT = object()  # "use the constructor's value"
+
+_PARAM_NAMES = ("initial_loc", "initial_cov", "transition_matrix", "transition_cov",
+                "observation_matrix", "observation_cov", "control_matrix", "controls",
+                "observation_offset")
+
+
 class LinearGaussianSSM(TorchDistribution):
     r"""Exact linear-Gaussian state-space model p(x_{1:T}) (thesis Sec. 3.4).
 
@@ -61,24 +220,48 @@ class LinearGaussianSSM(TorchDistribution):
     describe the transition *into* step t, so entry 0 is unused.
 
     :param initial_loc: mu_{1|0}, ``(..., S)``.
-    :param initial_cov: Sigma_{1|0}, ``(..., S, S)`` positive definite.
+    :param initial_cov: Sigma_{1|0}, ``(..., S, S)`` symmetric positive *semi*-definite
+        (a singular one, e.g. a known initial state, is allowed: the filter never factorises
+        it alone).
     :param transition_matrix: A_t, ``(..., [T|1,] S, S)``.
-    :param transition_cov: Q_t, ``(..., [T|1,] S, S)`` positive semi-definite.
+    :param transition_cov: Q_t, ``(..., [T|1,] S, S)`` symmetric positive *semi*-definite
+        (e.g. noise-free components). The RTS smoother and FFBS factorise the predicted
+        covariance A_t Sigma_{t-1} A_t^T + Q_t; if that is singular they raise a
+        ``ValueError`` naming it.
     :param observation_matrix: C_t, ``(..., [T|1,] D, S)``.
-    :param observation_cov: R_t, ``(..., [T|1,] D, D)`` positive definite.
+    :param observation_cov: R_t, ``(..., [T|1,] D, D)`` symmetric positive definite (so that
+        every innovation covariance C P C^T + R of eq. 3.12 is, and p(x) has a density).
     :param control_matrix: B_t, ``(..., [T|1,] S, U)`` or None.
-    :param controls: u_t, ``(..., T, U)``; with ``control_matrix=None`` the controls are
+    :param controls: u_t, ``(..., T|1, U)``; with ``control_matrix=None`` the controls are
         added to the state directly (U = S).
-    :param int num_steps: T; needed only when no argument has a time dimension of size T.
+    :param int num_steps: T >= 1; needed only when no argument has a time dimension of size T.
         If omitted and all parameters are constant in time, the event shape is ``(1, D)``
         and :meth:`log_prob`, :meth:`filter`, :meth:`smooth` accept any length (as with
         ``GaussianHMM``), while :meth:`rsample` needs ``num_steps``.
-    :param observation_mask: bool ``(..., T)`` (per step) or ``(..., T, D)`` (per element),
+    :param observation_mask: per-element mask, bool ``(..., T, D)`` (or ``(..., T, 1)``),
         True = observed. Masked entries are marginalised out of :meth:`log_prob` (thesis
-        Sec. 3.4.2); they may hold any value, including NaN. Default for the ``filter``,
-        ``smooth``, ``sample_posterior`` and ``predict`` methods too.
+        Sec. 3.4.2: the rows of C_t and R_t are deleted); they may hold any value, including
+        NaN. Also the default mask of :meth:`filter`, :meth:`smooth`,
+        :meth:`sample_posterior` and :meth:`predict`. For backward compatibility a per-step
+        mask ``(..., T)`` is still accepted here when its shape cannot be per element; a
+        mask ending in ``(D, D)`` with ``T == D`` (or T unknown) is refused as ambiguous.
+    :param step_mask: per-step mask, bool ``(..., T)`` (or a scalar), True = step observed;
+        combined with ``observation_mask`` by ``and``. When it is given,
+        ``observation_mask`` is always read per element.
+    :param observation_offset: d_t, ``(..., T|1, D)`` or ``(D,)`` (time-constant), added to
+        the mean of x_t: x_t = C_t z_t + d_t + delta_t. None means 0.
+    :param bool nan_as_missing: treat NaN observations as missing (combined with the masks
+        by ``and``). Off by default: NaN at an unmasked entry is an error under
+        ``validate_args``, since it usually means corrupted data.
     :param str method: ``"auto"``, ``"sequential"`` or ``"parallel"`` (see
         :func:`pyro_seq.ops.kalman_filter`).
+
+    Validation (``validate_args``, on by default as for every torch distribution): every
+    parameter must be finite, covariances symmetric to ``COV_TOL_EPS`` machine epsilons
+    relative (they are never symmetrised silently) and positive (semi-)definite as above;
+    observations must be finite wherever they are not masked (NaN or +-inf at an observed
+    entry raises a ``ValueError`` naming ``observation_mask``). Shapes and ``T >= 1`` are
+    always checked.
 
     Example::
 
@@ -94,16 +277,18 @@ class LinearGaussianSSM(TorchDistribution):
     def arg_constraints(self):
         cons = {
             "initial_loc": constraints.real_vector,
-            "initial_cov": constraints.positive_definite,
+            "initial_cov": _Covariance(definite=False),
             "transition_matrix": constraints.independent(constraints.real, 2),
-            "transition_cov": constraints.positive_semidefinite,
+            "transition_cov": _Covariance(definite=False),
             "observation_matrix": constraints.independent(constraints.real, 2),
-            "observation_cov": constraints.positive_definite,
+            "observation_cov": _Covariance(definite=True),
         }
         if self.__dict__.get("control_matrix") is not None:
             cons["control_matrix"] = constraints.independent(constraints.real, 2)
         if self.__dict__.get("controls") is not None:
             cons["controls"] = constraints.independent(constraints.real, 2)
+        if self.__dict__.get("observation_offset") is not None:
+            cons["observation_offset"] = constraints.real_vector
         return cons
 
     def __init__(
@@ -120,11 +305,20 @@ class LinearGaussianSSM(TorchDistribution):
         observation_mask: Optional[Tensor] = None,
         validate_args=None,
         method: str = "auto",
+        *,
+        step_mask: Optional[Tensor] = None,
+        observation_offset: Optional[Tensor] = None,
+        nan_as_missing: bool = False,
     ):
         S = initial_loc.shape[-1]
         D = observation_matrix.shape[-2]
         if observation_matrix.shape[-1] != S:
             raise ValueError(f"observation_matrix must end in (D, {S})")
+        if observation_offset is not None and observation_offset.shape[-1] != D:
+            raise ValueError(f"observation_offset must end in D = {D}; got "
+                             f"{tuple(observation_offset.shape)}")
+        if num_steps is not None and (int(num_steps) != num_steps or num_steps < 1):
+            raise ValueError(f"num_steps must be a positive integer (T >= 1); got {num_steps}")
         self.initial_loc = initial_loc
         self.initial_cov = initial_cov
         self.transition_matrix = transition_matrix
@@ -133,29 +327,32 @@ class LinearGaussianSSM(TorchDistribution):
         self.observation_cov = observation_cov
         self.control_matrix = control_matrix
         self.controls = controls
+        self.observation_offset = observation_offset
+        self.nan_as_missing = bool(nan_as_missing)
         self.hidden_dim = S
         self.obs_dim = D
         self.method = method
 
-        sizes = [
-            _time_size(p, 2)
-            for p in (transition_matrix, transition_cov, observation_matrix, observation_cov,
-                      control_matrix)
-        ] + [_time_size(controls, 1)]
-        sizes = [s for s in sizes if s is not None and s > 1]
+        named = [("transition_matrix", transition_matrix, 2), ("transition_cov", transition_cov, 2),
+                 ("observation_matrix", observation_matrix, 2),
+                 ("observation_cov", observation_cov, 2), ("control_matrix", control_matrix, 2),
+                 ("controls", controls, 1), ("observation_offset", observation_offset, 1)]
+        for name, p, ev in named:
+            if _time_size(p, ev) == 0:
+                raise ValueError(f"{name} has a time dimension of size 0; T must be >= 1")
+        sizes = [s for s in (_time_size(p, ev) for _, p, ev in named) if s is not None and s > 1]
         if num_steps is None and sizes:
             num_steps = sizes[0]
-        if observation_mask is not None:
-            observation_mask = torch.as_tensor(observation_mask, dtype=torch.bool)
-            if num_steps is None:
-                elementwise = observation_mask.dim() >= 2 and observation_mask.shape[-1] in (D, 1)
-                num_steps = observation_mask.shape[-2 if elementwise else -1]
-            observation_mask = _element_mask(observation_mask, num_steps, D)
+        mask, num_steps = _resolve_masks(observation_mask, step_mask, num_steps, D)
+        if num_steps == 0:
+            raise ValueError("the masks have a time dimension of size 0; T must be >= 1")
         for s in sizes:
             if s != num_steps:
                 raise ValueError(f"time dimensions disagree: {s} vs num_steps={num_steps}")
+        if mask is not None and num_steps is not None:
+            mask = _expand_mask(mask, num_steps, D, "the mask")
         self.num_steps = num_steps
-        self.observation_mask = observation_mask  # None or bool (..., T, D)
+        self.observation_mask = mask  # None or bool (..., T, D) ((..., 1, 1) if T is unknown)
 
         def bshape(p, event_ndim):
             if p is None:
@@ -171,10 +368,29 @@ class LinearGaussianSSM(TorchDistribution):
             bshape(observation_cov, 2),
             bshape(control_matrix, 2),
             bshape(controls, 1),
-            bshape(observation_mask, 1),
+            bshape(observation_offset, 1),
+            bshape(mask, 1),
         )
         event_shape = torch.Size((num_steps if num_steps is not None else 1, D))
-        super().__init__(batch_shape, event_shape, validate_args=validate_args)
+        validate = (validate_args if validate_args is not None
+                    else torch.distributions.Distribution._validate_args)
+        if validate:
+            self._validate_parameters()
+        # the parameters were validated above with messages that name the problem
+        super().__init__(batch_shape, event_shape, validate_args=False)
+        self._validate_args = bool(validate)
+
+    def _validate_parameters(self):
+        for name in _PARAM_NAMES:
+            p = getattr(self, name)
+            if p is None:
+                continue
+            if name in ("initial_cov", "transition_cov", "observation_cov"):
+                problem = _covariance_problem(p, definite=name == "observation_cov")
+                if problem is not None:
+                    raise ValueError(f"{name} {problem}")
+            elif not bool(torch.isfinite(p).all()):
+                raise ValueError(f"{name} contains NaN or inf")
 
     @classmethod
     def from_scale_tril(cls, initial_loc, initial_scale_tril, transition_matrix,
@@ -193,6 +409,79 @@ class LinearGaussianSSM(TorchDistribution):
         return cls(initial_loc, cov(initial_scale_tril), transition_matrix, cov(transition_scale_tril),
                    observation_matrix, cov(observation_scale_tril), **kwargs)
 
+    @classmethod
+    def from_gaussian_hmm(cls, hmm, num_steps: Optional[int] = None, **kwargs):
+        r"""The same distribution as a Pyro :class:`~pyro.distributions.GaussianHMM`.
+
+        ``GaussianHMM(initial_dist, transition_matrix, transition_dist, observation_matrix,
+        observation_dist)`` is the row-vector model (its docstring)::
+
+            z_0 ~ initial_dist                                  (not observed)
+            z_t = z_{t-1} @ M_t + e_t,   e_t ~ transition_dist_t   = N(b_t, Q_t)   t = 1..T
+            x_t = z_t @ H_t + v_t,       v_t ~ observation_dist_t  = N(d_t, R_t)
+
+        In the column-vector form of eqs. 3.4-3.5 this is ``A_t = M_t^T``, ``C_t = H_t^T``,
+        state offsets ``b_t`` (``controls`` with ``control_matrix=None``), observation offsets
+        ``d_t`` and, because its first observation is of z_1 = z_0 M_1 + e_1,
+
+            mu_{1|0} = M_1^T mu_0 + b_1,    Sigma_{1|0} = M_1^T Sigma_0 M_1 + Q_1,
+
+        with (mu_0, Sigma_0) the moments of ``initial_dist``; entries t >= 2 of M, Q, b are the
+        transitions into z_t, the time entries of this class (entry 0 unused). GaussianHMM
+        keeps only the Gaussian factors (information vectors and precisions) of its
+        arguments; A, C, Q, R and the offsets are recovered from them (block
+        ``[z_{t-1}, z_t]`` of the transition precision is ``-M P``, ``P = Q^{-1}``), which is
+        exact up to rounding (one Cholesky inverse per precision). Diagonal-normal noise
+        (``Independent(Normal)``) is read exactly.
+
+        :param hmm: a :class:`pyro.distributions.GaussianHMM`.
+        :param int num_steps: T; default ``hmm.duration``, else the length of its time
+            dimension (homogeneous HMMs then accept any length, as GaussianHMM does).
+        :param kwargs: passed on to the constructor (``observation_mask``, ``method``, ...).
+        :returns: a :class:`LinearGaussianSSM` with ``batch_shape == hmm.batch_shape`` and
+            ``log_prob``, filter and posterior equal to the HMM's.
+        """
+        from pyro.distributions import GaussianHMM
+        from pyro.ops.gaussian import AffineNormal
+
+        if not isinstance(hmm, GaussianHMM):
+            raise ValueError(f"from_gaussian_hmm expects a pyro GaussianHMM, got {type(hmm).__name__}")
+        S, D = hmm.hidden_dim, hmm.obs_dim
+
+        def moments(g):  # Gaussian -> (loc, cov)
+            cov = torch.cholesky_inverse(torch.linalg.cholesky(g.precision))
+            return (cov @ g.info_vec.unsqueeze(-1)).squeeze(-1), cov
+
+        def affine(f, x_dim):  # factor of y = x @ M + N(loc, cov) -> (M^T, loc, cov)
+            if isinstance(f, AffineNormal):
+                return f.matrix.mT, f.loc, f.scale.pow(2).diag_embed()
+            P = f.precision
+            cov = torch.cholesky_inverse(torch.linalg.cholesky(P[..., x_dim:, x_dim:]))
+            loc = (cov @ f.info_vec[..., x_dim:].unsqueeze(-1)).squeeze(-1)
+            return -cov @ P[..., x_dim:, :x_dim], loc, cov
+
+        mu0, P0 = moments(hmm._init)
+        A, b, Q = affine(hmm._trans, S)
+        C, d, R = affine(hmm._obs, S)
+        # time entry 0 of the HMM's transition produces z_1 from z_0
+        A1 = A[..., 0, :, :] if A.dim() > 2 else A
+        b1 = b[..., 0, :] if b.dim() > 1 else b
+        Q1 = Q[..., 0, :, :] if Q.dim() > 2 else Q
+        initial_loc = (A1 @ mu0.unsqueeze(-1)).squeeze(-1) + b1
+        initial_cov = A1 @ P0 @ A1.mT + Q1
+        initial_cov = 0.5 * (initial_cov + initial_cov.mT)  # exact in exact arithmetic
+        if b.dim() == 1:
+            b = b.unsqueeze(0)
+        if d.dim() == 1:
+            d = d.unsqueeze(0)
+        # zero offsets are dropped (cheaper recursions) unless they carry gradients
+        controls = b if b.requires_grad or bool((b != 0).any()) else None
+        offset = d if d.requires_grad or bool((d != 0).any()) else None
+        if num_steps is None:
+            num_steps = hmm.duration
+        return cls(initial_loc, initial_cov, A, Q, C, R, None, controls, num_steps=num_steps,
+                   observation_offset=offset, **kwargs)
+
     # ----------------------------------------------------------------------------------
     # Pyro / torch distribution protocol
     # ----------------------------------------------------------------------------------
@@ -200,9 +489,8 @@ class LinearGaussianSSM(TorchDistribution):
     def expand(self, batch_shape, _instance=None):
         new = self._get_checked_instance(LinearGaussianSSM, _instance)
         batch_shape = torch.Size(batch_shape)
-        for name in ("initial_loc", "initial_cov", "transition_matrix", "transition_cov",
-                     "observation_matrix", "observation_cov", "control_matrix", "controls",
-                     "num_steps", "observation_mask", "hidden_dim", "obs_dim", "method"):
+        for name in _PARAM_NAMES + ("num_steps", "observation_mask", "hidden_dim", "obs_dim",
+                                    "method", "nan_as_missing"):
             setattr(new, name, getattr(self, name))
         # parameters stay unexpanded (all computations broadcast); results are expanded
         super(LinearGaussianSSM, new).__init__(batch_shape, self.event_shape, validate_args=False)
@@ -221,23 +509,66 @@ class LinearGaussianSSM(TorchDistribution):
             controls=self.controls,
         )
 
-    def _mask_for(self, value: Tensor, observation_mask):
-        mask = self.observation_mask if observation_mask is None else observation_mask
-        if mask is None:
+    def _offset(self, start: int, stop: int) -> Optional[Tensor]:
+        """d_t for steps ``start..stop-1``, ``(..., stop-start|1, D)``, or None."""
+        d = self.observation_offset
+        if d is None:
             return None
-        return _element_mask(torch.as_tensor(mask, dtype=torch.bool), value.shape[-2], self.obs_dim)
+        if d.dim() == 1 or d.shape[-2] == 1:
+            return d
+        if d.shape[-2] < stop:
+            raise ValueError(f"observation_offset covers {d.shape[-2]} steps, {stop} are needed")
+        return d[..., start:stop, :]
 
-    def _check(self, value: Tensor, mask):
-        if value.dim() < 2 or value.shape[-1] != self.obs_dim:
-            raise ValueError(f"expected observations of shape (..., T, {self.obs_dim})")
-        if self.num_steps is not None and value.shape[-2] != self.num_steps:
-            raise ValueError(f"expected {self.num_steps} time steps, got {value.shape[-2]}")
+    def _data(self, x: Tensor, observation_mask=None, step_mask=None, num_steps=_DEFAULT,
+              default_mask=_DEFAULT):
+        """Check ``x (..., T, D)`` and resolve its mask (``num_steps`` and ``default_mask``
+        default to the constructor's; :meth:`predict` passes others). Returns ``(x', mask)``: ``x'`` has
+        zeros at masked entries (``torch.where``, so a NaN there reaches neither values nor
+        gradients) and the offset d_t subtracted; ``mask`` bool ``(..., T, D)`` or None."""
+        D = self.obs_dim
+        if not torch.is_tensor(x) or x.dim() < 2 or x.shape[-1] != D:
+            shape = tuple(x.shape) if torch.is_tensor(x) else type(x).__name__
+            raise ValueError(f"expected observations of shape (..., T, {D}); got {shape}")
+        T = x.shape[-2]
+        if T == 0:
+            raise ValueError("observations have no time steps (T = 0); LinearGaussianSSM needs T >= 1")
+        num_steps = self.num_steps if num_steps is _DEFAULT else num_steps
+        if num_steps is not None and T != num_steps:
+            raise ValueError(f"expected {num_steps} time steps, got {T}")
+        if observation_mask is None and step_mask is None:
+            mask = self.observation_mask if default_mask is _DEFAULT else default_mask
+        else:
+            mask, _ = _resolve_masks(observation_mask, step_mask, T, D)
+        if mask is not None:
+            mask = _expand_mask(mask.to(x.device), T, D)
+        if self.nan_as_missing:
+            nan = torch.isnan(x)
+            if bool(nan.any()):
+                mask = ~nan if mask is None else mask & ~nan
         if self._validate_args:
-            v = value if mask is None else torch.where(mask, value, torch.zeros_like(value))
-            if self.num_steps is not None:
-                self._validate_sample(v)
-            elif not bool(self.support.check(v).all()):
-                raise ValueError("observations must be finite reals (outside masked entries)")
+            bad = ~torch.isfinite(x)
+            if mask is not None:
+                bad = bad & mask
+            if bool(bad.any()):
+                n_nan = int((torch.isnan(x) & bad).sum())
+                n_inf = int(bad.sum()) - n_nan
+                first = tuple(int(i) for i in bad.nonzero()[0])
+                what = " and ".join(s for s in (f"{n_nan} NaN" if n_nan else "",
+                                                f"{n_inf} infinite" if n_inf else "") if s)
+                raise ValueError(
+                    f"observations contain {what} value(s) at entries that are not masked "
+                    f"(first at index {first}). Mark missing entries with observation_mask "
+                    "(bool (..., T, D), True = observed, e.g. observation_mask=~torch.isnan(x)) or "
+                    "step_mask (bool (..., T)), or construct with nan_as_missing=True to treat "
+                    "NaN as missing; infinite values are never valid observations."
+                )
+        if mask is not None:
+            x = torch.where(mask, x, torch.zeros((), dtype=x.dtype, device=x.device))
+        d = self._offset(0, T)
+        if d is not None:
+            x = x - d
+        return x, mask
 
     def _out_batch(self, value: Tensor):
         return _broadcast_shapes(self.batch_shape, value.shape[:-2])
@@ -245,10 +576,9 @@ class LinearGaussianSSM(TorchDistribution):
     def log_prob(self, value: Tensor) -> Tensor:
         """Exact log p(x_{1:T}) = sum_t log p(x_t | x_{1:t-1}) (thesis eq. 3.12), over the
         observed entries. ``value`` ``(..., T, D)`` -> ``broadcast(batch_shape, ...)``.
-        Differentiable in every parameter and in ``value``."""
-        mask = self._mask_for(value, None)
-        self._check(value, mask)
-        res = kalman_filter(value, **self._params(), mask=mask, method=self.method)
+        Differentiable in every parameter and in ``value`` (gradient 0 at masked entries)."""
+        x, mask = self._data(value)
+        res = kalman_filter(x, **self._params(), mask=mask, method=self.method)
         return res.log_likelihoods.sum(-1).expand(self._out_batch(value))
 
     def rsample(self, sample_shape=torch.Size()) -> Tensor:
@@ -268,28 +598,32 @@ class LinearGaussianSSM(TorchDistribution):
         noise = (torch.randn(shape + (T, S), dtype=dtype, device=device),
                  torch.randn(shape + (T, D), dtype=dtype, device=device))
         out = lgssm_sample(**self._params(), num_steps=T, noise=noise, method=self.method)
-        return out.states.expand(shape + (T, S)), out.observations.expand(shape + (T, D))
+        x = out.observations
+        if self.observation_offset is not None:
+            x = x + self.observation_offset
+        return out.states.expand(shape + (T, S)), x.expand(shape + (T, D))
 
     # ----------------------------------------------------------------------------------
     # Inference
     # ----------------------------------------------------------------------------------
 
-    def filter(self, x: Tensor, observation_mask: Optional[Tensor] = None) -> KalmanFilterResult:
+    def filter(self, x: Tensor, observation_mask: Optional[Tensor] = None,
+               step_mask: Optional[Tensor] = None) -> KalmanFilterResult:
         """Kalman filter (thesis eq. 3.11): filtered/predicted moments and per-step
         log-likelihoods, see :class:`pyro_seq.ops.KalmanFilterResult`. ``x`` ``(..., T, D)``;
-        ``observation_mask`` overrides the constructor's mask."""
-        mask = self._mask_for(x, observation_mask)
-        self._check(x, mask)
-        res = kalman_filter(x, **self._params(), mask=mask, method=self.method)
+        ``observation_mask`` ``(..., T, D)`` / ``step_mask`` ``(..., T)`` replace the
+        constructor's masks when either is given."""
+        xc, mask = self._data(x, observation_mask, step_mask)
+        res = kalman_filter(xc, **self._params(), mask=mask, method=self.method)
         return _expand_filter(res, self._out_batch(x))
 
-    def smooth(self, x: Tensor, observation_mask: Optional[Tensor] = None) -> KalmanSmootherResult:
+    def smooth(self, x: Tensor, observation_mask: Optional[Tensor] = None,
+               step_mask: Optional[Tensor] = None) -> KalmanSmootherResult:
         """RTS smoother: smoothed means ``(..., T, S)``, covs ``(..., T, S, S)``,
         ``cross_covs`` Cov(z_{t+1}, z_t | x) ``(..., T-1, S, S)``, see
-        :class:`pyro_seq.ops.KalmanSmootherResult`."""
-        mask = self._mask_for(x, observation_mask)
-        self._check(x, mask)
-        res = kalman_smoother(x, **self._params(), mask=mask, method=self.method)
+        :class:`pyro_seq.ops.KalmanSmootherResult`. Masks as in :meth:`filter`."""
+        xc, mask = self._data(x, observation_mask, step_mask)
+        res = kalman_smoother(xc, **self._params(), mask=mask, method=self.method)
         batch = self._out_batch(x)
         return KalmanSmootherResult(
             *(_expand_to(r, batch, 3 if i else 2) for i, r in enumerate(res[:4])),
@@ -297,51 +631,68 @@ class LinearGaussianSSM(TorchDistribution):
         )
 
     def sample_posterior(self, x: Tensor, sample_shape=torch.Size(),
-                         observation_mask: Optional[Tensor] = None, noise=None) -> Tensor:
+                         observation_mask: Optional[Tensor] = None, noise=None,
+                         step_mask: Optional[Tensor] = None) -> Tensor:
         """Reparameterized draws of z_{1:T} ~ p(z_{1:T} | x_{1:T}) by forward-filtering
-        backward-sampling: ``sample_shape + batch + (T, S)``."""
-        mask = self._mask_for(x, observation_mask)
-        self._check(x, mask)
+        backward-sampling: ``sample_shape + batch + (T, S)``. ``noise`` (standard normal of
+        that shape) fixes the randomness; masks as in :meth:`filter`."""
+        xc, mask = self._data(x, observation_mask, step_mask)
         sample_shape = torch.Size(sample_shape)
         batch = self._out_batch(x)
         T = x.shape[-2]
-        x = x.expand(batch + x.shape[-2:])
+        xc = xc.expand(batch + xc.shape[-2:])
         if noise is None:
-            noise = torch.randn(sample_shape + batch + (T, self.hidden_dim), dtype=x.dtype,
-                                device=x.device)
-        res = kalman_sample(x, **self._params(), mask=mask, sample_shape=sample_shape,
+            noise = torch.randn(sample_shape + batch + (T, self.hidden_dim), dtype=xc.dtype,
+                                device=xc.device)
+        res = kalman_sample(xc, **self._params(), mask=mask, sample_shape=sample_shape,
                             noise=noise, method=self.method)
         return res.samples
 
-    def predict(self, x: Tensor, steps: int, observation_mask: Optional[Tensor] = None
-                ) -> LGSSMForecast:
+    def rsample_posterior(self, value: Tensor, sample_shape=torch.Size(), noise=None) -> Tensor:
+        """Reparameterized draws of z_{1:T} given x_{1:T}, with the signature and shapes of
+        Pyro's ``GaussianHMM.rsample_posterior(value, sample_shape)``: returns
+        ``sample_shape + broadcast(batch_shape, value.shape[:-2]) + (T, S)``. Unlike
+        GaussianHMM there is no z_0 to drop (this class starts at z_1; see
+        :meth:`from_gaussian_hmm`), and the constructor's masks apply. Same as
+        :meth:`sample_posterior`."""
+        return self.sample_posterior(value, sample_shape, noise=noise)
+
+    def predict(self, x: Tensor, steps: int, observation_mask: Optional[Tensor] = None,
+                step_mask: Optional[Tensor] = None) -> LGSSMForecast:
         """Forecast ``steps`` future observations by treating them as missing (thesis
-        Sec. 3.4.2): p(x_{T+k} | x_{1:T}) = N(C m_{T+k}, C P_{T+k} C^T + R) with m, P the
-        filter's predictions. Time-varying parameters/controls must cover T + steps
-        entries (i.e. ``num_steps == x.shape[-2] + steps``). Returns :class:`LGSSMForecast`.
+        Sec. 3.4.2): p(x_{T+k} | x_{1:T}) = N(C m_{T+k} + d_{T+k}, C P_{T+k} C^T + R) with m,
+        P the filter's predictions. Time-varying parameters/controls/offsets must cover
+        T + steps entries (i.e. ``num_steps == x.shape[-2] + steps``). Masks as in
+        :meth:`filter` (the constructor's mask is used when it covers x's T steps).
+        Returns :class:`LGSSMForecast`.
         """
+        if int(steps) != steps or steps < 1:
+            raise ValueError(f"steps must be a positive integer; got {steps}")
+        if x.dim() < 2 or x.shape[-1] != self.obs_dim:
+            raise ValueError(f"expected observations of shape (..., T, {self.obs_dim}); got "
+                             f"{tuple(x.shape)}")
         T_obs = x.shape[-2]
         T = T_obs + steps
-        if self.num_steps is not None and self.num_steps not in (T,):
+        if self.num_steps is not None and self.num_steps != T:
             if any(_time_size(p, 2) not in (None, 1) for p in (
                     self.transition_matrix, self.transition_cov, self.observation_matrix,
-                    self.observation_cov, self.control_matrix)) or self.controls is not None:
+                    self.observation_cov, self.control_matrix)) or self.controls is not None \
+                    or _time_size(self.observation_offset, 1) not in (None, 1):
                 raise ValueError(
                     f"time-varying parameters cover {self.num_steps} steps; predict needs "
                     f"x.shape[-2] + steps = {T}"
                 )
-        mask = observation_mask
-        if mask is None and self.observation_mask is not None:
-            if self.observation_mask.shape[-2] == T_obs:
-                mask = self.observation_mask
-        if mask is not None:
-            mask = _element_mask(torch.as_tensor(mask, dtype=torch.bool), T_obs, self.obs_dim)
-        else:
+        base = self.observation_mask
+        if observation_mask is None and step_mask is None and base is not None \
+                and base.shape[-2] not in (1, T_obs):
+            base = None  # the constructor's mask covers another length (e.g. T + steps)
+        xc, mask = self._data(x, observation_mask, step_mask, num_steps=None, default_mask=base)
+        if mask is None:
             mask = torch.ones(T_obs, self.obs_dim, dtype=torch.bool, device=x.device)
         future = torch.zeros(mask.shape[:-2] + (steps, self.obs_dim), dtype=torch.bool,
                              device=x.device)
         mask = torch.cat([mask, future], -2)
-        xp = torch.cat([x, x.new_zeros(x.shape[:-2] + (steps, self.obs_dim))], -2)
+        xp = torch.cat([xc, xc.new_zeros(xc.shape[:-2] + (steps, self.obs_dim))], -2)
         res = kalman_filter(xp, **self._params(), mask=mask, method=self.method)
         m = res.means[..., T_obs:, :]
         P = res.covs[..., T_obs:, :, :]
@@ -352,6 +703,9 @@ class LinearGaussianSSM(TorchDistribution):
         if R.dim() > 2 and R.shape[-3] > 1:
             R = R[..., T_obs:, :, :]
         means = (C @ m.unsqueeze(-1)).squeeze(-1)
+        d = self._offset(T_obs, T)
+        if d is not None:
+            means = means + d
         covs = C @ P @ C.mT + R
         covs = 0.5 * (covs + covs.mT)
         batch = _broadcast_shapes(self.batch_shape, x.shape[:-2], means.shape[:-2])

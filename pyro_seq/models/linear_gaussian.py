@@ -120,7 +120,12 @@ class LinearGaussianSequenceModel(SequenceModel):
         self._register("C", C)
         self._register("init_loc", init_loc)
         for name, cov in (("Q", Q), ("R", R), ("init_cov", init_cov)):
-            L = torch.linalg.cholesky(cov)  # raises for a non-SPD covariance
+            # symmetric up to rounding (1000 eps relative, as LinearGaussianSSM) and Cholesky-able
+            L, info = torch.linalg.cholesky_ex(cov)
+            tol = 1e3 * torch.finfo(cov.dtype).eps * cov.abs().max()
+            if int(info) != 0 or bool(((cov - cov.T).abs() > tol).any()):
+                raise ValueError(f"{name} must be a symmetric positive definite matrix (it is "
+                                 "learned through its Cholesky factor)")
             raw = torch.tril(L, -1) + torch.diag_embed(_softplus_inv(L.diagonal()))
             self._register(f"_{name}_raw", raw, learn=name in self.learnable)
 
@@ -299,9 +304,12 @@ class LinearGaussianSequenceModel(SequenceModel):
             from pyro_seq.ops.kalman import kalman_filter
 
             f = torch.float64
+            # a per-element (B, T, D) mask: a per-step (B, T) one would be read per element by
+            # the ops when B == T == D
+            elem = mask.unsqueeze(-1).expand(x.shape)
             with torch.no_grad():
                 res = kalman_filter(x.to(f), self.init_loc.to(f), self.init_cov.to(f), self.A.to(f),
-                                    self.Q.to(f), self.C.to(f), self.R.to(f), mask=mask,
+                                    self.Q.to(f), self.C.to(f), self.R.to(f), mask=elem,
                                     method="sequential")
             return res.log_likelihoods.sum(-1)
         with torch.no_grad():

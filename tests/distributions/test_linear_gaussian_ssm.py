@@ -88,11 +88,13 @@ def test_observation_mask_equals_deleting_rows(kind):
     if kind == "step":
         mask = torch.rand(2, T, generator=gen) < 0.6
         elem = mask[..., None].expand(2, T, D)
+        kw = dict(step_mask=mask)
     else:
         mask = torch.rand(2, T, D, generator=gen) < 0.6
         elem = mask
+        kw = dict(observation_mask=mask)
     x = observations(T, D, batch=(2,), seed=37).masked_fill(~elem, float("nan"))
-    d = make(p, observation_mask=mask, validate_args=True)
+    d = make(p, validate_args=True, **kw)
     assert d.batch_shape == (2,)
     lp = d.log_prob(x)
     s = d.smooth(x)
@@ -105,8 +107,7 @@ def test_observation_mask_equals_deleting_rows(kind):
         assert_close(s.covs[i, 2], block(cov, S, 2, 2))
     # gradient of the masked log-likelihood agrees with the dense reference
     C = p["observation_matrix"].clone().requires_grad_()
-    g = torch.autograd.grad(make({**p, "observation_matrix": C}, observation_mask=mask)
-                            .log_prob(x).sum(), C)[0]
+    g = torch.autograd.grad(make({**p, "observation_matrix": C}, **kw).log_prob(x).sum(), C)[0]
     C2 = C.detach().clone().requires_grad_()
     ref = sum(log_marginal(dense_of({**p, "observation_matrix": C2}, T), x[i],
                            observed_index(dense, mask[i])) for i in range(2))
@@ -224,7 +225,7 @@ def test_in_pyro_model_with_plate():
                              constraint=pdist.constraints.positive)
         q = {**p, "observation_cov": R_scale * p["observation_cov"]}
         with pyro.plate("sequences", x.shape[0]):
-            pyro.sample("x", make(q, observation_mask=mask), obs=x)
+            pyro.sample("x", make(q, step_mask=mask), obs=x)
 
     tr = poutine.trace(model).get_trace(x, mask)
     tr.compute_log_prob()
@@ -252,12 +253,14 @@ def test_in_pyro_model_with_plate():
 def test_validation_errors():
     T, S, D = 4, 2, 2
     p = random_model(S, D, T, seed=48)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="initial_cov is not positive semi-definite"):
         make({**p, "initial_cov": -torch.eye(S, dtype=F64)}, num_steps=T, validate_args=True)
     d = make(p, num_steps=T, validate_args=True)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="expected 4 time steps, got 5"):
         d.log_prob(observations(T + 1, D))
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"expected observations of shape \(\.\.\., T, 2\)"):
+        d.log_prob(observations(T, D + 1))
+    with pytest.raises(ValueError, match="8 NaN value.*observation_mask"):
         d.log_prob(observations(T, D).masked_fill(torch.ones(T, D, dtype=torch.bool), float("nan")))
 
 
@@ -283,6 +286,6 @@ def test_from_scale_tril_equals_covariance_form_and_is_differentiable():
     x = torch.randn(T, D, dtype=torch.float64)
     a = LinearGaussianSSM.from_scale_tril(m0, L0, A, Lq, C, Lr, num_steps=T)
     b = LinearGaussianSSM(m0, L0 @ L0.T, A, Lq @ Lq.T, C, Lr @ Lr.T, num_steps=T)
-    assert torch.allclose(a.log_prob(x), b.log_prob(x), atol=1e-10)
+    assert_close(a.log_prob(x), b.log_prob(x))
     a.log_prob(x).backward()
     assert L0.grad is not None and torch.isfinite(L0.grad).all()
