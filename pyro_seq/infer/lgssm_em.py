@@ -190,7 +190,8 @@ def _args(params, controls, mask):
     )
 
 
-def lgssm_log_likelihood(x, params, mask=None, controls=None, method="auto"):
+def lgssm_log_likelihood(x, params, mask=None, controls=None, method="auto", *, step_mask=None,
+                         observation_mask=None):
     """``log p(x | theta)`` (eq. 3.12) summed over all sequences.
 
     :param torch.Tensor x: ``(*batch, T, D)``.
@@ -198,10 +199,13 @@ def lgssm_log_likelihood(x, params, mask=None, controls=None, method="auto"):
     :param torch.Tensor mask: optional bool (or 0/1) ``(*batch, T)`` or ``(*batch, T, D)``.
     :param torch.Tensor controls: optional ``(*batch, T, U)`` (entry 0 unused).
     :returns: scalar tensor.
-    :raises ValueError: for a mask that is not bool/0-1 or has the wrong shape.
+    :param torch.Tensor step_mask: optional bool (or 0/1) ``(*batch, T)``, one flag per step.
+    :param torch.Tensor observation_mask: optional bool (or 0/1) ``(*batch, T, D)`` per element.
+    :raises ValueError: for a mask that is not bool/0-1, has the wrong shape, or (``mask``) a
+        shape that reads both per step and per element.
     """
-    _, mask = _normalize_mask(mask, x)
-    return kalman_filter(x, method=method, **_args(params, controls, mask)).log_likelihoods.sum()
+    kind, mask = _normalize_mask(mask, x, step_mask, observation_mask)
+    return kalman_filter(x, method=method, **_args(params, controls, _ops_mask(kind, mask, x))).log_likelihoods.sum()
 
 
 def _learn_set(learn, params):
@@ -234,36 +238,70 @@ def _outer(a, b):
     return a.unsqueeze(-1) * b.unsqueeze(-2)
 
 
-def _normalize_mask(mask, x):
-    """Validate a mask against ``x (*batch, T, D)`` and return ``(kind, bool mask)``.
-
-    ``kind`` is None (no mask), ``"step"`` for ``(*batch, T)`` or ``"element"`` for
-    ``(*batch, T, D)``; a ``(*batch, T, 1)`` mask (T > 1) is per step. The shape rule is the
-    one of :mod:`pyro_seq.ops.kalman` (a ``(..., T, T)`` mask with ``T == D`` is per element).
-    Non-boolean masks must hold only 0 and 1; anything else raises ``ValueError`` (a cast to
-    bool would silently read e.g. 0.5 or NaN as observed).
-    """
-    if mask is None:
-        return None, None
+def _mask_values(mask, x, name):
+    """``mask`` as a bool tensor; non-boolean masks must hold only 0 and 1 (a cast to bool would
+    silently read e.g. 0.5 or NaN as observed)."""
     mask = torch.as_tensor(mask, device=x.device)
     if mask.dtype != torch.bool:
         if mask.is_complex() or not (mask.is_floating_point() or mask.dtype in _INT_DTYPES):
-            raise ValueError(f"mask must be boolean or hold only 0 and 1; got dtype {mask.dtype}")
+            raise ValueError(f"{name} must be boolean or hold only 0 and 1; got dtype {mask.dtype}")
         bad = (mask != 0) & (mask != 1)  # NaN compares unequal to both
         if bad.any():
             vals = mask[bad].flatten()[:4].tolist()
-            raise ValueError(f"mask must be boolean or hold only 0 and 1 (1 = observed); got values {vals}")
+            raise ValueError(f"{name} must be boolean or hold only 0 and 1 (1 = observed); got values {vals}")
         mask = mask != 0
+    return mask
+
+
+def _normalize_mask(mask, x, step_mask=None, observation_mask=None):
+    """Validate the masks against ``x (*batch, T, D)`` and return ``(kind, bool mask)``.
+
+    ``kind`` is None (no mask), ``"step"`` for ``(*batch, T)`` or ``"element"`` for
+    ``(*batch, T, D)``. ``step_mask`` ``(*batch, T)`` and ``observation_mask`` ``(*batch, T, D)``
+    say which kind they are (as in :class:`~pyro_seq.distributions.LinearGaussianSSM`); both
+    together are combined with "and" into a per-element mask. The older ``mask`` is read by
+    shape (a ``(*batch, T, 1)`` mask with T > 1 is per step) and refused where the shape reads
+    both ways: last two dims ``(T, T)`` with ``T == D`` (a per-step mask of a batch of T
+    sequences, or a per-element mask).
+    """
     if x.dim() < 2:
         raise ValueError(f"observations must have shape (*batch, T, D); got {tuple(x.shape)}")
     T, D = x.shape[-2:]
-    per_element = mask.dim() >= 2 and mask.shape[-2] == T and (
-        mask.shape[-1] == D or (mask.shape[-1] == 1 and T != 1))
-    if per_element and mask.shape[-1] == 1 and D != 1:
-        mask, per_element = mask[..., 0], False
-    if not per_element and (mask.dim() < 1 or mask.shape[-1] != T):
-        raise ValueError(f"mask must have shape (*batch, T) per step or (*batch, T, D) per element with "
-                         f"T={T}, D={D}; got {tuple(mask.shape)}")
+    if mask is not None and (step_mask is not None or observation_mask is not None):
+        raise ValueError("pass either mask or step_mask/observation_mask, not both")
+    if step_mask is not None or observation_mask is not None:
+        kind, out = None, None
+        if step_mask is not None:
+            step_mask = _mask_values(step_mask, x, "step_mask")
+            if step_mask.dim() < 1 or step_mask.shape[-1] != T:
+                raise ValueError(f"step_mask must have shape (*batch, T) with T={T}; got "
+                                 f"{tuple(step_mask.shape)}. Per-element masks go in observation_mask.")
+            kind, out = "step", step_mask
+        if observation_mask is not None:
+            observation_mask = _mask_values(observation_mask, x, "observation_mask")
+            if observation_mask.dim() < 2 or observation_mask.shape[-2:] != (T, D):
+                raise ValueError(f"observation_mask must have shape (*batch, T, D) = (*batch, {T}, {D}); "
+                                 f"got {tuple(observation_mask.shape)}. Per-step masks go in step_mask.")
+            kind = "element"
+            out = observation_mask if out is None else observation_mask & out.unsqueeze(-1)
+        per_element = kind == "element"
+        mask = out
+    else:
+        if mask is None:
+            return None, None
+        mask = _mask_values(mask, x, "mask")
+        if mask.dim() >= 2 and mask.shape[-2:] == (T, T) and T == D:
+            raise ValueError(
+                f"mask of shape {tuple(mask.shape)} is ambiguous: with T == D == {T} it reads both as "
+                "a per-step mask (*batch, T) and as a per-element mask (*batch, T, D). Pass "
+                "step_mask=mask or observation_mask=mask instead.")
+        per_element = mask.dim() >= 2 and mask.shape[-2] == T and (
+            mask.shape[-1] == D or (mask.shape[-1] == 1 and T != 1))
+        if per_element and mask.shape[-1] == 1 and D != 1:
+            mask, per_element = mask[..., 0], False
+        if not per_element and (mask.dim() < 1 or mask.shape[-1] != T):
+            raise ValueError(f"mask must have shape (*batch, T) per step or (*batch, T, D) per element with "
+                             f"T={T}, D={D}; got {tuple(mask.shape)}")
     batch = mask.shape[:-2] if per_element else mask.shape[:-1]
     try:
         torch.broadcast_shapes(batch, x.shape[:-2])
@@ -272,6 +310,14 @@ def _normalize_mask(mask, x):
         raise ValueError(f"mask of shape {tuple(mask.shape)}, read as {how} with T={T}, D={D}: its batch shape "
                          f"{tuple(batch)} does not broadcast with the observations' {tuple(x.shape[:-2])}") from None
     return ("element" if per_element else "step"), mask
+
+
+def _ops_mask(kind, mask, x):
+    """The mask for :mod:`pyro_seq.ops.kalman`, always per element ``(*batch, T, D)`` so that the
+    ops cannot read a per-step mask of a batch of T sequences as a per-element one."""
+    if kind != "step":
+        return mask
+    return mask.unsqueeze(-1).expand(mask.shape + (x.shape[-1],))
 
 
 _INT_DTYPES = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
@@ -359,7 +405,8 @@ def _emission_augmented(xs, o, m, P, C_old, R_old, learn_C, learn_R):
     return C, _sym((wm * cov).sum((0, 1)) / n)  # (S6)
 
 
-def em_step(x, params, learn="all", mask=None, controls=None, method="auto", observation_cov_structure="full"):
+def em_step(x, params, learn="all", mask=None, controls=None, method="auto", observation_cov_structure="full",
+            *, step_mask=None, observation_mask=None):
     """One EM iteration: E-step with the RTS smoother, closed-form M-step (module docstring).
 
     :param torch.Tensor x: observations ``(*batch, T, D)``; all leading dims are independent
@@ -373,8 +420,10 @@ def em_step(x, params, learn="all", mask=None, controls=None, method="auto", obs
     :param str observation_cov_structure: ``"full"`` (default), ``"diag"`` or ``"scalar"``:
         the family ``R`` is learned in (and must already belong to). With a per-element mask
         it selects eqs. (E1)-(E2') (diag, scalar) or (S1)-(S6) (full).
+    :param torch.Tensor step_mask: optional ``(*batch, T)`` per step (unambiguous form of ``mask``).
+    :param torch.Tensor observation_mask: optional ``(*batch, T, D)`` per element.
     :raises ValueError: for a bad mask (values other than 0/1, a shape that is neither
-        ``(*batch, T)`` nor ``(*batch, T, D)``), an unknown structure or an ``R`` outside it,
+        ``(*batch, T)`` nor ``(*batch, T, D)``, or a ``mask`` whose shape reads both ways), an unknown structure or an ``R`` outside it,
         non-finite observed entries, or emission parameters with no observed data.
     :returns: ``(new_params, log_likelihood)`` where ``log_likelihood`` is ``log p(x | params)``
         of the *input* parameters (from the E-step's filter).
@@ -383,14 +432,14 @@ def em_step(x, params, learn="all", mask=None, controls=None, method="auto", obs
     _check_controls(names, controls)
     T, D = x.shape[-2:]
     S = params.initial_loc.shape[-1]
-    mask_kind, mask = _normalize_mask(mask, x)
+    mask_kind, mask = _normalize_mask(mask, x, step_mask, observation_mask)
     _check_structure(observation_cov_structure, params.observation_cov)
     observed = mask if mask_kind != "step" else mask.unsqueeze(-1)
     finite = torch.isfinite(x)
     if not (finite if observed is None else finite | ~observed).all():
         raise ValueError("observations contain NaN or inf at observed positions (mask them out)")
     with torch.no_grad():
-        sm = kalman_smoother(x, method=method, **_args(params, controls, mask))
+        sm = kalman_smoother(x, method=method, **_args(params, controls, _ops_mask(mask_kind, mask, x)))
         log_lik = sm.filtered.log_likelihoods.sum()
         batch = sm.means.shape[:-2]
         m = sm.means.reshape(-1, T, S)
@@ -491,7 +540,7 @@ def _sym(M):
 
 
 def lgssm_em(x, params, num_iters=20, learn="all", mask=None, controls=None, tol=None, method="auto", callback=None,
-             observation_cov_structure="full"):
+             observation_cov_structure="full", *, step_mask=None, observation_mask=None):
     """Run EM (thesis Sec. 3.4.3) for ``num_iters`` iterations or until the log-likelihood
     improves by less than ``tol``.
 
@@ -501,7 +550,8 @@ def lgssm_em(x, params, num_iters=20, learn="all", mask=None, controls=None, tol
     :param learn: ``"all"``, a name or names from :data:`LEARNABLE_PARAMS`; the others stay fixed
         (``learn=("initial_loc", "initial_cov")`` is the thesis' Fig. 3.5 experiment).
     :param torch.Tensor mask: optional bool (or 0/1) ``(*batch, T)`` or ``(*batch, T, D)``
-        (see :func:`em_step`).
+        (see :func:`em_step`); ``step_mask``/``observation_mask`` (keywords) are its
+        unambiguous forms.
     :param torch.Tensor controls: optional ``(*batch, T, U)``.
     :param float tol: optional stopping tolerance on the log-likelihood increase (nats).
     :param str method: forwarded to the Kalman smoother.
@@ -511,11 +561,12 @@ def lgssm_em(x, params, num_iters=20, learn="all", mask=None, controls=None, tol
         :func:`em_step`).
     :returns: :class:`EMResult` with ``log_likelihoods`` of length ``iterations + 1``.
     """
-    _, mask = _normalize_mask(mask, x)
+    kind, mask = _normalize_mask(mask, x, step_mask, observation_mask)
+    masks = {} if kind is None else {("step_mask" if kind == "step" else "observation_mask"): mask}
     lls = []
     for it in range(num_iters):
-        new_params, ll = em_step(x, params, learn=learn, mask=mask, controls=controls, method=method,
-                                 observation_cov_structure=observation_cov_structure)
+        new_params, ll = em_step(x, params, learn=learn, controls=controls, method=method,
+                                 observation_cov_structure=observation_cov_structure, **masks)
         lls.append(ll)
         if callback is not None:
             callback(it, params, ll)
@@ -524,5 +575,5 @@ def lgssm_em(x, params, num_iters=20, learn="all", mask=None, controls=None, tol
         params = new_params
     else:
         with torch.no_grad():
-            lls.append(lgssm_log_likelihood(x, params, mask=mask, controls=controls, method=method))
+            lls.append(lgssm_log_likelihood(x, params, controls=controls, method=method, **masks))
     return EMResult(params, torch.stack(lls))

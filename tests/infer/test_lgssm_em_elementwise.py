@@ -381,3 +381,33 @@ def test_element_mask_broadcasts_like_the_kalman_filter(structure):
         for k in a._fields:
             if getattr(b, k) is not None:
                 assert rel(getattr(a, k), getattr(b, k)) <= 1e-12, k
+
+
+def test_square_mask_is_ambiguous_and_the_explicit_masks_are_not():
+    # B == T == D: a (B, T) per-step mask has the shape of a (T, D) per-element mask
+    g = torch.Generator().manual_seed(5)
+    T = D = 3
+    x = torch.randn(T, T, D, generator=g, dtype=torch.float64)
+    params = LGSSMParams(
+        initial_loc=torch.zeros(2, dtype=torch.float64), initial_cov=torch.eye(2, dtype=torch.float64),
+        transition_matrix=0.9 * torch.eye(2, dtype=torch.float64),
+        transition_cov=0.1 * torch.eye(2, dtype=torch.float64),
+        observation_matrix=torch.randn(D, 2, generator=g, dtype=torch.float64),
+        observation_cov=0.5 * torch.eye(D, dtype=torch.float64))
+    steps = torch.tensor([[1, 1, 1], [1, 1, 0], [1, 0, 0]]).bool()       # (B, T), prefix rows
+    with pytest.raises(ValueError, match=r"mask of shape \(3, 3\) is ambiguous: with T == D == 3"):
+        lgssm_log_likelihood(x, params, mask=steps)
+    # per-step reading: each sequence scored on its own first steps
+    per_step = lgssm_log_likelihood(x, params, step_mask=steps)
+    by_rows = sum(lgssm_log_likelihood(x[b, :int(steps[b].sum())], params) for b in range(T))
+    assert torch.allclose(per_step, by_rows, rtol=1e-12, atol=0)
+    # per-element reading: the same (T, D) pattern for every sequence
+    per_element = lgssm_log_likelihood(x, params, observation_mask=steps)
+    expanded = lgssm_log_likelihood(x, params, observation_mask=steps.expand(T, T, D))
+    assert torch.allclose(per_element, expanded, rtol=1e-12, atol=0)
+    assert not torch.allclose(per_step, per_element)
+    new, _ = em_step(x, params, step_mask=steps)
+    res = lgssm_em(x, params, num_iters=3, step_mask=steps)
+    assert (res.log_likelihoods.diff() >= -1e-10).all()
+    with pytest.raises(ValueError, match="either mask or step_mask/observation_mask"):
+        em_step(x, params, mask=steps, step_mask=steps)
