@@ -71,7 +71,13 @@ Numerics
   Sigma_{t+1|t} that is singular to working precision (singular Q with a singular A or
   initial covariance, e.g. a deterministic component) is never inverted: there J is the
   minimum-norm solution of J Sigma_{t+1|t} = Sigma_t A^T (pseudo-inverse on its range,
-  exact since Sigma_t A^T vanishes on its null space; see ``_psd_solve``). The parallel form builds
+  exact since Sigma_t A^T vanishes on its null space; see ``_psd_solve``). Values are
+  exact there; gradients of smoothed quantities along perturbations that change the rank
+  (e.g. giving a known component a variance) are those of the constant-rank
+  pseudo-inverse, not the one-sided derivative (log-likelihood gradients are unaffected:
+  the filter needs no such solve). A noise-free *contracting* direction (|eigenvalue of A|
+  < 1) whose filtered variance decays to rounding makes any RTS recursion ill-conditioned
+  (errors grow like |a|^{-t} backwards); model such a component with a tiny noise instead. The parallel form builds
   its scan elements in Joseph form and combines them with the Sarkka & Garcia-Fernandez
   operator; FFBS uses the Joseph-form backward covariance
   ``(I-JA) Sigma (I-JA)^T + J Q J^T`` (PSD by construction, as sampling factors it). All
