@@ -356,17 +356,16 @@ def _validate_parameters(initial_loc, initial_cov, A, Q, C, R, control_matrix, c
 def _covariance_checks(M: Tensor, definite: bool):
     """Three 0-dim bool tensors: M finite, symmetric, positive (semi-)definite (see
     :func:`_validate_parameters`)."""
-    finite = torch.isfinite(M).all()
     Md = M.detach()
+    finite = torch.isfinite(Md).all()
     scale = Md.abs().amax((-2, -1), keepdim=True)
     eps = torch.finfo(M.dtype).eps
     symmetric = ((Md - Md.mT).abs() <= math.sqrt(eps) * scale).all()
     if not definite:
         n = M.shape[-1]
-        jitter = 10.0 * n * eps * torch.where(scale > 0, scale, torch.ones_like(scale))
+        jitter = (10.0 * n * eps) * torch.where(scale > 0, scale, torch.ones_like(scale))
         Md = Md + jitter * torch.eye(n, dtype=M.dtype, device=M.device)
-    Md = torch.where(torch.isfinite(Md), Md, torch.zeros((), dtype=M.dtype, device=M.device))
-    pd = (torch.linalg.cholesky_ex(Md).info == 0).all()
+    pd = (torch.linalg.cholesky_ex(Md).info == 0).all()  # NaN/inf: caught by ``finite``
     return [finite, symmetric, pd]
 
 

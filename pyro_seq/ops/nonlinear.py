@@ -54,7 +54,8 @@ per element (True = observed; read as in :mod:`pyro_seq.ops.kalman`: per element
 two dims are ``(T, D)`` or ``(T, 1)``). A missing step skips the measurement update
 (``mu_t = mu_{t|t-1}``, ``Sigma_t = Sigma_{t|t-1}``) and contributes 0 to the log-likelihood; a
 missing element drops its row of the observation model (its column of ``Cov(z_t, x_t)``, its
-row/column of ``Cov(x_t)`` and ``R_t``). Masked entries of ``x`` may hold anything (even NaN).
+row/column of ``Cov(x_t)`` and ``R_t``). Masked entries of ``x`` may hold anything (even NaN);
+NaN or +-inf at an observed entry raises ``ValueError`` (as in :mod:`pyro_seq.ops.kalman`).
 
 Parameter shapes (``S`` state dim, ``D`` observation dim; ``...`` batch dims that broadcast):
 ``x (..., T, D)``, ``initial_loc (..., S)``, ``initial_cov (..., S, S)``, ``transition_cov`` either
@@ -168,6 +169,8 @@ def _prepare(x, mask, initial_loc, initial_cov, transition_cov, observation_cov)
     if x.dim() < 2:
         raise ValueError(f"x must have shape (..., T, D), got {tuple(x.shape)}")
     T, D = x.shape[-2:]
+    if T == 0:
+        raise ValueError(f"x has T = 0 time steps (shape {tuple(x.shape)}); the filters need T >= 1")
     if mask is not None:
         mask = _element_mask(mask, T, D)  # (..., T, D)
     mask = _observed_finite(x, mask, nan_as_missing=False)  # NaN/inf only where masked
