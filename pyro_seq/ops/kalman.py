@@ -1067,7 +1067,8 @@ def _expand_filter(res: KalmanFilterResult, batch: torch.Size) -> KalmanFilterRe
 def _backward_coefficients(mdl: _Model, f: KalmanFilterResult):
     """RTS gains and backward conditionals p(z_t | z_{t+1}, x_{1:t}) = N(J_t z_{t+1} + h_t, Pc_t).
 
-    J_t = Sigma_t A_{t+1}^T Sigma_{t+1|t}^{-1} (via Cholesky of Sigma_{t+1|t}),
+    J_t = Sigma_t A_{t+1}^T Sigma_{t+1|t}^{-1} (via Cholesky of Sigma_{t+1|t}; the
+    minimum-norm solution by :func:`_psd_solve` where it is rank-deficient),
     h_t = mu_t - J_t mu_{t+1|t},
     Pc_t = (I - J_t A_{t+1}) Sigma_t (I - J_t A_{t+1})^T + J_t Q_{t+1} J_t^T (Joseph form).
     Shapes: J, Pc (pb, T-1, S, S); h (b, T-1, S).
@@ -1104,7 +1105,9 @@ def _smoother_coefficients(mdl: _Model, f: KalmanFilterResult, ASig: Optional[Te
     Schur-complement form Sigma_t - G_t^T G_t, G_t = L_t^{-1} A_{t+1} Sigma_t, and
     J_t = G_t^T L_t^{-1}; otherwise Pc is None. (FFBS keeps the Joseph form, whose
     PSD-by-construction Pc_t is factored for sampling.) With a filter in steady state from
-    step ``steady_from`` on, J_t repeats from there and is computed once.
+    step ``steady_from`` on, J_t repeats from there and is computed once. Where some
+    Sigma_{t+1|t} is rank-deficient to working precision, J_t = Sigma_t A_{t+1}^T
+    Sigma_{t+1|t}^+ by :func:`_psd_solve` and Pc_t = Sigma_t - J_t A_{t+1} Sigma_t.
     """
     T1 = mdl.T - 1
     u = T1 if steady_from is None or backward_covs else min(steady_from + 1, T1)
