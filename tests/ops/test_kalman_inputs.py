@@ -274,3 +274,16 @@ def test_nan_as_missing_gradients_are_finite(method):
     grads = torch.autograd.grad(ll, list(p.values()) + [x])
     assert all(torch.isfinite(g).all() for g in grads)
     assert grads[-1][1, 0] == 0 and torch.all(grads[-1][4] == 0)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_without_validation_the_recursion_still_fails_clearly(method):
+    """validate_args=False skips the parameter checks; an indefinite R then surfaces as the
+    innovation covariance's Cholesky failure, a ValueError rather than NaN."""
+    T, S, D = 4, 2, 2
+    p = random_model(S, D, T, seed=16)
+    x = observations(T, D)
+    with pytest.raises(ValueError, match=r"innovation covariance C P C\^T \+ R is not positive "
+                                         r"definite \(Cholesky failed\)"):
+        kalman_filter(x, **{**p, "observation_cov": -torch.eye(D, dtype=F64)}, method=method,
+                      validate_args=False)
