@@ -21,6 +21,9 @@ All functions take the same leading arguments, written ``*model`` below::
     controls=None,       # (..., T, U)          u_t   (entry 0 unused, like A_t)
     mask=None,           # bool (..., T) per step or (..., T, D) per element; True = observed
 
+and, keyword-only, ``nan_as_missing=False``, ``steady_state_tol=STEADY_STATE_TOL`` (not for
+``lgssm_sample``) and ``validate_args=None`` (see "Argument checks" below).
+
 Shapes align from the right as in Pyro's ``GaussianHMM``: for a matrix parameter the
 dimension just left of the two matrix dimensions is time (size T or 1) when present, and
 everything left of it is batch; a bare ``(S, S)`` matrix is constant in time and batch.
@@ -64,7 +67,17 @@ Numerics
   is the Schur complement ``P - W^T W`` (equal to the Joseph form for the optimal gain, at
   a third of its cost), the RTS gain J comes from ``cholesky_solve`` with the Cholesky
   factor of Sigma_{t+1|t}, and the smoothed covariances follow
-  ``Sigma_{t|T} = (Sigma_t - J A Sigma_t) + J Sigma_{t+1|T} J^T``. The parallel form builds
+  ``Sigma_{t|T} = (Sigma_t - J A Sigma_t) + J Sigma_{t+1|T} J^T``. A predicted covariance
+  Sigma_{t+1|t} that is singular to working precision (singular Q with a singular A or
+  initial covariance, e.g. a deterministic component) is never inverted: there J is the
+  minimum-norm solution of J Sigma_{t+1|t} = Sigma_t A^T (pseudo-inverse on its range,
+  exact since Sigma_t A^T vanishes on its null space; see ``_psd_solve``). Values are
+  exact there; gradients of smoothed quantities along perturbations that change the rank
+  (e.g. giving a known component a variance) are those of the constant-rank
+  pseudo-inverse, not the one-sided derivative (log-likelihood gradients are unaffected:
+  the filter needs no such solve). A noise-free *contracting* direction (|eigenvalue of A|
+  < 1) whose filtered variance decays to rounding makes any RTS recursion ill-conditioned
+  (errors grow like |a|^{-t} backwards); model such a component with a tiny noise instead. The parallel form builds
   its scan elements in Joseph form and combines them with the Sarkka & Garcia-Fernandez
   operator; FFBS uses the Joseph-form backward covariance
   ``(I-JA) Sigma (I-JA)^T + J Q J^T`` (PSD by construction, as sampling factors it). All
@@ -85,8 +98,26 @@ Numerics
   that fixed point to rounding and the remaining steps reuse it (the convergence test of
   statsmodels' Kalman filter, made relative). The backward RTS covariance recursion does
   the same over the stretch where its coefficients are exact repeats. The rounding noise
-  of the full recursion is of the same order, so results agree with it to rounding; set
-  ``pyro_seq.ops.kalman.STEADY_STATE_TOL = 0`` to always run every step. Measured speed: ``benchmarks/kalman.py`` / ``benchmarks/results/kalman.json``.
+  of the full recursion is of the same order, so results agree with it to rounding. The
+  tolerance is the keyword argument ``steady_state_tol`` of :func:`kalman_filter`,
+  :func:`kalman_smoother` and :func:`kalman_sample` (default ``STEADY_STATE_TOL`` = 8);
+  ``steady_state_tol=0`` always runs every step. Measured speed: ``benchmarks/kalman.py`` / ``benchmarks/results/kalman.json``.
+
+Argument checks
+---------------
+* T = 0 raises ``ValueError``.
+* Observations: every observed entry must be finite (one reduction over ``observations``).
+  NaN at an observed position raises ``ValueError`` naming the ``mask`` argument; +inf/-inf
+  are refused likewise. ``nan_as_missing=True`` treats every NaN entry as an unobserved
+  element (combined with ``mask`` by "and"; +inf/-inf are still refused); the mask then has
+  the data's batch shape, so the covariance recursion runs per sequence.
+* ``validate_args`` (default None: ``torch.distributions.Distribution._validate_args``, on
+  unless disabled, e.g. by ``pyro.enable_validation(False)``): all parameters finite,
+  ``initial_cov`` and ``transition_cov`` symmetric positive *semi*-definite (a singular Q,
+  e.g. noise on a velocity only, or Q = 0, is accepted), ``observation_cov`` symmetric
+  positive definite; symmetric means max|M - M^T| <= sqrt(eps) max|M|. Violations raise
+  ``ValueError`` naming the argument; nothing is symmetrised silently. The checks cost a few
+  reductions and one Cholesky per distinct covariance matrix, outside all loops.
 
 Missing data (thesis Sec. 3.4.2)
 --------------------------------
@@ -124,8 +155,9 @@ PARALLEL_THRESHOLD = 32
 #: On CPU ``method="auto"`` stays sequential from this state dimension on: the scan's
 #: O(S^3) combines cost several times the sequential flops, which dominate at large S.
 PARALLEL_MAX_STATE_CPU = 16
-#: Steady-state test of the sequential covariance recursions, in machine epsilons (see
-#: Numerics in the module docstring); 0 disables it.
+#: Default of the ``steady_state_tol`` argument: the steady-state test of the sequential
+#: covariance recursions, in machine epsilons (see Numerics in the module docstring); 0
+#: disables it. Only the default value: pass the argument to change it per call.
 STEADY_STATE_TOL = 8.0
 #: Steps between two steady-state tests.
 _STEADY_CHECK_EVERY = 4
@@ -248,6 +280,95 @@ def _element_mask(mask: Tensor, T: int, D: int) -> Tensor:
     return mask.unsqueeze(-1).expand(mask.shape + (D,))
 
 
+def _observed_finite(x: Tensor, mask: Optional[Tensor], nan_as_missing: bool) -> Optional[Tensor]:
+    """The element mask ``(..., T, D)`` (or None: all observed) after checking that every
+    observed entry of ``x`` is finite. One reduction over ``x`` when it is all finite.
+
+    With ``nan_as_missing`` NaN entries become unobserved (combined with ``mask`` by "and");
+    +inf/-inf at an observed position are refused in either case."""
+    if bool(torch.isfinite(x).all()):
+        return mask
+    nonfinite = ~torch.isfinite(x)
+    observed = mask
+    if nan_as_missing:
+        seen = ~torch.isnan(x)
+        observed = seen if mask is None else mask & seen
+    bad = nonfinite if observed is None else nonfinite & observed
+    if bool(bad.any()):
+        idx = tuple(bad.nonzero()[0].tolist())
+        value = float(x.detach().expand(bad.shape)[idx])
+        if math.isnan(value):
+            raise ValueError(
+                f"observations contain NaN at an observed position (first at index {idx}); "
+                "mark missing entries with the `mask` argument (bool, True = observed) or pass "
+                "nan_as_missing=True to treat every NaN as missing"
+            )
+        raise ValueError(
+            f"observations contain {value} at an observed position (first at index {idx}); "
+            "+inf/-inf are not valid observations (nan_as_missing=True does not cover them): "
+            "mark the entry missing with the `mask` argument (bool, True = observed)"
+        )
+    return observed
+
+
+def _validate_parameters(initial_loc, initial_cov, A, Q, C, R, control_matrix, controls):
+    """``validate_args`` checks (outside all loops; one host synchronisation when they pass):
+    all parameters finite; ``initial_cov``, ``transition_cov`` symmetric and positive
+    *semi*-definite (a singular Q, e.g. noise on the velocity only, is legitimate);
+    ``observation_cov`` symmetric and positive definite. Symmetric means
+    max |M - M^T| <= sqrt(eps) max |M| per matrix; nothing is symmetrised silently
+    (the Cholesky factorisations read one triangle only). Positive semi-definite means
+    M + 10 n eps max|M| I has a Cholesky factor, i.e. no eigenvalue below about
+    -10 n eps max|M| (rounding)."""
+    finite = [(n, p) for n, p in (("initial_loc", initial_loc), ("transition_matrix", A),
+                                   ("observation_matrix", C), ("control_matrix", control_matrix),
+                                   ("controls", controls)) if p is not None]
+    covs = (("initial_cov", initial_cov, False), ("transition_cov", Q, False),
+            ("observation_cov", R, True))
+    checks = [torch.isfinite(p).all() for _, p in finite]
+    for _, M, definite in covs:
+        checks.extend(_covariance_checks(M, definite))
+    if bool(torch.stack(checks).all()):
+        return
+    for (name, p), ok in zip(finite, checks):
+        if not bool(ok):
+            raise ValueError(f"{name} has NaN or inf entries")
+    for i, (name, M, definite) in enumerate(covs):
+        ok_finite, ok_sym, ok_pd = checks[len(finite) + 3 * i : len(finite) + 3 * i + 3]
+        if not bool(ok_finite):
+            raise ValueError(f"{name} has NaN or inf entries")
+        if not bool(ok_sym):
+            asym = float(((M - M.mT).abs().amax((-2, -1))
+                          / M.abs().amax((-2, -1)).clamp_min(torch.finfo(M.dtype).tiny)).max())
+            raise ValueError(
+                f"{name} is not symmetric (max |M - M^T| / max |M| = {asym:.3g} exceeds "
+                f"sqrt(eps) = {math.sqrt(torch.finfo(M.dtype).eps):.3g}); covariances are not "
+                "symmetrised silently: pass (M + M.mT) / 2 if the asymmetry is intended rounding"
+            )
+        if not bool(ok_pd):
+            kind = "positive definite" if definite else "positive semi-definite"
+            raise ValueError(
+                f"{name} is not {kind} (Cholesky failed{'' if definite else ' with a rounding-level jitter'}"
+                f"; smallest eigenvalue {float(torch.linalg.eigvalsh(M.detach()).min()):.3g})"
+            )
+
+
+def _covariance_checks(M: Tensor, definite: bool):
+    """Three 0-dim bool tensors: M finite, symmetric, positive (semi-)definite (see
+    :func:`_validate_parameters`)."""
+    Md = M.detach()
+    finite = torch.isfinite(Md).all()
+    scale = Md.abs().amax((-2, -1), keepdim=True)
+    eps = torch.finfo(M.dtype).eps
+    symmetric = ((Md - Md.mT).abs() <= math.sqrt(eps) * scale).all()
+    if not definite:
+        n = M.shape[-1]
+        jitter = (10.0 * n * eps) * torch.where(scale > 0, scale, torch.ones_like(scale))
+        Md = Md + jitter * torch.eye(n, dtype=M.dtype, device=M.device)
+    pd = (torch.linalg.cholesky_ex(Md).info == 0).all()  # NaN/inf: caught by ``finite``
+    return [finite, symmetric, pd]
+
+
 def _pad_batch(p: Optional[Tensor], event_ndim: int, ndim: int) -> Optional[Tensor]:
     if p is None:
         return None
@@ -266,11 +387,18 @@ def _prepare(
     control_matrix=None,
     controls=None,
     mask=None,
+    nan_as_missing: bool = False,
+    validate_args: Optional[bool] = None,
 ) -> _Model:
     x = observations
     if x.dim() < 2:
         raise ValueError(f"observations must have shape (..., T, D); got {tuple(x.shape)}")
     T, D = x.shape[-2:]
+    if T == 0:
+        raise ValueError(
+            f"observations have T = 0 time steps (shape {tuple(x.shape)}); the Kalman filter, "
+            "smoother and samplers need T >= 1"
+        )
     S = initial_loc.shape[-1]
     if initial_cov.shape[-2:] != (S, S):
         raise ValueError(f"initial_cov must end in ({S}, {S}); got {tuple(initial_cov.shape)}")
@@ -284,6 +412,10 @@ def _prepare(
         raise ValueError(f"observation_matrix must end in ({D}, {S}); got {tuple(C.shape)}")
     if R.shape[-2:] != (D, D):
         raise ValueError(f"observation_cov must end in ({D}, {D}); got {tuple(R.shape)}")
+    if validate_args is None:
+        validate_args = torch.distributions.Distribution._validate_args
+    if validate_args:
+        _validate_parameters(initial_loc, initial_cov, A, Q, C, R, control_matrix, controls)
     b = None
     if controls is not None:
         u = controls
@@ -301,15 +433,16 @@ def _prepare(
     elif control_matrix is not None:
         raise ValueError("control_matrix given without controls")
 
-    m = None
+    m = None if mask is None else _element_mask(mask, T, D).to(x.device)
+    m = _observed_finite(x, m, nan_as_missing)
     num_obs = None
-    if mask is not None:
-        m = _element_mask(mask, T, D).to(x.device)
+    if m is not None:
         num_obs = m.sum(-1).to(x.dtype)
         C = C * m.unsqueeze(-1).to(C.dtype)
         pair = m.unsqueeze(-1) & m.unsqueeze(-2)
         eye = torch.eye(D, dtype=R.dtype, device=R.device)
         R = torch.where(pair, R, eye)
+        # where, not a product: a NaN placeholder must reach neither values nor gradients
         x = torch.where(m, x, torch.zeros((), dtype=x.dtype, device=x.device))
 
     param_batch = _broadcast_shapes(
@@ -463,40 +596,109 @@ def _cholesky(M: Tensor, what: str) -> Tensor:
 def psd_sqrt(M: Tensor) -> Tensor:
     """A lower-triangular factor L with L L^T = M for positive *semi*-definite M (..., n, n).
 
-    Uses Cholesky; matrices where it fails (singular, e.g. a zero transition noise) are
-    retried with a diagonal jitter of eps * mean(diag) growing x10 up to 5 times, and an
-    exactly zero matrix gets L = 0. Raises ``ValueError`` if M is not PSD. Used only for
-    drawing samples, where the jitter (relative 1e-16..1e-11 in float64) is immaterial.
+    :func:`_jitter_cholesky`: Cholesky, with a growing diagonal jitter for the matrices where
+    it fails (singular, e.g. a zero transition noise); an exactly zero matrix gets L = 0.
+    Raises ``ValueError`` if M is not PSD or not finite. Used only for drawing samples,
+    where the jitter (relative 1e-16..1e-11 in float64) is immaterial.
+    """
+    return _jitter_cholesky(M, "matrix")
+
+
+def _jitter_cholesky(M: Tensor, what: str, hint: str = "") -> Tensor:
+    """Cholesky factor of a symmetric positive semi-definite M (..., n, n), the one
+    jitter-Cholesky of :mod:`pyro_seq.ops` (also used by :mod:`pyro_seq.ops.nonlinear`).
+
+    Matrices where plain Cholesky fails are retried, alone, with M + eps 10^k max|diag M| I
+    for k = 0..5; an exactly zero matrix gets L = 0. ``ValueError`` naming ``what`` (followed
+    by ``hint``) if M has NaN/inf entries or is still not factorisable (not PSD).
     """
     L, info = torch.linalg.cholesky_ex(M)
     bad = info != 0
     if not bool(bad.any()):
         return L
+    if not bool(torch.isfinite(M).all()):
+        raise ValueError(f"{what} has non-finite entries (NaN/inf){hint}")
     n = M.shape[-1]
     eye = torch.eye(n, dtype=M.dtype, device=M.device)
-    scale = M.diagonal(dim1=-2, dim2=-1).abs().mean(-1)
+    scale = M.diagonal(dim1=-2, dim2=-1).abs().amax(-1)
     zero = (M == 0).flatten(-2).all(-1)
     eps = torch.finfo(M.dtype).eps
-    safe = torch.where(bad.unsqueeze(-1).unsqueeze(-1), eye, M)
-    L = torch.linalg.cholesky(safe)
+    # the failed entries are replaced by I first, so that no NaN reaches values or gradients
+    L = torch.linalg.cholesky(torch.where(bad[..., None, None], eye, M))
     remaining = bad & ~zero
-    L = torch.where(zero.unsqueeze(-1).unsqueeze(-1), torch.zeros_like(L), L)
-    for k in range(5):
+    L = torch.where(zero[..., None, None], torch.zeros_like(L), L)
+    for k in range(6):
         if not bool(remaining.any()):
-            break
+            return L
         jitter = (eps * 10.0**k) * scale
-        trial = torch.where(
-            remaining.unsqueeze(-1).unsqueeze(-1),
-            M + jitter.unsqueeze(-1).unsqueeze(-1) * eye,
-            eye,
-        )
+        trial = torch.where(remaining[..., None, None], M + jitter[..., None, None] * eye, eye)
         Lk, infok = torch.linalg.cholesky_ex(trial)
         ok = remaining & (infok == 0)
-        L = torch.where(ok.unsqueeze(-1).unsqueeze(-1), Lk, L)
+        L = torch.where(ok[..., None, None], Lk, L)
         remaining = remaining & ~ok
     if bool(remaining.any()):
-        raise ValueError("matrix is not positive semi-definite; cannot draw samples")
+        raise ValueError(
+            f"{what} is not positive semi-definite (Cholesky failed even with a jitter of "
+            f"1e5 eps times its largest diagonal entry){hint}"
+        )
     return L
+
+
+def _psd_cholesky(P: Tensor, what: str):
+    """Cholesky factors of symmetric PSD matrices P (..., n, n) that may be singular.
+
+    Returns ``(L, deficient)``. ``deficient`` (bool ``(...)``) marks the matrices that are
+    rank-deficient to working precision: Cholesky fails or a pivot l_ii^2 is at most
+    10 n eps max_i P_ii (the size of its rounding error); it is None when there are none
+    (the common case, which costs one Cholesky and one reduction). L is the Cholesky
+    factor of P where not deficient and of I where deficient.
+    """
+    L, info = torch.linalg.cholesky_ex(P)
+    n = P.shape[-1]
+    tol = 10.0 * n * torch.finfo(P.dtype).eps
+    d2 = L.diagonal(dim1=-2, dim2=-1).detach().pow(2).amin(-1)
+    deficient = (info != 0) | ~(d2 > tol * P.detach().diagonal(dim1=-2, dim2=-1).amax(-1))
+    if not bool(deficient.any()):
+        return L, None
+    if not bool(torch.isfinite(P).all()):
+        raise ValueError(f"{what} has non-finite entries (NaN/inf)")
+    eye = torch.eye(n, dtype=P.dtype, device=P.device)
+    return torch.linalg.cholesky(torch.where(deficient[..., None, None], eye, P)), deficient
+
+
+def _psd_solve(P: Tensor, X: Tensor, what: str, factor=None) -> Tensor:
+    """Y = P^+ X for symmetric positive semi-definite P (..., n, n), X (..., n, k).
+
+    When range(X) lies in range(P), as for the RTS gain system
+    Sigma_{t+1|t} J_t^T = A_{t+1} Sigma_t (a null vector v of Sigma_{t+1|t} has
+    v^T A Sigma A^T v = 0, hence Sigma A^T v = 0), this is the minimum-norm exact solution;
+    the component of J_t on the null space is immaterial since the smoothed increments
+    z_{t+1} - mu_{t+1|t} lie in range(Sigma_{t+1|t}). Positive definite P: ``cholesky_solve``.
+    Rank-deficient P (see :func:`_psd_cholesky`): the pseudo-inverse by the symmetric
+    eigendecomposition, eigenvalues below 10 n eps of the largest treated as 0 (its gradient
+    is the constant-rank pseudo-inverse derivative, finite); a singular P is never
+    inverted. ``factor``: the result of ``_psd_cholesky(P)`` when already computed.
+    ``ValueError`` if P is not PSD (an eigenvalue below -10 n eps of the largest)."""
+    L, deficient = factor if factor is not None else _psd_cholesky(P, what)
+    if X.shape[:-2] != L.shape[:-2]:
+        shape = _broadcast_shapes(X.shape[:-2], L.shape[:-2])
+        X, L = X.expand(shape + X.shape[-2:]), L.expand(shape + L.shape[-2:])
+        if deficient is not None:
+            P, deficient = P.expand(shape + P.shape[-2:]), deficient.expand(shape)
+    Y = torch.cholesky_solve(X, L)
+    if deficient is None:
+        return Y
+    n = P.shape[-1]
+    tol = 10.0 * n * torch.finfo(P.dtype).eps
+    Pd = torch.where(deficient[..., None, None], P, torch.eye(n, dtype=P.dtype, device=P.device))
+    w = torch.linalg.eigvalsh(Pd.detach())
+    if bool((w[..., 0] < -tol * w[..., -1].abs()).any()):
+        raise ValueError(
+            f"{what} is not positive semi-definite (smallest eigenvalue "
+            f"{float(w[..., 0].min()):.3g}); check the covariances"
+        )
+    Yp = torch.linalg.pinv(Pd, rtol=tol, hermitian=True) @ X
+    return torch.where(deficient[..., None, None], Yp, Y)
 
 
 def _gain(P: Tensor, C: Tensor, R: Tensor):
@@ -633,20 +835,7 @@ def _step_addmm(M: Tensor, V: Tensor):
     return _fused_kernel(V, M, V) or _addmm
 
 
-def _half_sym_addmm(bias: Tensor, X: Tensor, Y: Tensor, alpha: float = 1.0) -> Tensor:
-    """The symmetric part of ``bias + alpha * X @ Y``, exactly symmetric, in two kernels:
-    H = bias / 2 + alpha X Y / 2, then H + H^T (halving is exact in binary floating point,
-    so this equals ``_sym(bias + alpha * X @ Y)`` up to the rounding of the product)."""
-    H = _addmm(bias, X, Y, beta=0.5, alpha=0.5 * alpha)
-    return H + H.mT
-
-
-def _stack_time(xs, dim: int = -3) -> Tensor:
-    shape = _broadcast_shapes(*[x.shape for x in xs])
-    return torch.stack([x.expand(shape) for x in xs], dim=dim)
-
-
-def _covariance_pass_sequential(mdl: _Model):
+def _covariance_pass_sequential(mdl: _Model, steady_state_tol: float = 0.0):
     """Riccati recursion of thesis Sec. 3.4.1 (prediction + measurement step), looped over t.
 
     Per step, with L L^T = C P C^T + R (Cholesky) and W = L^{-1} C P (triangular solve),
@@ -689,7 +878,8 @@ def _covariance_pass_sequential(mdl: _Model):
     needs_grad = torch.is_grad_enabled() and any(
         t is not None and t.requires_grad for t in (mdl.init_cov, mdl.A, mdl.Q, mdl.C, mdl.R))
     if n == 1 and T > 1 and not needs_grad:
-        return _covariance_loop_2d_nograd(mdl, P0, C0, Cs, Rs, CTs, ABs, QBs, ATs, cb)
+        return _covariance_loop_2d_nograd(mdl, P0, C0, Cs, Rs, CTs, ABs, QBs, ATs, cb,
+                                          steady_state_tol)
     Ph = 0.5 * P0
     CPh = 0.5 * (C0 @ P0)
     Phs, Ls, Whs, covs, infos, ASigs = [Ph], [], [], [], [], []
@@ -733,7 +923,7 @@ def _covariance_pass_sequential(mdl: _Model):
     return pcovs, stack(covs), L, K, (stack(ASigs) if T > 1 else None), T
 
 
-def _covariance_loop_2d_nograd(mdl, P0, C0, Cs, Rs, CTs, ABs, QBs, ATs, cb):
+def _covariance_loop_2d_nograd(mdl, P0, C0, Cs, Rs, CTs, ABs, QBs, ATs, cb, steady_state_tol):
     """The loop of :func:`_covariance_pass_sequential` for shared parameters without
     autograd: identical kernels, but each writes straight into its slot of the stacked
     result (``out=``), which saves the per-step allocations and the final stacking copies."""
@@ -753,7 +943,7 @@ def _covariance_loop_2d_nograd(mdl, P0, C0, Cs, Rs, CTs, ABs, QBs, ATs, cb):
     Zs, Ys, Ls, Whs, Cv = Z.unbind(0), Y.unbind(0), Lb.unbind(0), Wh.unbind(0), covs.unbind(0)
     infos = info.unbind(0)
     Sigma = None
-    steady = STEADY_STATE_TOL > 0 and all(
+    steady = steady_state_tol > 0 and all(
         p.shape[-3] == 1 for p in (mdl.A, mdl.Q, mdl.C, mdl.R))
     settled, steady_from = 0, T
     for t in range(T):
@@ -767,7 +957,7 @@ def _covariance_loop_2d_nograd(mdl, P0, C0, Cs, Rs, CTs, ABs, QBs, ATs, cb):
         H = addmm(Ph, Whs[t].mT, Whs[t], alpha=-2.0)
         Sigma = add(H, H.mT, out=Cv[t])
         if steady and t > 0 and t % _STEADY_CHECK_EVERY == 0:
-            settled = settled + 1 if _settled(Sigma, Cv[t - 1]) else 0
+            settled = settled + 1 if _settled(Sigma, Cv[t - 1], steady_state_tol) else 0
             if settled == 2 and t + 1 < T:  # fixed point reached: the rest repeats step t
                 for buf in (Z, Y, Lb, info, Wh, covs):
                     buf[t + 1:] = buf[t]
@@ -798,9 +988,9 @@ def _repeat_last(x: Tensor, n: int, dim: int = 0) -> Tensor:
     return torch.cat([x, x.narrow(dim, m - 1, 1).expand(shape)], dim)
 
 
-def _settled(new: Tensor, old: Tensor) -> bool:
-    """Whether ``new`` equals ``old`` to ``STEADY_STATE_TOL`` epsilons of its largest entry."""
-    tol = STEADY_STATE_TOL * torch.finfo(new.dtype).eps
+def _settled(new: Tensor, old: Tensor, steady_state_tol: float) -> bool:
+    """Whether ``new`` equals ``old`` to ``steady_state_tol`` epsilons of its largest entry."""
+    tol = steady_state_tol * torch.finfo(new.dtype).eps
     return float(torch.sub(new, old).abs_().max()) <= tol * float(new.abs().max())
 
 
@@ -844,7 +1034,7 @@ def _expand(t: Tensor, batch: torch.Size, event_ndim: int) -> Tensor:
     return t.expand(batch + t.shape[t.dim() - event_ndim :])
 
 
-def _filter(mdl: _Model, method: str):
+def _filter(mdl: _Model, method: str, steady_state_tol: float = 0.0):
     """Run the filter on a prepared model. Returns ``(KalmanFilterResult, ASig, steady_from)``
     unexpanded, ``ASig`` the products A_{t+1} Sigma_t of the sequential pass (None otherwise)
     and ``steady_from`` as in :func:`_covariance_pass_sequential` (T for the parallel form)."""
@@ -856,7 +1046,7 @@ def _filter(mdl: _Model, method: str):
         F, g = _mean_coefficients(mdl, K)
         means = affine_scan(F, g)
     else:
-        pcovs, covs, L, K, ASig, steady_from = _covariance_pass_sequential(mdl)
+        pcovs, covs, L, K, ASig, steady_from = _covariance_pass_sequential(mdl, steady_state_tol)
         F, g = _mean_coefficients(mdl, K)
         means = _mean_pass_sequential(F, g)
     pmeans = _predicted_means(mdl, means)
@@ -877,7 +1067,8 @@ def _expand_filter(res: KalmanFilterResult, batch: torch.Size) -> KalmanFilterRe
 def _backward_coefficients(mdl: _Model, f: KalmanFilterResult):
     """RTS gains and backward conditionals p(z_t | z_{t+1}, x_{1:t}) = N(J_t z_{t+1} + h_t, Pc_t).
 
-    J_t = Sigma_t A_{t+1}^T Sigma_{t+1|t}^{-1} (via Cholesky of Sigma_{t+1|t}),
+    J_t = Sigma_t A_{t+1}^T Sigma_{t+1|t}^{-1} (via Cholesky of Sigma_{t+1|t}; the
+    minimum-norm solution by :func:`_psd_solve` where it is rank-deficient),
     h_t = mu_t - J_t mu_{t+1|t},
     Pc_t = (I - J_t A_{t+1}) Sigma_t (I - J_t A_{t+1})^T + J_t Q_{t+1} J_t^T (Joseph form).
     Shapes: J, Pc (pb, T-1, S, S); h (b, T-1, S).
@@ -886,8 +1077,8 @@ def _backward_coefficients(mdl: _Model, f: KalmanFilterResult):
     A = _slice_time(mdl.A, 1, None, 2)
     Q = _slice_time(mdl.Q, 1, None, 2)
     Sig = f.covs[..., :-1, :, :]
-    Lp = _cholesky(f.predicted_covs[..., 1:, :, :], "predicted covariance Sigma_{t+1|t}")
-    J = torch.cholesky_solve(A @ Sig, Lp).mT
+    J = _psd_solve(f.predicted_covs[..., 1:, :, :], A @ Sig,
+                   "predicted covariance Sigma_{t+1|t}").mT
     IJA = torch.eye(S, dtype=J.dtype, device=J.device) - J @ A
     Pc = _sym(IJA @ Sig @ IJA.mT + J @ Q @ J.mT)
     h = f.means[..., :-1, :] - _mv(J, f.predicted_means[..., 1:, :])
@@ -914,39 +1105,43 @@ def _smoother_coefficients(mdl: _Model, f: KalmanFilterResult, ASig: Optional[Te
     Schur-complement form Sigma_t - G_t^T G_t, G_t = L_t^{-1} A_{t+1} Sigma_t, and
     J_t = G_t^T L_t^{-1}; otherwise Pc is None. (FFBS keeps the Joseph form, whose
     PSD-by-construction Pc_t is factored for sampling.) With a filter in steady state from
-    step ``steady_from`` on, J_t repeats from there and is computed once.
+    step ``steady_from`` on, J_t repeats from there and is computed once. Where some
+    Sigma_{t+1|t} is rank-deficient to working precision, J_t = Sigma_t A_{t+1}^T
+    Sigma_{t+1|t}^+ by :func:`_psd_solve` and Pc_t = Sigma_t - J_t A_{t+1} Sigma_t.
     """
     T1 = mdl.T - 1
     u = T1 if steady_from is None or backward_covs else min(steady_from + 1, T1)
     Sig = f.covs[..., :u, :, :]
-    Lp = _cholesky(f.predicted_covs[..., 1:u + 1, :, :], "predicted covariance Sigma_{t+1|t}")
+    P = f.predicted_covs[..., 1:u + 1, :, :]
+    what = "predicted covariance Sigma_{t+1|t}"
+    Lp, deficient = factor = _psd_cholesky(P, what)
     if ASig is None:
         ASig = _a_sigma(mdl, Sig)
     else:
         ASig = ASig[..., :u, :, :]
-    if backward_covs:
+    Pc = None
+    if backward_covs and deficient is None:
         G = _tri_solve_lower(Lp, ASig)
         J = _tri_solve_lower_T(Lp, G).mT
         Pc = _sym(_addmm(Sig, G.mT, G, alpha=-1.0))
     else:
-        if ASig.shape[:-2] != Lp.shape[:-2]:
-            shape = _broadcast_shapes(ASig.shape[:-2], Lp.shape[:-2])
-            ASig, Lp = ASig.expand(shape + ASig.shape[-2:]), Lp.expand(shape + Lp.shape[-2:])
-        J = _repeat_last(torch.cholesky_solve(ASig, Lp).mT, T1, -3)
-        Pc = None
+        J = _repeat_last(_psd_solve(P, ASig, what, factor).mT, T1, -3)
+        if backward_covs:  # rank-deficient Sigma_{t+1|t}: Pc = Sigma_t - J_t A_{t+1} Sigma_t
+            Pc = _sym(_addmm(Sig, J, ASig, alpha=-1.0))
     h = f.means[..., :-1, :] - _mv(J, f.predicted_means[..., 1:, :])
     return J, h, Pc
 
 
 def _smooth_sequential_covs(J: Tensor, covs: Tensor, ASig: Tensor,
-                            repeat_from: Optional[int] = None) -> Tensor:
+                            repeat_from: Optional[int] = None,
+                            steady_state_tol: float = 0.0) -> Tensor:
     """Backward RTS loop on covariances, Sigma_{t|T} = Pc_t + J_t Sigma_{t+1|T} J_t^T from
     Sigma_{T|T} = Sigma_T, with Pc_t = Sigma_t - J_t A_{t+1} Sigma_t (= Sigma_t - J_t
     Sigma_{t+1|t} J_t^T) formed for all t at once. The loop carries halves and runs two
     kernels per step on the covariance batch flattened to one dimension; the results are
     symmetrised exactly in one batched add (H + H^T). When J_t and Pc_t repeat exactly for
     t >= ``repeat_from`` (a filter in steady state) the loop stops once Sigma_{t|T} has
-    settled there (``STEADY_STATE_TOL``) and repeats it down to ``repeat_from``.
+    settled there (``steady_state_tol``) and repeats it down to ``repeat_from``.
     J, ASig (pb, T-1, S, S), covs (pb, T, S, S) -> (pb, T, S, S)."""
     T1 = J.shape[-3]
     if repeat_from is None:
@@ -969,7 +1164,7 @@ def _smooth_sequential_covs(J: Tensor, covs: Tensor, ASig: Tensor,
         Jt = Js[t]
         X_new = addmm(Pchs[t], mm(Jt, X), Jt.mT)
         if t >= repeat_from and (T1 - t) % _STEADY_CHECK_EVERY == 0:
-            settled = settled + 1 if _settled(X_new, X) else 0
+            settled = settled + 1 if _settled(X_new, X, steady_state_tol) else 0
         X = X_new
         out.append(X)
         if settled == 2:  # settled with constant coefficients: repeat down to repeat_from
@@ -984,7 +1179,7 @@ def _smooth_sequential_covs(J: Tensor, covs: Tensor, ASig: Tensor,
 
 
 def _smooth(mdl: _Model, f: KalmanFilterResult, method: str, ASig: Optional[Tensor] = None,
-            steady_from: Optional[int] = None):
+            steady_from: Optional[int] = None, steady_state_tol: float = 0.0):
     T = mdl.T
     if T == 1:
         empty = f.covs[..., :0, :, :]
@@ -1001,7 +1196,7 @@ def _smooth(mdl: _Model, f: KalmanFilterResult, method: str, ASig: Optional[Tens
         if ASig is None:
             ASig = _a_sigma(mdl, f.covs[..., :-1, :, :])
         means = _smooth_sequential_means(J, h, mT)
-        covs = _smooth_sequential_covs(J, f.covs, ASig, steady_from)
+        covs = _smooth_sequential_covs(J, f.covs, ASig, steady_from, steady_state_tol)
     cross = covs[..., 1:, :, :] @ J.mT
     return means, covs, cross, J
 
@@ -1023,6 +1218,10 @@ def kalman_filter(
     controls: Optional[Tensor] = None,
     mask: Optional[Tensor] = None,
     method: str = "auto",
+    *,
+    nan_as_missing: bool = False,
+    steady_state_tol: float = STEADY_STATE_TOL,
+    validate_args: Optional[bool] = None,
 ) -> KalmanFilterResult:
     r"""Kalman filter (thesis Sec. 3.4.1, eq. 3.11) with log-likelihood terms (eq. 3.12).
 
@@ -1043,13 +1242,20 @@ def kalman_filter(
         ``(..., T, U)`` (with ``control_matrix=None``, u_t is added to the state directly).
     :param mask: bool ``(..., T)`` or ``(..., T, D)``, True where observed.
     :param method: ``"auto"``, ``"sequential"`` or ``"parallel"``.
+    :param nan_as_missing: treat NaN entries of ``observations`` as unobserved elements
+        (and-ed with ``mask``). Otherwise NaN or +-inf at an observed entry is an error.
+    :param steady_state_tol: steady-state test of the sequential recursions in machine
+        epsilons (module docstring, Numerics); 0 runs every step.
+    :param validate_args: check the parameters (finite; covariances symmetric, Q and
+        Sigma_{1|0} PSD, R PD); None follows ``torch.distributions.Distribution``.
     :returns: :class:`KalmanFilterResult` with fields of shape ``batch + (T, S)``,
         ``batch + (T, S, S)``, ``batch + (T, S)``, ``batch + (T, S, S)``, ``batch + (T,)``
         where ``batch`` broadcasts all batch dimensions.
     """
     mdl = _prepare(observations, initial_loc, initial_cov, transition_matrix, transition_cov,
-                   observation_matrix, observation_cov, control_matrix, controls, mask)
-    res, _, _ = _filter(mdl, method)
+                   observation_matrix, observation_cov, control_matrix, controls, mask,
+                   nan_as_missing, validate_args)
+    res, _, _ = _filter(mdl, method, steady_state_tol)
     return _expand_filter(res, mdl.batch_shape)
 
 
@@ -1065,6 +1271,10 @@ def kalman_smoother(
     controls: Optional[Tensor] = None,
     mask: Optional[Tensor] = None,
     method: str = "auto",
+    *,
+    nan_as_missing: bool = False,
+    steady_state_tol: float = STEADY_STATE_TOL,
+    validate_args: Optional[bool] = None,
 ) -> KalmanSmootherResult:
     r"""Rauch-Tung-Striebel smoother (thesis Sec. 3.4.1, smoothing) with lag-one covariances.
 
@@ -1075,15 +1285,18 @@ def kalman_smoother(
     covariance Pc_t = (I - J_t A_{t+1}) Sigma_t (I - J_t A_{t+1})^T + J_t Q_{t+1} J_t^T
     (algebraically identical). Cross covariance Cov(z_{t+1}, z_t | x) = Sigma_{t+1|T} J_t^T.
 
-    Arguments as :func:`kalman_filter`.
+    Arguments as :func:`kalman_filter`. Where Sigma_{t+1|t} is singular to working
+    precision, J_t is the minimum-norm solution of J_t Sigma_{t+1|t} = Sigma_t A_{t+1}^T
+    (no inverse of the singular matrix; exact, see the module docstring).
     :returns: :class:`KalmanSmootherResult`: ``means batch + (T, S)``,
         ``covs batch + (T, S, S)``, ``cross_covs batch + (T-1, S, S)``,
         ``gains batch + (T-1, S, S)``, ``filtered`` (:class:`KalmanFilterResult`).
     """
     mdl = _prepare(observations, initial_loc, initial_cov, transition_matrix, transition_cov,
-                   observation_matrix, observation_cov, control_matrix, controls, mask)
-    f, ASig, steady_from = _filter(mdl, method)
-    means, covs, cross, J = _smooth(mdl, f, method, ASig, steady_from)
+                   observation_matrix, observation_cov, control_matrix, controls, mask,
+                   nan_as_missing, validate_args)
+    f, ASig, steady_from = _filter(mdl, method, steady_state_tol)
+    means, covs, cross, J = _smooth(mdl, f, method, ASig, steady_from, steady_state_tol)
     batch = mdl.batch_shape
     return KalmanSmootherResult(
         _expand(means, batch, 2),
@@ -1108,6 +1321,10 @@ def kalman_sample(
     sample_shape=torch.Size(),
     noise: Optional[Tensor] = None,
     method: str = "auto",
+    *,
+    nan_as_missing: bool = False,
+    steady_state_tol: float = STEADY_STATE_TOL,
+    validate_args: Optional[bool] = None,
 ) -> KalmanSampleResult:
     r"""Forward-filtering backward-sampling: reparameterized draws of z_{1:T} | x_{1:T}.
 
@@ -1122,8 +1339,9 @@ def kalman_sample(
         ``sample_shape + batch + (T, S)`` and the ``filtered`` result.
     """
     mdl = _prepare(observations, initial_loc, initial_cov, transition_matrix, transition_cov,
-                   observation_matrix, observation_cov, control_matrix, controls, mask)
-    f, _, _ = _filter(mdl, method)
+                   observation_matrix, observation_cov, control_matrix, controls, mask,
+                   nan_as_missing, validate_args)
+    f, _, _ = _filter(mdl, method, steady_state_tol)
     samples = _sample(mdl, f, sample_shape, noise, method)
     return KalmanSampleResult(samples, _expand_filter(f, mdl.batch_shape))
 
@@ -1181,6 +1399,8 @@ def lgssm_sample(
     sample_shape=torch.Size(),
     noise=None,
     method: str = "auto",
+    *,
+    validate_args: Optional[bool] = None,
 ) -> LGSSMSample:
     r"""Reparameterized joint draws of (z_{1:T}, x_{1:T}) from the LGSSM (thesis eqs. 3.4-3.8).
 
@@ -1192,7 +1412,8 @@ def lgssm_sample(
     no parameter or control has a time dimension of size T. ``noise``: optional pair
     ``(e, f)`` of shapes ``sample_shape + batch + (T, S)`` and ``sample_shape + batch + (T, D)``
     (any shapes that broadcast against the parameters' batch shape are accepted; the
-    result then has their broadcast batch shape).
+    result then has their broadcast batch shape). ``validate_args`` as for
+    :func:`kalman_filter`.
     :returns: :class:`LGSSMSample` ``(states, observations)``.
     """
     sample_shape = torch.Size(sample_shape)
@@ -1206,10 +1427,13 @@ def lgssm_sample(
         T = max(sizes)
     else:
         T = int(num_steps)
+    if T < 1:
+        raise ValueError(f"lgssm_sample needs num_steps T >= 1; got T = {T}")
     S, D = initial_loc.shape[-1], observation_matrix.shape[-2]
     dummy = initial_loc.new_zeros(()).expand(T, D)
     mdl = _prepare(dummy, initial_loc, initial_cov, transition_matrix, transition_cov,
-                   observation_matrix, observation_cov, control_matrix, controls)
+                   observation_matrix, observation_cov, control_matrix, controls,
+                   validate_args=validate_args)
     batch = mdl.param_batch_shape
     if noise is None:
         e = torch.randn(sample_shape + batch + (T, S), dtype=initial_loc.dtype,

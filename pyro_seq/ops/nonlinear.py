@@ -54,7 +54,8 @@ per element (True = observed; read as in :mod:`pyro_seq.ops.kalman`: per element
 two dims are ``(T, D)`` or ``(T, 1)``). A missing step skips the measurement update
 (``mu_t = mu_{t|t-1}``, ``Sigma_t = Sigma_{t|t-1}``) and contributes 0 to the log-likelihood; a
 missing element drops its row of the observation model (its column of ``Cov(z_t, x_t)``, its
-row/column of ``Cov(x_t)`` and ``R_t``). Masked entries of ``x`` may hold anything (even NaN).
+row/column of ``Cov(x_t)`` and ``R_t``). Masked entries of ``x`` may hold anything (even NaN);
+NaN or +-inf at an observed entry raises ``ValueError`` (as in :mod:`pyro_seq.ops.kalman`).
 
 Parameter shapes (``S`` state dim, ``D`` observation dim; ``...`` batch dims that broadcast):
 ``x (..., T, D)``, ``initial_loc (..., S)``, ``initial_cov (..., S, S)``, ``transition_cov`` either
@@ -67,6 +68,8 @@ import math
 from typing import NamedTuple
 
 import torch
+
+from pyro_seq.ops.kalman import _element_mask, _jitter_cholesky, _observed_finite, _psd_solve, _sym
 
 __all__ = [
     "GaussianFilterResult",
@@ -129,37 +132,19 @@ class GaussianSmootherResult(NamedTuple):
 # small linear-algebra helpers
 
 
-def _sym(P):
-    return 0.5 * (P + P.transpose(-1, -2))
-
-
 def _mT(P):
     return P.transpose(-1, -2)
 
 
+_EKF_HINT = ("; for the EKF this usually means f or h is not differentiable at the current "
+             "mean (e.g. sqrt at 0); try the UKF")
+
+
 def _cholesky(P, what):
-    """Cholesky factor of a symmetric PSD matrix; retries with a tiny relative jitter for
-    numerically semi-definite inputs and raises a clear error if that is not enough."""
-    if not bool(torch.isfinite(P).all()):
-        raise ValueError(
-            f"{what} has non-finite entries (NaN/inf); for the EKF this usually means f or h is "
-            "not differentiable at the current mean (e.g. sqrt at 0); try the UKF"
-        )
-    L, info = torch.linalg.cholesky_ex(P)
-    if not bool((info > 0).any()):
-        return L
-    eps = torch.finfo(P.dtype).eps
-    scale = P.diagonal(dim1=-1, dim2=-2).abs().amax(-1, keepdim=True).clamp(min=eps)
-    eye = torch.eye(P.shape[-1], dtype=P.dtype, device=P.device)
-    for factor in (1e1, 1e3, 1e5):
-        jitter = (factor * eps * scale).unsqueeze(-1) * eye
-        L, info = torch.linalg.cholesky_ex(P + jitter)
-        if not bool((info > 0).any()):
-            return L
-    raise ValueError(
-        f"{what} is not positive definite (Cholesky failed even with jitter); check the noise "
-        "covariances (a zero transition covariance needs an invertible transition Jacobian)"
-    )
+    """Cholesky factor of a symmetric PSD matrix (the shared jitter-Cholesky of
+    :func:`pyro_seq.ops.kalman._jitter_cholesky`: a tiny relative jitter for numerically
+    semi-definite inputs, a clear error for NaN/inf or indefinite ones)."""
+    return _jitter_cholesky(P, what, _EKF_HINT)
 
 
 def _time_slice(param, t, num_matrix_dims):
@@ -180,25 +165,17 @@ def _stack(tensors, dim):
     return torch.stack(torch.broadcast_tensors(*tensors), dim=dim)
 
 
-def _element_mask(mask, T, D):
-    """Per-step ``(..., T)`` or per-element ``(..., T, D|1)`` bool mask -> ``(..., T, D)``
-    (the rule of :mod:`pyro_seq.ops.kalman`; pass ``mask[..., None]`` when ``T == D``)."""
-    mask = torch.as_tensor(mask).to(torch.bool)
-    if mask.dim() >= 2 and mask.shape[-2] == T and mask.shape[-1] in (D, 1):
-        if not (mask.shape[-1] == T and D not in (T, 1)):
-            return mask.expand(mask.shape[:-1] + (D,))
-    if mask.shape[-1:] != (T,):
-        raise ValueError(f"mask must have shape (..., T={T}) or (..., T, D={D}), got {tuple(mask.shape)}")
-    return mask.unsqueeze(-1).expand(mask.shape + (D,))
-
-
 def _prepare(x, mask, initial_loc, initial_cov, transition_cov, observation_cov):
     if x.dim() < 2:
         raise ValueError(f"x must have shape (..., T, D), got {tuple(x.shape)}")
     T, D = x.shape[-2:]
+    if T == 0:
+        raise ValueError(f"x has T = 0 time steps (shape {tuple(x.shape)}); the filters need T >= 1")
+    if mask is not None:
+        mask = _element_mask(mask, T, D)  # (..., T, D)
+    mask = _observed_finite(x, mask, nan_as_missing=False)  # NaN/inf only where masked
     if mask is None:
-        mask = torch.ones(x.shape[:-1], dtype=torch.bool, device=x.device)
-    mask = _element_mask(mask, T, D)  # (..., T, D)
+        mask = torch.ones(x.shape, dtype=torch.bool, device=x.device)
     for name, p, k in (("transition_cov", transition_cov, 2), ("observation_cov", observation_cov, 2)):
         if p.dim() > k and p.shape[-k - 1] not in (1, T):
             raise ValueError(f"{name}: time dim (dim -3) must have size 1 or T={T}, got {tuple(p.shape)}")
@@ -310,8 +287,8 @@ def gaussian_rts_smoother(filtered):
         m_p = filtered.predicted_means[..., t + 1, :]
         P_p = filtered.predicted_covs[..., t + 1, :, :]
         D = filtered.predicted_cross_covs[..., t + 1, :, :]
-        L = _cholesky(P_p, "the predicted covariance Sigma_{t+1|t}")
-        J = _mT(torch.cholesky_solve(_mT(D), L))  # D P_p^{-1} (P_p symmetric)
+        # D P_p^+ (P_p symmetric; pseudo-inverse only where P_p is rank-deficient)
+        J = _mT(_psd_solve(P_p, _mT(D), "the predicted covariance Sigma_{t+1|t}"))
         cross.append(P_s @ _mT(J))
         m_s = m_f + (J @ (m_s - m_p).unsqueeze(-1)).squeeze(-1)
         P_s = _sym(P_f + J @ (P_s - P_p) @ _mT(J))

@@ -1,10 +1,12 @@
-"""The steady-state shortcut of the sequential Kalman recursions (``STEADY_STATE_TOL``).
+"""The steady-state shortcut of the sequential Kalman recursions (``steady_state_tol``).
 
 With time-invariant parameters shared by the batch, the Riccati recursion converges to a
 fixed point; once it has settled to rounding the remaining steps reuse it. These tests check
 that the shortcut is taken (the covariance tail repeats exactly) and that every output equals
-the full recursion (``STEADY_STATE_TOL = 0``) to rounding, also for a slowly converging model.
+the full recursion (``steady_state_tol=0``) to rounding, also for a slowly converging model.
 """
+
+import inspect
 
 import pytest
 import torch
@@ -22,9 +24,8 @@ def _tail_repeats(covs):
     return int((flat == flat[-1]).all(-1).flip(0).cumprod(0).sum())
 
 
-def _run(p, x, tol, monkeypatch, **kw):
-    monkeypatch.setattr(kalman, "STEADY_STATE_TOL", tol)
-    return kalman_smoother(x, **p, method="sequential", **kw)
+def _run(p, x, tol, **kw):
+    return kalman_smoother(x, **p, method="sequential", steady_state_tol=tol, **kw)
 
 
 def _observations(p, B, T, seed=1, dtype=torch.float64):
@@ -34,11 +35,11 @@ def _observations(p, B, T, seed=1, dtype=torch.float64):
 
 
 @pytest.mark.parametrize("dtype, rtol", [(torch.float64, 1e-12), (torch.float32, 2e-5)])
-def test_steady_state_equals_full_recursion(dtype, rtol, monkeypatch):
+def test_steady_state_equals_full_recursion(dtype, rtol):
     p = {k: v.to(dtype) for k, v in random_model(S=5, D=3, T=1, seed=3).items()}
     x = _observations(p, 4, 300, dtype=dtype)
-    full = _run(p, x, 0.0, monkeypatch)
-    fast = _run(p, x, DEFAULT_TOL, monkeypatch)
+    full = _run(p, x, 0.0)
+    fast = _run(p, x, DEFAULT_TOL)
     assert _tail_repeats(fast.filtered.covs[0]) > 200      # the shortcut was taken
     assert _tail_repeats(fast.covs[0, :150]) > 50          # ... in the smoother too
     for name in ("means", "covs", "cross_covs", "gains"):
@@ -49,7 +50,7 @@ def test_steady_state_equals_full_recursion(dtype, rtol, monkeypatch):
         assert torch.allclose(b, a, rtol=0, atol=rtol * float(a.abs().max())), name
 
 
-def test_slowly_converging_model_still_agrees(monkeypatch):
+def test_slowly_converging_model_still_agrees():
     """A near-unit-root state observed through heavy noise settles slowly (about 2000
     steps); the shortcut must not fire before the covariance has reached its fixed point."""
     S = 2
@@ -60,8 +61,8 @@ def test_slowly_converging_model_still_agrees(monkeypatch):
              observation_matrix=torch.tensor([[1.0, 0.0]], dtype=torch.float64),
              observation_cov=torch.tensor([[25.0]], dtype=torch.float64))
     x = _observations(p, 3, 3000)
-    full = _run(p, x, 0.0, monkeypatch)
-    fast = _run(p, x, DEFAULT_TOL, monkeypatch)
+    full = _run(p, x, 0.0)
+    fast = _run(p, x, DEFAULT_TOL)
     assert 100 < _tail_repeats(fast.filtered.covs[0]) < 1500   # settled late, but settled
     for name in ("means", "covs"):
         a, b = getattr(full, name), getattr(fast, name)
@@ -71,25 +72,39 @@ def test_slowly_converging_model_still_agrees(monkeypatch):
     assert torch.allclose(ll_fast, ll_full, rtol=1e-12, atol=0)
 
 
-def test_not_taken_for_time_varying_parameters_or_masks(monkeypatch):
+def test_not_taken_for_time_varying_parameters_or_masks():
     p = random_model(S=3, D=2, T=200, time_varying=True, seed=5)
     x = _observations(p, 2, 200)
-    fast = _run(p, x, DEFAULT_TOL, monkeypatch)
+    fast = _run(p, x, DEFAULT_TOL)
     assert _tail_repeats(fast.filtered.covs[0]) < 5
     p = random_model(S=3, D=2, T=1, seed=5)
     mask = torch.rand(2, 200, generator=torch.Generator().manual_seed(0)) < 0.9
-    monkeypatch.setattr(kalman, "STEADY_STATE_TOL", DEFAULT_TOL)
-    f = kalman_filter(x, **p, mask=mask, method="sequential")
+    f = kalman_filter(x, **p, mask=mask, method="sequential", steady_state_tol=DEFAULT_TOL)
     full_mask = _tail_repeats(f.covs[0])
     assert full_mask < 5
 
 
-def test_sampling_and_filtering_use_the_same_steady_filter(monkeypatch):
+def test_sampling_and_filtering_use_the_same_steady_filter():
     p = random_model(S=4, D=2, T=1, seed=7)
     x = _observations(p, 2, 400)
     noise = torch.randn(2, 400, 4, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
-    monkeypatch.setattr(kalman, "STEADY_STATE_TOL", 0.0)
-    a = kalman_sample(x, **p, noise=noise, method="sequential").samples
-    monkeypatch.setattr(kalman, "STEADY_STATE_TOL", DEFAULT_TOL)
-    b = kalman_sample(x, **p, noise=noise, method="sequential").samples
+    a = kalman_sample(x, **p, noise=noise, method="sequential", steady_state_tol=0.0).samples
+    b = kalman_sample(x, **p, noise=noise, method="sequential", steady_state_tol=DEFAULT_TOL).samples
     assert torch.allclose(a, b, rtol=0, atol=1e-11 * float(a.abs().max()))
+
+
+def test_default_is_the_module_constant():
+    """The argument's default is ``kalman.STEADY_STATE_TOL`` (the shortcut is on by default):
+    the results equal an explicit ``steady_state_tol=STEADY_STATE_TOL`` bit for bit, and for
+    this model (deterministic, fixed seed) they differ in the last bits from
+    ``steady_state_tol=0``, which reaches its own rounding-level fixed point two steps later."""
+    for fn in (kalman_filter, kalman_smoother, kalman_sample):
+        assert inspect.signature(fn).parameters["steady_state_tol"].default == DEFAULT_TOL
+    p = random_model(S=3, D=2, T=1, seed=9)
+    x = _observations(p, 2, 300)
+    default = kalman_smoother(x, **p, method="sequential")
+    explicit = _run(p, x, DEFAULT_TOL)
+    full = _run(p, x, 0.0)
+    assert torch.equal(default.covs, explicit.covs)
+    assert torch.equal(default.filtered.covs, explicit.filtered.covs)
+    assert not torch.equal(default.filtered.covs, full.filtered.covs)

@@ -358,3 +358,25 @@ def test_linear_model_equals_ops_kalman_with_element_masks(name):
     kf = kalman_filter(x, m0, P0, A, Q, C, R, controls=u, mask=mask)
     assert torch.allclose(fr.means, kf.means, atol=1e-9)
     assert torch.allclose(fr.log_likelihoods, kf.log_likelihoods, atol=1e-9)
+
+
+@pytest.mark.parametrize("value", [math.nan, math.inf])
+def test_non_finite_observed_entries_and_zero_steps_are_refused(value):
+    """NaN/inf at an observed entry: a ValueError naming the mask argument (the check of
+    :mod:`pyro_seq.ops.kalman`), accepted once the entry is masked; T = 0 is refused."""
+    T = 5
+    A, b, Q, C, R, m0, P0, x = random_lgssm(T=T, seed=4)
+    f, h = linear_fns(A, b, C)
+    x = x.clone()
+    x[2, 1] = value
+    mask = torch.ones(T, x.shape[-1], dtype=torch.bool)
+    for filt, smooth, kw in FILTERS.values():
+        with pytest.raises(ValueError, match=r"at an observed position \(first at index \(2, 1\)\)"
+                                             r".*`mask` argument"):
+            filt(x, f, h, m0, P0, Q, R, **kw)
+        mask[2, 1] = False
+        sr = smooth(x, f, h, m0, P0, Q, R, mask=mask, **kw)
+        assert torch.isfinite(sr.means).all() and torch.isfinite(sr.filtered.log_likelihoods).all()
+        mask[2, 1] = True
+        with pytest.raises(ValueError, match="T = 0"):
+            filt(x[:0], f, h, m0, P0, Q, R, **kw)
