@@ -565,6 +565,7 @@ class LinearGaussianSSM(TorchDistribution):
                 )
         if mask is not None:
             x = torch.where(mask, x, torch.zeros((), dtype=x.dtype, device=x.device))
+            mask = mask.expand(x.shape)  # the full shape: the ops cannot misread it per step
         d = self._offset(0, T)
         if d is not None:
             x = x - d

@@ -313,11 +313,13 @@ def _normalize_mask(mask, x, step_mask=None, observation_mask=None):
 
 
 def _ops_mask(kind, mask, x):
-    """The mask for :mod:`pyro_seq.ops.kalman`, always per element ``(*batch, T, D)`` so that the
-    ops cannot read a per-step mask of a batch of T sequences as a per-element one."""
-    if kind != "step":
-        return mask
-    return mask.unsqueeze(-1).expand(mask.shape + (x.shape[-1],))
+    """The mask for :mod:`pyro_seq.ops.kalman`, always per element and of the observations' full
+    shape ``(*batch, T, D)``, so that the ops cannot read it per step (or the reverse)."""
+    if kind is None:
+        return None
+    if kind == "step":
+        mask = mask.unsqueeze(-1)
+    return mask.expand(torch.broadcast_shapes(mask.shape, x.shape))
 
 
 _INT_DTYPES = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)

@@ -267,11 +267,33 @@ def _with_time(p: Tensor, event_ndim: int, T: int, name: str) -> Tensor:
     return p
 
 
-def _element_mask(mask: Tensor, T: int, D: int) -> Tensor:
-    """Convert a per-step ``(..., T)`` or per-element ``(..., T, D|1)`` mask to ``(..., T, D)``."""
-    mask = torch.as_tensor(mask, dtype=torch.bool)
+def _element_mask(mask: Tensor, T: int, D: int, x_batch: Optional[torch.Size] = None) -> Tensor:
+    """Convert a per-step ``(..., T)`` or per-element ``(..., T, D|1)`` mask to ``(..., T, D)``.
+
+    A mask whose last two dims are ``(T, D)`` is per element. Non-boolean masks must hold
+    exactly 0 and 1 (a cast would read 0.5 as observed). With ``T == D`` a per-step mask
+    ``(*x_batch, T)`` of a batch whose last dim is ``T`` has the shape of a per-element one: that
+    case is refused (pass ``(..., T, 1)`` or the expanded ``(..., T, D)`` mask).
+    """
+    mask = torch.as_tensor(mask)
+    if mask.dtype != torch.bool:
+        bad = (mask != 0) & (mask != 1)
+        if bool(bad.any()):
+            raise ValueError(
+                f"mask must be bool or hold only 0 and 1 (True/1 = observed); found "
+                f"{mask[bad].flatten()[0].item()!r} at index {tuple(bad.nonzero()[0].tolist())}")
+        mask = mask != 0
     elementwise = mask.dim() >= 2 and mask.shape[-2] == T
     if elementwise and mask.shape[-1] == D:
+        step_batch = tuple(mask.shape[:-1])
+        if (T == D and x_batch is not None and 0 < len(step_batch) <= len(x_batch)
+                and tuple(x_batch[len(x_batch) - len(step_batch):]) == step_batch):
+            raise ValueError(
+                f"mask of shape {tuple(mask.shape)} is ambiguous: with T == D == {T} and "
+                f"observations of batch shape {tuple(x_batch)} it reads both as a per-step mask "
+                "(..., T) and as a per-element mask (..., T, D); pass a per-step mask as "
+                "mask[..., None] (shape (..., T, 1)) or a per-element mask expanded to the "
+                "observations' full shape (..., T, D)")
         return mask
     if elementwise and mask.shape[-1] == 1 and T != 1:
         return mask.expand(mask.shape[:-1] + (D,))
@@ -433,7 +455,7 @@ def _prepare(
     elif control_matrix is not None:
         raise ValueError("control_matrix given without controls")
 
-    m = None if mask is None else _element_mask(mask, T, D).to(x.device)
+    m = None if mask is None else _element_mask(mask, T, D, x.shape[:-2]).to(x.device)
     m = _observed_finite(x, m, nan_as_missing)
     num_obs = None
     if m is not None:

@@ -172,7 +172,7 @@ def _prepare(x, mask, initial_loc, initial_cov, transition_cov, observation_cov)
     if T == 0:
         raise ValueError(f"x has T = 0 time steps (shape {tuple(x.shape)}); the filters need T >= 1")
     if mask is not None:
-        mask = _element_mask(mask, T, D)  # (..., T, D)
+        mask = _element_mask(mask, T, D, x.shape[:-2])  # (..., T, D)
     mask = _observed_finite(x, mask, nan_as_missing=False)  # NaN/inf only where masked
     if mask is None:
         mask = torch.ones(x.shape, dtype=torch.bool, device=x.device)
