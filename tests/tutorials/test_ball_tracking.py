@@ -22,6 +22,9 @@ FIGURES = [
 def tutorial_output(tmp_path_factory):
     out = tmp_path_factory.mktemp("ball_tracking")
     env = dict(os.environ, PYRO_SEQ_SMOKE="1", MPLBACKEND="Agg")
+    # the checkout under test, not whichever pyro_seq the interpreter would find installed
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(SCRIPT.parents[1])] + [p for p in [os.environ.get("PYTHONPATH")] if p])
     proc = subprocess.run(
         [sys.executable, str(SCRIPT), "--out", str(out)],
         env=env,

@@ -17,6 +17,9 @@ SCRIPT = Path(__file__).resolve().parents[2] / "tutorials" / "polyphonic_music.p
 def tutorial_output(tmp_path_factory):
     out = tmp_path_factory.mktemp("polyphonic")
     env = dict(os.environ, PYRO_SEQ_SMOKE="1", MPLBACKEND="Agg")
+    # the checkout under test, not whichever pyro_seq the interpreter would find installed
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(SCRIPT.parents[1])] + [p for p in [os.environ.get("PYTHONPATH")] if p])
     env.pop("PYRO_SEQ_JSB", None)
     proc = subprocess.run([sys.executable, str(SCRIPT), "--out", str(out)], env=env,
                           cwd=SCRIPT.parents[1], capture_output=True, text=True, timeout=600)
