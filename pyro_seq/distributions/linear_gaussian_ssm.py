@@ -32,6 +32,8 @@ from pyro.distributions.torch_distribution import TorchDistribution
 from torch import Tensor
 
 from pyro_seq.ops.kalman import (
+    _covariance_ok,
+    _validate_parameters,
     KalmanFilterResult,
     KalmanSmootherResult,
     _broadcast_shapes,
@@ -42,12 +44,6 @@ from pyro_seq.ops.kalman import (
 )
 
 __all__ = ["LinearGaussianSSM", "LGSSMForecast"]
-
-#: Relative tolerance, in machine epsilons of the dtype, of the symmetry test
-#: ``max |M - M^T| <= COV_TOL_EPS * eps * max |M|`` and of the semi-definiteness test
-#: ``min eig(M) >= -COV_TOL_EPS * eps * max |eig(M)|`` applied under ``validate_args``.
-COV_TOL_EPS = 1000.0
-
 
 class LGSSMForecast(NamedTuple):
     """Forecast of ``steps`` future steps given x_{1:T} (thesis Sec. 3.4.2).
@@ -68,58 +64,11 @@ def _time_size(p: Optional[Tensor], event_ndim: int) -> Optional[int]:
     return p.shape[-event_ndim - 1]
 
 
-def _index(bad: Tensor) -> str:
-    """`` at batch index (i, j)`` of the first True entry of ``bad``, or '' for a scalar."""
-    if bad.dim() == 0:
-        return ""
-    return f" at batch index {tuple(int(i) for i in bad.nonzero()[0])}"
-
-
-def _covariance_problem(M: Tensor, definite: bool) -> Optional[str]:
-    """Why ``M (..., n, n)`` is not a valid covariance, or None.
-
-    Symmetry: ``max |M - M^T| <= COV_TOL_EPS * eps * max |M|`` per matrix (never symmetrised
-    here). ``definite``: Cholesky must succeed. Otherwise positive *semi*-definite:
-    ``min eig(M) >= -COV_TOL_EPS * eps * max |eig(M)|``, so a singular PSD matrix (e.g. a
-    noise-free state component) passes although rounding makes its smallest eigenvalue
-    slightly negative.
-    """
-    if not bool(torch.isfinite(M).all()):
-        return "contains NaN or inf"
-    tol = COV_TOL_EPS * torch.finfo(M.dtype).eps
-    asym = (M - M.mT).abs().amax((-2, -1))
-    bound = tol * M.abs().amax((-2, -1))
-    bad = asym > bound
-    if bool(bad.any()):
-        i = bad.nonzero()[0] if bad.dim() else ()
-        return (
-            f"is not symmetric{_index(bad)}: max |M - M^T| = {float(asym[tuple(i)]):.3g} exceeds "
-            f"{float(bound[tuple(i)]):.3g} (= {COV_TOL_EPS:g} eps x max |M|); covariances are not "
-            "symmetrised for you, pass 0.5 * (M + M.mT) if the asymmetry is rounding"
-        )
-    info = torch.linalg.cholesky_ex(M)[1]
-    if not bool((info != 0).any()):
-        return None
-    eig = torch.linalg.eigvalsh(M)
-    lam_min = eig[..., 0]
-    if definite:
-        bad = info != 0
-        i = tuple(bad.nonzero()[0]) if bad.dim() else ()
-        return (f"is not positive definite{_index(bad)} (Cholesky failed; smallest eigenvalue "
-                f"{float(lam_min[i]):.3g})")
-    bound = tol * eig.abs().amax(-1)
-    bad = lam_min < -bound
-    if bool(bad.any()):
-        i = tuple(bad.nonzero()[0]) if bad.dim() else ()
-        return (f"is not positive semi-definite{_index(bad)}: smallest eigenvalue "
-                f"{float(lam_min[i]):.3g} < -{float(bound[i]):.3g}")
-    return None
-
-
 class _Covariance(constraints.Constraint):
     """Symmetric positive (semi-)definite matrices with the tolerances of
-    :func:`_covariance_problem` (``torch``'s own constraints use an absolute 1e-6 symmetry
-    tolerance and reject singular PSD matrices whose smallest eigenvalue rounds below 0)."""
+    :func:`pyro_seq.ops.kalman.covariance_problem` (``torch``'s own constraints use an absolute
+    1e-6 symmetry tolerance and reject singular PSD matrices whose smallest eigenvalue rounds
+    below 0)."""
 
     event_dim = 2
 
@@ -128,18 +77,7 @@ class _Covariance(constraints.Constraint):
         super().__init__()
 
     def check(self, value):
-        tol = COV_TOL_EPS * torch.finfo(value.dtype).eps
-        finite = torch.isfinite(value).all(-1).all(-1)
-        v = torch.where(finite[..., None, None], value, torch.zeros_like(value))
-        sym = (v - v.mT).abs().amax((-2, -1)) <= tol * v.abs().amax((-2, -1))
-        ok = torch.linalg.cholesky_ex(v)[1] == 0
-        if not self.definite and not bool(ok.all()):
-            eig = torch.linalg.eigvalsh(v)
-            ok = ok | (eig[..., 0] >= -tol * eig.abs().amax(-1))
-        return finite & sym & ok
-
-    def __repr__(self):
-        return "SymmetricPositiveDefinite()" if self.definite else "SymmetricPositiveSemidefinite()"
+        return _covariance_ok(value, self.definite)
 
 
 def _resolve_masks(observation_mask, step_mask, T: Optional[int], D: int):
@@ -257,7 +195,7 @@ class LinearGaussianSSM(TorchDistribution):
         :func:`pyro_seq.ops.kalman_filter`).
 
     Validation (``validate_args``, on by default as for every torch distribution): every
-    parameter must be finite, covariances symmetric to ``COV_TOL_EPS`` machine epsilons
+    parameter must be finite, covariances symmetric to ````pyro_seq.ops.kalman.COV_TOL_EPS```` machine epsilons
     relative (they are never symmetrised silently) and positive (semi-)definite as above;
     observations must be finite wherever they are not masked (NaN or +-inf at an observed
     entry raises a ``ValueError`` naming ``observation_mask``). Shapes and ``T >= 1`` are
@@ -381,16 +319,11 @@ class LinearGaussianSSM(TorchDistribution):
         self._validate_args = bool(validate)
 
     def _validate_parameters(self):
-        for name in _PARAM_NAMES:
-            p = getattr(self, name)
-            if p is None:
-                continue
-            if name in ("initial_cov", "transition_cov", "observation_cov"):
-                problem = _covariance_problem(p, definite=name == "observation_cov")
-                if problem is not None:
-                    raise ValueError(f"{name} {problem}")
-            elif not bool(torch.isfinite(p).all()):
-                raise ValueError(f"{name} contains NaN or inf")
+        """The Kalman ops' parameter checks (one validator, the same messages)."""
+        _validate_parameters(self.initial_loc, self.initial_cov, self.transition_matrix,
+                             self.transition_cov, self.observation_matrix, self.observation_cov,
+                             self.control_matrix, self.controls,
+                             ("observation_offset", self.observation_offset))
 
     @classmethod
     def from_scale_tril(cls, initial_loc, initial_scale_tril, transition_matrix,
@@ -507,6 +440,8 @@ class LinearGaussianSSM(TorchDistribution):
             observation_cov=self.observation_cov,
             control_matrix=self.control_matrix,
             controls=self.controls,
+            # checked once at construction (or switched off by the user): not again per call
+            validate_args=False,
         )
 
     def _offset(self, start: int, stop: int) -> Optional[Tensor]:

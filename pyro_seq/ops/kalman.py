@@ -333,62 +333,90 @@ def _observed_finite(x: Tensor, mask: Optional[Tensor], nan_as_missing: bool) ->
     return observed
 
 
-def _validate_parameters(initial_loc, initial_cov, A, Q, C, R, control_matrix, controls):
+#: Tolerance, in machine epsilons of the dtype, of the covariance checks under ``validate_args``
+#: (:func:`covariance_problem`): symmetric means ``max |M - M^T| <= COV_TOL_EPS eps max |M|``;
+#: positive semi-definite means ``M + COV_TOL_EPS eps max |M| I`` has a Cholesky factor, i.e. no
+#: eigenvalue below about ``-COV_TOL_EPS eps max |M|`` (rounding of a singular PSD matrix).
+COV_TOL_EPS = 1000.0
+
+
+def _covariance_ok(M: Tensor, definite: bool) -> Tensor:
+    """Per-matrix bool ``(...)``: ``M (..., n, n)`` finite, symmetric and positive (semi-)definite
+    to the tolerances of :data:`COV_TOL_EPS`. Never symmetrises."""
+    Md = M.detach()
+    n = M.shape[-1]
+    eye = torch.eye(n, dtype=M.dtype, device=M.device)
+    finite = torch.isfinite(Md).all(-1).all(-1)
+    Md = torch.where(finite[..., None, None], Md, eye)
+    tol = COV_TOL_EPS * torch.finfo(M.dtype).eps
+    scale = Md.abs().amax((-2, -1))
+    symmetric = (Md - Md.mT).abs().amax((-2, -1)) <= tol * scale
+    if not definite:
+        jitter = tol * torch.where(scale > 0, scale, torch.ones_like(scale))
+        Md = Md + jitter[..., None, None] * eye
+    return finite & symmetric & (torch.linalg.cholesky_ex(Md).info == 0)
+
+
+def _batch_index(bad: Tensor) -> str:
+    """`` at index (i, j)`` (batch and time dims) of the first True entry of ``bad``, or ''."""
+    if bad.dim() == 0:
+        return ""
+    return f" at index {tuple(int(i) for i in bad.nonzero()[0])}"
+
+
+def covariance_problem(M: Tensor, definite: bool) -> Optional[str]:
+    """Why ``M (..., n, n)`` is not a valid covariance (the package's one covariance check), or
+    None. ``definite``: positive definite (an observation covariance); otherwise positive
+    semi-definite (a singular process noise or initial covariance is legitimate). Tolerances:
+    :data:`COV_TOL_EPS`. The message names the first offending matrix of a batch.
+    """
+    Md = M.detach()
+    finite = torch.isfinite(Md).all(-1).all(-1)
+    if not bool(finite.all()):
+        return f"contains NaN or inf{_batch_index(~finite)}"
+    tol = COV_TOL_EPS * torch.finfo(M.dtype).eps
+    asym = (Md - Md.mT).abs().amax((-2, -1))
+    bound = tol * Md.abs().amax((-2, -1))
+    bad = asym > bound
+    if bool(bad.any()):
+        i = tuple(bad.nonzero()[0]) if bad.dim() else ()
+        return (f"is not symmetric{_batch_index(bad)}: max |M - M^T| = {float(asym[i]):.3g} exceeds "
+                f"{float(bound[i]):.3g} (= {COV_TOL_EPS:g} eps x max |M|); covariances are not "
+                "symmetrised for you, pass 0.5 * (M + M.mT) if the asymmetry is rounding")
+    bad = ~_covariance_ok(M, definite)
+    if not bool(bad.any()):
+        return None
+    i = tuple(bad.nonzero()[0]) if bad.dim() else ()
+    lam_min = float(torch.linalg.eigvalsh(Md[i]).min())
+    kind = "definite" if definite else "semi-definite"
+    return (f"is not positive {kind}{_batch_index(bad)} (Cholesky failed; smallest eigenvalue "
+            f"{lam_min:.3g})")
+
+
+def _validate_parameters(initial_loc, initial_cov, A, Q, C, R, control_matrix, controls, *extra):
     """``validate_args`` checks (outside all loops; one host synchronisation when they pass):
     all parameters finite; ``initial_cov``, ``transition_cov`` symmetric and positive
     *semi*-definite (a singular Q, e.g. noise on the velocity only, is legitimate);
-    ``observation_cov`` symmetric and positive definite. Symmetric means
-    max |M - M^T| <= sqrt(eps) max |M| per matrix; nothing is symmetrised silently
-    (the Cholesky factorisations read one triangle only). Positive semi-definite means
-    M + 10 n eps max|M| I has a Cholesky factor, i.e. no eigenvalue below about
-    -10 n eps max|M| (rounding)."""
+    ``observation_cov`` symmetric and positive definite (:func:`covariance_problem`, tolerances
+    :data:`COV_TOL_EPS`; nothing is symmetrised silently). ``extra``: more ``(name, tensor)``
+    pairs that must be finite."""
     finite = [(n, p) for n, p in (("initial_loc", initial_loc), ("transition_matrix", A),
                                    ("observation_matrix", C), ("control_matrix", control_matrix),
-                                   ("controls", controls)) if p is not None]
-    covs = (("initial_cov", initial_cov, False), ("transition_cov", Q, False),
-            ("observation_cov", R, True))
+                                   ("controls", controls)) + tuple(extra) if p is not None]
+    covs = [(n, M, d) for n, M, d in (("initial_cov", initial_cov, False),
+                                      ("transition_cov", Q, False),
+                                      ("observation_cov", R, True)) if M is not None]
     checks = [torch.isfinite(p).all() for _, p in finite]
-    for _, M, definite in covs:
-        checks.extend(_covariance_checks(M, definite))
+    checks += [_covariance_ok(M, definite).all() for _, M, definite in covs]
     if bool(torch.stack(checks).all()):
         return
     for (name, p), ok in zip(finite, checks):
         if not bool(ok):
-            raise ValueError(f"{name} has NaN or inf entries")
-    for i, (name, M, definite) in enumerate(covs):
-        ok_finite, ok_sym, ok_pd = checks[len(finite) + 3 * i : len(finite) + 3 * i + 3]
-        if not bool(ok_finite):
-            raise ValueError(f"{name} has NaN or inf entries")
-        if not bool(ok_sym):
-            asym = float(((M - M.mT).abs().amax((-2, -1))
-                          / M.abs().amax((-2, -1)).clamp_min(torch.finfo(M.dtype).tiny)).max())
-            raise ValueError(
-                f"{name} is not symmetric (max |M - M^T| / max |M| = {asym:.3g} exceeds "
-                f"sqrt(eps) = {math.sqrt(torch.finfo(M.dtype).eps):.3g}); covariances are not "
-                "symmetrised silently: pass (M + M.mT) / 2 if the asymmetry is intended rounding"
-            )
-        if not bool(ok_pd):
-            kind = "positive definite" if definite else "positive semi-definite"
-            raise ValueError(
-                f"{name} is not {kind} (Cholesky failed{'' if definite else ' with a rounding-level jitter'}"
-                f"; smallest eigenvalue {float(torch.linalg.eigvalsh(M.detach()).min()):.3g})"
-            )
-
-
-def _covariance_checks(M: Tensor, definite: bool):
-    """Three 0-dim bool tensors: M finite, symmetric, positive (semi-)definite (see
-    :func:`_validate_parameters`)."""
-    Md = M.detach()
-    finite = torch.isfinite(Md).all()
-    scale = Md.abs().amax((-2, -1), keepdim=True)
-    eps = torch.finfo(M.dtype).eps
-    symmetric = ((Md - Md.mT).abs() <= math.sqrt(eps) * scale).all()
-    if not definite:
-        n = M.shape[-1]
-        jitter = (10.0 * n * eps) * torch.where(scale > 0, scale, torch.ones_like(scale))
-        Md = Md + jitter * torch.eye(n, dtype=M.dtype, device=M.device)
-    pd = (torch.linalg.cholesky_ex(Md).info == 0).all()  # NaN/inf: caught by ``finite``
-    return [finite, symmetric, pd]
+            raise ValueError(f"{name} contains NaN or inf")
+    for name, M, definite in covs:
+        problem = covariance_problem(M, definite)
+        if problem is not None:
+            raise ValueError(f"{name} {problem}")
 
 
 def _pad_batch(p: Optional[Tensor], event_ndim: int, ndim: int) -> Optional[Tensor]:
