@@ -11,9 +11,17 @@ from pyro_seq.infer.annealing import FreeBits_ELBO, LatentScale, linear_schedule
 from pyro_seq.infer.estimate import LikelihoodEstimate, estimate_log_likelihood
 from pyro_seq.infer.fivo import FIVO
 from pyro_seq.infer.iwae import IWAE
-from pyro_seq.infer.lgssm_em import EMResult, LGSSMParams, em_step, lgssm_em, lgssm_log_likelihood
+from pyro_seq.infer.lgssm_em import (
+    OBSERVATION_COV_STRUCTURES,
+    EMResult,
+    LGSSMParams,
+    em_step,
+    lgssm_em,
+    lgssm_log_likelihood,
+)
 
 __all__ = [
+    "OBSERVATION_COV_STRUCTURES",
     "EMResult",
     "FIVO",
     "FreeBits_ELBO",

@@ -5,10 +5,13 @@
   RTS smoother and posterior sampling, sequential and parallel-in-time.
 * :mod:`~pyro_seq.ops.nonlinear`: extended and unscented Kalman filters and smoothers.
 * :mod:`~pyro_seq.ops.particle_filter`: the bootstrap particle filter (thesis eq. 3.20).
-* :mod:`~pyro_seq.ops.resampling`: log-mean-exp, effective sample size, resampling schemes.
+* :mod:`~pyro_seq.ops.resampling`: log-mean-exp, effective sample size, resampling schemes and
+  criteria (one vocabulary: ``resample`` criterion, ``ess_threshold``, ``resampling`` scheme).
+* :mod:`~pyro_seq.ops.padding`: ragged ``(T_i, D)`` sequences to a padded batch and prefix mask.
 """
 
 from pyro_seq.ops.kalman import (
+    COV_TOL_EPS,
     PARALLEL_THRESHOLD,
     STEADY_STATE_TOL,
     KalmanFilterResult,
@@ -18,6 +21,7 @@ from pyro_seq.ops.kalman import (
     kalman_filter,
     kalman_sample,
     kalman_smoother,
+    covariance_problem,
     lgssm_sample,
     psd_sqrt,
 )
@@ -31,10 +35,25 @@ from pyro_seq.ops.nonlinear import (
     unscented_kalman_smoother,
 )
 from pyro_seq.ops.particle_filter import ParticleFilterResult, bootstrap_particle_filter
-from pyro_seq.ops.resampling import effective_sample_size, log_mean_exp, normalize_log_weights, resample
+from pyro_seq.ops.padding import pad_sequences
+from pyro_seq.ops.resampling import (
+    DEFAULT_RESAMPLING,
+    RESAMPLE_CRITERIA,
+    RESAMPLING_SCHEMES,
+    effective_sample_size,
+    log_mean_exp,
+    normalize_log_weights,
+    resample,
+)
 from pyro_seq.ops.state import SequenceState, gather_particles
 
 __all__ = [
+    "COV_TOL_EPS",
+    "DEFAULT_RESAMPLING",
+    "RESAMPLE_CRITERIA",
+    "RESAMPLING_SCHEMES",
+    "covariance_problem",
+    "pad_sequences",
     "PARALLEL_THRESHOLD",
     "STEADY_STATE_TOL",
     "GaussianFilterResult",
