@@ -95,18 +95,38 @@ def test_kl_beta_is_linear_from_start_to_one():
     assert kl_beta(0, TrainConfig()) == 1.0
 
 
-def test_per_step_bound_is_total_over_total_steps():
+def test_evaluate_bound_and_elbo_terms_match_pyros_trace_elbo():
+    # independent references on the same random numbers: Pyro's Trace_ELBO for the ELBO, and
+    # Trace_ELBO with every latent site scaled by 0 (LatentScale(0)) for its log-likelihood term
+    from pyro.infer import Trace_ELBO
+
+    from pyro_seq.data import SequenceLoader
+    from pyro_seq.infer import LatentScale
+
     torch.manual_seed(0)
     m = DMM(6, z_dim=3, transition_dim=8, emission_dim=8, rnn_dim=8)
+    m.eval()
     seqs = toy_sequences(5)
+    torch.manual_seed(1)
     result = evaluate_bound(m, seqs, batch_size=2)
-    assert result["num_steps"] == sum(len(s) for s in seqs)
-    assert result["per_step"] == pytest.approx(result["total"] / result["num_steps"])
-    # the ELBO splits into expected log-likelihood minus KL, sequence by sequence
-    from pyro_seq.data.batching import pad_sequences
-    x, mask = pad_sequences(seqs)
+    torch.manual_seed(1)
+    batches = list(SequenceLoader(seqs, 2, shuffle=False))
+    expected = sum(-Trace_ELBO().loss(m.model, m.guide, x, mask) for x, mask in batches)
+    assert result["num_steps"] == sum(len(s) for s in seqs) == sum(int(mk.sum()) for _, mk in batches)
+    # float32 (the loader pads in float32): summation orders differ, rel 1e-5
+    assert result["total"] == pytest.approx(expected, rel=1e-5)
+    assert result["per_step"] == pytest.approx(expected / result["num_steps"], rel=1e-5)
+    x, mask = batches[0]
+    torch.manual_seed(2)
     terms = elbo_terms(m, x, mask)
-    assert torch.allclose(terms["elbo"], terms["log_likelihood"] - terms["kl"])
+    torch.manual_seed(2)
+    elbo = -Trace_ELBO().loss(m.model, m.guide, x, mask)
+    torch.manual_seed(2)
+    zero = LatentScale(0.0)
+    log_lik = -Trace_ELBO().loss(zero(m.model), zero(m.guide), x, mask)
+    assert terms["elbo"].sum().item() == pytest.approx(elbo, rel=1e-5)
+    assert terms["log_likelihood"].sum().item() == pytest.approx(log_lik, rel=1e-5)
+    assert (terms["kl"] != 0).all()
 
 
 def test_bad_config_is_refused():
