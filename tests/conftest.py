@@ -15,3 +15,12 @@ def _clean_pyro_state():
     pyro.set_rng_seed(0)
     yield
     pyro.clear_param_store()
+
+
+@pytest.fixture
+def float64():
+    """Default dtype float64 for the test (exact identities are checked at <= 1e-9 relative)."""
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    yield
+    torch.set_default_dtype(old)

@@ -17,12 +17,7 @@ from tests.infer._lg import make_data, make_model
 LENGTHS = [6, 3, 1, 5]
 
 
-@pytest.fixture(autouse=True)
-def float64():
-    old = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float64)
-    yield
-    torch.set_default_dtype(old)
+pytestmark = pytest.mark.usefixtures("float64")  # tests/conftest.py
 
 
 def _seqs(x, mask):

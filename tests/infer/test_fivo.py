@@ -21,12 +21,7 @@ from tests.infer._lg import grads, make_data, make_model, make_perturbed
 LENGTHS = [6, 3, 1, 5]
 
 
-@pytest.fixture(autouse=True)
-def float64():
-    old = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float64)
-    yield
-    torch.set_default_dtype(old)
+pytestmark = pytest.mark.usefixtures("float64")  # tests/conftest.py
 
 
 def rel(a, b):

@@ -26,14 +26,6 @@ K = 4
 THRESHOLD = 0.5
 
 
-@pytest.fixture
-def float64():
-    old = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float64)
-    yield
-    torch.set_default_dtype(old)
-
-
 class _Recorder:
     """Wraps FIVO's resample / effective_sample_size to record ancestors and decisions."""
 

@@ -29,14 +29,6 @@ R = 6000
 K = 4
 
 
-@pytest.fixture
-def float64():
-    old = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float64)
-    yield
-    torch.set_default_dtype(old)
-
-
 def _setup():
     m = make_perturbed(learnable=False)
     with torch.no_grad():

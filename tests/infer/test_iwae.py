@@ -13,15 +13,6 @@ from tests.infer._lg import grads, guide_param_slice, make_data, make_model, mak
 LENGTHS = [6, 3, 1, 5]
 
 
-@pytest.fixture
-def float64():
-    """Exact identities are tested in float64 (at <= 1e-9 relative)."""
-    old = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float64)
-    yield
-    torch.set_default_dtype(old)
-
-
 def rel_err(a, b):
     """max |a - b| / max |b| (scalars or tensors)."""
     a, b = torch.as_tensor(a, dtype=torch.float64), torch.as_tensor(b, dtype=torch.float64)

@@ -18,14 +18,6 @@ R = 20000
 X = 1.3
 
 
-@pytest.fixture
-def float64():
-    old = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float64)
-    yield
-    torch.set_default_dtype(old)
-
-
 def make_params():
     """Model: mu, log_sx; guide: a1, log_s1, b, a2, log_s2 (mu is shared with the guide)."""
     init = dict(mu=0.4, log_sx=-0.5, a1=0.2, log_s1=0.1, b=0.5, a2=0.3, log_s2=-0.2)

@@ -19,14 +19,6 @@ from pyro_seq.infer import IWAE
 N, B, MU, SX = 100, 10, 0.3, 0.7
 
 
-@pytest.fixture
-def float64():
-    old = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float64)
-    yield
-    torch.set_default_dtype(old)
-
-
 def make_problem():
     x = torch.randn(N, generator=torch.Generator().manual_seed(0)) * 1.5 + 0.5
     post_var = 1.0 / (1.0 + 1.0 / SX ** 2)

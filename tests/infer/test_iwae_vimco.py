@@ -19,14 +19,6 @@ R = 20000
 X, P_Z, PHI = 0.5, 0.3, -1.5
 
 
-@pytest.fixture
-def float64():
-    old = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float64)
-    yield
-    torch.set_default_dtype(old)
-
-
 def bernoulli_draws(K, baseline, seed=0):
     # z ~ Bern(0.3), x | z ~ N(2z - 1, 1), x = 0.5; q(z) = Bern(sigmoid(phi)), phi = -1.5
     phi = torch.full((R,), PHI, requires_grad=True)

@@ -16,13 +16,7 @@ import torch
 from pyro_seq.models import DMM, SRNN
 
 
-
-@pytest.fixture(autouse=True)
-def float64():
-    old = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float64)
-    yield
-    torch.set_default_dtype(old)
+pytestmark = pytest.mark.usefixtures("float64")  # tests/conftest.py
 
 
 def lin(layer, x):

@@ -15,14 +15,7 @@ from pyro_seq.ops.nonlinear import (
 )
 
 
-
-@pytest.fixture(autouse=True)
-def float64_default():
-    """The dense references are float64; restore the global default afterwards."""
-    old = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float64)
-    yield
-    torch.set_default_dtype(old)
+pytestmark = pytest.mark.usefixtures("float64")  # tests/conftest.py
 
 
 # ---------------------------------------------------------------------------------------------
