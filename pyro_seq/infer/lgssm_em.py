@@ -119,7 +119,7 @@ from typing import NamedTuple, Optional
 
 import torch
 
-from pyro_seq.ops.kalman import kalman_filter, kalman_smoother
+from pyro_seq.ops.kalman import _sym, kalman_filter, kalman_smoother
 
 __all__ = [
     "EMResult",
@@ -535,10 +535,6 @@ def em_step(x, params, learn="all", mask=None, controls=None, method="auto", obs
                         R = (R.diagonal().sum() / D) * torch.eye(D, dtype=R.dtype, device=R.device)
                     new["observation_cov"] = R
     return LGSSMParams(**new), log_lik
-
-
-def _sym(M):
-    return 0.5 * (M + M.mT)
 
 
 def lgssm_em(x, params, num_iters=20, learn="all", mask=None, controls=None, tol=None, method="auto", callback=None,

@@ -43,6 +43,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from pyro_seq.models.base import SequenceModel, check_sequences
+from pyro_seq.ops.kalman import _sym, covariance_problem, kalman_filter
 
 __all__ = ["LinearGaussianSequenceModel"]
 
@@ -53,10 +54,6 @@ GUIDES = ("prior", "optimal", "smoothing")
 def _matvec(M, v):
     """``M @ v`` broadcasting: ``M`` ``(..., m, n)``, ``v`` ``(..., n)`` -> ``(..., m)``."""
     return (M @ v.unsqueeze(-1)).squeeze(-1)
-
-
-def _sym(M):
-    return 0.5 * (M + M.transpose(-1, -2))
 
 
 def _softplus_inv(y):
@@ -120,12 +117,12 @@ class LinearGaussianSequenceModel(SequenceModel):
         self._register("C", C)
         self._register("init_loc", init_loc)
         for name, cov in (("Q", Q), ("R", R), ("init_cov", init_cov)):
-            # symmetric up to rounding (1000 eps relative, as LinearGaussianSSM) and Cholesky-able
-            L, info = torch.linalg.cholesky_ex(cov)
-            tol = 1e3 * torch.finfo(cov.dtype).eps * cov.abs().max()
-            if int(info) != 0 or bool(((cov - cov.T).abs() > tol).any()):
+            # the package's covariance check (pyro_seq.ops.kalman.covariance_problem)
+            problem = covariance_problem(cov, definite=True)
+            if problem is not None:
                 raise ValueError(f"{name} must be a symmetric positive definite matrix (it is "
-                                 "learned through its Cholesky factor)")
+                                 f"learned through its Cholesky factor): {name} {problem}")
+            L = torch.linalg.cholesky(cov)
             raw = torch.tril(L, -1) + torch.diag_embed(_softplus_inv(L.diagonal()))
             self._register(f"_{name}_raw", raw, learn=name in self.learnable)
 
@@ -301,7 +298,6 @@ class LinearGaussianSequenceModel(SequenceModel):
         if method not in ("kalman", "dense"):
             raise ValueError(f"method must be 'kalman' or 'dense', got {method!r}")
         if method == "kalman":
-            from pyro_seq.ops.kalman import kalman_filter
 
             f = torch.float64
             # a per-element (B, T, D) mask: a per-step (B, T) one would be read per element by
