@@ -14,7 +14,7 @@ from typing import Optional, Tuple
 
 import torch
 
-__all__ = ["validate_sequences", "validate_mask", "validate_sequence_list"]
+__all__ = ["validate_sequences", "validate_mask", "validate_observed", "validate_sequence_list"]
 
 
 def _first(index_mask: torch.Tensor) -> Tuple[int, ...]:
@@ -55,12 +55,51 @@ def validate_mask(mask, shape: Tuple[int, int], device=None, name: str = "mask")
     return mask != 0
 
 
+def validate_observed(observed, shape, device=None) -> Optional[torch.Tensor]:
+    """Check the ``observed=`` mask of missing data *inside* sequences; return it per element.
+
+    ``observed`` marks which observations exist (True) at real steps; it is not the padding
+    ``mask``. It may be per step ``(batch, T)`` or per element ``(batch, T, D)``, bool or exactly
+    0/1 of any dtype.
+
+    :param observed: tensor or None (everything observed).
+    :param tuple shape: ``(batch, T, D)`` of ``x``.
+    :returns: None, or a bool tensor ``(batch, T, D)``.
+    :raises ValueError: naming the problem (shape, values other than 0/1).
+    """
+    if observed is None:
+        return None
+    B, T, D = shape
+    if not torch.is_tensor(observed):
+        raise ValueError(f"observed must be a bool torch.Tensor of shape {(B, T)} or {(B, T, D)}, "
+                         f"got {type(observed).__name__}")
+    if tuple(observed.shape) == (B, T):
+        per_step = True
+    elif tuple(observed.shape) == (B, T, D):
+        per_step = False
+    else:
+        raise ValueError(f"observed shape {tuple(observed.shape)} is neither (batch, T) = {(B, T)} "
+                         f"nor (batch, T, D) = {(B, T, D)}")
+    if observed.dtype != torch.bool:
+        bad = (observed != 0) & (observed != 1)
+        if bool(bad.any()):
+            i = _first(bad)
+            raise ValueError(f"observed must be bool or contain only 0 and 1 (dtype {observed.dtype}), "
+                             f"found {observed[i].item()!r} at {i}")
+        observed = observed != 0
+    observed = observed.to(device) if device is not None else observed
+    if per_step:
+        observed = observed.unsqueeze(-1).expand(B, T, D)
+    return observed
+
+
 def validate_sequences(
     x,
     mask=None,
     obs_dim: Optional[int] = None,
     binary: bool = False,
     prefix_mask: bool = True,
+    observed=None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Check a padded batch against the sequence-model contract; return ``(x, mask)``.
 
@@ -73,6 +112,9 @@ def validate_sequences(
     :param bool binary: require 0/1 values at real steps (Bernoulli likelihoods).
     :param bool prefix_mask: require prefix rows (the padding contract). ``False`` only for
         masks that mark something other than padding.
+    :param observed: optional missing-data mask (:func:`validate_observed`): entries it marks
+        unobserved may hold anything (NaN included) and are exempt from the finite and binary
+        checks.
     :returns: ``(x, mask)`` with ``mask`` a bool tensor ``(batch, T)`` (all True when None);
         ``x`` is returned unchanged.
     :raises TypeError: ``x`` is not a tensor.
@@ -95,14 +137,18 @@ def validate_sequences(
     if obs_dim is not None and D != obs_dim:
         raise ValueError(f"x has {D} features per step, the model expects {obs_dim}")
     mask = validate_mask(mask, (B, T), device=x.device)
+    seen = validate_observed(observed, (B, T, D), device=x.device)
     finite = torch.isfinite(x)
+    if seen is not None:
+        finite = finite | ~seen
     if not bool(finite.all()):
         b, t, d = _first(~finite)
         kind = "NaN" if bool(torch.isnan(x[b, t, d])) else "infinite value"
         where = "real" if bool(mask[b, t]) else "padded"
         raise ValueError(
             f"x contains {int((~finite).sum())} NaN/inf values; first: {kind} at "
-            f"(batch {b}, step {t}, feature {d}), a {where} step (use zeros at padded steps)")
+            f"(batch {b}, step {t}, feature {d}), a {where} step (use zeros at padded steps; mark "
+            "missing observations with observed=)")
     lengths = mask.sum(1)
     if bool((lengths == 0).any()):
         b = int((lengths == 0).nonzero()[0])
@@ -115,6 +161,8 @@ def validate_sequences(
                 f"mask row {b} is not a prefix (True steps must come first, then padding)")
     if binary:
         bad = ((x != 0) & (x != 1)) & mask.unsqueeze(-1)
+        if seen is not None:
+            bad = bad & seen
         if bool(bad.any()):
             b, t, d = _first(bad)
             raise ValueError(

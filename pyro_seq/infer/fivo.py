@@ -73,7 +73,7 @@ from pyro_seq.ops.resampling import (
     resample,
 )
 from pyro_seq.ops.state import SequenceState
-from pyro_seq.validation import validate_sequences
+from pyro_seq.validation import validate_observed, validate_sequences
 
 __all__ = ["FIVO"]
 
@@ -92,11 +92,15 @@ def _check_step_protocol(fn, role):
 
 
 def _parse_args(args, kwargs):
-    """``(x, mask, num_sequences)`` from the arguments of a step-protocol program."""
-    names = ("x", "mask", "num_sequences")
+    """``(x, mask, num_sequences, observed)`` from the arguments of a step-protocol program.
+
+    With ``observed`` (missing data inside sequences) ``x`` is returned zero-filled at the
+    unobserved entries; the programs' ``init`` keeps the mask for their observation sites."""
+    names = ("x", "mask", "num_sequences", "observed")
     extra = set(kwargs) - set(names)
-    if len(args) > 3 or extra:
-        raise TypeError(f"FIVO programs take (x, mask=None, num_sequences=None); got extra {sorted(extra)}")
+    if len(args) > 4 or extra:
+        raise TypeError("FIVO programs take (x, mask=None, num_sequences=None, observed=None); "
+                        f"got extra {sorted(extra)}")
     values = dict(zip(names, args))
     for k, v in kwargs.items():
         if k in values:
@@ -104,8 +108,12 @@ def _parse_args(args, kwargs):
         values[k] = v
     # the package's one validator (model-specific checks, e.g. feature size and binary data for
     # a Bernoulli likelihood, follow in the model's ``init``)
-    x, mask = validate_sequences(values.get("x"), values.get("mask"))
-    return x, mask, values.get("num_sequences")
+    observed = values.get("observed")
+    x, mask = validate_sequences(values.get("x"), values.get("mask"), observed=observed)
+    seen = validate_observed(observed, x.shape, device=x.device)
+    if seen is not None:
+        x = torch.where(seen, x, x.new_zeros(()))
+    return x, mask, values.get("num_sequences"), observed
 
 
 class _StepSites(Messenger):
@@ -308,7 +316,7 @@ class FIVO(LogZBound):
         """
         _check_step_protocol(model, "model")
         _check_step_protocol(guide, "guide")
-        x, mask, num_sequences = _parse_args(args, kwargs)
+        x, mask, num_sequences, observed = _parse_args(args, kwargs)
         B, T = mask.shape
         K = self.num_particles
         particle_dim = -self.max_plate_nesting - 1
@@ -316,7 +324,7 @@ class FIVO(LogZBound):
         keep = {particle_dim, -1}
         state = SequenceState()
         sites = _StepSites()
-        call_args = (x, mask, num_sequences)
+        call_args = (x, mask, num_sequences) + (() if observed is None else (observed,))
         decide = K > 1 and self.resample != "never"  # resampling decisions to take
 
         with pyro.plate(PARTICLE_PLATE, K, dim=particle_dim), sites:

@@ -55,15 +55,53 @@ import pyro
 import pyro.distributions as dist
 import torch
 import torch.nn as nn
+from pyro.distributions.torch_distribution import TorchDistribution
 from pyro.poutine.runtime import _PYRO_STACK
 
 from pyro_seq.distributions.scored_value import ScoredValue
 from pyro_seq.ops.state import SequenceState
-from pyro_seq.validation import validate_mask, validate_sequences
+from pyro_seq.validation import validate_mask, validate_observed, validate_sequences
 
 
 #: Alias of :func:`pyro_seq.validation.validate_sequences`, the package's one validator.
 check_sequences = validate_sequences
+
+
+def _observed_emission(fn, element_mask):
+    """``fn`` scored on the observed elements of its value only (see
+    :class:`pyro_seq.models.emission.ObservedElements`)."""
+    try:
+        from pyro_seq.models.emission import ObservedElements
+    except ImportError:  # TEMPORARY until the emission families land
+        ObservedElements = _TmpObservedElements
+    return ObservedElements(fn, element_mask)
+
+
+class _TmpObservedElements(TorchDistribution):  # TEMPORARY: Independent families only
+    arg_constraints = {}
+
+    def __init__(self, base, element_mask):
+        self.fn, self.element_mask = base, element_mask
+        super().__init__(base.batch_shape, base.event_shape, validate_args=False)
+
+    @property
+    def support(self):
+        return self.fn.support
+
+    def sample(self, sample_shape=()):
+        return self.fn.sample(sample_shape)
+
+    def log_prob(self, value):
+        m = self.element_mask
+        value = torch.where(m, value, torch.zeros((), dtype=value.dtype))
+        lp = self.fn.base_dist.log_prob(value)
+        return torch.where(m, lp, torch.zeros((), dtype=lp.dtype)).sum(-1)
+
+    def expand(self, batch_shape, _instance=None):
+        batch_shape = torch.Size(batch_shape)
+        if batch_shape == self.batch_shape:
+            return self
+        return _TmpObservedElements(self.fn.expand(batch_shape), self.element_mask)
 
 
 def _value_preserving_messengers():
@@ -169,41 +207,63 @@ class StepProgram:
             self._plate_key = key
         return self._plate
 
-    def init(self, state, x, mask=None, num_sequences=None):
+    def _validate(self, state, x, mask, observed):
+        """The package's validator; with ``observed`` also zero-fill the missing entries of ``x``
+        (what the networks see) and keep the per-element mask in ``state.shared["observed"]``
+        (what the observation sites are scored on)."""
+        owner = self._owner
+        x, mask = validate_sequences(x, mask, owner.obs_dim, owner.binary_observations,
+                                     observed=observed)
+        seen = validate_observed(observed, x.shape, device=x.device)
+        if seen is not None:
+            x = torch.where(seen, x, x.new_zeros(()))
+            state.shared["observed"] = seen
+        return x, mask
+
+    def init(self, state, x, mask=None, num_sequences=None, observed=None):
         """Register parameters and fill ``state`` for step 0 (inside the batch plate).
 
         Validates ``(x, mask)`` once per sequence pass (:func:`~pyro_seq.validation.validate_sequences`
         with the model's ``obs_dim`` and likelihood), so particle methods that drive the steps
-        refuse bad input with the same messages as the full-sequence program.
+        refuse bad input with the same messages as the full-sequence program. ``observed``
+        (missing data inside sequences, ``(batch, T)`` or ``(batch, T, D)``) is kept in
+        ``state.shared`` for the observation sites; the caller must pass ``step`` an ``x`` that
+        is finite at the unobserved entries (FIVO passes the zero-filled one).
         """
         owner = self._owner
-        x, mask = validate_sequences(x, mask, owner.obs_dim, owner.binary_observations)
+        x, mask = self._validate(state, x, mask, observed)
         pyro.module(owner.module_name, owner)
         with self.plate(x, num_sequences):
             self._init(state, x, mask)
 
-    def step(self, state, t, x, mask=None, num_sequences=None):
+    def step(self, state, t, x, mask=None, num_sequences=None, observed=None):
         """Run step ``t`` (0-based) inside the batch plate.
 
         ``mask`` is the one given to :meth:`init` (validated there); a mask that is None or not
         bool is converted here (and its values checked) so every step sees a bool mask.
+        ``observed`` is read from ``state`` (set by :meth:`init`); the argument is accepted so
+        that drivers may pass the same arguments to ``init`` and ``step``.
         """
         if mask is None or mask.dtype != torch.bool:
             mask = validate_mask(mask, x.shape[:2], device=x.device)
         with self.plate(x, num_sequences):
             self._step(state, t, x, mask)
 
-    def __call__(self, x, mask=None, num_sequences=None):
+    def __call__(self, x, mask=None, num_sequences=None, observed=None):
         """Run the whole sequence: ``init`` then ``step`` for t = 0..T-1 in ``pyro.markov``.
 
         :param torch.Tensor x: ``(batch, T, D)``.
         :param mask: ``(batch, T)`` bool prefix mask or None.
         :param int num_sequences: size of the full data set when ``x`` is a minibatch.
+        :param observed: missing data inside sequences: bool ``(batch, T)`` or ``(batch, T, D)``
+            (True = observed) or None. Unobserved entries of ``x`` may hold anything (NaN
+            included): the networks see zeros there and the observation sites are scored on the
+            observed elements only (a fully unobserved step contributes exactly 0).
         :returns: the final :class:`SequenceState`.
         """
         owner = self._owner
-        x, mask = validate_sequences(x, mask, owner.obs_dim, owner.binary_observations)
         state = SequenceState()
+        x, mask = self._validate(state, x, mask, observed)
         pyro.module(owner.module_name, owner)
         T = x.shape[1]
         with self.plate(x, num_sequences):
@@ -277,29 +337,42 @@ class SequenceModel(nn.Module):
 
         Per step when driven by ``step``; deferred to one batched evaluation of
         ``self.emitter`` when the whole sequence runs step by step; batched at once when
-        ``t = slice(None)`` (see the module docstring).
+        ``t = slice(None)`` (see the module docstring). With missing data
+        (``state.shared["observed"]``, set from the programs' ``observed=``) each site is scored
+        on its observed elements only (:func:`_observed_emission`).
         """
+        seen = state.shared.get("observed")
         if isinstance(t, slice):
-            self._emit_observations(self.emitter(features), x, mask)
+            self._emit_observations(self.emitter(features), x, mask, seen)
             return
         deferred = getattr(state, "deferred_features", None)
         if deferred is not None:
             deferred.append(features)
             return
-        pyro.sample(f"x_{t + 1}", self.likelihood(self.emitter(features)).mask(mask[:, t]),
-                    obs=x[:, t])
+        fn = self.likelihood(self.emitter(features))
+        if seen is not None:
+            fn = _observed_emission(fn, seen[:, t])
+        pyro.sample(f"x_{t + 1}", fn.mask(mask[:, t]), obs=x[:, t])
 
     def _observe_deferred(self, state, x, mask):
         features, state.deferred_features = state.deferred_features, None
-        self._emit_observations(self.emitter(stack_time(features)), x, mask)
+        self._emit_observations(self.emitter(stack_time(features)), x, mask,
+                                state.shared.get("observed"))
 
-    def _emit_observations(self, params, x, mask):
+    def _emit_observations(self, params, x, mask, seen=None):
         """One site ``x_{t+1}`` per step from emission parameters with time at dim -2."""
         steps = time_steps(params)
-        log_probs = self.likelihood(params).log_prob(x).unbind(-1)
+        fn_all = self.likelihood(params)
+        if seen is None:
+            log_probs = fn_all.log_prob(x).unbind(-1)
+        else:
+            log_probs = _observed_emission(fn_all, seen).log_prob(x).unbind(-1)
         values = x.unbind(1)
         for t in pyro.markov(range(x.shape[1])):
-            fn = ScoredValue(self.likelihood(steps[t]), values[t], log_probs[t])
+            fn = self.likelihood(steps[t])
+            if seen is not None:
+                fn = _observed_emission(fn, seen[:, t])
+            fn = ScoredValue(fn, values[t], log_probs[t])
             pyro.sample(f"x_{t + 1}", fn.mask(mask[:, t]), obs=values[t])
 
     def model_init(self, state, x, mask):
