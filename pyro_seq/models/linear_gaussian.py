@@ -182,25 +182,43 @@ class LinearGaussianSequenceModel(SequenceModel):
         return self.init_tril if t == 0 else self.Q_tril
 
     def model_init(self, state, x, mask):
-        pass  # z_1 has its own prior; nothing to carry
+        self._observed_steps(state, mask)  # refuses element-level missing data
+        # z_1 has its own prior; nothing else to carry
+
+    @staticmethod
+    def _observed_steps(state, mask):
+        """``mask`` and the per-step ``observed=`` (missing steps are unobserved); missing data
+        here is per step: a step with some but not all elements observed is refused (the
+        marginal of a full-covariance emission over a subset of dims is not implemented)."""
+        seen = state.shared.get("observed")
+        if seen is None:
+            return mask
+        whole = seen.all(-1)
+        if not torch.equal(whole, seen.any(-1)):
+            raise ValueError("LinearGaussianSequenceModel supports missing data per step only: "
+                             "observed must be all True or all False across the features of a step")
+        return mask & whole
 
     def model_step(self, state, t, x, mask):
         m_t = mask[:, t]
+        seen = state.shared.get("observed")
+        m_x = m_t if seen is None else m_t & seen[:, t].all(-1)
         loc = self._prior_loc(state, t, "z")
         loc = loc.expand(torch.broadcast_shapes(loc.shape, (x.shape[0], self.state_dim)))
         z = pyro.sample(f"z_{t + 1}",
                         dist.MultivariateNormal(loc, scale_tril=self._prior_tril(t)).mask(m_t))
         pyro.sample(f"x_{t + 1}",
-                    dist.MultivariateNormal(_matvec(self.C, z), scale_tril=self.R_tril).mask(m_t),
+                    dist.MultivariateNormal(_matvec(self.C, z), scale_tril=self.R_tril).mask(m_x),
                     obs=x[:, t])
         state["z"] = z
 
     # ---------------------------------------------------------------- guides
     def guide_init(self, state, x, mask):
+        state.shared["emitted"] = self._observed_steps(state, mask)  # steps with an observation
         if self.guide_type == "optimal":
             state.shared["optimal"] = [self._optimal_gain(t) for t in (0, 1)]
         elif self.guide_type == "smoothing":
-            G, g, tril = self._backward_information_filter(x, mask)
+            G, g, tril = self._backward_information_filter(x, state.shared["emitted"])
             state.shared["G"], state.shared["g"], state.shared["tril"] = G, g, tril
 
     def guide_step(self, state, t, x, mask):
@@ -213,9 +231,10 @@ class LinearGaussianSequenceModel(SequenceModel):
             K, tril_post = state.shared["optimal"][min(t, 1)]
             innovation = x[:, t] - _matvec(self.C, prior_loc)  # (*, batch, D)
             loc_post = prior_loc + _matvec(K, innovation)
-            # padded steps: propose from the prior
-            loc = torch.where(m_t.unsqueeze(-1), loc_post, prior_loc)
-            tril = torch.where(m_t[:, None, None], tril_post, self._prior_tril(t))
+            # padded or missing steps: propose from the prior
+            e_t = state.shared["emitted"][:, t]
+            loc = torch.where(e_t.unsqueeze(-1), loc_post, prior_loc)
+            tril = torch.where(e_t[:, None, None], tril_post, self._prior_tril(t))
         else:
             G, g, tril = state.shared["G"][:, t], state.shared["g"][:, t], state.shared["tril"][:, t]
             loc = _matvec(G, prior_loc) + g

@@ -144,3 +144,30 @@ def test_bad_observed_masks_are_named():
     x_nan[0, 0, 0] = math.nan
     with pytest.raises(ValueError, match=r"NaN at \(batch 0, step 0, feature 0\), a real step"):
         m.model(x_nan, mask, observed=torch.ones(3, 6, dtype=torch.bool))
+
+
+def test_linear_gaussian_exact_guide_gives_the_kalman_likelihood_of_the_observed_steps():
+    # with missing steps the exact posterior guide (backward information filter over the
+    # observed steps) makes every importance weight p(x_observed): the ELBO is exact
+    from pyro_seq.models import LinearGaussianSequenceModel
+    from pyro_seq.ops import kalman_filter
+
+    m = LinearGaussianSequenceModel(2, 3, guide="smoothing")
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(3, 7, 2, generator=g)
+    mask = torch.arange(7) < torch.tensor([7, 5, 3]).unsqueeze(-1)
+    x = x * mask.unsqueeze(-1)
+    obs = torch.ones(3, 7, dtype=torch.bool)
+    obs[0, [1, 2, 5]] = False
+    obs[1, 0] = False
+    x_nan = torch.where(obs.unsqueeze(-1), x, torch.full_like(x, math.nan))
+    elbo = -Trace_ELBO().loss(m.model, m.guide, x_nan, mask, observed=obs)
+    with torch.no_grad():
+        kf = kalman_filter(torch.where(obs.unsqueeze(-1), x, torch.zeros_like(x)), m.init_loc,
+                           m.init_cov, m.A, m.Q, m.C, m.R,
+                           mask=(mask & obs).unsqueeze(-1).expand(x.shape))
+    assert elbo == pytest.approx(kf.log_likelihoods.sum().item(), rel=1e-9)
+    with pytest.raises(ValueError, match="missing data per step only"):
+        part = torch.ones(3, 7, 2, dtype=torch.bool)
+        part[0, 1, 0] = False
+        m.model(x, mask, observed=part)
