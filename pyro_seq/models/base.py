@@ -91,6 +91,10 @@ class _TmpObservedElements(TorchDistribution):  # TEMPORARY: Independent familie
     def sample(self, sample_shape=()):
         return self.fn.sample(sample_shape)
 
+    @property
+    def mean(self):
+        return self.fn.mean
+
     def log_prob(self, value):
         m = self.element_mask
         value = torch.where(m, value, torch.zeros((), dtype=value.dtype))

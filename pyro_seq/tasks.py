@@ -1,0 +1,280 @@
+r"""Tasks with a trained sequence model: imputation, online denoising, forecasting (seed 002, sec. 4).
+
+Every function works with any :class:`~pyro_seq.models.SequenceModel` (and any model/guide pair
+following the sequence-model contract whose observation sites are named ``x_1..x_T``):
+
+* :func:`impute`: missing values inside sequences.
+
+  - ``method="iterative"``: the procedure of Bayer & Osendorfer (seed 002, sec. 4.3). Fill the
+    missing values with random values, then repeat: infer ``z`` with the recognition model
+    (the guide) given the current completion, and redraw the missing values from the model's
+    emission given ``z``. With an exact guide this is a Gibbs sampler of
+    :math:`p(z, x_{miss} | x_{obs})`; the reported probabilities are the emission means at the
+    missing entries averaged over the iterations after ``burn_in``.
+  - ``method="importance"``: the particle alternative for step-protocol models. ``K`` latent
+    paths are drawn from the guide *with the missing entries marked unobserved* (``observed=``),
+    weighted by :math:`w_k = p(x_{obs}, z_k) / q(z_k)`, and the emission means at the missing
+    entries are averaged with the self-normalised weights, an estimate of
+    :math:`\mathbb{E}[x_{miss} | x_{obs}]` that is consistent as ``K`` grows (importance
+    sampling over whole paths, i.e. a particle smoother without resampling).
+
+* :func:`denoise`: online denoising (seed 002, sec. 4.2): the latent path is the mode (mean) of
+  the recognition model, step by step, and each ``x_t`` is replaced by its most likely value
+  under the emission given that path (Bernoulli: ``p > 1/2``; Gaussian: the mean). With a
+  filtering guide (``inference="filtering"``) only the past and present are used.
+
+* :func:`forecast`: continuation of a prefix *in generation mode* (not teacher-forced): the
+  latent path of the prefix is drawn from the guide, the future latents from the model's prior,
+  and every generated ``x_t`` is fed back to the model as its input for the next step.
+"""
+
+from dataclasses import dataclass
+from typing import Optional
+
+import pyro
+import pyro.poutine as poutine
+import torch
+from pyro.poutine.messenger import Messenger
+
+from pyro_seq.validation import validate_observed, validate_sequences
+
+__all__ = ["ImputationResult", "ForecastResult", "impute", "denoise", "forecast"]
+
+
+@dataclass
+class ImputationResult:
+    """Result of :func:`impute`.
+
+    :ivar torch.Tensor x: ``(batch, T, D)``, the data with the missing entries filled (the last
+        draw for ``"iterative"``; the posterior mean for ``"importance"``).
+    :ivar torch.Tensor probs: ``(batch, T, D)``, the estimate of
+        :math:`\\mathbb{E}[x | x_{obs}]` (Bernoulli: per-element probabilities); equal to ``x``
+        at observed entries.
+    :ivar torch.Tensor observed: the bool ``(batch, T, D)`` mask that was used.
+    """
+
+    x: torch.Tensor
+    probs: torch.Tensor
+    observed: torch.Tensor
+
+
+@dataclass
+class ForecastResult:
+    """Result of :func:`forecast`.
+
+    :ivar torch.Tensor samples: ``(num_samples, batch, steps, D)`` generated continuations.
+    :ivar torch.Tensor means: ``(num_samples, batch, steps, D)`` emission means along each path.
+    :ivar torch.Tensor log_prob: ``(batch, steps)`` log-likelihood of ``target`` at each future
+        step under the forecast mixture :math:`\\frac{1}{S}\\sum_s p(x_{T+k} | \\text{path}_s)`,
+        or None when no target was given.
+    """
+
+    samples: torch.Tensor
+    means: torch.Tensor
+    log_prob: Optional[torch.Tensor]
+
+
+def _emission_fns(trace, T):
+    """The observation distributions of sites ``x_1..x_T`` of a model trace."""
+    return [trace.nodes[f"x_{t + 1}"]["fn"] for t in range(T)]
+
+
+def _check_model(model):
+    for attr in ("model", "guide", "obs_dim"):
+        if not hasattr(model, attr):
+            raise TypeError(f"expected a SequenceModel (with .model, .guide, .obs_dim), got "
+                            f"{type(model).__name__}")
+
+
+def _traces(model, x, mask, **kwargs):
+    guide_trace = poutine.trace(model.guide).get_trace(x, mask, **kwargs)
+    model_trace = poutine.trace(poutine.replay(model.model, trace=guide_trace)).get_trace(
+        x, mask, **kwargs)
+    return model_trace, guide_trace
+
+
+def _binary(model):
+    return bool(getattr(model, "binary_observations", False))
+
+
+@torch.no_grad()
+def impute(model, x, observed, mask=None, method="iterative", num_iterations=20, burn_in=None,
+           num_particles=64, generator=None):
+    """Fill the missing entries of ``x`` (see the module docstring).
+
+    :param model: a trained :class:`~pyro_seq.models.SequenceModel`.
+    :param torch.Tensor x: ``(batch, T, D)``; entries marked unobserved may hold anything.
+    :param observed: bool ``(batch, T)`` or ``(batch, T, D)``, True = observed.
+    :param mask: ``(batch, T)`` padding mask or None.
+    :param str method: ``"iterative"`` (seed 002 sec. 4.3) or ``"importance"``.
+    :param int num_iterations: iterations of the iterative procedure.
+    :param int burn_in: iterations left out of the average of ``probs`` (default: a third).
+    :param int num_particles: ``K`` of the importance method.
+    :param torch.Generator generator: for the random initial fill.
+    :returns: :class:`ImputationResult`.
+    """
+    _check_model(model)
+    x, mask = validate_sequences(x, mask, model.obs_dim, _binary(model), observed=observed)
+    seen = validate_observed(observed, x.shape, device=x.device)
+    if seen is None:
+        seen = torch.ones_like(x, dtype=torch.bool)
+    x = torch.where(seen, x, torch.zeros_like(x))
+    if method == "iterative":
+        return _impute_iterative(model, x, mask, seen, num_iterations, burn_in, generator)
+    if method == "importance":
+        return _impute_importance(model, x, mask, seen, num_particles)
+    raise ValueError(f"method must be 'iterative' or 'importance', got {method!r}")
+
+
+def _impute_iterative(model, x, mask, seen, num_iterations, burn_in, generator):
+    if int(num_iterations) < 1:
+        raise ValueError(f"num_iterations must be >= 1, got {num_iterations}")
+    burn_in = num_iterations // 3 if burn_in is None else int(burn_in)
+    if not 0 <= burn_in < num_iterations:
+        raise ValueError(f"burn_in must lie in [0, num_iterations), got {burn_in}")
+    B, T, D = x.shape
+    fill = torch.rand(x.shape, generator=generator, dtype=x.dtype, device=x.device)
+    if _binary(model):
+        fill = (fill < 0.5).to(x.dtype)  # random values in {0, 1} for binary data
+    current = torch.where(seen, x, fill)
+    total, count = torch.zeros_like(x), 0
+    for it in range(num_iterations):
+        model_trace, _ = _traces(model, current, mask)
+        fns = _emission_fns(model_trace, T)
+        means = torch.stack([fn.mean for fn in fns], 1).expand(x.shape)
+        draws = torch.stack([fn.sample() for fn in fns], 1).expand(x.shape)
+        current = torch.where(seen, x, draws)
+        if it >= burn_in:
+            total, count = total + means, count + 1
+    probs = torch.where(seen, x, total / count)
+    return ImputationResult(x=current, probs=probs, observed=seen)
+
+
+def _impute_importance(model, x, mask, seen, num_particles):
+    K = int(num_particles)
+    if K < 1:
+        raise ValueError(f"num_particles must be >= 1, got {num_particles}")
+    B, T, D = x.shape
+    rep = lambda t: t.repeat((K,) + (1,) * (t.dim() - 1))  # noqa: E731  (K B, ...)
+    model_trace, guide_trace = _traces(model, rep(x), rep(mask), observed=rep(seen))
+    model_trace.compute_log_prob()
+    guide_trace.compute_log_prob()
+    log_w = x.new_zeros(K * B)
+    for trace, sign in ((model_trace, 1.0), (guide_trace, -1.0)):
+        for site in trace.nodes.values():
+            if site["type"] == "sample" and torch.is_tensor(site.get("log_prob")) \
+                    and site["log_prob"].dim() >= 1:
+                log_w = log_w + sign * site["log_prob"].reshape(K * B)
+    w = torch.softmax(log_w.reshape(K, B), dim=0)                       # (K, B)
+    means = torch.stack([fn.mean for fn in _emission_fns(model_trace, T)], 1)
+    means = means.expand(K * B, T, D).reshape(K, B, T, D)
+    estimate = (w[..., None, None] * means).sum(0)
+    probs = torch.where(seen, x, estimate)
+    return ImputationResult(x=probs.clone(), probs=probs, observed=seen)
+
+
+class _GuideMode(Messenger):
+    """Set every latent sample site of the guide to its distribution's mean (the mode of a
+    Gaussian): the MAP path of the recognition model, step by step."""
+
+    def _pyro_sample(self, msg):
+        if msg["is_observed"] or msg["value"] is not None:
+            return
+        if type(msg["fn"]).__name__ == "_Subsample":
+            return
+        msg["value"] = msg["fn"].mean
+        msg["done"] = True
+
+
+@torch.no_grad()
+def denoise(model, x, mask=None):
+    """Online denoising (seed 002 sec. 4.2): ``(x_hat, params)``.
+
+    The guide's latent sites take their means (the MAP of the Gaussian recognition model, step
+    by step, each conditioned on the previous MAP value); each ``x_t`` is replaced by its most
+    likely value under the model's emission given that path: ``p > 1/2`` for Bernoulli
+    emissions, the mean otherwise.
+
+    :param model: a trained :class:`~pyro_seq.models.SequenceModel` (use a filtering guide for
+        online denoising: a smoothing guide also reads the future).
+    :param torch.Tensor x: ``(batch, T, D)``, the corrupted data.
+    :param mask: ``(batch, T)`` padding mask or None.
+    :returns: ``(x_hat, means)``, both ``(batch, T, D)``: the denoised data and the emission
+        means (Bernoulli: probabilities).
+    """
+    _check_model(model)
+    x, mask = validate_sequences(x, mask, model.obs_dim, _binary(model))
+    with _GuideMode():
+        guide_trace = poutine.trace(model.guide).get_trace(x, mask)
+    model_trace = poutine.trace(poutine.replay(model.model, trace=guide_trace)).get_trace(x, mask)
+    means = torch.stack([fn.mean for fn in _emission_fns(model_trace, x.shape[1])], 1)
+    means = means.expand(x.shape)
+    x_hat = (means > 0.5).to(x.dtype) if _binary(model) else means
+    return x_hat * mask.unsqueeze(-1), means * mask.unsqueeze(-1)
+
+
+@torch.no_grad()
+def forecast(model, x_prefix, steps, num_samples=100, mask=None, target=None):
+    """Continue each sequence of ``x_prefix`` for ``steps`` steps in generation mode.
+
+    The prefixes must have equal length (``mask`` all True, or None). The latent path of the
+    prefix is one draw from the guide per sample; every future step draws ``z`` from the
+    model's prior and ``x`` from its emission, and the drawn ``x`` is the model's input at the
+    next step (the model is run again over the extended sequence, with the earlier latents
+    fixed, so any architecture whose inputs are past observations works).
+
+    :param torch.Tensor x_prefix: ``(batch, T, D)``.
+    :param int steps: number of future steps.
+    :param int num_samples: ``S`` continuations per sequence.
+    :param target: optional ``(batch, steps, D)`` true continuation, scored under the mixture.
+    :returns: :class:`ForecastResult`.
+    """
+    _check_model(model)
+    x_prefix, mask = validate_sequences(x_prefix, mask, model.obs_dim, _binary(model))
+    if not bool(mask.all()):
+        raise ValueError("forecast needs prefixes of equal length (mask all True); cut them first")
+    if int(steps) < 1 or int(num_samples) < 1:
+        raise ValueError(f"steps and num_samples must be >= 1, got {steps}, {num_samples}")
+    B, T, D = x_prefix.shape
+    S = int(num_samples)
+    x = x_prefix.repeat(S, 1, 1)                                          # (S B, T, D)
+    guide_trace = poutine.trace(model.guide).get_trace(x, torch.ones(S * B, T, dtype=torch.bool))
+    latents = {name: site["value"] for name, site in guide_trace.nodes.items()
+               if site["type"] == "sample" and not site["is_observed"]
+               and type(site["fn"]).__name__ != "_Subsample"}
+    samples, means = [], []
+    for k in range(int(steps)):
+        x_ext = torch.cat([x, x.new_zeros(S * B, 1, D)], 1)              # step T + k unknown
+        observed = torch.ones(S * B, T + k + 1, dtype=torch.bool)
+        observed[:, -1] = False
+        trace = poutine.trace(poutine.condition(model.model, data=latents)).get_trace(
+            x_ext, None, observed=observed)
+        for name, site in trace.nodes.items():                            # keep the new latents
+            if site["type"] == "sample" and not site["is_observed"] and name not in latents \
+                    and type(site["fn"]).__name__ != "_Subsample":
+                latents[name] = site["value"]
+        fn = trace.nodes[f"x_{T + k + 1}"]["fn"]
+        mean = fn.mean.expand(S * B, D)
+        draw = fn.sample().expand(S * B, D)
+        samples.append(draw)
+        means.append(mean)
+        x = torch.cat([x, draw.unsqueeze(1)], 1)
+    samples = torch.stack(samples, 1).reshape(S, B, int(steps), D)
+    means = torch.stack(means, 1).reshape(S, B, int(steps), D)
+    log_prob = None
+    if target is not None:
+        if tuple(target.shape) != (B, int(steps), D):
+            raise ValueError(f"target must have shape {(B, int(steps), D)}, got {tuple(target.shape)}")
+        log_prob = _mixture_log_prob(model, means, target)
+    return ForecastResult(samples=samples, means=means, log_prob=log_prob)
+
+
+def _mixture_log_prob(model, means, target):
+    """``log (1/S) sum_s p(target_k | path_s)`` per (batch, step) for Bernoulli emissions (from
+    the means) or Gaussian ones (not available from means alone: raise)."""
+    if not _binary(model):
+        raise NotImplementedError("forecast log-likelihoods of a target are implemented for "
+                                  "Bernoulli emissions (piano rolls)")
+    p = means.clamp(1e-12, 1 - 1e-12)
+    lp = (target * p.log() + (1 - target) * (-p).log1p()).sum(-1)        # (S, B, steps)
+    return torch.logsumexp(lp, 0) - torch.log(torch.tensor(float(lp.shape[0]), dtype=lp.dtype))

@@ -1,0 +1,131 @@
+"""Imputation, denoising and forecasting against the exact answers of a linear-Gaussian model.
+
+On :class:`LinearGaussianSequenceModel` the conditional means are known exactly from the Kalman
+smoother / predictor: E[x_t | x_obs] = C E[z_t | x_obs]. Monte Carlo estimates must match them
+within 5 standard errors (estimated from the draws themselves, stated next to each assertion).
+"""
+
+import math
+
+import pytest
+import torch
+
+from pyro_seq.models import DMM, LinearGaussianSequenceModel
+from pyro_seq.ops import kalman_filter, kalman_smoother
+from pyro_seq.tasks import denoise, forecast, impute
+
+pytestmark = pytest.mark.usefixtures("float64")  # tests/conftest.py
+
+
+def lg_model(guide):
+    torch.manual_seed(0)
+    A = torch.tensor([[0.9, 0.2], [-0.1, 0.8]])
+    C = torch.tensor([[1.0, 0.0], [0.3, 1.0], [0.0, -0.5]])
+    return LinearGaussianSequenceModel(3, 2, A=A, C=C, Q=0.3 * torch.eye(2), R=0.2 * torch.eye(3),
+                                       guide=guide)
+
+
+def lg_data(m, T=6, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    z = torch.zeros(2)
+    xs = []
+    for _ in range(T):
+        z = m.A @ z + torch.linalg.cholesky(m.Q) @ torch.randn(2, generator=g, dtype=torch.float64)
+        xs.append(m.C @ z + torch.linalg.cholesky(m.R) @ torch.randn(3, generator=g, dtype=torch.float64))
+    return torch.stack(xs).unsqueeze(0).detach()                          # (1, T, 3)
+
+
+def kalman_means(m, x, step_observed):
+    with torch.no_grad():
+        sm = kalman_smoother(torch.where(step_observed[..., None], x, torch.zeros_like(x)), m.init_loc,
+                             m.init_cov, m.A, m.Q, m.C, m.R,
+                             mask=step_observed[..., None].expand(x.shape))
+        return sm.means @ m.C.T                                           # (1, T, D)
+
+
+def test_importance_imputation_converges_to_the_kalman_smoother_mean():
+    m = lg_model("prior")
+    x = lg_data(m)
+    obs = torch.ones(1, 6, dtype=torch.bool)
+    obs[0, [2, 3]] = False
+    exact = kalman_means(m, x, obs)
+    # R independent runs of K particles: the spread of the R estimates gives the standard error
+    R, K = 40, 400
+    torch.manual_seed(2)
+    runs = torch.stack([impute(m, x, obs, method="importance", num_particles=K).probs for _ in range(R)])
+    mean, se = runs.mean(0), runs.std(0) / math.sqrt(R)
+    missing = ~obs[0]
+    err = (mean[0, missing] - exact[0, missing]).abs()
+    assert (err <= 5 * se[0, missing] + 1e-12).all(), (err, se[0, missing])
+    assert torch.equal(runs[0][0, ~missing], x[0, ~missing])             # observed entries kept
+
+
+def test_iterative_imputation_with_an_exact_guide_is_a_gibbs_sampler_of_the_missing_values():
+    # the exact posterior guide makes the seed's iterative procedure a Gibbs sampler: the
+    # running average of E[x_miss | z] converges to E[x_miss | x_obs]
+    m = lg_model("smoothing")
+    x = lg_data(m)
+    obs = torch.ones(1, 6, dtype=torch.bool)
+    obs[0, 4] = False
+    exact = kalman_means(m, x, obs)
+    chains = 200                                                          # independent chains
+    xb, ob = x.expand(chains, 6, 3).clone(), obs.expand(chains, 6).clone()
+    torch.manual_seed(3)
+    res = impute(m, xb, ob, method="iterative", num_iterations=30, burn_in=10)
+    est = res.probs[:, 4]                                                 # (chains, D)
+    mean, se = est.mean(0), est.std(0) / math.sqrt(chains)
+    assert ((mean - exact[0, 4]).abs() <= 5 * se).all(), (mean, exact[0, 4], se)
+    assert torch.equal(res.x[:, :4], xb[:, :4])
+
+
+def test_forecast_in_generation_mode_matches_the_kalman_prediction():
+    m = lg_model("smoothing")
+    x = lg_data(m, T=5)
+    steps, S = 3, 3000
+    torch.manual_seed(4)
+    res = forecast(m, x, steps, num_samples=S)
+    with torch.no_grad():
+        f = kalman_filter(x, m.init_loc, m.init_cov, m.A, m.Q, m.C, m.R)
+    z = f.means[0, -1]
+    for k in range(steps):
+        z = m.A @ z
+        exact = m.C @ z                                                   # E[x_{T+k+1} | x_{1:T}]
+        draws = res.samples[:, 0, k]                                      # (S, D)
+        se = draws.std(0) / math.sqrt(S)
+        assert ((draws.mean(0) - exact).abs() <= 5 * se).all(), (k, draws.mean(0), exact, se)
+    assert res.samples.shape == (S, 1, steps, 3) and res.log_prob is None
+
+
+def test_denoise_uses_only_the_past_with_a_filtering_guide_and_thresholds_the_emission():
+    torch.manual_seed(5)
+    m = DMM(6, z_dim=3, transition_dim=8, emission_dim=8, rnn_dim=8, inference="filtering")
+    g = torch.Generator().manual_seed(6)
+    x = (torch.rand(2, 7, 6, generator=g) < 0.3).double()
+    x_hat, probs = denoise(m, x)
+    assert torch.equal(x_hat, (probs > 0.5).double())
+    x2 = x.clone()
+    x2[:, 4:] = 1 - x2[:, 4:]                                             # change the future
+    x_hat2, probs2 = denoise(m, x2)
+    assert torch.equal(probs[:, :4], probs2[:, :4]) and not torch.equal(probs[:, 4:], probs2[:, 4:])
+
+
+def test_forecast_scores_a_binary_target_under_the_mixture():
+    torch.manual_seed(7)
+    m = DMM(6, z_dim=3, transition_dim=8, emission_dim=8, rnn_dim=8)
+    g = torch.Generator().manual_seed(8)
+    x = (torch.rand(2, 5, 6, generator=g) < 0.3).double()
+    target = (torch.rand(2, 3, 6, generator=g) < 0.3).double()
+    res = forecast(m, x, 3, num_samples=4, target=target)
+    p = res.means
+    per_path = (target * p.log() + (1 - target) * (-p).log1p()).sum(-1)  # (S, B, steps)
+    assert torch.allclose(res.log_prob, per_path.exp().mean(0).log(), rtol=1e-10)
+    assert set(res.samples.unique().tolist()) <= {0.0, 1.0}
+
+
+def test_bad_arguments():
+    m = lg_model("prior")
+    x = lg_data(m)
+    with pytest.raises(ValueError, match="method must be 'iterative' or 'importance'"):
+        impute(m, x, torch.ones(1, 6, dtype=torch.bool), method="gibbs")
+    with pytest.raises(ValueError, match="equal length"):
+        forecast(m, x, 2, mask=torch.tensor([[True] * 5 + [False]]))
