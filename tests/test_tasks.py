@@ -129,3 +129,16 @@ def test_bad_arguments():
         impute(m, x, torch.ones(1, 6, dtype=torch.bool), method="gibbs")
     with pytest.raises(ValueError, match="equal length"):
         forecast(m, x, 2, mask=torch.tensor([[True] * 5 + [False]]))
+
+
+def test_recovery_figure_counts_the_errors(tmp_path):
+    from pyro_seq.train.plots import plot_recovery
+
+    clean = torch.zeros(10, 88)
+    clean[:, 40] = 1
+    corrupted = clean.clone()
+    corrupted[3:5] = math.nan
+    recovered = clean.clone()
+    recovered[4, 41] = 1
+    n = plot_recovery(clean, corrupted, recovered, tmp_path / "r.png")
+    assert n == 1 and (tmp_path / "r.png").stat().st_size > 1000
