@@ -178,7 +178,8 @@ def test_masked_log_prob_bad_input():
     with pytest.raises(ValueError, match="last dim"):
         masked_log_prob(fn, x, torch.ones(3, D + 1, dtype=torch.bool))
     with pytest.raises(ValueError, match="supports"):
-        masked_log_prob(dist.MultivariateNormal(torch.zeros(D), torch.eye(D)), x, torch.ones(D, dtype=torch.bool))
+        mvn = dist.MultivariateNormal(torch.zeros(D), torch.eye(D))
+        masked_log_prob(mvn, x, torch.ones(D, dtype=torch.bool))
     with pytest.raises(ValueError, match="event shape"):
         masked_log_prob(dist.Normal(0.0, 1.0), torch.zeros(()), torch.ones((), dtype=torch.bool))
 
