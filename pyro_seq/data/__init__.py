@@ -21,6 +21,7 @@ from .batching import (
 )
 from .chorales import build_chorales, cache_dir, load_chorales, score_to_piano_roll
 from .datasets import NAMED_PICKLES, load_dataset
+from .japanese_vowels import JAPANESE_VOWELS_DIM, load_japanese_vowels
 from .midi import midi_to_piano_roll, piano_roll_to_midi
 from .piano_roll import (
     HIGHEST_NOTE,
@@ -34,6 +35,7 @@ from .safe_pickle import RestrictedUnpickler, UnsafePickleError, safe_load, safe
 
 __all__ = [
     "HIGHEST_NOTE",
+    "JAPANESE_VOWELS_DIM",
     "LOWEST_NOTE",
     "NAMED_PICKLES",
     "NUM_KEYS",
@@ -45,6 +47,7 @@ __all__ = [
     "chunk_sequences",
     "load_chorales",
     "load_dataset",
+    "load_japanese_vowels",
     "load_piano_rolls",
     "midi_to_piano_roll",
     "notes_to_roll",

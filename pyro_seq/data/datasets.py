@@ -1,4 +1,4 @@
-"""One entry point for every piano-roll dataset: :func:`load_dataset`."""
+"""One entry point for every dataset (piano rolls and JapaneseVowels): :func:`load_dataset`."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from typing import Dict, List, Sequence, Union
 import torch
 
 from .chorales import cache_dir, load_chorales
+from .japanese_vowels import load_japanese_vowels
 from .piano_roll import DEFAULT_SPLITS, load_piano_rolls
 
 __all__ = ["NAMED_PICKLES", "load_dataset"]
@@ -36,21 +37,25 @@ def _search_dirs() -> List[Path]:
 def load_dataset(
     name_or_path: Union[str, "os.PathLike[str]"], splits: Sequence[str] = DEFAULT_SPLITS, **kwargs
 ) -> Dict[str, List[torch.Tensor]]:
-    """Load a piano-roll dataset by name or path.
+    """Load a dataset by name or path.
 
     Args:
         name_or_path: ``"chorales"``: the built-in music21 Bach chorales
             (:func:`~pyro_seq.data.load_chorales`; not the Boulanger-Lewandowski split);
+            ``"japanese_vowels"``: 12 standardised LPC coefficients per frame, bundled with the
+            optional ``aeon`` package (:func:`~pyro_seq.data.load_japanese_vowels`);
             a name of :data:`NAMED_PICKLES` (``"jsb"``, ``"jsb_2x"``, ``"nottingham"``,
             ``"musedata"``, ``"piano_midi"``): that file looked up in the directories of
             ``$PYRO_SEQ_DATA`` (``os.pathsep``-separated) and then the cache directory
             (nothing is downloaded); anything else: the path of a Boulanger-Lewandowski pickle
             (:func:`~pyro_seq.data.load_piano_rolls`).
         splits: which splits to return.
-        **kwargs: passed to :func:`~pyro_seq.data.load_chorales` (e.g. ``cache``, ``progress``).
+        **kwargs: passed to :func:`~pyro_seq.data.load_chorales` (e.g. ``cache``, ``progress``)
+            or :func:`~pyro_seq.data.load_japanese_vowels` (e.g. ``valid_fraction``).
 
     Returns:
-        ``{split: [roll_0, ...]}``, each a ``float32`` 0/1 tensor of shape ``(T_i, 88)``.
+        ``{split: [roll_0, ...]}``, each a ``float32`` 0/1 tensor of shape ``(T_i, 88)``
+        (``(T_i, 12)`` real values for ``"japanese_vowels"``).
 
     Raises:
         FileNotFoundError: a named dataset that is in none of the search directories, or a
@@ -59,6 +64,8 @@ def load_dataset(
     key = os.fspath(name_or_path)
     if key == "chorales":
         return load_chorales(splits, **kwargs)
+    if key == "japanese_vowels":
+        return load_japanese_vowels(splits, **kwargs)
     if kwargs:
         raise TypeError(f"unexpected arguments {sorted(kwargs)} for a piano-roll pickle")
     if key.lower() in NAMED_PICKLES and not os.path.exists(key):
@@ -73,6 +80,7 @@ def load_dataset(
         )
     if not os.path.exists(key):
         raise FileNotFoundError(
-            f"no dataset {key!r}: not 'chorales', not one of {sorted(NAMED_PICKLES)}, and no such file"
+            f"no dataset {key!r}: not 'chorales' or 'japanese_vowels', not one of "
+            f"{sorted(NAMED_PICKLES)}, and no such file"
         )
     return load_piano_rolls(key, splits)
