@@ -55,10 +55,10 @@ import pyro
 import pyro.distributions as dist
 import torch
 import torch.nn as nn
-from pyro.distributions.torch_distribution import TorchDistribution
 from pyro.poutine.runtime import _PYRO_STACK
 
 from pyro_seq.distributions.scored_value import ScoredValue
+from pyro_seq.models.emission import ObservedElements
 from pyro_seq.ops.state import SequenceState
 from pyro_seq.validation import validate_mask, validate_observed, validate_sequences
 
@@ -68,44 +68,9 @@ check_sequences = validate_sequences
 
 
 def _observed_emission(fn, element_mask):
-    """``fn`` scored on the observed elements of its value only (see
-    :class:`pyro_seq.models.emission.ObservedElements`)."""
-    try:
-        from pyro_seq.models.emission import ObservedElements
-    except ImportError:  # TEMPORARY until the emission families land
-        ObservedElements = _TmpObservedElements
+    """``fn`` scored on the observed elements of its value only
+    (:class:`pyro_seq.models.emission.ObservedElements`)."""
     return ObservedElements(fn, element_mask)
-
-
-class _TmpObservedElements(TorchDistribution):  # TEMPORARY: Independent families only
-    arg_constraints = {}
-
-    def __init__(self, base, element_mask):
-        self.fn, self.element_mask = base, element_mask
-        super().__init__(base.batch_shape, base.event_shape, validate_args=False)
-
-    @property
-    def support(self):
-        return self.fn.support
-
-    def sample(self, sample_shape=()):
-        return self.fn.sample(sample_shape)
-
-    @property
-    def mean(self):
-        return self.fn.mean
-
-    def log_prob(self, value):
-        m = self.element_mask
-        value = torch.where(m, value, torch.zeros((), dtype=value.dtype))
-        lp = self.fn.base_dist.log_prob(value)
-        return torch.where(m, lp, torch.zeros((), dtype=lp.dtype)).sum(-1)
-
-    def expand(self, batch_shape, _instance=None):
-        batch_shape = torch.Size(batch_shape)
-        if batch_shape == self.batch_shape:
-            return self
-        return _TmpObservedElements(self.fn.expand(batch_shape), self.element_mask)
 
 
 def _value_preserving_messengers():
