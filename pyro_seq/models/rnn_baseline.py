@@ -110,8 +110,7 @@ class RNNBaseline(SequenceModel):
         h = rnn.h0.expand(1, num_sequences, -1).contiguous()
         if rnn.cell == "lstm":
             h = (h, torch.zeros_like(h))
-        x_prev = h[0].new_zeros(num_sequences, 1, self.obs_dim) if rnn.cell == "lstm" \
-            else h.new_zeros(num_sequences, 1, self.obs_dim)
+        x_prev = rnn.h0.new_zeros(num_sequences, 1, self.obs_dim)
         xs, params = [], []
         for _ in range(num_steps):
             d, h = rnn.rnn(x_prev, h)

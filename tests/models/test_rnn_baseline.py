@@ -7,9 +7,6 @@ pair must give exactly ``-sum_b log p(x^(b))`` (value and gradient) under Trace_
 TraceMeanField_ELBO, IWAE(K) vectorized and looped, IWAE with DReG, and FIVO(K).
 """
 
-import math
-
-import pyro
 import pyro.poutine as poutine
 import pytest
 import torch
@@ -19,13 +16,17 @@ from pyro.poutine.util import site_is_subsample
 
 from pyro_seq.infer import FIVO, IWAE
 from pyro_seq.models.rnn_baseline import RNNBaseline
-from tests.models.test_reference_elbo import act, bernoulli_logpmf, gru_cell, lin, randomize, softplus
+from tests.models.test_reference_elbo import (
+    act,
+    bernoulli_logpmf,
+    gru_cell,
+    lin,
+    normal_logpdf,
+    randomize,
+    softplus,
+)
 
 pytestmark = pytest.mark.usefixtures("float64")  # tests/conftest.py
-
-
-def gaussian_logpdf(x, loc, scale):
-    return (-0.5 * ((x - loc) / scale) ** 2 - torch.log(scale) - 0.5 * math.log(2 * math.pi)).sum(-1)
 
 
 def reference_log_p(m, x, likelihood):
@@ -42,7 +43,7 @@ def reference_log_p(m, x, likelihood):
             hid = act(lin(m.emitter[0][0], h))
             head = m.emitter[1]
             scale = head.min_scale + softplus(lin(head.raw_scale, hid))
-            total = total + gaussian_logpdf(x[t], lin(head.loc, hid), scale)
+            total = total + normal_logpdf(x[t], lin(head.loc, hid), scale)
     return total
 
 
