@@ -225,3 +225,19 @@ def test_bad_options_raise():
         VAERNN(4, d_dim=3, z_dim=2, hidden_dim=3, variance="exp")
     with pytest.raises(ValueError, match="activation"):
         VAERNN(4, d_dim=3, z_dim=2, hidden_dim=3, activation="swish")
+
+
+def test_emission_kwargs_reach_make_emission(monkeypatch):
+    """Extra keyword arguments (e.g. num_components of a "gmm" family) go to make_emission."""
+    import pyro_seq.models.vaernn as module
+
+    seen = {}
+    original = module.make_emission
+
+    def spy(*args, **kwargs):
+        seen.update(kwargs)
+        return original(*args)
+
+    monkeypatch.setattr(module, "make_emission", spy)
+    VAERNN(4, d_dim=3, z_dim=2, hidden_dim=3, num_components=5)
+    assert seen == {"num_components": 5}
