@@ -13,6 +13,18 @@ Inference networks of thesis Fig. 4.2:
   value) and ``q(z_t | z_{t-1}, a_t)`` is the combiner of Krishnan et al.;
 * ``inference="filtering"`` (Fig. 4.2b): ``a_t = NN^(a)(x_t)`` sees only the present.
 
+With ``residual=True`` (Res_q, thesis 4.8.1, in the form of eq. 5.12) the guide learns the
+residual to the prior mean evaluated at its own previous sample::
+
+    mu^(q)_t = mu^(p)(z_{t-1}) + W_l h_t,   h_t = (tanh(W z_{t-1}) + a_t) / 2
+    sigma^(q)_t = min_scale + softplus(W_s h_t)          (unchanged, as in the thesis)
+
+where ``mu^(p)`` is the gated-transition mean. For ``t >= 2`` ``z_{t-1}`` is the guide's sample
+(the model, replayed against the guide, uses the same value); for ``t = 1`` the prior mean is
+that of the model, ``mu^(p)(z_0)`` with the model's learned ``z_0`` (the combiner still reads the
+guide's own ``z_q_0``), so the residual is taken to the prior the model actually evaluates at
+every step. The default ``residual=False`` is the combiner of Krishnan et al. (2017) unchanged.
+
 Default sizes are those of Pyro's ``examples/dmm.py`` (z 100, transition 200, emission 100,
 backward RNN 600).
 """
@@ -24,6 +36,7 @@ import torch.nn as nn
 
 from pyro_seq.models.base import SequenceModel, normal
 from pyro_seq.models.emission import make_emission, stack_params
+from pyro_seq.models.srnn import SRNN
 from pyro_seq.nn import MLP, BackwardRNN, Combiner, GatedTransition
 
 
@@ -39,6 +52,8 @@ class DMM(SequenceModel):
     :param str rnn_cell: ``"rnn"`` (ReLU RNN, as Pyro's example), ``"gru"`` or ``"lstm"``.
     :param str likelihood: ``"bernoulli"`` (binary data) or ``"gaussian"``.
     :param float min_scale: floor on latent standard deviations.
+    :param bool residual: Res_q (module docstring): the guide mean is the gated-transition mean
+        at the guide's ``z_{t-1}`` plus the combiner's output. Default False (Krishnan et al.).
 
     ``x`` is ``(batch, T, obs_dim)``, ``mask`` ``(batch, T)``; see
     :mod:`pyro_seq.models.base` for the step protocol.
@@ -48,12 +63,15 @@ class DMM(SequenceModel):
     module_name = "dmm"
 
     def __init__(self, obs_dim, z_dim=100, transition_dim=200, emission_dim=100, rnn_dim=600,
-                 inference="smoothing", rnn_cell="rnn", likelihood="bernoulli", min_scale=1e-3):
+                 inference="smoothing", rnn_cell="rnn", likelihood="bernoulli", min_scale=1e-3,
+                 residual=False):
         super().__init__(obs_dim)
         self.binary_observations = likelihood == "bernoulli"
         if inference not in ("smoothing", "filtering"):
             raise ValueError(f"inference must be 'smoothing' or 'filtering', got {inference!r}")
-        self.z_dim, self.inference = z_dim, inference
+        if not isinstance(residual, bool):
+            raise ValueError(f"residual must be True or False, got {residual!r}")
+        self.z_dim, self.inference, self.residual = z_dim, inference, residual
         self.transition = GatedTransition(z_dim, transition_dim, min_scale)
         self.emitter, self.likelihood = make_emission(likelihood, z_dim, [emission_dim] * 2, obs_dim)
         if inference == "smoothing":
@@ -69,10 +87,17 @@ class DMM(SequenceModel):
         state["z"] = self.z_0.expand(x.shape[0], self.z_dim)
 
     def model_step(self, state, t, x, mask):
-        loc, scale = self.transition(state["z"])
+        loc_scale = self._prior_from_guide(state, t) if self.residual else None
+        if loc_scale is None:
+            loc_scale = self.transition(state["z"])
+        loc, scale = loc_scale
         z = self.sample_latent(state, "z", t, normal, (loc, scale), mask)
         self.observe(state, t, x, mask, z)
         state["z"] = z
+
+    #: the prior ``(loc, scale)`` cached by a Res_q guide step, when the model step sharing the
+    #: state (FIVO) has the same ``z_{t-1}`` (the helper of :class:`~pyro_seq.models.srnn.SRNN`)
+    _prior_from_guide = staticmethod(SRNN._prior_from_guide)
 
     # inference network q(z | x): thesis eq. 4.6-4.9, Fig. 4.2
     def guide_init(self, state, x, mask):
@@ -86,6 +111,12 @@ class DMM(SequenceModel):
     def guide_step(self, state, t, x, mask):
         heads = (state.shared["combiner_w"], state.shared["combiner_b"])
         loc, scale = self.combiner(state["guide_z"], state.shared_at("a", t), heads)
+        if self.residual:  # Res_q: residual to the prior mean at the guide's z_{t-1} (z_0 at t=0)
+            z_prev = state["guide_z"] if t > 0 else self.z_0
+            prior = self.transition(z_prev)
+            loc = loc + prior[0]
+            # a model step sharing this state (FIVO) reuses p(z_t | z_{t-1}) at the same z_{t-1}
+            state.shared["_guide_prior"] = (t, z_prev, prior)
         z = pyro.sample(f"z_{t + 1}", dist.Normal(loc, scale).to_event(1).mask(mask[:, t]))
         state["guide_z"] = z
 
