@@ -52,6 +52,8 @@ activations. Those are the defaults here (``cell="lstm"``, as both papers use). 
 standard deviations have a floor ``min_scale`` (thesis 4.8.1), so no scale reaches 0.
 """
 
+import inspect
+
 import pyro
 import torch
 import torch.nn as nn
@@ -128,7 +130,9 @@ class VRNN(SequenceModel):
     :param str variance: ``"softplus"`` (std ``min_scale + softplus(NN)``) or ``"log"`` (``NN`` is
         the log-variance, std ``min_scale + exp(NN / 2)``), as :class:`~pyro_seq.models.SRNN`.
     :param emission_kwargs: passed on to ``make_emission`` (e.g. ``num_components=`` for a
-        mixture likelihood where ``make_emission`` supports it).
+        mixture likelihood where ``make_emission`` supports it); an option that neither VRNN
+        nor ``make_emission`` accepts raises ``TypeError`` naming it. Bad values raise
+        ``ValueError``.
 
     ``x`` is ``(batch, T, obs_dim)``, ``mask`` ``(batch, T)``; see :mod:`pyro_seq.models.base`.
     """
@@ -155,8 +159,14 @@ class VRNN(SequenceModel):
         self.prior = nn.Sequential(                                          # p(z_t | d_t)
             MLP(d_dim, [], hidden_dim, activation, activate_output=True),
             GaussianHead(hidden_dim, z_dim, min_scale, variance))
-        self.emitter, self.likelihood = make_emission(                       # p(x_t | z_t, d_t)
-            likelihood, feature_dim + d_dim, [hidden_dim], obs_dim, activation, **emission_kwargs)
+        emission_args = (likelihood, feature_dim + d_dim, [hidden_dim], obs_dim, activation)
+        try:
+            inspect.signature(make_emission).bind(*emission_args, **emission_kwargs)
+        except TypeError:
+            raise TypeError(
+                f"VRNN got unexpected option(s) {sorted(emission_kwargs)}: options other than "
+                f"VRNN's own are passed to make_emission, which does not accept them") from None
+        self.emitter, self.likelihood = make_emission(*emission_args, **emission_kwargs)  # p(x|z,d)
         if inference == "smoothing":
             self.encoder = BackwardRNN(obs_dim, d_dim, cell=cell)            # a_t = g(a_{t+1}, x_t)
             context_dim = d_dim

@@ -458,6 +458,27 @@ def test_bad_options_are_named(kwargs, message):
         tiny(**kwargs)
 
 
+def test_unknown_options_are_named():
+    with pytest.raises(TypeError, match="hiden_dim"):
+        tiny(hiden_dim=3)
+
+
+def test_emission_options_are_passed_to_make_emission(monkeypatch):
+    # e.g. ``num_components=`` of a mixture likelihood, once make_emission accepts it
+    import pyro_seq.models.vrnn as vrnn
+
+    seen = []
+    original = vrnn.make_emission
+
+    def make_emission(likelihood, in_dim, hidden_dims, obs_dim, activation="relu", **kwargs):
+        seen.append((likelihood, in_dim, hidden_dims, obs_dim, activation, kwargs))
+        return original(likelihood, in_dim, hidden_dims, obs_dim, activation)
+
+    monkeypatch.setattr(vrnn, "make_emission", make_emission)
+    tiny(likelihood="gaussian", num_components=3)
+    assert seen == [("gaussian", 5 + 4, [6], 5, "relu", {"num_components": 3})]
+
+
 def test_bad_generate_arguments_are_named():
     with pytest.raises(ValueError, match="num_steps"):
         tiny().generate(2, 0)
