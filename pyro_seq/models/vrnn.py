@@ -48,8 +48,11 @@ Defaults. Chung et al. (2015) report speech and handwriting only; for polyphonic
 VRNN was trained by Maddison et al. (2017, FIVO; the application the thesis cites for
 particle-filter bounds), whose piano-roll configuration sets every size to the latent size 64
 (LSTM state, one hidden layer in each MLP, the encoded ``phi_x``/``phi_z`` features) with ReLU
-activations. Those are the defaults here (``cell="lstm"``, as both papers use). Latent
-standard deviations have a floor ``min_scale`` (thesis 4.8.1), so no scale reaches 0.
+activations (``latent_size=64`` in their code, whose sizes default to it). Those are the
+defaults here (``cell="lstm"``, as both papers use). Departure: latent standard deviations are
+``min_scale + softplus(NN)`` with ``min_scale = 1e-3`` (the floor of thesis 4.8.1, as in
+:class:`~pyro_seq.models.SRNN`), where Maddison et al. use ``softplus(NN + 0.25)`` without a
+floor; so no scale reaches 0 and no log-density becomes NaN.
 """
 
 import inspect
