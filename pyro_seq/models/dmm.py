@@ -52,6 +52,8 @@ class DMM(SequenceModel):
     :param str rnn_cell: ``"rnn"`` (ReLU RNN, as Pyro's example), ``"gru"`` or ``"lstm"``.
     :param str likelihood: ``"bernoulli"`` (binary data) or ``"gaussian"``.
     :param float min_scale: floor on latent standard deviations.
+    :param emission_kwargs: passed to :func:`~pyro_seq.models.emission.make_emission`, e.g.
+        ``num_components`` for ``likelihood="gmm"``.
     :param bool residual: Res_q (module docstring): the guide mean is the gated-transition mean
         at the guide's ``z_{t-1}`` plus the combiner's output. Default False (Krishnan et al.).
 
@@ -64,7 +66,7 @@ class DMM(SequenceModel):
 
     def __init__(self, obs_dim, z_dim=100, transition_dim=200, emission_dim=100, rnn_dim=600,
                  inference="smoothing", rnn_cell="rnn", likelihood="bernoulli", min_scale=1e-3,
-                 residual=False):
+                 residual=False, **emission_kwargs):
         super().__init__(obs_dim)
         self.binary_observations = likelihood == "bernoulli"
         if inference not in ("smoothing", "filtering"):
@@ -73,7 +75,8 @@ class DMM(SequenceModel):
             raise ValueError(f"residual must be True or False, got {residual!r}")
         self.z_dim, self.inference, self.residual = z_dim, inference, residual
         self.transition = GatedTransition(z_dim, transition_dim, min_scale)
-        self.emitter, self.likelihood = make_emission(likelihood, z_dim, [emission_dim] * 2, obs_dim)
+        self.emitter, self.likelihood = make_emission(likelihood, z_dim, [emission_dim] * 2, obs_dim,
+                                                      **emission_kwargs)
         if inference == "smoothing":
             self.encoder = BackwardRNN(obs_dim, rnn_dim, cell=rnn_cell, learn_init=True)
         else:
