@@ -46,7 +46,8 @@ def bernoulli_logpmf(x, logits):
 
 def tanh_cell(rnn, u, h):
     """Seed eq. (2) with f_h = tanh (torch's two-bias layout)."""
-    return torch.tanh(u @ rnn.weight_ih_l0.T + rnn.bias_ih_l0 + h @ rnn.weight_hh_l0.T + rnn.bias_hh_l0)
+    return torch.tanh(u @ rnn.weight_ih_l0.T + rnn.bias_ih_l0
+                      + h @ rnn.weight_hh_l0.T + rnn.bias_hh_l0)
 
 
 def gru_cell(rnn, u, h):
