@@ -23,6 +23,7 @@ from tests.models.test_storn import (
     check_one_svi_step,
     check_particle_runs_match_full_runs,
     check_sites_against_reference,
+    check_trains,
     emission_logpdf,
     lin,
     normal_logpdf,
@@ -174,3 +175,9 @@ def test_bad_options_raise():
         tiny(likelihood="poisson")
     with pytest.raises(ValueError, match="decoder_dim"):
         VRAE(4, decoder_dim=0)
+
+
+@pytest.mark.parametrize("prior", ["white", "wiener"])
+def test_trains(prior):
+    torch.manual_seed(0)
+    check_trains(VRAE(6, z_dim=3, encoder_dim=8, decoder_dim=8, emission_dim=8, prior=prior))
