@@ -49,6 +49,7 @@ import torch.nn as nn
 from pyro_seq.distributions.wiener import wiener_transition
 from pyro_seq.models.base import SequenceModel, normal
 from pyro_seq.models.emission import make_emission, stack_params
+from pyro_seq.models.srnn import shift_right  # u_t = x_{t-1}, x_0 = 0
 from pyro_seq.nn import GaussianHead, cat_broadcast
 
 __all__ = ["PRIORS", "CELLS", "STORN", "VOSP", "StepRNN", "latent_prior", "white_noise"]
@@ -70,11 +71,6 @@ def latent_prior(prior):
     if prior == "wiener":
         return wiener_transition
     raise ValueError(f"prior must be one of {PRIORS}, got {prior!r}")
-
-
-def shift_right(x):
-    """``u_t = x_{t-1}`` with ``u_1 = x_0 = 0``: ``(batch, T, D) -> (batch, T, D)``."""
-    return torch.cat([torch.zeros_like(x[:, :1]), x[:, :-1]], dim=1)
 
 
 class StepRNN(nn.Module):
