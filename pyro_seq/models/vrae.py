@@ -1,0 +1,158 @@
+r"""Variational recurrent auto-encoder, VRAE (Bayer & Osendorfer, seed 002 sec. 3.1).
+
+A sequence VAE: the whole sequence is encoded into a latent *sequence* :math:`z_{1:T}` with a
+temporal prior, and decoded back (``h_0 = 0``, ``z_0 = 0``)::
+
+    z_t ~ p(z_t | z_{t-1})          prior="wiener": N(z_{t-1}, I) (sec. 3.3), "white": N(0, I)
+    h_t = f(h_{t-1}, z_t)           decoder RNN (seed eq. 2 with f_h = tanh, or a GRU)
+    x_t ~ p(x_t | h_t)              Bernoulli (sec. 4) or Gaussian
+
+Recognition model: one bidirectional RNN (Schuster & Paliwal; the seed's [25]) over the whole
+sequence, :math:`\overrightarrow{a}_t = f_\rightarrow(\overrightarrow{a}_{t-1}, x_t)`,
+:math:`\overleftarrow{a}_t = f_\leftarrow(\overleftarrow{a}_{t+1}, x_t)` (both from zero, the
+backward one from each sequence's own last step), and
+
+.. math:: q(z_{1:T} | x_{1:T}) = \prod_{t=1}^T \mathcal{N}\big(z_t; \mu([\overrightarrow{a}_t,
+    \overleftarrow{a}_t]), \mathrm{diag}\,\sigma^2([\overrightarrow{a}_t, \overleftarrow{a}_t])
+    \big),
+
+a diagonal Gaussian in which every step sees the whole sequence.
+
+Bound: the display of sec. 3.1 (Eq. (6) with time indices),
+
+.. math:: -\log p(x_{1:T}) \le KL(q(z_{1:T}) \| p(z_{1:T}))
+    - \mathbb{E}_{z_{1:T} \sim q}[\log p(x_{1:T} | z_{1:T})] =: \mathcal{L}_{\mathrm{VRAE}},
+    \qquad \log p(x_{1:T} | z_{1:T}) = \sum_t \log p(x_t | h_t).
+
+As a :class:`~pyro_seq.models.base.SequenceModel` the guide's ``init`` runs the bidirectional
+encoder once (``state.shared``), its steps sample ``z_t``; the model's steps run the decoder
+(``h_t`` and ``z_{t-1}`` per particle, so FIVO resamples them). Pyro's ELBOs estimate
+:math:`\mathcal{L}_{\mathrm{VRAE}}` from the per-step sites; the KL term in closed form
+(sec. 3.3, via :math:`g_W`) is :meth:`VRAE.kl_divergence`.
+
+**Departures from the seed.** Sec. 3.1 uses bidirectional RNNs for the *generating* model too
+(Fig. 1a); a bidirectional decoder would make :math:`p(x_t | z_{1:T})` depend on future latents,
+which the step protocol (and particle filtering) cannot express, so the decoder here is causal:
+:math:`p(x_t | z_{1:t})`. Fast dropout is not implemented. Sizes are not in the seed (random
+search); the defaults match :class:`~pyro_seq.models.storn.STORN`.
+"""
+
+import pyro
+import torch
+
+from pyro_seq.distributions.wiener import kl_diagonal_normal_wiener
+from pyro_seq.models.base import SequenceModel, normal
+from pyro_seq.models.emission import make_emission, stack_params
+from pyro_seq.models.storn import StepRNN, latent_prior
+from pyro_seq.nn import GaussianHead, reverse_padded
+from pyro_seq.validation import validate_sequences
+
+__all__ = ["VRAE"]
+
+
+class VRAE(SequenceModel):
+    """VRAE as a Pyro model/guide pair (module docstring; seed 002 sec. 3.1, 3.3).
+
+    :param int obs_dim: observation size ``D``.
+    :param int z_dim: latent size.
+    :param int encoder_dim: state size of each direction of the bidirectional encoder.
+    :param int decoder_dim: state size of the decoder RNN ``h_t``.
+    :param int emission_dim: hidden units of the emission MLP ``h_t -> p(x_t | h_t)``.
+    :param str prior: ``"wiener"`` (default, sec. 3.3 and 4) or ``"white"``.
+    :param str likelihood: ``"bernoulli"`` (sec. 4) or ``"gaussian"`` (or any family
+        :func:`~pyro_seq.models.emission.make_emission` knows, with its ``emission_kwargs``).
+    :param str cell: ``"tanh"`` (seed eq. 2) or ``"gru"``, for all three RNNs.
+    :param str activation: hidden activation of the emission MLP.
+    :param float min_scale: floor on the recognition model's standard deviations.
+    :param str variance: ``"softplus"`` or ``"log"`` (:class:`~pyro_seq.nn.GaussianHead`).
+    :param emission_kwargs: passed on to ``make_emission`` (e.g. ``num_components``).
+    """
+
+    time_parallel = True
+    module_name = "vrae"
+
+    def __init__(self, obs_dim, z_dim=100, encoder_dim=300, decoder_dim=300, emission_dim=500,
+                 prior="wiener", likelihood="bernoulli", cell="tanh", activation="tanh",
+                 min_scale=1e-3, variance="softplus", **emission_kwargs):
+        super().__init__(obs_dim)
+        for name, value in (("z_dim", z_dim), ("encoder_dim", encoder_dim),
+                            ("decoder_dim", decoder_dim), ("emission_dim", emission_dim)):
+            if int(value) != value or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value}")
+        self.prior_dist = latent_prior(prior)
+        self.prior, self.z_dim = prior, int(z_dim)
+        self.encoder_dim, self.decoder_dim = int(encoder_dim), int(decoder_dim)
+        self.binary_observations = likelihood == "bernoulli"
+        self.forward_encoder = StepRNN(obs_dim, encoder_dim, cell)
+        self.backward_encoder = StepRNN(obs_dim, encoder_dim, cell)
+        self.recognition = GaussianHead(2 * encoder_dim, z_dim, min_scale, variance)
+        self.decoder = StepRNN(z_dim, decoder_dim, cell)
+        self.emitter, self.likelihood = make_emission(
+            likelihood, decoder_dim, [emission_dim], obs_dim, activation, **emission_kwargs)
+
+    # generative model: z_t ~ p(z_t | z_{t-1}), h_t = f(h_{t-1}, z_t), x_t ~ p(x_t | h_t)
+    def model_init(self, state, x, mask):
+        state["h"] = x.new_zeros(x.shape[0], self.decoder_dim)
+        state["z"] = x.new_zeros(x.shape[0], self.z_dim)
+
+    def model_step(self, state, t, x, mask):
+        z = self.sample_latent(state, "z", t, self.prior_dist, (state["z"],), mask)
+        if isinstance(t, slice):   # every z_t known (replayed): the decoder runs once
+            h = self.decoder.sequence(z, state["h"])
+        else:
+            h = self.decoder.step(z, state["h"])
+        self.observe(state, t, x, mask, h)
+        state["h"], state["z"] = h, z
+
+    # recognition model q(z_{1:T} | x_{1:T}): bidirectional RNN over the whole sequence
+    def recognition_params(self, x, mask):
+        """``(loc, scale)`` of :math:`q(z_t | x_{1:T})` for every step, ``(batch, T, z_dim)``."""
+        zeros = x.new_zeros(x.shape[0], self.encoder_dim)
+        forward = self.forward_encoder.sequence(x, zeros)
+        lengths = mask.sum(-1)
+        backward = reverse_padded(self.backward_encoder.sequence(reverse_padded(x, lengths), zeros),
+                                  lengths)   # starts at each sequence's own last step
+        return self.recognition(torch.cat([forward, backward], dim=-1))
+
+    def guide_init(self, state, x, mask):
+        state.shared["q_loc"], state.shared["q_scale"] = self.recognition_params(x, mask)
+
+    def guide_step(self, state, t, x, mask):
+        loc, scale = state.shared_at("q_loc", t), state.shared_at("q_scale", t)
+        pyro.sample(f"z_{t + 1}", normal(loc, scale).mask(mask[:, t]))
+
+    def kl_divergence(self, x, mask=None):
+        r"""The KL term of :math:`\mathcal{L}_{\mathrm{VRAE}}` in closed form, per sequence.
+
+        Wiener prior: via the difference map :math:`g_W` (sec. 3.3,
+        :func:`~pyro_seq.distributions.wiener.kl_diagonal_normal_wiener`); white prior: the sum
+        of per-step Gaussian KLs from :math:`\mathcal{N}(0, I)`. Padded steps contribute 0.
+
+        :returns: ``(batch,)``.
+        """
+        x, mask = validate_sequences(x, mask, self.obs_dim, self.binary_observations)
+        loc, scale = self.recognition_params(x, mask)
+        if self.prior == "wiener":
+            return kl_diagonal_normal_wiener(loc, scale, mask=mask)
+        terms = 0.5 * (scale ** 2 + loc ** 2 - 1.0) - torch.log(scale)
+        return terms.sum(-1).masked_fill(~mask, 0.0).sum(-1)
+
+    @torch.no_grad()
+    def generate(self, num_sequences, num_steps):
+        """Ancestral samples: ``z_t ~ p(z_t|z_{t-1})``, ``h_t = f(h_{t-1}, z_t)``,
+        ``x_t ~ p(x_t | h_t)``.
+
+        :returns: ``(x, params)``: samples ``(num_sequences, num_steps, obs_dim)`` and the
+            emission parameters per step (time at dim 1).
+        """
+        ref = self.recognition.loc.weight
+        h = ref.new_zeros(num_sequences, self.decoder_dim)
+        z = ref.new_zeros(num_sequences, self.z_dim)
+        xs, params = [], []
+        for _ in range(num_steps):
+            z = self.prior_dist(z).sample()
+            h = self.decoder.step(z, h)
+            p = self.emitter(h)
+            xs.append(self.likelihood(p).sample())
+            params.append(p)
+        return torch.stack(xs, 1), stack_params(params)
