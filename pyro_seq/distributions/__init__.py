@@ -1,7 +1,15 @@
-"""pyro_seq.distributions"""
+"""pyro_seq.distributions: Pyro distributions of the package (exact LGSSM marginal, Wiener-process
+prior, diagonal Gaussian mixture emissions, precomputed-score wrapper)."""
 
 from pyro_seq.distributions.linear_gaussian_ssm import LGSSMForecast, LinearGaussianSSM
 from pyro_seq.distributions.mixture import DiagonalNormalMixture
 from pyro_seq.distributions.scored_value import ScoredValue
+from pyro_seq.distributions.wiener import (
+    WienerProcess,
+    kl_diagonal_normal_wiener,
+    wiener_increments,
+    wiener_transition,
+)
 
-__all__ = ["DiagonalNormalMixture", "LGSSMForecast", "LinearGaussianSSM", "ScoredValue"]
+__all__ = ["DiagonalNormalMixture", "LGSSMForecast", "LinearGaussianSSM", "ScoredValue",
+           "WienerProcess", "kl_diagonal_normal_wiener", "wiener_increments", "wiener_transition"]

@@ -5,8 +5,10 @@ from pyro_seq.models.dmm import DMM
 from pyro_seq.models.linear_gaussian import LinearGaussianSequenceModel
 from pyro_seq.models.rnn_baseline import RNNBaseline
 from pyro_seq.models.srnn import SRNN
+from pyro_seq.models.storn import STORN, VOSP
 from pyro_seq.models.vaernn import VAERNN
+from pyro_seq.models.vrae import VRAE
 from pyro_seq.models.vrnn import VRNN
 
-__all__ = ["DMM", "LinearGaussianSequenceModel", "RNNBaseline", "SRNN", "SequenceModel", "StepProgram",
-           "VAERNN", "VRNN", "check_sequences"]
+__all__ = ["DMM", "LinearGaussianSequenceModel", "RNNBaseline", "SRNN", "STORN", "SequenceModel",
+           "StepProgram", "VAERNN", "VOSP", "VRAE", "VRNN", "check_sequences"]

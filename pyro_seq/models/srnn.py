@@ -86,6 +86,8 @@ class SRNN(SequenceModel):
         thesis 4.8.1; the benchmark results in ``docs/benchmarks.rst`` use it. Both are
         tested against a reference written from the equations
         (``tests/models/test_reference_elbo.py``).
+    :param emission_kwargs: passed to :func:`~pyro_seq.models.emission.make_emission`, e.g.
+        ``num_components`` for ``likelihood="gmm"``.
     """
 
     time_parallel = True
@@ -93,7 +95,7 @@ class SRNN(SequenceModel):
 
     def __init__(self, obs_dim, d_dim=300, z_dim=100, hidden_dim=500, inference="smoothing",
                  residual=True, likelihood="bernoulli", activation="clipped_leaky_relu",
-                 min_scale=1e-3, variance="softplus"):
+                 min_scale=1e-3, variance="softplus", **emission_kwargs):
         super().__init__(obs_dim)
         self.binary_observations = likelihood == "bernoulli"
         if inference not in ("smoothing", "filtering"):
@@ -102,7 +104,7 @@ class SRNN(SequenceModel):
         self.deterministic = ForwardRNN(obs_dim, d_dim, cell="gru")
         self.prior = GaussianMLP(z_dim, d_dim, hidden_dim, z_dim, activation, min_scale, variance)
         self.emitter, self.likelihood = make_emission(
-            likelihood, z_dim + d_dim, [hidden_dim], obs_dim, activation)
+            likelihood, z_dim + d_dim, [hidden_dim], obs_dim, activation, **emission_kwargs)
         if inference == "smoothing":
             self.encoder = BackwardRNN(d_dim + obs_dim, d_dim, cell="gru")
         else:
