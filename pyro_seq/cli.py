@@ -20,20 +20,21 @@ from pathlib import Path
 
 import torch
 
-MODELS = ("dmm", "srnn")
+MODELS = ("dmm", "srnn", "vrnn", "vaernn", "storn", "vosp", "vrae", "rnn")
 
 
 def build_model(name, obs_dim, options):
     """Construct a model by name with keyword ``options`` (see each model's docstring)."""
-    from pyro_seq.models import DMM, SRNN
+    from pyro_seq.models import DMM, SRNN, STORN, VAERNN, VOSP, VRAE, VRNN, RNNBaseline
 
-    classes = {"dmm": DMM, "srnn": SRNN}
+    classes = {"dmm": DMM, "srnn": SRNN, "vrnn": VRNN, "vaernn": VAERNN, "storn": STORN,
+               "vosp": VOSP, "vrae": VRAE, "rnn": RNNBaseline}
     if name not in classes:
         raise SystemExit(f"unknown model {name!r}; choose from {MODELS}")
     try:
         return classes[name](obs_dim, **options)
-    except TypeError as e:
-        raise SystemExit(f"bad model option for {name}: {e}") from None
+    except (TypeError, ValueError) as e:
+        raise SystemExit(f"pyro-seq: error: bad model option for {name}: {e}") from None
 
 
 def _parse_options(pairs):

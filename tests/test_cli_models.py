@@ -1,0 +1,38 @@
+"""Every architecture of the zoo trains, evaluates and samples from the command line."""
+
+import pytest
+
+from pyro_seq.cli import main
+from tests.test_cli import tiny_pickle  # noqa: F401  (fixture)
+
+SMALL = {
+    "vrnn": ["--z-dim", "2", "--model-option", "d_dim=6", "--model-option", "hidden_dim=6",
+             "--model-option", "feature_dim=6"],
+    "vaernn": ["--z-dim", "2", "--model-option", "d_dim=6", "--model-option", "hidden_dim=6"],
+    "storn": ["--z-dim", "2", "--model-option", "rnn_dim=6", "--model-option", "emission_dim=6"],
+    "vosp": ["--z-dim", "2", "--model-option", "rnn_dim=6", "--model-option", "emission_dim=6",
+             "--model-option", "prior=\"white\""],
+    "vrae": ["--z-dim", "2", "--model-option", "encoder_dim=6", "--model-option", "decoder_dim=6",
+             "--model-option", "emission_dim=6"],
+    "rnn": ["--model-option", "d_dim=6", "--model-option", "hidden_dim=6"],
+}
+
+
+@pytest.mark.parametrize("model", sorted(SMALL))
+def test_train_evaluate_sample_every_model(model, tiny_pickle, tmp_path, capsys):  # noqa: F811
+    out = tmp_path / model
+    args = ["train", "--model", model, "--data", str(tiny_pickle), "--epochs", "1", "--quiet",
+            "--batch-size", "4", "--out", str(out)] + SMALL[model]
+    assert main(args) == 0
+    assert main(["evaluate", str(out), "--objective", "iwae", "--particles", "2"]) == 0
+    assert main(["sample", str(out), "--length", "4"]) == 0
+    text = capsys.readouterr().out
+    assert "test ELBO" in text and "iwae (K=2)" in text and (out / "sample_0.mid").exists()
+
+
+def test_bad_model_option_is_one_line(tiny_pickle, tmp_path):  # noqa: F811
+    with pytest.raises(SystemExit) as info:
+        main(["train", "--model", "storn", "--data", str(tiny_pickle), "--epochs", "1", "--quiet",
+              "--out", str(tmp_path / "x"), "--model-option", "prior=\"brownian\""])
+    assert str(info.value.code).startswith("pyro-seq: error: bad model option for storn:")
+    assert "prior" in str(info.value.code)
