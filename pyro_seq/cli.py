@@ -102,10 +102,18 @@ def cmd_train(args):
         options["inference"] = args.inference
     config = TrainConfig(
         epochs=args.epochs, batch_size=args.batch_size, objective=args.objective,
-        num_particles=args.particles, lr=args.lr, clip_norm=args.clip_norm, lrd=args.lrd,
+        num_particles=args.particles, lr=args.lr, clip_norm=args.clip_norm,
+        lr_schedule=args.lr_schedule, plateau_factor=args.plateau_factor,
+        plateau_patience=args.plateau_patience, plateau_min_lr=args.plateau_min_lr,
+        lrd=args.lrd, lr_decay_after=args.lr_decay_after, lr_decay_factor=args.lr_decay_factor,
         kl_start=args.kl_start, kl_anneal_steps=args.kl_anneal_steps, free_bits=args.free_bits,
-        chunk_length=args.chunk_length, patience=args.patience, seed=args.seed,
-        time_limit=args.time_limit, num_threads=args.threads, progress=not args.quiet)
+        chunk_length=args.chunk_length, patience=args.patience or None, seed=args.seed,
+        init=args.init, time_limit=args.time_limit, num_threads=args.threads,
+        progress=not args.quiet)
+    try:
+        config.validate()
+    except ValueError as e:
+        raise SystemExit(f"pyro-seq: error: {e}") from None
     run = {"model": args.model, "obs_dim": obs_dim, "model_options": options, "data": args.data,
            "train": {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(config).items()}}
     torch.manual_seed(args.seed)
@@ -167,6 +175,12 @@ def cmd_sample(args):
     return 0
 
 
+def _train_defaults():
+    from pyro_seq.train import TrainConfig
+
+    return TrainConfig()
+
+
 def make_parser():
     parser = argparse.ArgumentParser(prog="pyro-seq", description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -184,13 +198,39 @@ def make_parser():
     p.add_argument("--batch-size", type=int, default=20, help="sequences per minibatch")
     p.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate")
     p.add_argument("--clip-norm", type=float, default=10.0, help="gradient norm clip per tensor")
-    p.add_argument("--lrd", type=float, default=1.0, help="learning-rate decay per step")
+    defaults = _train_defaults()
+    p.add_argument("--lr-schedule", choices=("plateau", "exponential", "constant"),
+                   default=defaults.lr_schedule,
+                   help="plateau (default): multiply the rate by --plateau-factor when the "
+                        "validation ELBO has not improved for --plateau-patience + 1 epochs; "
+                        "exponential: constant for --lr-decay-after epochs, then divided by "
+                        "--lr-decay-factor per epoch (the SRNN code); constant: --lr, times "
+                        "--lrd after every update")
+    p.add_argument("--plateau-factor", type=float, default=defaults.plateau_factor,
+                   help=f"rate multiplier on a validation plateau (default {defaults.plateau_factor})")
+    p.add_argument("--plateau-patience", type=int, default=defaults.plateau_patience,
+                   help="epochs without validation improvement tolerated before the rate is "
+                        f"reduced (default {defaults.plateau_patience})")
+    p.add_argument("--plateau-min-lr", type=float, default=defaults.plateau_min_lr,
+                   help=f"lowest rate of the plateau schedule (default {defaults.plateau_min_lr:g})")
+    p.add_argument("--lrd", type=float, default=defaults.lrd,
+                   help="learning-rate decay per step (--lr-schedule constant)")
+    p.add_argument("--lr-decay-after", type=int, default=defaults.lr_decay_after,
+                   help="epochs at the full rate (--lr-schedule exponential)")
+    p.add_argument("--lr-decay-factor", type=float, default=defaults.lr_decay_factor,
+                   help="divide the rate by this per epoch after --lr-decay-after")
+    p.add_argument("--init", choices=("srnn", "normal", "none"), default=defaults.init,
+                   help="initialisation of a fresh run (never on resume): srnn (default) = the "
+                        "SRNN code's weights for an SRNN plus, for Bernoulli emissions, the "
+                        "output bias from the training notes' frequencies; none = as built")
     p.add_argument("--kl-start", type=float, default=0.2, help="initial KL weight beta")
     p.add_argument("--kl-anneal-steps", type=int, default=1000,
                    help="updates over which beta rises linearly to 1 (0: no annealing)")
     p.add_argument("--free-bits", type=float, default=0.0, help="free bits per latent site (nats)")
     p.add_argument("--chunk-length", type=int, default=None, help="train on windows of this length")
-    p.add_argument("--patience", type=int, default=None, help="early-stopping patience (epochs)")
+    p.add_argument("--patience", type=int, default=defaults.patience,
+                   help="stop after this many epochs without validation improvement; the best "
+                        f"weights are kept (default {defaults.patience}; 0: never stop early)")
     p.add_argument("--time-limit", type=float, default=None, help="stop after this many seconds")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     p.add_argument("--z-dim", type=int, default=None, help="latent size")

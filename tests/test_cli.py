@@ -180,3 +180,27 @@ def test_killed_during_a_checkpoint_save_keeps_the_previous_one_and_resumes(tiny
     assert a["epoch"] == b["epoch"] == 2 and a["global_step"] == b["global_step"]
     for name, p in a["model"].items():
         assert torch.equal(p, b["model"][name]), name
+
+
+def test_train_schedule_and_init_options_default_to_fits_and_reach_the_run(tiny_pickle, tmp_path):
+    from pyro_seq.cli import make_parser
+    from pyro_seq.train import TrainConfig
+
+    args = make_parser().parse_args(["train", "--out", str(tmp_path)])
+    defaults = TrainConfig()
+    for name in ("lr_schedule", "plateau_factor", "plateau_patience", "plateau_min_lr", "lrd",
+                 "lr_decay_after", "lr_decay_factor", "init", "patience"):
+        assert getattr(args, name) == getattr(defaults, name), name
+    out = tmp_path / "run"
+    assert main(["train", "--data", str(tiny_pickle), "--epochs", "1", "--out", str(out),
+                 "--quiet", "--lr-schedule", "exponential", "--lr-decay-after", "0",
+                 "--lr-decay-factor", "2", "--init", "none", "--patience", "0",
+                 "--plateau-factor", "0.25", "--plateau-patience", "5"] + TINY_SRNN) == 0
+    train = json.loads((out / "config.json").read_text())["train"]
+    assert (train["lr_schedule"], train["lr_decay_after"], train["lr_decay_factor"], train["init"],
+            train["patience"], train["plateau_factor"], train["plateau_patience"]) == (
+        "exponential", 0, 2.0, "none", None, 0.25, 5)
+    assert json.loads((out / "log.json").read_text())[0]["lr"] == 1e-3 / 2
+    with pytest.raises(SystemExit, match="pyro-seq: error: the per-update decay lrd belongs to "
+                                         "lr_schedule='constant'"):
+        main(["train", "--data", str(tiny_pickle), "--out", str(tmp_path / "x"), "--lrd", "0.99"])

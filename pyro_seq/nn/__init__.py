@@ -1,6 +1,7 @@
 """Reusable neural-network blocks (pure torch): MLPs, distribution heads, transitions, RNNs."""
 
 from pyro_seq.nn.heads import BernoulliHead, GaussianHead
+from pyro_seq.nn.init import INIT_SCHEMES, bernoulli_output_layer, init_output_bias, init_weights
 from pyro_seq.nn.mlp import MLP, ClippedLeakyReLU, cat_broadcast, make_activation
 from pyro_seq.nn.recurrent import BackwardRNN, ForwardRNN, reverse_padded
 from pyro_seq.nn.relu_scan import ragged_relu_rnn
@@ -14,8 +15,12 @@ __all__ = [
     "ForwardRNN",
     "GatedTransition",
     "GaussianHead",
+    "INIT_SCHEMES",
     "MLP",
+    "bernoulli_output_layer",
     "cat_broadcast",
+    "init_output_bias",
+    "init_weights",
     "make_activation",
     "ragged_relu_rnn",
     "reverse_padded",

@@ -4,20 +4,26 @@ from pyro_seq.train.checkpoint import (CheckpointError, load_checkpoint, load_we
                                        save_checkpoint, save_weights)
 from pyro_seq.train.evaluate import elbo_terms, evaluate_bound
 from pyro_seq.train.objectives import OBJECTIVES, make_objective
-from pyro_seq.train.trainer import TrainConfig, epoch_lr, fit, kl_beta
+from pyro_seq.train.trainer import (INITS, LR_SCHEDULES, TrainConfig, TrainHistory, epoch_lr, fit,
+                                    initialise, kl_beta, make_optimizer)
 
 __all__ = [
     "CheckpointError",
+    "INITS",
+    "LR_SCHEDULES",
     "OBJECTIVES",
     "TrainConfig",
+    "TrainHistory",
     "elbo_terms",
     "evaluate_bound",
     "fit",
     "kl_beta",
     "epoch_lr",
+    "initialise",
     "load_checkpoint",
     "load_weights",
     "make_objective",
+    "make_optimizer",
     "restore",
     "save_checkpoint",
     "save_weights",

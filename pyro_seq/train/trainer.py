@@ -4,20 +4,51 @@
 :mod:`pyro_seq.train.objectives`. Each epoch it
 
 1. runs :class:`pyro.infer.SVI` over shuffled minibatches (order a function of seed and epoch),
-   with :class:`~pyro.optim.ClippedAdam` (per-parameter gradient-norm clipping, learning-rate
-   decay per update ``lrd`` or per epoch after ``lr_decay_after`` epochs, see
-   :func:`epoch_lr`) and optional KL annealing (:class:`~pyro_seq.infer.LatentScale`, beta rising
+   with :class:`~pyro.optim.ClippedAdam` (per-parameter gradient-norm clipping) under one of the
+   learning-rate schedules ``lr_schedule`` (below) and optional KL annealing
+   (:class:`~pyro_seq.infer.LatentScale`, beta rising
    linearly from ``kl_start`` to 1 over ``kl_anneal_steps`` updates, thesis 4.8.1). Pyro's
    per-site validation (argument checks, NaN hooks on every log-density) is off during the
    updates unless ``pyro_validation=True``: the inputs are checked once per batch by the model
    and a non-finite loss stops training with an error, so the per-site checks only add cost;
-2. evaluates the validation ELBO in nats per step (and its KL term);
+2. evaluates the validation ELBO in nats per step (and its KL term) and, under the default
+   ``lr_schedule="plateau"``, halves the rate when it has not improved for a few epochs;
 3. appends a row to ``log.csv``/``log.json``, saves ``checkpoint.pt`` (everything needed to
-   continue exactly) and ``best.pt`` when validation improves, and redraws ``loss_curve.png``;
+   continue exactly, the scheduler's state included) and ``best.pt`` when validation improves,
+   and redraws ``loss_curve.png``;
 4. stops early after ``patience`` epochs without validation improvement.
 
-Calling :func:`fit` again on the same output folder resumes from ``checkpoint.pt`` and gives the
-same parameters as an uninterrupted run.
+When it stops (patience, ``epochs`` reached or ``time_limit``) the model holds the weights of
+its best validation epoch (read back from ``best.pt``); ``checkpoint.pt`` keeps the last ones,
+so that calling :func:`fit` again on the same output folder resumes from ``checkpoint.pt`` and
+gives the same parameters as an uninterrupted run.
+
+Learning-rate schedules (``TrainConfig.lr_schedule``):
+
+* ``"plateau"`` (default): :class:`pyro.optim.ReduceLROnPlateau` around ClippedAdam, driven by
+  the validation ELBO per step once per epoch: the rate is multiplied by ``plateau_factor``
+  (0.5) after ``plateau_patience`` + 1 (4) consecutive epochs without an improvement of at least
+  ``plateau_threshold`` nats per step over the best so far, then waits ``plateau_cooldown``
+  epochs, never going below ``plateau_min_lr``. It needs no per-dataset tuning: the SRNN recipe
+  tuned on JSB-2x (constant for 50 epochs, then /1.15 per epoch) kept the full rate while the
+  validation bound of other data peaked at a third of the schedule and then fell. Without
+  validation sequences the rate stays constant.
+* ``"exponential"``: the per-epoch schedule of the SRNN code, ``lr_decay_after`` epochs
+  constant, then divided by ``lr_decay_factor`` per epoch (:func:`epoch_lr`).
+* ``"constant"``: ``lr`` throughout, optionally multiplied by ``lrd`` after every update
+  (Pyro's DMM example).
+
+Early stopping (``patience``, default 12 epochs without a new best validation bound): with the
+plateau defaults the rate has then been halved twice and each rate has had 4 epochs to help,
+so training stops at the epoch where the third halving would come.
+
+Initialisation (``TrainConfig.init``, only on a fresh start, never on resume): ``"srnn"``
+(default) applies :func:`pyro_seq.nn.init_weights` (the SRNN authors' scheme) to an
+:class:`~pyro_seq.models.SRNN` and, for every model with a Bernoulli emission, sets the
+emission's output bias to the logits of the training set's note frequencies
+(:func:`pyro_seq.nn.init_output_bias`); other models keep their constructors' weights (the
+DMM's gated transition starts at the identity). ``"normal"``: the same with
+``init_weights(scheme="normal")``. ``"none"``: the model as constructed.
 """
 
 import csv
@@ -32,14 +63,21 @@ from typing import Optional
 import pyro
 import torch
 from pyro.infer import SVI
-from pyro.optim import ClippedAdam
+from pyro.optim import ClippedAdam, ReduceLROnPlateau
+from pyro.optim.clipped_adam import ClippedAdam as _TorchClippedAdam
 from tqdm.auto import tqdm
 
 from pyro_seq.data.batching import SequenceLoader
-from pyro_seq.train.checkpoint import load_checkpoint, restore, save_checkpoint, save_weights
+from pyro_seq.nn.init import INIT_SCHEMES, bernoulli_output_layer, init_output_bias, init_weights
+from pyro_seq.train.checkpoint import (load_checkpoint, load_weights, restore, save_checkpoint,
+                                       save_weights)
 from pyro_seq.train.evaluate import evaluate_bound
 from pyro_seq.train.objectives import make_objective
 from pyro_seq.validation import validate_sequence_list
+
+
+LR_SCHEDULES = ("plateau", "exponential", "constant")
+INITS = INIT_SCHEMES + ("none",)
 
 
 @dataclass
@@ -53,6 +91,12 @@ class TrainConfig:
     lr: float = 1e-3
     betas: tuple = (0.9, 0.999)
     clip_norm: float = 10.0
+    lr_schedule: str = "plateau"
+    plateau_factor: float = 0.5
+    plateau_patience: int = 3
+    plateau_min_lr: float = 1e-5
+    plateau_cooldown: int = 0
+    plateau_threshold: float = 1e-3
     lrd: float = 1.0
     lr_decay_after: Optional[int] = None
     lr_decay_factor: float = 1.0
@@ -62,7 +106,8 @@ class TrainConfig:
     free_bits: float = 0.0
     chunk_length: Optional[int] = None
     valid_batch_size: int = 64
-    patience: Optional[int] = None
+    patience: Optional[int] = 12
+    init: str = "srnn"
     seed: int = 0
     time_limit: Optional[float] = None
     num_threads: Optional[int] = None
@@ -77,19 +122,40 @@ class TrainConfig:
             raise ValueError(f"kl_start must be in [0, 1], got {self.kl_start}")
         if self.lr <= 0:
             raise ValueError(f"lr must be positive, got {self.lr}")
+        if self.lr_schedule not in LR_SCHEDULES:
+            raise ValueError(f"lr_schedule must be one of {LR_SCHEDULES}, got {self.lr_schedule!r}")
         if self.lr_decay_after is not None:
             if self.lr_decay_after < 0 or self.lr_decay_factor < 1.0:
                 raise ValueError("lr_decay_after must be >= 0 and lr_decay_factor >= 1")
             if self.lrd != 1.0:
                 raise ValueError("use either the per-update decay lrd or the per-epoch schedule "
                                  "lr_decay_after/lr_decay_factor, not both")
+        if (self.lr_decay_after is not None) != (self.lr_schedule == "exponential"):
+            raise ValueError("lr_decay_after/lr_decay_factor set the per-epoch schedule: use them "
+                             "with lr_schedule='exponential' (and lr_schedule='exponential' needs "
+                             "lr_decay_after)")
+        if self.lrd != 1.0 and self.lr_schedule != "constant":
+            raise ValueError("the per-update decay lrd belongs to lr_schedule='constant', got "
+                             f"lr_schedule={self.lr_schedule!r}")
+        if self.lr_schedule == "plateau":
+            if not 0.0 < self.plateau_factor < 1.0:
+                raise ValueError(f"plateau_factor must be in (0, 1), got {self.plateau_factor}")
+            if min(self.plateau_patience, self.plateau_cooldown) < 0:
+                raise ValueError("plateau_patience and plateau_cooldown must be >= 0")
+            if self.plateau_min_lr < 0 or self.plateau_threshold < 0:
+                raise ValueError("plateau_min_lr and plateau_threshold must be >= 0")
+        if self.patience is not None and self.patience < 1:
+            raise ValueError(f"patience must be None (no early stopping) or >= 1, got {self.patience}")
+        if self.init not in INITS:
+            raise ValueError(f"init must be one of {INITS}, got {self.init!r}")
         return self
 
 
 def epoch_lr(epoch, config):
     """Learning rate of (0-based) ``epoch`` under the per-epoch exponential schedule of the
     SRNN code (Fraccaro et al. 2016): constant for ``lr_decay_after`` epochs, then divided by
-    ``lr_decay_factor`` once per epoch. ``config.lr`` when no schedule is set."""
+    ``lr_decay_factor`` once per epoch (``lr_schedule="exponential"``). ``config.lr`` for the
+    other schedules (the plateau schedule's later rates depend on the validation curve)."""
     if config.lr_decay_after is None:
         return config.lr
     return config.lr / config.lr_decay_factor ** max(0, epoch - config.lr_decay_after + 1)
@@ -107,6 +173,84 @@ def _set_lr_in_state(state, lr):
     for opt_state in state.values():
         for group in opt_state["param_groups"]:
             group["lr"] = lr
+
+
+def make_optimizer(config):
+    """The Pyro optimizer of ``config``: ClippedAdam, wrapped in
+    :class:`pyro.optim.ReduceLROnPlateau` (mode ``"max"`` on the validation ELBO, absolute
+    threshold ``plateau_threshold``) when ``lr_schedule="plateau"``.
+
+    Pyro builds one torch optimizer (and one scheduler) per parameter when it first sees the
+    parameter; every scheduler receives the same validation bound, so all rates move together.
+    ``get_state()`` then holds ``{"scheduler": ..., "optimizer": ...}`` per parameter (plain
+    numbers and lists, loadable with ``weights_only=True``).
+    """
+    adam = {"lr": epoch_lr(0, config), "betas": tuple(config.betas), "clip_norm": config.clip_norm,
+            "lrd": config.lrd, "weight_decay": config.weight_decay}
+    if config.lr_schedule != "plateau":
+        return ClippedAdam(adam)
+    return ReduceLROnPlateau({"optimizer": _TorchClippedAdam, "optim_args": adam, "mode": "max",
+                              "factor": config.plateau_factor, "patience": config.plateau_patience,
+                              "threshold": config.plateau_threshold, "threshold_mode": "abs",
+                              "cooldown": config.plateau_cooldown, "min_lr": config.plateau_min_lr})
+
+
+def _current_lr(optim, default):
+    """The rate of the optimizers Pyro has created (all equal), ``default`` before the first."""
+    for obj in optim.optim_objs.values():
+        return getattr(obj, "optimizer", obj).param_groups[0]["lr"]
+    return default
+
+
+def _check_schedule_of_checkpoint(state, config, path):
+    """Refuse to resume a checkpoint whose optimizer state belongs to another kind of schedule
+    (a plateau checkpoint holds a scheduler state per parameter)."""
+    saved_plateau = any(isinstance(v, dict) and "scheduler" in v for v in state.values())
+    if state and saved_plateau != (config.lr_schedule == "plateau"):
+        saved = "'plateau'" if saved_plateau else "'exponential' or 'constant'"
+        raise ValueError(f"{path} was written with lr_schedule={saved}; resume with the same "
+                         f"schedule (got {config.lr_schedule!r}) or train into a new folder")
+
+
+def initialise(model, train_sequences, scheme="srnn"):
+    """Apply ``TrainConfig.init`` to a freshly built ``model`` (uses torch's global RNG).
+
+    ``"srnn"``/``"normal"``: :func:`~pyro_seq.nn.init_weights` with that scheme on an
+    :class:`~pyro_seq.models.SRNN`, and :func:`~pyro_seq.nn.init_output_bias` on any model with
+    a Bernoulli emission; ``"none"``: nothing. Returns the names of what was initialised
+    (``"weights"``, ``"output_bias"``).
+    """
+    from pyro_seq.models import SRNN
+
+    done = []
+    if scheme == "none":
+        return done
+    if scheme not in INIT_SCHEMES:
+        raise ValueError(f"init must be one of {INITS}, got {scheme!r}")
+    if isinstance(model, SRNN):
+        init_weights(model, scheme)
+        done.append("weights")
+    if bernoulli_output_layer(model) is not None:
+        init_output_bias(model, train_sequences)
+        done.append("output_bias")
+    return done
+
+
+class TrainHistory(list):
+    """The per-epoch log rows returned by :func:`fit` (a list), with how training ended.
+
+    :ivar str stop_reason: ``"epochs"`` (all epochs done), ``"patience"`` (early stop) or
+        ``"time_limit"``.
+    :ivar best_epoch: 1-based epoch of the best validation bound (None without validation).
+    :ivar best_valid_elbo_per_step: that bound (None without validation).
+    :ivar bool restored_best: the model was given the weights of ``best_epoch`` from
+        ``best.pt`` when ``fit`` returned.
+    """
+
+    stop_reason = "epochs"
+    best_epoch = None
+    best_valid_elbo_per_step = None
+    restored_best = False
 
 
 def kl_beta(step, config):
@@ -154,15 +298,22 @@ def fit(model, train_sequences, valid_sequences, config, out_dir, resume=True):
     :param TrainConfig config: settings.
     :param out_dir: folder for ``checkpoint.pt``, ``best.pt``, ``log.csv``, ``log.json``,
         ``loss_curve.png``.
-    :param bool resume: continue from ``out_dir/checkpoint.pt`` if it exists.
-    :returns: the list of per-epoch log rows.
+    :param bool resume: continue from ``out_dir/checkpoint.pt`` if it exists (a fresh start,
+        and only a fresh start, initialises the model as ``config.init`` says).
+    :returns: a :class:`TrainHistory`: the list of per-epoch log rows (of all epochs, resumed
+        ones included) with ``stop_reason``, ``best_epoch``, ``best_valid_elbo_per_step`` and
+        ``restored_best``. With validation sequences, ``model`` (and Pyro's param store, which
+        holds the same tensors) then has the weights of the best validation epoch, read back
+        from ``best.pt``; ``checkpoint.pt`` keeps the last epoch's for resuming.
     :raises ValueError: a sequence fails :func:`pyro_seq.validation.validate_sequence_list`
-        (message ``"train[i]: ..."`` / ``"valid[i]: ..."``, before anything is written).
+        (message ``"train[i]: ..."`` / ``"valid[i]: ..."``, before anything is written); or
+        ``checkpoint.pt`` was written under another kind of ``lr_schedule``.
     :raises pyro_seq.train.CheckpointError: ``checkpoint.pt`` is truncated or corrupt (the
         message names it and says what to do).
 
-    Global state. While it runs, ``fit`` seeds torch's global RNG with ``config.seed`` (on
-    resume: sets it to the state saved in the checkpoint) and, if ``config.num_threads`` is set,
+    Global state. While it runs, ``fit`` seeds torch's global RNG with ``config.seed`` (then
+    draws the initial weights from it; on resume: sets it to the state saved in the checkpoint)
+    and, if ``config.num_threads`` is set,
     calls :func:`torch.set_num_threads`; both are put back as they were when it returns or
     raises. Pyro validation is switched per update with :func:`pyro.validation_enabled`, which
     restores it. Pyro's global param store is *not* restored: it is cleared on entry and holds
@@ -183,8 +334,7 @@ def fit(model, train_sequences, valid_sequences, config, out_dir, resume=True):
     torch.manual_seed(config.seed)
     loader = SequenceLoader(train_sequences, config.batch_size, shuffle=True, seed=config.seed,
                             chunk_length=config.chunk_length)
-    optim = ClippedAdam({"lr": epoch_lr(0, config), "betas": tuple(config.betas), "clip_norm": config.clip_norm,
-                         "lrd": config.lrd, "weight_decay": config.weight_decay})
+    optim = make_optimizer(config)
     loss = make_objective(config.objective, config.num_particles, config.free_bits)
     model_fn, guide_fn, annealer = model.model, model.guide, None
     if config.kl_anneal_steps > 0:
@@ -197,9 +347,12 @@ def fit(model, train_sequences, valid_sequences, config, out_dir, resume=True):
     history, start_epoch, global_step = [], 0, 0
     best, bad_epochs = -math.inf, 0
     ckpt_path = out_dir / "checkpoint.pt"
-    if resume and ckpt_path.exists():
+    if not (resume and ckpt_path.exists()):
+        initialise(model, train_sequences, config.init)
+    else:
         payload = load_checkpoint(ckpt_path)
-        if config.lr_decay_after is not None:  # optimizers are rebuilt lazily from this state
+        _check_schedule_of_checkpoint(payload["optimizer"], config, ckpt_path)
+        if config.lr_schedule == "exponential":  # optimizers are rebuilt lazily from this state
             _set_lr_in_state(payload["optimizer"], epoch_lr(payload["epoch"], config))
         payload = restore(payload, model=model, optimizer=optim)
         history, start_epoch = payload["history"], payload["epoch"]
@@ -207,13 +360,17 @@ def fit(model, train_sequences, valid_sequences, config, out_dir, resume=True):
         best = payload["extra"].get("best_valid", -math.inf)
         bad_epochs = payload["extra"].get("bad_epochs", 0)
 
+    history = TrainHistory(history)
+    stopped_early = config.patience is not None and bad_epochs >= config.patience
     started = time.time()
-    bar = tqdm(range(start_epoch, config.epochs), initial=start_epoch, total=config.epochs,
+    # a run that stopped early stays stopped when called again (as the uninterrupted run would)
+    bar = tqdm(range(start_epoch, start_epoch if stopped_early else config.epochs),
+               initial=start_epoch, total=config.epochs,
                desc="epochs", disable=not config.progress, unit="epoch")
     for epoch in bar:
         model.train()
         lr = epoch_lr(epoch, config)
-        if config.lr_decay_after is not None:
+        if config.lr_schedule == "exponential":
             _set_lr(optim, lr)
         total_loss, epoch_start = 0.0, time.time()
         for x, mask in loader.batches(epoch):
@@ -228,6 +385,8 @@ def fit(model, train_sequences, valid_sequences, config, out_dir, resume=True):
                     "lower the learning rate or raise min_scale")
             total_loss += step_loss
             global_step += 1
+        if config.lr_schedule == "plateau":
+            lr = _current_lr(optim, config.lr)  # the rate of this epoch's updates
         row = {"epoch": epoch + 1, "step": global_step, "beta": kl_beta(global_step, config),
                "lr": lr * config.lrd ** global_step,
                "train_loss_per_step": total_loss / loader.num_steps,
@@ -238,6 +397,12 @@ def fit(model, train_sequences, valid_sequences, config, out_dir, resume=True):
             improved = val["per_step"] > best
             best = max(best, val["per_step"])
             bad_epochs = 0 if improved else bad_epochs + 1
+            if config.lr_schedule == "plateau":
+                optim.step(val["per_step"])  # each scheduler: reduce the rate on a plateau
+                new_lr = _current_lr(optim, lr)
+                if new_lr < lr:
+                    bar.write(f"epoch {epoch + 1}: validation plateau, learning rate "
+                              f"{lr:.3g} -> {new_lr:.3g}")
         else:
             improved = True
         history.append(row)
@@ -254,11 +419,22 @@ def fit(model, train_sequences, valid_sequences, config, out_dir, resume=True):
         bar.set_postfix(postfix)
         if config.patience is not None and bad_epochs >= config.patience:
             bar.write(f"early stop: no validation improvement in {bad_epochs} epochs")
+            history.stop_reason = "patience"
             break
         if config.time_limit is not None and time.time() - started > config.time_limit:
             bar.write(f"time limit of {config.time_limit:.0f} s reached after epoch {epoch + 1}")
+            history.stop_reason = "time_limit"
             break
     bar.close()
+    if config.patience is not None and bad_epochs >= config.patience:
+        history.stop_reason = "patience"  # also when a resumed run had already stopped
+    valid = [(row["valid_elbo_per_step"], -i) for i, row in enumerate(history)
+             if "valid_elbo_per_step" in row]
+    if valid:  # the first epoch with the highest bound is the one best.pt holds
+        value, neg_index = max(valid)
+        history.best_epoch, history.best_valid_elbo_per_step = history[-neg_index]["epoch"], value
+        model.load_state_dict(load_weights(out_dir / "best.pt"))
+        history.restored_best = True
     try:
         from pyro_seq.train.plots import plot_history
 

@@ -3,11 +3,14 @@
 import json
 import math
 
+import pyro
 import pytest
 import torch
 
 from pyro_seq.models import DMM, SRNN
-from pyro_seq.train import TrainConfig, elbo_terms, epoch_lr, evaluate_bound, fit, kl_beta
+from pyro_seq.train import (TrainConfig, elbo_terms, epoch_lr, evaluate_bound, fit, kl_beta,
+                            load_checkpoint, load_weights)
+from pyro_seq.train import trainer as trainer_module
 
 
 def toy_sequences(n, seed=0, D=6):
@@ -21,38 +24,127 @@ def tiny_srnn():
     return SRNN(6, d_dim=8, z_dim=3, hidden_dim=8)
 
 
+def _assert_same_state(a, b):
+    assert a.keys() == b.keys()
+    for name, p in a.items():
+        assert (torch.equal(p, b[name]) if torch.is_tensor(p) else p == b[name]), name
+
+
 def test_resume_gives_the_same_parameters_as_an_uninterrupted_run(tmp_path):
     train, valid = toy_sequences(12), toy_sequences(4, seed=1)
-    cfg = dict(batch_size=5, lr=0.01, kl_start=0.2, kl_anneal_steps=4, progress=False)
+    # plateau schedule (the default) with a threshold no epoch can beat: every epoch after the
+    # first is a bad one, so the rate halves after epochs 3 and 5 (patience 1) and the result
+    # depends on the scheduler's bad-epoch count, which the checkpoint must carry over
+    cfg = dict(batch_size=5, lr=0.01, kl_start=0.2, kl_anneal_steps=4, progress=False,
+               plateau_patience=1, plateau_threshold=10.0)
     straight = tiny_srnn()
-    fit(straight, train, valid, TrainConfig(epochs=3, **cfg), tmp_path / "a")
+    expected = fit(straight, train, valid, TrainConfig(epochs=5, **cfg), tmp_path / "a")
+    assert [row["lr"] for row in expected] == [0.01, 0.01, 0.01, 0.005, 0.005]
     resumed = tiny_srnn()
-    fit(resumed, train, valid, TrainConfig(epochs=1, **cfg), tmp_path / "b")
+    fit(resumed, train, valid, TrainConfig(epochs=2, **cfg), tmp_path / "b")
+    saved = load_checkpoint(tmp_path / "b" / "checkpoint.pt")["optimizer"]
+    assert {s["scheduler"]["num_bad_epochs"] for s in saved.values()} == {1}
     other = tiny_srnn()            # a fresh object, as after a restart of the program
     torch.manual_seed(123)         # unrelated RNG use in between must not matter
-    history = fit(other, train, valid, TrainConfig(epochs=3, **cfg), tmp_path / "b")
-    assert [row["epoch"] for row in history] == [1, 2, 3]
-    for (name, p), q in zip(straight.state_dict().items(), other.state_dict().values()):
-        assert torch.equal(p, q), name
+    history = fit(other, train, valid, TrainConfig(epochs=5, **cfg), tmp_path / "b")
+    assert [row["epoch"] for row in history] == [1, 2, 3, 4, 5]
+    assert [row["lr"] for row in history] == [row["lr"] for row in expected]
+    assert [row["valid_elbo_per_step"] for row in history] == [
+        row["valid_elbo_per_step"] for row in expected]
+    _assert_same_state(straight.state_dict(), other.state_dict())  # the best weights
+    a = load_checkpoint(tmp_path / "a" / "checkpoint.pt")
+    b = load_checkpoint(tmp_path / "b" / "checkpoint.pt")
+    _assert_same_state(a["model"], b["model"])                      # the last weights
+    assert a["optimizer"].keys() == b["optimizer"].keys()
+    for name, state in a["optimizer"].items():
+        assert state["scheduler"] == b["optimizer"][name]["scheduler"], name
+        assert state["scheduler"]["_last_lr"] == [0.0025]
+        _assert_same_state(state["optimizer"]["state"][0], b["optimizer"][name]["optimizer"]["state"][0])
+
+
+def test_plateau_rule_factor_patience_threshold_and_min_lr(tmp_path, monkeypatch):
+    """The rate of each epoch under a scripted validation curve: halved after patience + 1
+    epochs without an improvement of more than the threshold, never below min_lr."""
+    curve = iter([-5.0, -4.0, -3.9995, -4.2, -3.0, -3.5, -3.6, -3.7, -3.8])
+    monkeypatch.setattr(trainer_module, "evaluate_bound",
+                        lambda *a, **k: {"per_step": next(curve), "kl_per_step": 0.0})
+    cfg = TrainConfig(epochs=9, batch_size=5, lr=0.01, plateau_patience=1, plateau_factor=0.5,
+                      plateau_threshold=1e-3, plateau_min_lr=0.003, progress=False)
+    history = fit(tiny_srnn(), toy_sequences(8), toy_sequences(3, seed=1), cfg, tmp_path)
+    # -3.9995 is better than -4.0 but by less than the threshold: a bad epoch for the scheduler
+    # (halving after epoch 4), while the trainer's best.pt follows every improvement
+    assert [row["lr"] for row in history] == [0.01, 0.01, 0.01, 0.01, 0.005, 0.005, 0.005,
+                                              0.003, 0.003]
+    assert history.best_epoch == 5 and history.best_valid_elbo_per_step == -3.0
+    assert history.stop_reason == "epochs"
+
+
+def test_stopping_restores_the_best_weights_into_model_and_param_store(tmp_path, monkeypatch):
+    curve = iter([-5.0, -4.0, -4.5, -4.6, -4.7, -4.8])
+    monkeypatch.setattr(trainer_module, "evaluate_bound",
+                        lambda *a, **k: {"per_step": next(curve), "kl_per_step": 0.0})
+    model = tiny_srnn()
+    cfg = TrainConfig(epochs=50, batch_size=4, lr=0.01, patience=3, progress=False)
+    history = fit(model, toy_sequences(8), toy_sequences(3, seed=1), cfg, tmp_path)
+    assert len(history) == 5 and history.stop_reason == "patience"
+    assert history.best_epoch == 2 and history.best_valid_elbo_per_step == -4.0
+    assert history.restored_best
+    best, last = load_weights(tmp_path / "best.pt"), load_checkpoint(tmp_path / "checkpoint.pt")
+    _assert_same_state(model.state_dict(), best)
+    assert last["epoch"] == 5
+    assert any(not torch.equal(p, best[k]) for k, p in last["model"].items())
+    store = pyro.get_param_store()
+    for name, p in model.named_parameters():
+        assert torch.equal(store[f"{model.module_name}$$${name}"], p), name
+    # best.pt holds the weights of epoch 2: those of a run stopped there
+    two = tiny_srnn()
+    curve = iter([-5.0, -4.0])
+    fit(two, toy_sequences(8), toy_sequences(3, seed=1), TrainConfig(
+        epochs=2, batch_size=4, lr=0.01, progress=False), tmp_path / "two")
+    _assert_same_state(two.state_dict(), best)
+    # called again, a run that stopped early stays stopped and still returns the best weights
+    again = tiny_srnn()
+    history = fit(again, toy_sequences(8), toy_sequences(3, seed=1), cfg, tmp_path)
+    assert len(history) == 5 and history.stop_reason == "patience" and history.best_epoch == 2
+    _assert_same_state(again.state_dict(), best)
+
+
+def test_time_limit_and_last_epoch_also_restore_the_best_weights(tmp_path, monkeypatch):
+    curve = iter([-4.0, -5.0, -6.0, -7.0])
+    monkeypatch.setattr(trainer_module, "evaluate_bound",
+                        lambda *a, **k: {"per_step": next(curve), "kl_per_step": 0.0})
+    data = toy_sequences(8), toy_sequences(3, seed=1)
+    cfg = dict(batch_size=4, lr=0.01, progress=False)
+    model = tiny_srnn()
+    history = fit(model, *data, TrainConfig(epochs=2, **cfg), tmp_path)
+    assert history.stop_reason == "epochs" and history.best_epoch == 1
+    best = load_weights(tmp_path / "best.pt")
+    _assert_same_state(model.state_dict(), best)
+    model = tiny_srnn()
+    history = fit(model, *data, TrainConfig(epochs=10, time_limit=0.0, **cfg), tmp_path)
+    assert len(history) == 3 and history.stop_reason == "time_limit" and history.best_epoch == 1
+    _assert_same_state(model.state_dict(), best)
 
 
 def test_epoch_lr_schedule_of_the_srnn_code():
     """Constant for ``lr_decay_after`` epochs, then divided by the factor once per epoch
     (0-based epoch 20 is the first decayed one with lr_decay_after=20, as in the SRNN code)."""
-    cfg = TrainConfig(lr=1e-3, lr_decay_after=20, lr_decay_factor=1.2)
+    cfg = TrainConfig(lr=1e-3, lr_schedule="exponential", lr_decay_after=20, lr_decay_factor=1.2)
     assert epoch_lr(0, cfg) == epoch_lr(19, cfg) == 1e-3
     assert math.isclose(epoch_lr(20, cfg), 1e-3 / 1.2)
     assert math.isclose(epoch_lr(29, cfg), 1e-3 / 1.2 ** 10)
     assert epoch_lr(7, TrainConfig(lr=0.5)) == 0.5
     with pytest.raises(ValueError, match="not both"):
-        TrainConfig(lr_decay_after=2, lr_decay_factor=2.0, lrd=0.99).validate()
-    with pytest.raises(ValueError, match="lr_decay_factor"):
-        TrainConfig(lr_decay_after=2, lr_decay_factor=0.5).validate()
+        TrainConfig(lr_schedule="exponential", lr_decay_after=2, lr_decay_factor=2.0,
+                    lrd=0.99).validate()
+    with pytest.raises(ValueError, match="lr_decay_factor >= 1"):
+        TrainConfig(lr_schedule="exponential", lr_decay_after=2, lr_decay_factor=0.5).validate()
 
 
 def test_epoch_lr_schedule_is_applied_logged_and_resumed_exactly(tmp_path):
     train, valid = toy_sequences(12), toy_sequences(4, seed=1)
-    cfg = dict(batch_size=5, lr=0.01, lr_decay_after=1, lr_decay_factor=4.0, progress=False)
+    cfg = dict(batch_size=5, lr=0.01, lr_schedule="exponential", lr_decay_after=1,
+               lr_decay_factor=4.0, progress=False)
     straight = tiny_srnn()
     history = fit(straight, train, valid, TrainConfig(epochs=3, **cfg), tmp_path / "a")
     assert [row["lr"] for row in history] == [0.01, 0.01 / 4, 0.01 / 16]
@@ -132,3 +224,37 @@ def test_evaluate_bound_and_elbo_terms_match_pyros_trace_elbo():
 def test_bad_config_is_refused():
     with pytest.raises(ValueError, match="kl_start"):
         TrainConfig(kl_start=2.0).validate()
+    # a fixed schedule's settings under another schedule are refused, not silently ignored
+    with pytest.raises(ValueError, match="lr_schedule='exponential'"):
+        TrainConfig(lr_decay_after=50, lr_decay_factor=1.15).validate()
+    with pytest.raises(ValueError, match="lr_schedule='exponential'"):
+        TrainConfig(lr_schedule="exponential").validate()
+    with pytest.raises(ValueError, match="lrd belongs to lr_schedule='constant'"):
+        TrainConfig(lrd=0.999).validate()
+    TrainConfig(lr_schedule="constant", lrd=0.999).validate()
+    with pytest.raises(ValueError, match="lr_schedule must be one of"):
+        TrainConfig(lr_schedule="cosine").validate()
+    with pytest.raises(ValueError, match=r"plateau_factor must be in \(0, 1\)"):
+        TrainConfig(plateau_factor=1.0).validate()
+    with pytest.raises(ValueError, match="patience must be None"):
+        TrainConfig(patience=0).validate()
+    with pytest.raises(ValueError, match="init must be one of"):
+        TrainConfig(init="xavier").validate()
+
+
+def test_defaults_are_the_plateau_schedule_early_stopping_and_srnn_init():
+    cfg = TrainConfig()
+    assert (cfg.lr_schedule, cfg.plateau_factor, cfg.plateau_patience, cfg.plateau_cooldown,
+            cfg.plateau_min_lr, cfg.plateau_threshold) == ("plateau", 0.5, 3, 0, 1e-5, 1e-3)
+    # early stopping where the third halving would come: two halvings, each given 4 epochs
+    assert cfg.patience == 3 * (cfg.plateau_patience + 1) == 12
+    assert cfg.init == "srnn"
+
+
+def test_a_checkpoint_of_another_schedule_is_refused(tmp_path):
+    data = toy_sequences(6), toy_sequences(2, seed=1)
+    fit(tiny_srnn(), *data, TrainConfig(epochs=1, batch_size=3, progress=False), tmp_path)
+    cfg = TrainConfig(epochs=2, batch_size=3, lr_schedule="constant", progress=False)
+    with pytest.raises(ValueError, match="was written with lr_schedule='plateau'; resume with "
+                                         "the same schedule \\(got 'constant'\\)"):
+        fit(tiny_srnn(), *data, cfg, tmp_path)
