@@ -17,7 +17,8 @@ MODEL = dict(z_dim=100, transition_dim=200, emission_dim=100, rnn_dim=600, infer
              rnn_cell="rnn")
 CONFIG = TrainConfig(epochs=5000, batch_size=20, lr=3e-4, betas=(0.96, 0.999), clip_norm=10.0,
                      lrd=0.99996, weight_decay=2.0, kl_start=0.2, kl_anneal_steps=12 * 1000,
-                     patience=None, valid_batch_size=80, seed=0)
+                     patience=None, valid_batch_size=80, seed=0,
+                     lr_schedule="constant", init="none")  # the settings of the recorded runs
 
 if __name__ == "__main__":
     run("jsb_dmm", "jsb_chorales.pickle", lambda: DMM(88, **MODEL), MODEL, CONFIG,

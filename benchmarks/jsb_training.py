@@ -38,6 +38,10 @@ def run(name, data_name, build_model, model_settings, config, target, reference,
     parser.add_argument("--eval-only", action="store_true", help="only evaluate the best weights")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     parser.add_argument("--lr", type=float, default=config.lr, help="Adam learning rate")
+    parser.add_argument("--lr-schedule", default=config.lr_schedule,
+                        choices=("plateau", "exponential", "constant"),
+                        help="learning-rate schedule (the script's config sets the recorded one)")
+    parser.add_argument("--init", default=config.init, help="weight initialisation (TrainConfig.init)")
     parser.add_argument("--lrd", type=float, default=config.lrd, help="learning-rate decay per update")
     parser.add_argument("--lr-decay-after", type=int, default=config.lr_decay_after,
                         help="epochs at the full rate before the per-epoch decay starts")
@@ -59,6 +63,7 @@ def run(name, data_name, build_model, model_settings, config, target, reference,
     config.weight_decay = args.weight_decay
     config.lr_decay_after, config.lr_decay_factor = args.lr_decay_after, args.lr_decay_factor
     config.kl_anneal_steps = args.kl_anneal_steps
+    config.lr_schedule, config.init = args.lr_schedule, args.init
     if args.tag:
         name = f"{name}_{args.tag}"
     if args.out is None:
