@@ -120,6 +120,29 @@ def replayed_latents(names, num_steps):
     return values
 
 
+def shift_right(x):
+    """``u_t = x_{t-1}`` with ``u_1 = 0``: ``(batch, T, D) -> (batch, T, D)``."""
+    return torch.cat([torch.zeros_like(x[:, :1]), x[:, :-1]], dim=1)
+
+
+def cache_guide_prior(state, t, z_prev, prior):
+    """Leave the prior ``p(z_t | z_{t-1})`` a Res_q guide step computed at its own ``z_{t-1}``
+    for a model step that runs next on the same ``state`` (FIVO); see :func:`prior_from_guide`."""
+    state.shared["_guide_prior"] = (t, z_prev, prior)
+
+
+def prior_from_guide(state, t):
+    """The prior ``(loc, scale)`` the guide's Res_q step computed at step ``t``, when the model
+    runs on the same state (FIVO) with the same ``z_{t-1}`` (``state["z"]``); None otherwise."""
+    cached = state.shared.pop("_guide_prior", None)
+    if cached is None or cached[0] != t:
+        return None
+    z_guide, z_model = cached[1], state["z"]
+    if z_guide is z_model or (z_guide.shape == z_model.shape and torch.equal(z_guide, z_model)):
+        return cached[2]
+    return None
+
+
 def stack_time(values):
     """Stack per-step tensors ``(..., F)`` into ``(..., T, F)`` after broadcasting them."""
     shape = torch.broadcast_shapes(*(v.shape for v in values))

@@ -34,9 +34,8 @@ import pyro.distributions as dist
 import torch
 import torch.nn as nn
 
-from pyro_seq.models.base import SequenceModel, normal
+from pyro_seq.models.base import SequenceModel, cache_guide_prior, normal, prior_from_guide
 from pyro_seq.models.emission import make_emission, stack_params
-from pyro_seq.models.srnn import SRNN
 from pyro_seq.nn import MLP, BackwardRNN, Combiner, GatedTransition
 
 
@@ -90,17 +89,13 @@ class DMM(SequenceModel):
         state["z"] = self.z_0.expand(x.shape[0], self.z_dim)
 
     def model_step(self, state, t, x, mask):
-        loc_scale = self._prior_from_guide(state, t) if self.residual else None
+        loc_scale = prior_from_guide(state, t) if self.residual else None
         if loc_scale is None:
             loc_scale = self.transition(state["z"])
         loc, scale = loc_scale
         z = self.sample_latent(state, "z", t, normal, (loc, scale), mask)
         self.observe(state, t, x, mask, z)
         state["z"] = z
-
-    #: the prior ``(loc, scale)`` cached by a Res_q guide step, when the model step sharing the
-    #: state (FIVO) has the same ``z_{t-1}`` (the helper of :class:`~pyro_seq.models.srnn.SRNN`)
-    _prior_from_guide = staticmethod(SRNN._prior_from_guide)
 
     # inference network q(z | x): thesis eq. 4.6-4.9, Fig. 4.2
     def guide_init(self, state, x, mask):
@@ -119,7 +114,7 @@ class DMM(SequenceModel):
             prior = self.transition(z_prev)
             loc = loc + prior[0]
             # a model step sharing this state (FIVO) reuses p(z_t | z_{t-1}) at the same z_{t-1}
-            state.shared["_guide_prior"] = (t, z_prev, prior)
+            cache_guide_prior(state, t, z_prev, prior)
         z = pyro.sample(f"z_{t + 1}", dist.Normal(loc, scale).to_event(1).mask(mask[:, t]))
         state["guide_z"] = z
 

@@ -27,7 +27,7 @@ import torch
 
 from pyro_seq.models.base import SequenceModel
 from pyro_seq.models.emission import make_emission, stack_params
-from pyro_seq.models.srnn import shift_right
+from pyro_seq.models.base import shift_right
 from pyro_seq.nn import ForwardRNN
 from pyro_seq.nn.recurrent import RNN_CELLS
 from pyro_seq.validation import validate_sequences

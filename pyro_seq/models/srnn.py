@@ -28,42 +28,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from pyro_seq.models.base import SequenceModel, normal
+from pyro_seq.models.base import SequenceModel, cache_guide_prior, normal, prior_from_guide, shift_right
 from pyro_seq.models.emission import make_emission, stack_params
-from pyro_seq.nn import MLP, BackwardRNN, ForwardRNN, GaussianHead, cat_broadcast, make_activation
-
-
-def shift_right(x):
-    """``u_t = x_{t-1}`` with ``u_1 = 0``: ``(batch, T, D) -> (batch, T, D)``."""
-    return torch.cat([torch.zeros_like(x[:, :1]), x[:, :-1]], dim=1)
-
-
-class GaussianMLP(nn.Module):
-    """``(loc, scale)`` of a diagonal Gaussian from an MLP with one hidden layer (eq. 5.3, 5.10).
-
-    The input is ``[z_{t-1}, c_t]`` with a context ``c_t`` (``d_t`` or ``a_t``) known for all
-    steps in advance, so the first layer ``W [z, c] + b = W_z z + (W_c c + b)`` is split: the
-    context term is computed for every step at once by :meth:`project_context` and only the
-    ``z`` term is computed per step. The parameters are those of one ``Linear(z + c, hidden)``.
-
-    Shapes: ``project_context(c (..., T, c_dim)) -> (..., T, hidden)``;
-    ``forward(z (..., z_dim), projected (..., hidden)) -> (loc, scale)``, each ``(..., out_dim)``.
-    """
-
-    def __init__(self, z_dim, context_dim, hidden_dim, out_dim, activation, min_scale,
-                 variance="softplus"):
-        super().__init__()
-        self.z_dim = z_dim
-        self.first = nn.Linear(z_dim + context_dim, hidden_dim)
-        self.activation = make_activation(activation)
-        self.head = GaussianHead(hidden_dim, out_dim, min_scale, variance)
-
-    def project_context(self, context):
-        return F.linear(context, self.first.weight[:, self.z_dim:], self.first.bias)
-
-    def forward(self, z, projected_context):
-        hidden = F.linear(z, self.first.weight[:, :self.z_dim]) + projected_context
-        return self.head(self.activation(hidden))
+from pyro_seq.nn import BackwardRNN, ForwardRNN, GaussianHead, GaussianMLP, MLP, cat_broadcast, make_activation
 
 
 class SRNN(SequenceModel):
@@ -126,25 +93,13 @@ class SRNN(SequenceModel):
         state["z"] = x.new_zeros(x.shape[0], self.z_dim)
 
     def model_step(self, state, t, x, mask):
-        loc_scale = self._prior_from_guide(state, t)
+        loc_scale = prior_from_guide(state, t)
         if loc_scale is None:
             loc_scale = self.prior(state["z"], state.shared_at("prior_context", t))
         loc, scale = loc_scale
         z = self.sample_latent(state, "z", t, normal, (loc, scale), mask)
         self.observe(state, t, x, mask, cat_broadcast([z, state.shared_at("d", t)]))
         state["z"] = z
-
-    @staticmethod
-    def _prior_from_guide(state, t):
-        """The prior ``(loc, scale)`` the guide's Res_q step computed at this step, when the model
-        runs on the same state (FIVO) with the same ``z_{t-1}``; None otherwise."""
-        cached = state.shared.pop("_guide_prior", None)
-        if cached is None or cached[0] != t:
-            return None
-        z_guide, z_model = cached[1], state["z"]
-        if z_guide is z_model or (z_guide.shape == z_model.shape and torch.equal(z_guide, z_model)):
-            return cached[2]
-        return None
 
     # inference network: eq. 5.5, 5.7, 5.10, 5.12
     def guide_init(self, state, x, mask):
@@ -166,7 +121,7 @@ class SRNN(SequenceModel):
             prior = self.prior(z_prev, state.shared_at("prior_context", t))
             loc = loc + prior[0]
             # a model step sharing this state (FIVO) reuses p(z_t | z_{t-1}) at the same z_{t-1}
-            state.shared["_guide_prior"] = (t, z_prev, prior)
+            cache_guide_prior(state, t, z_prev, prior)
         z = pyro.sample(f"z_{t + 1}", dist.Normal(loc, scale).to_event(1).mask(mask[:, t]))
         state["guide_z"] = z
 

@@ -49,7 +49,7 @@ import torch.nn as nn
 from pyro_seq.distributions.wiener import wiener_transition
 from pyro_seq.models.base import SequenceModel, normal
 from pyro_seq.models.emission import make_emission, stack_params
-from pyro_seq.models.srnn import shift_right  # u_t = x_{t-1}, x_0 = 0
+from pyro_seq.models.base import shift_right  # u_t = x_{t-1}, x_0 = 0
 from pyro_seq.nn import GaussianHead, cat_broadcast
 
 __all__ = ["PRIORS", "CELLS", "STORN", "VOSP", "StepRNN", "latent_prior", "white_noise"]

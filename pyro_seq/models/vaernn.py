@@ -36,7 +36,7 @@ import torch.nn as nn
 
 from pyro_seq.models.base import SequenceModel, normal
 from pyro_seq.models.emission import make_emission, stack_params
-from pyro_seq.models.srnn import shift_right
+from pyro_seq.models.base import shift_right
 from pyro_seq.nn import ForwardRNN, GaussianHead, cat_broadcast, make_activation
 
 

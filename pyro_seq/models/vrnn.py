@@ -63,7 +63,7 @@ import torch.nn as nn
 
 from pyro_seq.models.base import SequenceModel, normal
 from pyro_seq.models.emission import make_emission, stack_params
-from pyro_seq.models.srnn import GaussianMLP
+from pyro_seq.nn import GaussianMLP
 from pyro_seq.nn import MLP, BackwardRNN, GaussianHead, cat_broadcast
 
 __all__ = ["VRNN"]

@@ -1,6 +1,6 @@
 """Reusable neural-network blocks (pure torch): MLPs, distribution heads, transitions, RNNs."""
 
-from pyro_seq.nn.heads import BernoulliHead, GaussianHead
+from pyro_seq.nn.heads import BernoulliHead, GaussianHead, GaussianMLP
 from pyro_seq.nn.init import INIT_SCHEMES, bernoulli_output_layer, init_output_bias, init_weights
 from pyro_seq.nn.mlp import MLP, ClippedLeakyReLU, cat_broadcast, make_activation
 from pyro_seq.nn.recurrent import BackwardRNN, ForwardRNN, reverse_padded
@@ -15,6 +15,7 @@ __all__ = [
     "ForwardRNN",
     "GatedTransition",
     "GaussianHead",
+    "GaussianMLP",
     "INIT_SCHEMES",
     "MLP",
     "bernoulli_output_layer",

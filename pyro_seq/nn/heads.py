@@ -1,8 +1,12 @@
-"""Distribution heads: map features to the parameters of Gaussian and Bernoulli layers."""
+"""Distribution heads: map features to the parameters of Gaussian and Bernoulli layers, and
+the one-hidden-layer Gaussian MLP with a split first layer of SRNN/VRNN (thesis eq. 5.3, 5.10)."""
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 from torch.nn.functional import softplus
+
+from pyro_seq.nn.mlp import make_activation
 
 
 class GaussianHead(nn.Module):
@@ -49,3 +53,31 @@ class BernoulliHead(nn.Linear):
 
     Logits rather than probabilities keep ``log p(x)`` exact for saturated units.
     """
+
+
+class GaussianMLP(nn.Module):
+    """``(loc, scale)`` of a diagonal Gaussian from an MLP with one hidden layer (eq. 5.3, 5.10).
+
+    The input is ``[z_{t-1}, c_t]`` with a context ``c_t`` (``d_t`` or ``a_t``) known for all
+    steps in advance, so the first layer ``W [z, c] + b = W_z z + (W_c c + b)`` is split: the
+    context term is computed for every step at once by :meth:`project_context` and only the
+    ``z`` term is computed per step. The parameters are those of one ``Linear(z + c, hidden)``.
+
+    Shapes: ``project_context(c (..., T, c_dim)) -> (..., T, hidden)``;
+    ``forward(z (..., z_dim), projected (..., hidden)) -> (loc, scale)``, each ``(..., out_dim)``.
+    """
+
+    def __init__(self, z_dim, context_dim, hidden_dim, out_dim, activation, min_scale,
+                 variance="softplus"):
+        super().__init__()
+        self.z_dim = z_dim
+        self.first = nn.Linear(z_dim + context_dim, hidden_dim)
+        self.activation = make_activation(activation)
+        self.head = GaussianHead(hidden_dim, out_dim, min_scale, variance)
+
+    def project_context(self, context):
+        return F.linear(context, self.first.weight[:, self.z_dim:], self.first.bias)
+
+    def forward(self, z, projected_context):
+        hidden = F.linear(z, self.first.weight[:, :self.z_dim]) + projected_context
+        return self.head(self.activation(hidden))

@@ -196,7 +196,7 @@ def test_fivo_prior_reuse_keeps_bound_and_gradients(monkeypatch):
     results = []
     for reuse in (True, False):
         if not reuse:
-            monkeypatch.setattr(DMM, "_prior_from_guide", staticmethod(lambda state, t: None))
+            monkeypatch.setattr("pyro_seq.models.dmm.prior_from_guide", lambda state, t: None)
         calls = []
         original = m.transition.forward
         monkeypatch.setattr(m.transition, "forward", lambda *a: calls.append(1) or original(*a))
