@@ -36,3 +36,24 @@ def test_bad_model_option_is_one_line(tiny_pickle, tmp_path):  # noqa: F811
               "--out", str(tmp_path / "x"), "--model-option", "prior=\"brownian\""])
     assert str(info.value.code).startswith("pyro-seq: error: bad model option for storn:")
     assert "prior" in str(info.value.code)
+
+
+def test_impute_and_denoise_commands_write_results_and_figures(tiny_pickle, tmp_path, capsys):  # noqa: F811
+    import json
+
+    out = tmp_path / "run"
+    args = ["train", "--model", "dmm", "--data", str(tiny_pickle), "--epochs", "1", "--quiet",
+            "--batch-size", "4", "--out", str(out), "--z-dim", "2", "--model-option", "rnn_dim=6",
+            "--model-option", "transition_dim=6", "--model-option", "emission_dim=6"]
+    assert main(args) == 0
+    for method in ("iterative", "importance"):
+        assert main(["impute", str(out), "--drop", "3", "--method", method, "--iterations", "3",
+                     "--particles", "4"]) == 0
+        result = json.loads((out / f"impute_test_{method}.json").read_text())
+        assert result["missing_elements"] == 3 * 88 * result["num_sequences"]
+        assert 0 < result["bits_per_element"] < 20 and 0 < result["baseline_bits_per_element"] < 20
+    assert (out / "impute_test_0.png").exists()
+    assert main(["denoise", str(out), "--flip", "0.1"]) == 0
+    result = json.loads((out / "denoise_test.json").read_text())
+    assert 0.05 < result["error_rate_corrupted"] < 0.15 and (out / "denoise_test_0.png").exists()
+    assert "bits/element" in capsys.readouterr().out
