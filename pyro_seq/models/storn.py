@@ -122,7 +122,15 @@ class STORN(SequenceModel):
     :param int rnn_dim: size of the generating RNN state ``h_t`` and of the recognition RNN
         state ``a_t``.
     :param int emission_dim: hidden units of the emission MLP ``h_t -> p(x_t | h_t)``.
-    :param str prior: ``"wiener"`` (default, sec. 3.3 and 4) or ``"white"``.
+    :param str prior: ``"white"`` (default: STORN's independent N(0, I) prior) or
+        ``"wiener"`` (sec. 3.3 and 4; the default of :class:`VOSP`). *Cost of the Wiener prior
+        with this recognition model:* ``q(z_t | x_{1:t})`` is independent across steps, and the
+        KL of any step-wise independent Gaussian from a unit random walk is at least its
+        mean-field minimum ``(T - 1) log(2) / 2`` per sequence and latent dimension (the
+        walk's precision matrix has diagonal 2 and determinant 1), i.e. about 0.35 nats per
+        step and dimension: 35 nats per step at ``z_dim=100``, more than the whole likelihood
+        of a piano-roll step. Keep ``z_dim`` small with ``prior="wiener"`` (tested:
+        ``tests/distributions/test_wiener_floor.py``).
     :param str likelihood: ``"bernoulli"`` (sec. 4) or ``"gaussian"`` (or any family
         :func:`~pyro_seq.models.emission.make_emission` knows, with its ``emission_kwargs``).
     :param str cell: ``"tanh"`` (seed eq. 2) or ``"gru"``, for both RNNs.
@@ -141,7 +149,7 @@ class STORN(SequenceModel):
     time_parallel = True
     module_name = "storn"
 
-    def __init__(self, obs_dim, z_dim=100, rnn_dim=300, emission_dim=500, prior="wiener",
+    def __init__(self, obs_dim, z_dim=100, rnn_dim=300, emission_dim=500, prior="white",
                  likelihood="bernoulli", cell="tanh", activation="tanh", min_scale=1e-3,
                  variance="softplus", **emission_kwargs):
         super().__init__(obs_dim)
@@ -205,5 +213,13 @@ class STORN(SequenceModel):
         return torch.stack(xs, 1), stack_params(params)
 
 
-#: The seed's name for the model (sec. 3.2, "variational one step predictor").
-VOSP = STORN
+class VOSP(STORN):
+    """The seed's "variational one step predictor" (sec. 3.2): :class:`STORN` with the
+    Wiener-process prior of sec. 3.3 by default and a small latent space (``z_dim=8``; see the
+    cost of the Wiener prior in :class:`STORN`)."""
+
+    module_name = "vosp"
+
+    def __init__(self, obs_dim, z_dim=8, rnn_dim=300, emission_dim=500, prior="wiener", **kwargs):
+        super().__init__(obs_dim, z_dim=z_dim, rnn_dim=rnn_dim, emission_dim=emission_dim,
+                         prior=prior, **kwargs)

@@ -58,7 +58,11 @@ class VRAE(SequenceModel):
     :param int encoder_dim: state size of each direction of the bidirectional encoder.
     :param int decoder_dim: state size of the decoder RNN ``h_t``.
     :param int emission_dim: hidden units of the emission MLP ``h_t -> p(x_t | h_t)``.
-    :param str prior: ``"wiener"`` (default, sec. 3.3 and 4) or ``"white"``.
+    :param str prior: ``"wiener"`` (default, sec. 3.3 and 4) or ``"white"``. The recognition
+        model is independent across steps, so the Wiener prior costs at least about 0.35 nats
+        per step and latent dimension (the mean-field floor explained in
+        :class:`~pyro_seq.models.storn.STORN`); hence the small default ``z_dim=8`` (the seed
+        does not give its latent size).
     :param str likelihood: ``"bernoulli"`` (sec. 4) or ``"gaussian"`` (or any family
         :func:`~pyro_seq.models.emission.make_emission` knows, with its ``emission_kwargs``).
     :param str cell: ``"tanh"`` (seed eq. 2) or ``"gru"``, for all three RNNs.
@@ -71,7 +75,7 @@ class VRAE(SequenceModel):
     time_parallel = True
     module_name = "vrae"
 
-    def __init__(self, obs_dim, z_dim=100, encoder_dim=300, decoder_dim=300, emission_dim=500,
+    def __init__(self, obs_dim, z_dim=8, encoder_dim=300, decoder_dim=300, emission_dim=500,
                  prior="wiener", likelihood="bernoulli", cell="tanh", activation="tanh",
                  min_scale=1e-3, variance="softplus", **emission_kwargs):
         super().__init__(obs_dim)
