@@ -33,7 +33,7 @@ import torch  # noqa: E402
 from tqdm.auto import tqdm  # noqa: E402
 
 from common import ROOT, data_file, write_result  # noqa: E402
-from pyro_seq.data import load_piano_rolls, pad_sequences  # noqa: E402
+from pyro_seq.data import load_dataset, load_piano_rolls, pad_sequences  # noqa: E402
 from pyro_seq.infer import estimate_log_likelihood  # noqa: E402
 from pyro_seq.models import DMM, SRNN, STORN, VAERNN, VOSP, VRAE, VRNN, RNNBaseline  # noqa: E402
 from pyro_seq.tasks import forecast  # noqa: E402
@@ -42,17 +42,22 @@ from pyro_seq.train.checkpoint import load_weights  # noqa: E402
 
 # sizes of each paper (see each model's docstring for the source of its defaults)
 MODELS = {
-    "dmm": lambda small: DMM(88, **(dict(z_dim=8, transition_dim=16, emission_dim=16, rnn_dim=16)
-                                    if small else {})),
-    "srnn": lambda small: SRNN(88, **(dict(d_dim=16, z_dim=8, hidden_dim=16) if small else {})),
-    "vrnn": lambda small: VRNN(88, **(dict(d_dim=16, z_dim=8, hidden_dim=16, feature_dim=16)
-                                      if small else {})),
-    "vaernn": lambda small: VAERNN(88, **(dict(d_dim=16, z_dim=8, hidden_dim=16) if small else {})),
-    "storn": lambda small: STORN(88, **(dict(z_dim=8, rnn_dim=16, emission_dim=16) if small else {})),
-    "vosp": lambda small: VOSP(88, **(dict(z_dim=4, rnn_dim=16, emission_dim=16) if small else {})),
-    "vrae": lambda small: VRAE(88, **(dict(z_dim=8, encoder_dim=16, decoder_dim=16, emission_dim=16)
-                                      if small else {})),
-    "rnn": lambda small: RNNBaseline(88, **(dict(d_dim=16, hidden_dim=16) if small else {})),
+    "dmm": lambda small, D, **em: DMM(D, **(dict(z_dim=8, transition_dim=16, emission_dim=16,
+                                                 rnn_dim=16) if small else {}), **em),
+    "srnn": lambda small, D, **em: SRNN(D, **(dict(d_dim=16, z_dim=8, hidden_dim=16) if small else {}),
+                                        **em),
+    "vrnn": lambda small, D, **em: VRNN(D, **(dict(d_dim=16, z_dim=8, hidden_dim=16, feature_dim=16)
+                                              if small else {}), **em),
+    "vaernn": lambda small, D, **em: VAERNN(D, **(dict(d_dim=16, z_dim=8, hidden_dim=16)
+                                                  if small else {}), **em),
+    "storn": lambda small, D, **em: STORN(D, **(dict(z_dim=8, rnn_dim=16, emission_dim=16)
+                                                if small else {}), **em),
+    "vosp": lambda small, D, **em: VOSP(D, **(dict(z_dim=4, rnn_dim=16, emission_dim=16)
+                                              if small else {}), **em),
+    "vrae": lambda small, D, **em: VRAE(D, **(dict(z_dim=8, encoder_dim=16, decoder_dim=16,
+                                                   emission_dim=16) if small else {}), **em),
+    "rnn": lambda small, D, **em: RNNBaseline(D, **(dict(d_dim=16, hidden_dim=16) if small else {}),
+                                              **em),
 }
 OBJECTIVES = ("elbo", "iwae", "fivo")
 PUBLISHED = {
@@ -83,6 +88,11 @@ def parse_args(argv=None):
     p.add_argument("--small", action="store_true", help="tiny networks (a quick check)")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--data", default=None, help="path of jsb_chorales.pickle")
+    p.add_argument("--dataset", choices=("jsb", "japanese_vowels"), default="jsb",
+                   help="japanese_vowels: real-valued (needs pyro-seq[data]); no forecasting score")
+    p.add_argument("--likelihood", choices=("bernoulli", "gaussian", "gmm"), default=None,
+                   help="emission family (default: bernoulli for jsb, gaussian otherwise)")
+    p.add_argument("--num-components", type=int, default=5, help="components of the gmm emission")
     p.add_argument("--tag", default="", help="suffix of the result name and checkpoint folder")
     return p.parse_args(argv)
 
@@ -112,9 +122,18 @@ def forecast_score(model, test, args):
 def main(argv=None):
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
-    name = "zoo_jsb" + (f"_{args.tag}" if args.tag else "")
+    likelihood = args.likelihood or ("bernoulli" if args.dataset == "jsb" else "gaussian")
+    em = {} if likelihood == "bernoulli" else {"likelihood": likelihood}
+    if likelihood == "gmm":
+        em["num_components"] = args.num_components
+    base = "zoo_jsb" if args.dataset == "jsb" else f"zoo_vowels_{likelihood}"
+    name = base + (f"_{args.tag}" if args.tag else "")
     root = ROOT / "benchmarks" / "checkpoints" / name
-    data = load_piano_rolls(data_file("jsb_chorales.pickle", args.data))
+    if args.dataset == "jsb":
+        data = load_piano_rolls(data_file("jsb_chorales.pickle", args.data))
+    else:
+        data = load_dataset("japanese_vowels")
+    D = data["train"][0].shape[-1]
     test_x, test_mask = pad_sequences(data["test"])
     cells = [(m, o) for m in args.models for o in args.objectives]
     results = {}
@@ -122,7 +141,7 @@ def main(argv=None):
         out = root / f"{model_name}_{objective}"
         used, _ = used_seconds(out)
         torch.manual_seed(0)
-        model = MODELS[model_name](args.small)
+        model = MODELS[model_name](args.small, D, **em)
         config = TrainConfig(epochs=args.epochs, batch_size=16, objective=objective,
                              num_particles=args.particles, seed=0, num_threads=args.threads,
                              time_limit=max(args.budget - used, 1.0), progress=False)
@@ -140,22 +159,26 @@ def main(argv=None):
                                       batch_size=8, particles_per_pass=16 if args.eval == "iwae" else None)
         eval_seconds = time.perf_counter() - start
         torch.manual_seed(0)
-        fc, fc_seqs, fc_steps = forecast_score(model, data["test"], args)
-        cell = {"model": model_name, "objective": objective, "epochs": len(rows),
+        fc, fc_seqs, fc_steps = (forecast_score(model, data["test"], args) if likelihood == "bernoulli"
+                                 else (None, 0, 0))
+        cell = {"model": model_name, "objective": objective, "likelihood": likelihood,
+                "epochs": len(rows),
                 "train_seconds": used, "all_losses_finite": finite,
                 "test_bound_per_step": est.nats_per_step,
                 "estimator": f"{args.eval.upper()}({args.eval_particles})",
                 "eval_seconds": eval_seconds,
                 "forecast_loglik_per_step": fc, "forecast_sequences": fc_seqs,
-                "forecast_steps": fc_steps, "published": PUBLISHED[model_name]}
-        if model_name in TARGETS:
+                "forecast_steps": fc_steps, "published": PUBLISHED[model_name] if args.dataset == "jsb" else None}
+        if model_name in TARGETS and args.dataset == "jsb":
             cell["target"] = TARGETS[model_name]
             cell["target_met"] = est.nats_per_step >= TARGETS[model_name]
         results[f"{model_name}/{objective}"] = cell
         tqdm.write(f"{model_name:7s} {objective:5s} test {cell['estimator']} "
-                   f"{est.nats_per_step:8.4f} nats/step, forecast {fc:8.4f}, "
+                   f"{est.nats_per_step:8.4f} nats/step, forecast {fc}, "
                    f"{len(rows)} epochs in {used:.0f} s, finite={finite}")
-    write_result(name, {"benchmark": name, "data": "JSB Chorales (Boulanger-Lewandowski split)",
+    write_result(name, {"benchmark": name, "likelihood": likelihood,
+                        "data": ("JSB Chorales (Boulanger-Lewandowski split)" if args.dataset == "jsb"
+                                 else "JapaneseVowels (aeon's bundled UEA copy, standardised)"),
                         "settings": vars(args), "cells": results})
     return results
 
