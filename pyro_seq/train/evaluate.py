@@ -43,6 +43,15 @@ def elbo_terms(model, x, mask):
     return {"log_likelihood": log_lik, "kl": kl, "elbo": log_lik - kl}
 
 
+def model_dtype(model):
+    """The floating dtype of ``model``'s parameters (the default dtype if it has none): data are
+    padded in it, so a float64 model is evaluated and trained on float64 batches."""
+    for p in model.parameters():
+        if p.is_floating_point():
+            return p.dtype
+    return torch.get_default_dtype()
+
+
 @torch.no_grad()
 def evaluate_bound(model, sequences, batch_size=32, method="elbo", num_particles=1):
     """Bound on ``log p(x)`` over a list of sequences, in total and in nats per time step.
@@ -63,7 +72,7 @@ def evaluate_bound(model, sequences, batch_size=32, method="elbo", num_particles
         if method == "elbo":
             total = kl_total = 0.0
             steps = 0
-            loader = SequenceLoader(sequences, batch_size, shuffle=False)
+            loader = SequenceLoader(sequences, batch_size, shuffle=False, dtype=model_dtype(model))
             for x, mask in loader:
                 terms = [elbo_terms(model, x, mask) for _ in range(num_particles)]
                 total += sum(float(t["elbo"].sum()) for t in terms) / num_particles
@@ -74,7 +83,9 @@ def evaluate_bound(model, sequences, batch_size=32, method="elbo", num_particles
         elif method in ("iwae", "smc"):
             from pyro_seq.infer import estimate_log_likelihood
 
-            est = estimate_log_likelihood(model.model, model.guide, sequences, method=method,
+            dtype = model_dtype(model)
+            est = estimate_log_likelihood(model.model, model.guide, [s.to(dtype) for s in sequences],
+                                          method=method,
                                           num_particles=num_particles, batch_size=batch_size)
             result = {"total": float(est.total), "num_steps": int(est.num_steps),
                       "per_step": float(est.nats_per_step)}

@@ -71,7 +71,7 @@ from pyro_seq.data.batching import SequenceLoader
 from pyro_seq.nn.init import INIT_SCHEMES, bernoulli_output_layer, init_output_bias, init_weights
 from pyro_seq.train.checkpoint import (load_checkpoint, load_weights, restore, save_checkpoint,
                                        save_weights)
-from pyro_seq.train.evaluate import evaluate_bound
+from pyro_seq.train.evaluate import evaluate_bound, model_dtype
 from pyro_seq.train.objectives import make_objective
 from pyro_seq.validation import validate_sequence_list
 
@@ -333,7 +333,7 @@ def fit(model, train_sequences, valid_sequences, config, out_dir, resume=True):
     pyro.clear_param_store()
     torch.manual_seed(config.seed)
     loader = SequenceLoader(train_sequences, config.batch_size, shuffle=True, seed=config.seed,
-                            chunk_length=config.chunk_length)
+                            chunk_length=config.chunk_length, dtype=model_dtype(model))
     optim = make_optimizer(config)
     loss = make_objective(config.objective, config.num_particles, config.free_bits)
     model_fn, guide_fn, annealer = model.model, model.guide, None

@@ -258,3 +258,23 @@ def test_a_checkpoint_of_another_schedule_is_refused(tmp_path):
     with pytest.raises(ValueError, match="was written with lr_schedule='plateau'; resume with "
                                          "the same schedule \\(got 'constant'\\)"):
         fit(tiny_srnn(), *data, cfg, tmp_path)
+
+
+def test_float64_models_train_and_evaluate_on_float64_batches(tmp_path):
+    # data are padded in the model's dtype (the loader's float32 default broke float64 models)
+    from pyro_seq.models import RNNBaseline
+
+    torch.manual_seed(0)
+    m = RNNBaseline(6, d_dim=4, hidden_dim=4).double()
+    seqs = toy_sequences(6)
+    history = fit(m, seqs[:4], seqs[4:], TrainConfig(epochs=1, batch_size=2, progress=False,
+                                                     init="none"), tmp_path / "run")
+    assert len(history) == 1
+    for method in ("elbo", "iwae", "smc"):
+        result = evaluate_bound(m, seqs, batch_size=3, method=method, num_particles=2)
+        assert math.isfinite(result["per_step"])
+    # the exact log-likelihood of the no-latent model, in float64, on every path
+    from pyro_seq.data import pad_sequences
+    x, mask = pad_sequences(seqs, dtype=torch.float64)
+    exact = float(m.log_likelihood(x, mask).sum())
+    assert evaluate_bound(m, seqs, method="iwae", num_particles=2)["total"] == pytest.approx(exact, rel=1e-12)
