@@ -343,27 +343,29 @@ def make_parser():
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=cmd_sample)
 
-    p = sub.add_parser("impute", help="drop steps of test sequences and impute them (seed 002 4.3)")
-    p.add_argument("run", help="run folder written by train")
-    p.add_argument("--data", default=None, help="data set (default: the run's)")
-    p.add_argument("--split", default="test")
+    p = _task_parser(sub, "impute", cmd_impute,
+                     "drop steps of test sequences and impute them (seed 002 4.3)")
     p.add_argument("--drop", type=int, default=8, help="consecutive steps dropped per sequence")
     p.add_argument("--method", choices=("iterative", "importance"), default="iterative")
     p.add_argument("--iterations", type=int, default=20, help="iterations (iterative method)")
     p.add_argument("--particles", type=int, default=64, help="particles (importance method)")
-    p.add_argument("--num", type=int, default=1000, help="at most this many sequences")
-    p.add_argument("--seed", type=int, default=0)
-    p.set_defaults(func=cmd_impute)
 
-    p = sub.add_parser("denoise", help="flip notes at random and denoise online (seed 002 4.2)")
+    p = _task_parser(sub, "denoise", cmd_denoise,
+                     "flip notes at random and denoise online (seed 002 4.2)")
+    p.add_argument("--flip", type=float, default=0.05, help="probability of flipping an element")
+    return parser
+
+
+def _task_parser(sub, name, func, help_text):
+    """The options shared by the tasks on a trained run (impute, denoise)."""
+    p = sub.add_parser(name, help=help_text)
     p.add_argument("run", help="run folder written by train")
     p.add_argument("--data", default=None, help="data set (default: the run's)")
     p.add_argument("--split", default="test")
-    p.add_argument("--flip", type=float, default=0.05, help="probability of flipping an element")
     p.add_argument("--num", type=int, default=1000, help="at most this many sequences")
     p.add_argument("--seed", type=int, default=0)
-    p.set_defaults(func=cmd_denoise)
-    return parser
+    p.set_defaults(func=func)
+    return p
 
 
 def main(argv=None):
