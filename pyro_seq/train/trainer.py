@@ -75,6 +75,12 @@ from pyro_seq.train.evaluate import evaluate_bound, model_dtype
 from pyro_seq.train.objectives import make_objective
 from pyro_seq.validation import validate_sequence_list
 
+#: The validation bound watched by early stopping, the plateau schedule and ``best.pt`` when
+#: ``TrainConfig.monitor == "objective"``: a model trained with IWAE_K (FIVO_K) is judged by the
+#: IWAE (SMC) estimate with the same K, the quantity its training optimises; other objectives
+#: by the ELBO.
+MONITORED_BOUND = {"iwae": "iwae", "fivo": "smc"}
+
 
 LR_SCHEDULES = ("plateau", "exponential", "constant")
 INITS = INIT_SCHEMES + ("none",)
@@ -107,6 +113,7 @@ class TrainConfig:
     chunk_length: Optional[int] = None
     valid_batch_size: int = 64
     patience: Optional[int] = 12
+    monitor: str = "objective"  #: "objective": watch the training objective's bound (MONITORED_BOUND); "elbo"
     init: str = "srnn"
     seed: int = 0
     time_limit: Optional[float] = None
@@ -116,6 +123,8 @@ class TrainConfig:
     extra: dict = field(default_factory=dict)
 
     def validate(self):
+        if self.monitor not in ("objective", "elbo"):
+            raise ValueError(f"monitor must be 'objective' or 'elbo', got {self.monitor!r}")
         if self.epochs < 0 or self.batch_size < 1:
             raise ValueError("epochs must be >= 0 and batch_size >= 1")
         if not 0.0 <= self.kl_start <= 1.0:
@@ -242,7 +251,8 @@ class TrainHistory(list):
     :ivar str stop_reason: ``"epochs"`` (all epochs done), ``"patience"`` (early stop) or
         ``"time_limit"``.
     :ivar best_epoch: 1-based epoch of the best validation bound (None without validation).
-    :ivar best_valid_elbo_per_step: that bound (None without validation).
+    :ivar best_valid_elbo_per_step: that watched bound: the validation ELBO, or the training
+        objective's own bound (``TrainConfig.monitor``, ``MONITORED_BOUND``); None without validation.
     :ivar bool restored_best: the model was given the weights of ``best_epoch`` from
         ``best.pt`` when ``fit`` returned.
     """
@@ -394,11 +404,17 @@ def fit(model, train_sequences, valid_sequences, config, out_dir, resume=True):
         if valid_sequences:
             val = evaluate_bound(model, valid_sequences, config.valid_batch_size)
             row.update(valid_elbo_per_step=val["per_step"], valid_kl_per_step=val["kl_per_step"])
-            improved = val["per_step"] > best
-            best = max(best, val["per_step"])
+            watched = val["per_step"]
+            method = MONITORED_BOUND.get(config.objective) if config.monitor == "objective" else None
+            if method is not None:  # the training objective's own bound (IWAE_K or FIVO_K)
+                watched = evaluate_bound(model, valid_sequences, config.valid_batch_size,
+                                         method=method, num_particles=config.num_particles)["per_step"]
+            row["valid_bound_per_step"] = watched
+            improved = watched > best
+            best = max(best, watched)
             bad_epochs = 0 if improved else bad_epochs + 1
             if config.lr_schedule == "plateau":
-                optim.step(val["per_step"])  # each scheduler: reduce the rate on a plateau
+                optim.step(watched)  # each scheduler: reduce the rate on a plateau
                 new_lr = _current_lr(optim, lr)
                 if new_lr < lr:
                     bar.write(f"epoch {epoch + 1}: validation plateau, learning rate "
@@ -428,8 +444,8 @@ def fit(model, train_sequences, valid_sequences, config, out_dir, resume=True):
     bar.close()
     if config.patience is not None and bad_epochs >= config.patience:
         history.stop_reason = "patience"  # also when a resumed run had already stopped
-    valid = [(row["valid_elbo_per_step"], -i) for i, row in enumerate(history)
-             if "valid_elbo_per_step" in row]
+    valid = [(row.get("valid_bound_per_step", row.get("valid_elbo_per_step")), -i)
+             for i, row in enumerate(history) if "valid_elbo_per_step" in row]
     if valid:  # the first epoch with the highest bound is the one best.pt holds
         value, neg_index = max(valid)
         history.best_epoch, history.best_valid_elbo_per_step = history[-neg_index]["epoch"], value

@@ -279,3 +279,23 @@ def test_float64_models_train_and_evaluate_on_float64_batches(tmp_path):
     with torch.no_grad():
         exact = float(m.log_likelihood(x, mask).sum())
     assert evaluate_bound(m, seqs, method="iwae", num_particles=2)["total"] == pytest.approx(exact, rel=1e-12)
+
+
+@pytest.mark.parametrize("monitor", ["objective", "elbo"])
+def test_iwae_training_is_judged_by_its_own_bound(tmp_path, monitor):
+    # early stopping, the plateau schedule and best.pt watch IWAE_K for a model trained with it
+    torch.manual_seed(0)
+    m = DMM(6, z_dim=3, transition_dim=8, emission_dim=8, rnn_dim=8)
+    seqs = toy_sequences(8)
+    cfg = TrainConfig(epochs=3, batch_size=4, objective="iwae", num_particles=3, progress=False,
+                      monitor=monitor)
+    history = fit(m, seqs[:6], seqs[6:], cfg, tmp_path / "run")
+    watched = [row["valid_bound_per_step"] for row in history]
+    elbos = [row["valid_elbo_per_step"] for row in history]
+    if monitor == "elbo":
+        assert watched == elbos
+    else:
+        assert all(w != e for w, e in zip(watched, elbos))
+    best = max(range(len(watched)), key=lambda i: (watched[i], -i))
+    assert history.best_epoch == history[best]["epoch"]
+    assert history.best_valid_elbo_per_step == watched[best]
