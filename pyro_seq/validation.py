@@ -14,11 +14,36 @@ from typing import Optional, Tuple
 
 import torch
 
-__all__ = ["validate_sequences", "validate_mask", "validate_observed", "validate_sequence_list"]
+__all__ = ["as_bool_mask", "validate_sequences", "validate_mask", "validate_observed",
+           "validate_sequence_list"]
 
 
 def _first(index_mask: torch.Tensor) -> Tuple[int, ...]:
     return tuple(int(v) for v in index_mask.nonzero()[0])
+
+
+def as_bool_mask(mask, name: str = "mask", labels: Optional[Tuple[str, ...]] = None) -> torch.Tensor:
+    """``mask`` as a bool tensor: the package's one check of mask *values* (any shape).
+
+    A bool tensor is returned as it is; a tensor of another dtype must hold exactly 0 and 1 (a
+    ``.bool()`` cast would read 0.5 or NaN as True). ``labels`` name the dims in the message
+    (``"(batch 1, step 2)"``); otherwise the position is given as ``"index (1, 2)"``.
+
+    :raises ValueError: a complex dtype, or a value other than 0 and 1.
+    """
+    mask = torch.as_tensor(mask)
+    if mask.dtype == torch.bool:
+        return mask
+    if mask.is_complex():
+        raise ValueError(f"{name} must be bool or contain only 0 and 1, got dtype {mask.dtype}")
+    bad = (mask != 0) & (mask != 1)  # NaN compares unequal to both
+    if bool(bad.any()):
+        i = _first(bad)
+        where = (f"({', '.join(f'{n} {v}' for n, v in zip(labels, i))})"
+                 if labels is not None and len(labels) == len(i) else f"index {i}")
+        raise ValueError(f"{name} must be bool or contain only 0 and 1 (dtype {mask.dtype}), found "
+                         f"{mask[i].item()!r} at {where}; {int(bad.sum())} such entries")
+    return mask != 0
 
 
 def validate_mask(mask, shape: Tuple[int, int], device=None, name: str = "mask") -> torch.Tensor:
@@ -42,17 +67,7 @@ def validate_mask(mask, shape: Tuple[int, int], device=None, name: str = "mask")
     if tuple(mask.shape) != tuple(shape):
         raise ValueError(f"{name} shape {tuple(mask.shape)} does not match x's (batch, T) = "
                          f"{tuple(shape)}")
-    if mask.dtype == torch.bool:
-        return mask
-    if mask.is_complex():
-        raise ValueError(f"{name} must be bool or contain only 0 and 1, got dtype {mask.dtype}")
-    bad = (mask != 0) & (mask != 1)
-    if bool(bad.any()):
-        b, t = _first(bad)
-        raise ValueError(
-            f"{name} must be bool or contain only 0 and 1 (dtype {mask.dtype}), found "
-            f"{mask[b, t].item()!r} at (batch {b}, step {t}); {int(bad.sum())} such entries")
-    return mask != 0
+    return as_bool_mask(mask, name, ("batch", "step"))
 
 
 def validate_observed(observed, shape, device=None) -> Optional[torch.Tensor]:
@@ -80,13 +95,7 @@ def validate_observed(observed, shape, device=None) -> Optional[torch.Tensor]:
     else:
         raise ValueError(f"observed shape {tuple(observed.shape)} is neither (batch, T) = {(B, T)} "
                          f"nor (batch, T, D) = {(B, T, D)}")
-    if observed.dtype != torch.bool:
-        bad = (observed != 0) & (observed != 1)
-        if bool(bad.any()):
-            i = _first(bad)
-            raise ValueError(f"observed must be bool or contain only 0 and 1 (dtype {observed.dtype}), "
-                             f"found {observed[i].item()!r} at {i}")
-        observed = observed != 0
+    observed = as_bool_mask(observed, "observed", ("batch", "step", "feature")[:observed.dim()])
     observed = observed.to(device) if device is not None else observed
     if per_step:
         observed = observed.unsqueeze(-1).expand(B, T, D)

@@ -120,6 +120,7 @@ from typing import NamedTuple, Optional
 import torch
 
 from pyro_seq.ops.kalman import _sym, kalman_filter, kalman_smoother
+from pyro_seq.validation import as_bool_mask
 
 __all__ = [
     "EMResult",
@@ -238,21 +239,6 @@ def _outer(a, b):
     return a.unsqueeze(-1) * b.unsqueeze(-2)
 
 
-def _mask_values(mask, x, name):
-    """``mask`` as a bool tensor; non-boolean masks must hold only 0 and 1 (a cast to bool would
-    silently read e.g. 0.5 or NaN as observed)."""
-    mask = torch.as_tensor(mask, device=x.device)
-    if mask.dtype != torch.bool:
-        if mask.is_complex() or not (mask.is_floating_point() or mask.dtype in _INT_DTYPES):
-            raise ValueError(f"{name} must be boolean or hold only 0 and 1; got dtype {mask.dtype}")
-        bad = (mask != 0) & (mask != 1)  # NaN compares unequal to both
-        if bad.any():
-            vals = mask[bad].flatten()[:4].tolist()
-            raise ValueError(f"{name} must be boolean or hold only 0 and 1 (1 = observed); got values {vals}")
-        mask = mask != 0
-    return mask
-
-
 def _normalize_mask(mask, x, step_mask=None, observation_mask=None):
     """Validate the masks against ``x (*batch, T, D)`` and return ``(kind, bool mask)``.
 
@@ -272,13 +258,13 @@ def _normalize_mask(mask, x, step_mask=None, observation_mask=None):
     if step_mask is not None or observation_mask is not None:
         kind, out = None, None
         if step_mask is not None:
-            step_mask = _mask_values(step_mask, x, "step_mask")
+            step_mask = as_bool_mask(torch.as_tensor(step_mask, device=x.device), "step_mask")
             if step_mask.dim() < 1 or step_mask.shape[-1] != T:
                 raise ValueError(f"step_mask must have shape (*batch, T) with T={T}; got "
                                  f"{tuple(step_mask.shape)}. Per-element masks go in observation_mask.")
             kind, out = "step", step_mask
         if observation_mask is not None:
-            observation_mask = _mask_values(observation_mask, x, "observation_mask")
+            observation_mask = as_bool_mask(torch.as_tensor(observation_mask, device=x.device), "observation_mask")
             if observation_mask.dim() < 2 or observation_mask.shape[-2:] != (T, D):
                 raise ValueError(f"observation_mask must have shape (*batch, T, D) = (*batch, {T}, {D}); "
                                  f"got {tuple(observation_mask.shape)}. Per-step masks go in step_mask.")
@@ -289,7 +275,7 @@ def _normalize_mask(mask, x, step_mask=None, observation_mask=None):
     else:
         if mask is None:
             return None, None
-        mask = _mask_values(mask, x, "mask")
+        mask = as_bool_mask(torch.as_tensor(mask, device=x.device), "mask")
         if mask.dim() >= 2 and mask.shape[-2:] == (T, T) and T == D:
             raise ValueError(
                 f"mask of shape {tuple(mask.shape)} is ambiguous: with T == D == {T} it reads both as "
@@ -322,7 +308,6 @@ def _ops_mask(kind, mask, x):
     return mask.expand(torch.broadcast_shapes(mask.shape, x.shape))
 
 
-_INT_DTYPES = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
 
 
 def _check_structure(structure, R):

@@ -135,6 +135,8 @@ from typing import NamedTuple, Optional
 import torch
 from torch import Tensor
 
+from pyro_seq.validation import as_bool_mask
+
 __all__ = [
     "KalmanFilterResult",
     "KalmanSmootherResult",
@@ -275,14 +277,7 @@ def _element_mask(mask: Tensor, T: int, D: int, x_batch: Optional[torch.Size] = 
     ``(*x_batch, T)`` of a batch whose last dim is ``T`` has the shape of a per-element one: that
     case is refused (pass ``(..., T, 1)`` or the expanded ``(..., T, D)`` mask).
     """
-    mask = torch.as_tensor(mask)
-    if mask.dtype != torch.bool:
-        bad = (mask != 0) & (mask != 1)
-        if bool(bad.any()):
-            raise ValueError(
-                f"mask must be bool or hold only 0 and 1 (True/1 = observed); found "
-                f"{mask[bad].flatten()[0].item()!r} at index {tuple(bad.nonzero()[0].tolist())}")
-        mask = mask != 0
+    mask = as_bool_mask(mask)
     elementwise = mask.dim() >= 2 and mask.shape[-2] == T
     if elementwise and mask.shape[-1] == D:
         step_batch = tuple(mask.shape[:-1])

@@ -18,7 +18,7 @@ def _model(D=3, S=2, dtype=torch.float64):
 def test_half_mask_is_refused_and_zero_one_float_mask_equals_bool():
     x = torch.randn(2, 4, 3, dtype=torch.float64)
     mask = torch.tensor([[1, 1, 0, 0], [1, 1, 1, 1]]).bool()
-    with pytest.raises(ValueError, match=r"mask must be bool or hold only 0 and 1 .* found 0.5 at "
+    with pytest.raises(ValueError, match=r"mask must be bool or contain only 0 and 1 .* found 0.5 at "
                                          r"index \(0, 2\)"):
         kalman_filter(x, mask=torch.where(mask, 1.0, 0.5), **_model())
     a = kalman_filter(x, mask=mask, **_model()).log_likelihoods
