@@ -42,6 +42,7 @@ from pyro_seq.ops.kalman import (
     kalman_smoother,
     lgssm_sample,
 )
+from pyro_seq.validation import as_bool_mask
 
 __all__ = ["LinearGaussianSSM", "LGSSMForecast"]
 
@@ -94,7 +95,7 @@ def _resolve_masks(observation_mask, step_mask, T: Optional[int], D: int):
     """
     parts = []
     if step_mask is not None:
-        s = torch.as_tensor(step_mask, dtype=torch.bool)
+        s = as_bool_mask(step_mask, "step_mask")
         if s.dim() == 0:
             s = s.reshape(1)  # broadcasts over time
         elif T is None:
@@ -106,7 +107,7 @@ def _resolve_masks(observation_mask, step_mask, T: Optional[int], D: int):
             )
         parts.append(s.unsqueeze(-1))
     if observation_mask is not None:
-        m = torch.as_tensor(observation_mask, dtype=torch.bool)
+        m = as_bool_mask(observation_mask, "observation_mask")
         strict = step_mask is not None
         elementwise = m.dim() >= 2 and m.shape[-1] in (D, 1) and (T is None or m.shape[-2] == T)
         if (elementwise and not strict and D > 1 and tuple(m.shape[-2:]) == (D, D)

@@ -106,3 +106,21 @@ def test_mask_shape_errors_name_the_right_argument():
         make(p, observation_mask=torch.ones(4, dtype=torch.bool), step_mask=True)
     with pytest.raises(ValueError, match=r"observation_mask must have shape .* got \(4, 2\)"):
         make(p, observation_mask=torch.ones(4, 2, dtype=torch.bool))
+
+
+def test_mask_values_other_than_zero_and_one_are_refused():
+    # a .bool() cast read 0.5 as observed; 0/1 masks of any dtype equal the bool mask
+    S, D, T = 2, 3, 4
+    eye = torch.eye
+    args = (torch.zeros(S, dtype=torch.float64), eye(S, dtype=torch.float64),
+            0.9 * eye(S, dtype=torch.float64), 0.1 * eye(S, dtype=torch.float64),
+            torch.ones(D, S, dtype=torch.float64), eye(D, dtype=torch.float64))
+    x = torch.randn(T, D, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    steps = torch.tensor([1.0, 1.0, 0.0, 1.0], dtype=torch.float64)
+    a = LinearGaussianSSM(*args, step_mask=steps).log_prob(x)
+    b = LinearGaussianSSM(*args, step_mask=steps.bool()).log_prob(x)
+    assert torch.equal(a, b)
+    with pytest.raises(ValueError, match=r"step_mask must be bool or contain only 0 and 1 .*found 0.5"):
+        LinearGaussianSSM(*args, step_mask=torch.tensor([1.0, 0.5, 1.0, 1.0]))
+    with pytest.raises(ValueError, match=r"observation_mask must be bool or contain only 0 and 1"):
+        LinearGaussianSSM(*args, observation_mask=torch.full((T, D), 0.5))
