@@ -36,7 +36,7 @@ import pyro.poutine as poutine
 import torch
 from pyro.poutine.messenger import Messenger
 
-from pyro_seq.validation import validate_observed, validate_sequences
+from pyro_seq.validation import prepare_sequences, validate_sequences
 
 __all__ = ["ImputationResult", "ForecastResult", "impute", "denoise", "forecast"]
 
@@ -114,11 +114,9 @@ def impute(model, x, observed, mask=None, method="iterative", num_iterations=20,
     :returns: :class:`ImputationResult`.
     """
     _check_model(model)
-    x, mask = validate_sequences(x, mask, model.obs_dim, _binary(model), observed=observed)
-    seen = validate_observed(observed, x.shape, device=x.device)
+    x, mask, seen = prepare_sequences(x, mask, model.obs_dim, _binary(model), observed)
     if seen is None:
         seen = torch.ones_like(x, dtype=torch.bool)
-    x = torch.where(seen, x, torch.zeros_like(x))
     if method == "iterative":
         return _impute_iterative(model, x, mask, seen, num_iterations, burn_in, generator)
     if method == "importance":

@@ -14,7 +14,7 @@ from typing import Optional, Tuple
 
 import torch
 
-__all__ = ["as_bool_mask", "validate_sequences", "validate_mask", "validate_observed",
+__all__ = ["as_bool_mask", "prepare_sequences", "validate_sequences", "validate_mask", "validate_observed",
            "validate_sequence_list"]
 
 
@@ -132,6 +132,27 @@ def validate_sequences(
         (with the first position and whether it is a real or a padded step), mask shape, mask
         values other than 0/1, an empty row, a non-prefix row, non-binary values at real steps.
     """
+    return _validate_sequences(x, mask, obs_dim, binary, prefix_mask, observed)[:2]
+
+
+def prepare_sequences(x, mask=None, obs_dim: Optional[int] = None, binary: bool = False,
+                      observed=None):
+    """:func:`validate_sequences`, then zero-fill the entries ``observed`` marks missing.
+
+    What every program and task does with a batch that may have missing values: the networks
+    see zeros there, and the per-element mask says what the observation sites are scored on.
+
+    :returns: ``(x, mask, seen)``: ``x`` with zeros at unobserved entries, the bool padding mask
+        ``(batch, T)``, and the bool ``(batch, T, D)`` observed mask (None without ``observed``).
+    """
+    x, mask, seen = _validate_sequences(x, mask, obs_dim, binary, True, observed)
+    if seen is not None:
+        x = torch.where(seen, x, x.new_zeros(()))
+    return x, mask, seen
+
+
+def _validate_sequences(x, mask, obs_dim, binary, prefix_mask, observed):
+    """:func:`validate_sequences`; also returns the ``(batch, T, D)`` observed mask."""
     if not torch.is_tensor(x):
         raise TypeError(f"x must be a torch.Tensor of shape (batch, T, D), got {type(x).__name__}")
     if x.dim() != 3:
@@ -177,7 +198,7 @@ def validate_sequences(
             raise ValueError(
                 f"x must be binary (0/1) for a Bernoulli model, found {x[b, t, d].item()!r} at "
                 f"(batch {b}, step {t}, feature {d}); {int(bad.sum())} non-binary values in all")
-    return x, mask
+    return x, mask, seen
 
 
 def validate_sequence_list(seqs, obs_dim: Optional[int] = None, binary: bool = False,

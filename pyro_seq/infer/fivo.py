@@ -73,7 +73,7 @@ from pyro_seq.ops.resampling import (
     resample,
 )
 from pyro_seq.ops.state import SequenceState
-from pyro_seq.validation import validate_observed, validate_sequences
+from pyro_seq.validation import prepare_sequences
 
 __all__ = ["FIVO"]
 
@@ -109,10 +109,7 @@ def _parse_args(args, kwargs):
     # the package's one validator (model-specific checks, e.g. feature size and binary data for
     # a Bernoulli likelihood, follow in the model's ``init``)
     observed = values.get("observed")
-    x, mask = validate_sequences(values.get("x"), values.get("mask"), observed=observed)
-    seen = validate_observed(observed, x.shape, device=x.device)
-    if seen is not None:
-        x = torch.where(seen, x, x.new_zeros(()))
+    x, mask, _ = prepare_sequences(values.get("x"), values.get("mask"), observed=observed)
     return x, mask, values.get("num_sequences"), observed
 
 

@@ -60,7 +60,7 @@ from pyro.poutine.runtime import _PYRO_STACK
 from pyro_seq.distributions.scored_value import ScoredValue
 from pyro_seq.models.emission import ObservedElements
 from pyro_seq.ops.state import SequenceState
-from pyro_seq.validation import validate_mask, validate_observed, validate_sequences
+from pyro_seq.validation import prepare_sequences, validate_mask, validate_sequences
 
 
 #: Alias of :func:`pyro_seq.validation.validate_sequences`, the package's one validator.
@@ -204,11 +204,9 @@ class StepProgram:
         (what the networks see) and keep the per-element mask in ``state.shared["observed"]``
         (what the observation sites are scored on)."""
         owner = self._owner
-        x, mask = validate_sequences(x, mask, owner.obs_dim, owner.binary_observations,
-                                     observed=observed)
-        seen = validate_observed(observed, x.shape, device=x.device)
+        x, mask, seen = prepare_sequences(x, mask, owner.obs_dim, owner.binary_observations,
+                                          observed)
         if seen is not None:
-            x = torch.where(seen, x, x.new_zeros(()))
             state.shared["observed"] = seen
         return x, mask
 
