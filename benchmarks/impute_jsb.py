@@ -21,14 +21,9 @@ import torch  # noqa: E402
 
 from common import ROOT, data_file, write_result  # noqa: E402
 from pyro_seq.data import load_piano_rolls, pad_sequences  # noqa: E402
-from pyro_seq.tasks import impute  # noqa: E402
+from pyro_seq.tasks import bits_per_element, drop_steps, impute  # noqa: E402
 from pyro_seq.train.checkpoint import load_weights  # noqa: E402
 from zoo_jsb import MODELS  # noqa: E402
-
-
-def bits(probs, target):
-    p = probs.clamp(1e-6, 1 - 1e-6)
-    return float(-(target * p.log2() + (1 - target) * (1 - p).log2()).mean())
 
 
 def main(argv=None):
@@ -48,13 +43,10 @@ def main(argv=None):
     seqs = [s for s in data["test"] if s.shape[0] > args.drop]
     x, mask = pad_sequences(seqs)
     g = torch.Generator().manual_seed(args.seed)
-    observed = mask.clone()
-    for b, s in enumerate(seqs):
-        start = int(torch.randint(0, s.shape[0] - args.drop + 1, (), generator=g))
-        observed[b, start:start + args.drop] = False
+    observed = drop_steps(mask, args.drop, generator=g)
     missing = (~observed & mask).unsqueeze(-1).expand(x.shape)
     freq = torch.cat(data["train"]).float().mean(0).expand(x.shape)[missing]
-    baseline = bits(freq, x[missing])
+    baseline = bits_per_element(freq, x[missing])
     results = {}
     for cell in args.cells:
         model_name = Path(cell).name.split("_")[0]
@@ -62,9 +54,9 @@ def main(argv=None):
         model.load_state_dict(load_weights(ROOT / "benchmarks" / "checkpoints" / cell / "best.pt"))
         model.eval()
         torch.manual_seed(args.seed)
-        res = impute(model, x, observed | ~mask, mask, method=args.method,
+        res = impute(model, x, observed, mask, method=args.method,
                      num_iterations=args.iterations, num_particles=args.particles, generator=g)
-        score = bits(res.probs[missing], x[missing])
+        score = bits_per_element(res.probs[missing], x[missing])
         results[cell] = {"bits_per_element": score, "beats_note_frequencies": score < baseline}
         print(f"{cell}: {score:.4f} bits/element (note frequencies {baseline:.4f})")
     write_result("impute_jsb", {"benchmark": "impute_jsb", "drop": args.drop, "method": args.method,

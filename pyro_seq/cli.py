@@ -159,16 +159,10 @@ def cmd_evaluate(args):
     return 0
 
 
-def _bits_per_element(probs, target):
-    """Mean of ``-log2 p(target)`` under independent Bernoulli ``probs`` (clamped to 1e-6)."""
-    p = probs.clamp(1e-6, 1 - 1e-6)
-    return float(-(target * p.log2() + (1 - target) * (1 - p).log2()).mean())
-
-
 def cmd_impute(args):
     """Seed 002 sec. 4.3: drop ``--drop`` consecutive steps of each sequence, impute them."""
     from pyro_seq.data import pad_sequences
-    from pyro_seq.tasks import impute
+    from pyro_seq.tasks import bits_per_element, drop_steps, impute
     from pyro_seq.train.plots import plot_recovery
 
     run, model = _load_run(args.run)
@@ -179,20 +173,17 @@ def cmd_impute(args):
         raise SystemExit(f"pyro-seq: error: no {args.split} sequence is longer than --drop {args.drop}")
     g = torch.Generator().manual_seed(args.seed)
     x, mask = pad_sequences(seqs)
-    observed = mask.clone()
-    for b, s in enumerate(seqs):
-        start = int(torch.randint(0, s.shape[0] - args.drop + 1, (), generator=g))
-        observed[b, start:start + args.drop] = False
+    observed = drop_steps(mask, args.drop, generator=g)
     torch.manual_seed(args.seed)
-    res = impute(model, x, observed | ~mask, mask, method=args.method,
+    res = impute(model, x, observed, mask, method=args.method,
                  num_iterations=args.iterations, num_particles=args.particles, generator=g)
     missing = (~observed & mask).unsqueeze(-1).expand(x.shape)
     target, probs = x[missing], res.probs[missing]
     freq = torch.cat(data["train"]).float().mean(0).expand(x.shape)[missing]
     result = {"split": args.split, "drop": args.drop, "method": args.method,
               "num_sequences": len(seqs), "missing_elements": int(missing.sum()),
-              "bits_per_element": _bits_per_element(probs, target),
-              "baseline_bits_per_element": _bits_per_element(freq, target),
+              "bits_per_element": bits_per_element(probs, target),
+              "baseline_bits_per_element": bits_per_element(freq, target),
               "baseline": "training-set note frequencies"}
     out = Path(args.run)
     (out / f"impute_{args.split}_{args.method}.json").write_text(json.dumps(result, indent=1))

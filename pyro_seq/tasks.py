@@ -38,7 +38,8 @@ from pyro.poutine.messenger import Messenger
 
 from pyro_seq.validation import prepare_sequences, validate_sequences
 
-__all__ = ["ImputationResult", "ForecastResult", "impute", "denoise", "forecast"]
+__all__ = ["ImputationResult", "ForecastResult", "impute", "denoise", "forecast", "drop_steps",
+           "bits_per_element"]
 
 
 @dataclass
@@ -276,3 +277,34 @@ def _mixture_log_prob(model, means, target):
     p = means.clamp(1e-12, 1 - 1e-12)
     lp = (target * p.log() + (1 - target) * (-p).log1p()).sum(-1)        # (S, B, steps)
     return torch.logsumexp(lp, 0) - torch.log(torch.tensor(float(lp.shape[0]), dtype=lp.dtype))
+
+
+def drop_steps(mask, drop, generator=None):
+    """The ``observed`` mask of seed 002 sec. 4.3: ``drop`` consecutive steps missing per sequence.
+
+    :param torch.Tensor mask: ``(batch, T)`` bool prefix padding mask; every sequence must be
+        longer than ``drop``.
+    :param int drop: number of consecutive steps dropped, at a uniformly random start.
+    :returns: bool ``(batch, T)``: False at the dropped steps, True elsewhere (padding included).
+    """
+    lengths = mask.sum(-1)
+    if int(drop) < 1 or bool((lengths <= drop).any()):
+        raise ValueError(f"drop must be >= 1 and every sequence longer than it, got drop={drop} "
+                         f"and lengths down to {int(lengths.min())}")
+    observed = torch.ones_like(mask, dtype=torch.bool)
+    for b, length in enumerate(lengths.tolist()):
+        start = int(torch.randint(0, length - drop + 1, (), generator=generator))
+        observed[b, start:start + drop] = False
+    return observed
+
+
+def bits_per_element(probs, target, eps=1e-6):
+    """Mean of ``-log2 p(target)`` under independent Bernoulli ``probs`` (clamped to ``eps``).
+
+    :param torch.Tensor probs: probabilities, any shape.
+    :param torch.Tensor target: 0/1 values of the same shape.
+    :rtype: float
+    """
+    p = probs.clamp(eps, 1 - eps)
+    return float(-(target * p.log2() + (1 - target) * (1 - p).log2()).mean())
+

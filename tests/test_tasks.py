@@ -142,3 +142,22 @@ def test_recovery_figure_counts_the_errors(tmp_path):
     recovered[4, 41] = 1
     n = plot_recovery(clean, corrupted, recovered, tmp_path / "r.png")
     assert n == 1 and (tmp_path / "r.png").stat().st_size > 1000
+
+
+def test_drop_steps_and_bits_per_element():
+    from pyro_seq.tasks import bits_per_element, drop_steps
+
+    mask = torch.arange(10) < torch.tensor([10, 6, 9]).unsqueeze(-1)
+    obs = drop_steps(mask, 4, generator=torch.Generator().manual_seed(0))
+    dropped = ~obs
+    assert dropped.sum(-1).tolist() == [4, 4, 4] and not (dropped & ~mask).any()
+    for row in dropped:                                    # one window of consecutive steps
+        idx = row.nonzero().flatten()
+        assert (idx.diff() == 1).all()
+    with pytest.raises(ValueError, match="every sequence longer"):
+        drop_steps(mask, 6)
+    target = torch.tensor([1.0, 0.0, 1.0, 1.0])
+    assert bits_per_element(torch.full((4,), 0.5), target) == pytest.approx(1.0, rel=1e-12)
+    p = torch.tensor([0.9, 0.2, 0.6, 0.99])
+    expected = -(math.log2(0.9) + math.log2(0.8) + math.log2(0.6) + math.log2(0.99)) / 4
+    assert bits_per_element(p, target) == pytest.approx(expected, rel=1e-12)

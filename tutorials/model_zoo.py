@@ -55,7 +55,7 @@ from pyro.optim import ClippedAdam  # noqa: E402
 from pyro_seq.data import SequenceLoader, load_dataset, load_piano_rolls, pad_sequences  # noqa: E402
 from pyro_seq.infer import FIVO, IWAE, estimate_log_likelihood  # noqa: E402
 from pyro_seq.models import DMM, SRNN, STORN, VAERNN, VRAE, VRNN, RNNBaseline  # noqa: E402
-from pyro_seq.tasks import impute  # noqa: E402
+from pyro_seq.tasks import bits_per_element, impute  # noqa: E402
 from pyro_seq.train.plots import plot_recovery  # noqa: E402
 
 SMOKE = os.environ.get("PYRO_SEQ_SMOKE", "0") not in ("", "0")
@@ -170,13 +170,8 @@ missing = ~observed[0]
 freq = torch.cat(data["train"]).float().mean(0).clamp(1e-6, 1 - 1e-6)
 
 
-def bits(p, target):
-    p = p.clamp(1e-6, 1 - 1e-6)
-    return float(-(target * p.log2() + (1 - target) * (1 - p).log2()).mean())
-
-
-imputed_bits = bits(res.probs[0, missing], seq[missing])
-baseline_bits = bits(freq.expand(int(missing.sum()), D), seq[missing])
+imputed_bits = bits_per_element(res.probs[0, missing], seq[missing])
+baseline_bits = bits_per_element(freq.expand(int(missing.sum()), D), seq[missing])
 corrupted = torch.where(observed[0, :, None], seq, torch.full_like(seq, float("nan")))
 errors = plot_recovery(seq, corrupted, torch.where(observed[0, :, None], seq, (res.probs[0] > 0.5).float()),
                        OUT / "imputation.png", probs=res.probs[0], title=f"{best[0]} ({best[1]})")
