@@ -79,6 +79,16 @@ def _load_run(out_dir):
     return run, model
 
 
+def _load_run_and_data(args, splits):
+    """The trained run ``args.run``, and the splits of ``args.data`` (default: the run's data),
+    checked by the package's validator."""
+    run, model = _load_run(args.run)
+    spec = args.data or run["data"]
+    data = _load_data(spec, splits=splits)
+    _check_data(data, model, spec)
+    return run, model, data
+
+
 def _check_data(data, model, spec):
     """Every split through the package's validator; one line and exit code 1 on bad data."""
     from pyro_seq.validation import validate_sequence_list
@@ -145,9 +155,7 @@ def cmd_train(args):
 def cmd_evaluate(args):
     from pyro_seq.train import evaluate_bound
 
-    run, model = _load_run(args.run)
-    data = _load_data(args.data or run["data"], splits=(args.split,))
-    _check_data(data, model, args.data or run["data"])
+    run, model, data = _load_run_and_data(args, (args.split,))
     torch.manual_seed(args.seed)
     result = evaluate_bound(model, data[args.split], batch_size=args.batch_size,
                             method=args.objective, num_particles=args.particles)
@@ -165,9 +173,7 @@ def cmd_impute(args):
     from pyro_seq.tasks import bits_per_element, drop_steps, impute
     from pyro_seq.train.plots import plot_recovery
 
-    run, model = _load_run(args.run)
-    data = _load_data(args.data or run["data"], splits=("train", args.split))
-    _check_data(data, model, args.data or run["data"])
+    run, model, data = _load_run_and_data(args, ("train", args.split))
     seqs = [s for s in data[args.split] if s.shape[0] > args.drop][: args.num]
     if not seqs:
         raise SystemExit(f"pyro-seq: error: no {args.split} sequence is longer than --drop {args.drop}")
@@ -204,9 +210,7 @@ def cmd_denoise(args):
     from pyro_seq.tasks import denoise
     from pyro_seq.train.plots import plot_recovery
 
-    run, model = _load_run(args.run)
-    data = _load_data(args.data or run["data"], splits=(args.split,))
-    _check_data(data, model, args.data or run["data"])
+    run, model, data = _load_run_and_data(args, (args.split,))
     seqs = data[args.split][: args.num]
     g = torch.Generator().manual_seed(args.seed)
     x, mask = pad_sequences(seqs)
