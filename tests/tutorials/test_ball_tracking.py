@@ -1,14 +1,11 @@
 """Run tutorials/ball_tracking.py in its short mode and check its figures and numbers."""
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "tutorials" / "ball_tracking.py"
+from tests.tutorials import run_tutorial
+
 FIGURES = [
     "fig3_3_filter_smoother.png",
     "fig3_4_missing_data.png",
@@ -21,19 +18,7 @@ FIGURES = [
 @pytest.fixture(scope="module")
 def tutorial_output(tmp_path_factory):
     out = tmp_path_factory.mktemp("ball_tracking")
-    env = dict(os.environ, PYRO_SEQ_SMOKE="1", MPLBACKEND="Agg")
-    # the checkout under test, not whichever pyro_seq the interpreter would find installed
-    env["PYTHONPATH"] = os.pathsep.join(
-        [str(SCRIPT.parents[1])] + [p for p in [os.environ.get("PYTHONPATH")] if p])
-    proc = subprocess.run(
-        [sys.executable, str(SCRIPT), "--out", str(out)],
-        env=env,
-        cwd=SCRIPT.parents[1],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    run_tutorial("ball_tracking", out, timeout=300)
     return out, json.loads((out / "metrics.json").read_text())
 
 

@@ -2,26 +2,17 @@
 
 import json
 import math
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "tutorials" / "model_zoo.py"
+from tests.tutorials import run_tutorial
+
 
 
 @pytest.fixture(scope="module")
 def tutorial_output(tmp_path_factory):
     out = tmp_path_factory.mktemp("model_zoo")
-    env = dict(os.environ, PYRO_SEQ_SMOKE="1", MPLBACKEND="Agg")
-    # the checkout under test, not whichever pyro_seq the interpreter would find installed
-    env["PYTHONPATH"] = os.pathsep.join(
-        [str(SCRIPT.parents[1])] + [p for p in [os.environ.get("PYTHONPATH")] if p])
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--out", str(out)], env=env,
-                          cwd=SCRIPT.parents[1], capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    run_tutorial("model_zoo", out)
     return out, json.loads((out / "metrics.json").read_text())
 
 

@@ -1,29 +1,18 @@
 """Run tutorials/polyphonic_music.py in its short mode and check what it produces."""
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from pyro_seq.data import midi_to_piano_roll
+from tests.tutorials import run_tutorial
 
-SCRIPT = Path(__file__).resolve().parents[2] / "tutorials" / "polyphonic_music.py"
 
 
 @pytest.fixture(scope="module")
 def tutorial_output(tmp_path_factory):
     out = tmp_path_factory.mktemp("polyphonic")
-    env = dict(os.environ, PYRO_SEQ_SMOKE="1", MPLBACKEND="Agg")
-    # the checkout under test, not whichever pyro_seq the interpreter would find installed
-    env["PYTHONPATH"] = os.pathsep.join(
-        [str(SCRIPT.parents[1])] + [p for p in [os.environ.get("PYTHONPATH")] if p])
-    env.pop("PYRO_SEQ_JSB", None)
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--out", str(out)], env=env,
-                          cwd=SCRIPT.parents[1], capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    run_tutorial("polyphonic_music", out, unset=('PYRO_SEQ_JSB',))
     return out, json.loads((out / "metrics.json").read_text())
 
 
