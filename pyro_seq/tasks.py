@@ -31,7 +31,6 @@ following the sequence-model contract whose observation sites are named ``x_1..x
 from dataclasses import dataclass
 from typing import Optional
 
-import pyro
 import pyro.poutine as poutine
 import torch
 from pyro.poutine.messenger import Messenger

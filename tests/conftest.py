@@ -1,5 +1,7 @@
 """Shared fixtures: a clean Pyro param store and fixed seeds for every test."""
 
+import pickle
+
 import pyro
 import pytest
 import torch
@@ -24,3 +26,20 @@ def float64():
     torch.set_default_dtype(torch.float64)
     yield
     torch.set_default_dtype(old)
+
+
+@pytest.fixture
+def tiny_pickle(tmp_path):
+    """A tiny piano-roll pickle in the Boulanger-Lewandowski format (train/valid/test note lists)."""
+    g = torch.Generator().manual_seed(0)
+
+    def seqs(n):
+        out = []
+        for _ in range(n):
+            T = int(torch.randint(4, 10, (), generator=g))
+            out.append([tuple(int(k) for k in torch.randint(40, 80, (3,), generator=g)) for _ in range(T)])
+        return out
+
+    path = tmp_path / "tiny.pickle"
+    path.write_bytes(pickle.dumps({"train": seqs(10), "valid": seqs(3), "test": seqs(3)}))
+    return path

@@ -1,29 +1,12 @@
 """End to end through the command line: train, resume, evaluate, sample (tiny model, tiny data)."""
 
 import json
-import pickle
 
 import pytest
 import torch
 
 from pyro_seq.cli import main
 from pyro_seq.data import midi_to_piano_roll
-
-
-@pytest.fixture
-def tiny_pickle(tmp_path):
-    g = torch.Generator().manual_seed(0)
-
-    def seqs(n):
-        out = []
-        for _ in range(n):
-            T = int(torch.randint(4, 10, (), generator=g))
-            out.append([tuple(int(k) for k in torch.randint(40, 80, (3,), generator=g)) for _ in range(T)])
-        return out
-
-    path = tmp_path / "tiny.pickle"
-    path.write_bytes(pickle.dumps({"train": seqs(10), "valid": seqs(3), "test": seqs(3)}))
-    return path
 
 
 TINY_SRNN = ["--model-option", "d_dim=8", "--model-option", "hidden_dim=8", "--z-dim", "2"]

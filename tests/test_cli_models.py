@@ -3,7 +3,6 @@
 import pytest
 
 from pyro_seq.cli import main
-from tests.test_cli import tiny_pickle  # noqa: F401  (fixture)
 
 SMALL = {
     "vrnn": ["--z-dim", "2", "--model-option", "d_dim=6", "--model-option", "hidden_dim=6",
@@ -19,7 +18,7 @@ SMALL = {
 
 
 @pytest.mark.parametrize("model", sorted(SMALL))
-def test_train_evaluate_sample_every_model(model, tiny_pickle, tmp_path, capsys):  # noqa: F811
+def test_train_evaluate_sample_every_model(model, tiny_pickle, tmp_path, capsys):
     out = tmp_path / model
     args = ["train", "--model", model, "--data", str(tiny_pickle), "--epochs", "1", "--quiet",
             "--batch-size", "4", "--out", str(out)] + SMALL[model]
@@ -30,7 +29,7 @@ def test_train_evaluate_sample_every_model(model, tiny_pickle, tmp_path, capsys)
     assert "test ELBO" in text and "iwae (K=2)" in text and (out / "sample_0.mid").exists()
 
 
-def test_bad_model_option_is_one_line(tiny_pickle, tmp_path):  # noqa: F811
+def test_bad_model_option_is_one_line(tiny_pickle, tmp_path):
     with pytest.raises(SystemExit) as info:
         main(["train", "--model", "storn", "--data", str(tiny_pickle), "--epochs", "1", "--quiet",
               "--out", str(tmp_path / "x"), "--model-option", "prior=\"brownian\""])
@@ -38,7 +37,7 @@ def test_bad_model_option_is_one_line(tiny_pickle, tmp_path):  # noqa: F811
     assert "prior" in str(info.value.code)
 
 
-def test_impute_and_denoise_commands_write_results_and_figures(tiny_pickle, tmp_path, capsys):  # noqa: F811
+def test_impute_and_denoise_commands_write_results_and_figures(tiny_pickle, tmp_path, capsys):
     import json
 
     out = tmp_path / "run"

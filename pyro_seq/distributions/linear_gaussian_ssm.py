@@ -380,7 +380,7 @@ class LinearGaussianSSM(TorchDistribution):
 
         if not isinstance(hmm, GaussianHMM):
             raise ValueError(f"from_gaussian_hmm expects a pyro GaussianHMM, got {type(hmm).__name__}")
-        S, D = hmm.hidden_dim, hmm.obs_dim
+        S = hmm.hidden_dim
 
         def moments(g):  # Gaussian -> (loc, cov)
             cov = torch.cholesky_inverse(torch.linalg.cholesky(g.precision))

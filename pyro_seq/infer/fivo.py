@@ -66,7 +66,6 @@ from pyro_seq.infer.iwae import _reduce_site
 from pyro_seq.infer.log_z_bound import LogZBound
 from pyro_seq.ops.resampling import (
     DEFAULT_RESAMPLING,
-    RESAMPLE_CRITERIA,
     _check_resampling_args,
     effective_sample_size,
     log_mean_exp,

@@ -25,12 +25,10 @@ clipped at +-3.
 import pyro
 import pyro.distributions as dist
 import torch
-import torch.nn as nn
-import torch.nn.functional as F
 
 from pyro_seq.models.base import SequenceModel, cache_guide_prior, normal, prior_from_guide, shift_right
 from pyro_seq.models.emission import make_emission, stack_params
-from pyro_seq.nn import BackwardRNN, ForwardRNN, GaussianHead, GaussianMLP, MLP, cat_broadcast, make_activation
+from pyro_seq.nn import BackwardRNN, ForwardRNN, GaussianMLP, MLP, cat_broadcast
 
 
 class SRNN(SequenceModel):

@@ -7,7 +7,6 @@ steps (not a mean of per-sequence averages).
 
 import math
 
-import pyro
 import pyro.poutine as poutine
 import torch
 

@@ -15,15 +15,15 @@ from pyro.optim import Adam
 
 from pyro_seq.infer import FIVO, IWAE
 from pyro_seq.models.dmm import DMM
-from tests.models.test_reference_elbo import (
+from tests.models.reference import (
     bernoulli_logpmf,
-    dmm_reference,
     lin,
     normal_logpdf,
     randomize,
     relu_rnn_cell,
     softplus,
 )
+from tests.models.test_reference_elbo import dmm_reference
 
 pytestmark = pytest.mark.usefixtures("float64")  # tests/conftest.py
 

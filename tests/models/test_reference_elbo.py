@@ -7,57 +7,26 @@ transition and combiner of Krishnan et al. (2017). Given the latent samples reco
 trace, every site's log-density must match the reference to float64 rounding.
 """
 
-import math
 
 import pyro.poutine as poutine
 import pytest
 import torch
 
 from pyro_seq.models import DMM, SRNN
+from tests.models.reference import (
+    act,
+    bernoulli_logpmf,
+    gru_cell,
+    lin,
+    normal_logpdf,
+    normal_logpdf_logvar,
+    randomize,
+    relu_rnn_cell,
+    softplus,
+)
 
 
 pytestmark = pytest.mark.usefixtures("float64")  # tests/conftest.py
-
-
-def lin(layer, x):
-    return x @ layer.weight.T + layer.bias
-
-
-def normal_logpdf(z, loc, scale):
-    return (-0.5 * ((z - loc) / scale) ** 2 - torch.log(scale) - 0.5 * math.log(2 * math.pi)).sum(-1)
-
-
-def normal_logpdf_logvar(z, mu, log_v):
-    """log N(z; mu, diag(v)) written with the log-variance of eq. 5.3 / 5.10."""
-    return (-0.5 * (z - mu) ** 2 / torch.exp(log_v) - 0.5 * log_v - 0.5 * math.log(2 * math.pi)).sum(-1)
-
-
-def bernoulli_logpmf(x, logits):
-    p = 1 / (1 + torch.exp(-logits))
-    return (x * torch.log(p) + (1 - x) * torch.log1p(-p)).sum(-1)
-
-
-def softplus(x):
-    return torch.log1p(torch.exp(x))
-
-
-def act(x):  # leaky ReLU 1/3 clipped at +-3 (SRNN supplementary)
-    return torch.clamp(torch.where(x > 0, x, x / 3), -3, 3)
-
-
-def gru_cell(rnn, x, h):
-    """One step of torch's GRU written out (Cho et al. 2014), gates ordered r, z, n."""
-    wi, wh, bi, bh = rnn.weight_ih_l0, rnn.weight_hh_l0, rnn.bias_ih_l0, rnn.bias_hh_l0
-    gi, gh = x @ wi.T + bi, h @ wh.T + bh
-    H = h.shape[-1]
-    r = torch.sigmoid(gi[..., :H] + gh[..., :H])
-    u = torch.sigmoid(gi[..., H:2 * H] + gh[..., H:2 * H])
-    n = torch.tanh(gi[..., 2 * H:] + r * gh[..., 2 * H:])
-    return (1 - u) * n + u * h
-
-
-def relu_rnn_cell(rnn, x, h):
-    return torch.relu(x @ rnn.weight_ih_l0.T + rnn.bias_ih_l0 + h @ rnn.weight_hh_l0.T + rnn.bias_hh_l0)
 
 
 def gaussian_mlp(net, *inputs):
@@ -125,13 +94,6 @@ def dmm_reference(m, x, zs):
                        normal_logpdf(zs[t], q_loc, q_scale)))
         z_prev = zq_prev = zs[t]
     return terms
-
-
-def randomize(module, scale=0.5):
-    gen = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for p in module.parameters():
-            p.copy_(scale * torch.randn(p.shape, generator=gen))
 
 
 @pytest.mark.parametrize("arch", ["srnn", "srnn_logvar", "dmm"])

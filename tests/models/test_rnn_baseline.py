@@ -16,7 +16,7 @@ from pyro.poutine.util import site_is_subsample
 
 from pyro_seq.infer import FIVO, IWAE
 from pyro_seq.models.rnn_baseline import RNNBaseline
-from tests.models.test_reference_elbo import (
+from tests.models.reference import (
     act,
     bernoulli_logpmf,
     gru_cell,

@@ -22,28 +22,12 @@ from pyro.optim import Adam
 from pyro_seq.distributions.wiener import WienerProcess
 from pyro_seq.infer import FIVO, IWAE
 from pyro_seq.models.storn import STORN, VOSP
+from tests.models.reference import bernoulli_logpmf, lin, normal_logpdf, randomize, softplus
 
 pytestmark = pytest.mark.usefixtures("float64")  # tests/conftest.py
 
 
 # ----------------------------------------------------------------- reference, written out
-def lin(layer, x):
-    return x @ layer.weight.T + layer.bias
-
-
-def softplus(x):
-    return torch.log1p(torch.exp(x))
-
-
-def normal_logpdf(z, loc, scale):
-    return (-0.5 * ((z - loc) / scale) ** 2 - torch.log(scale) - 0.5 * math.log(2 * math.pi)).sum(-1)
-
-
-def bernoulli_logpmf(x, logits):
-    p = 1 / (1 + torch.exp(-logits))
-    return (x * torch.log(p) + (1 - x) * torch.log1p(-p)).sum(-1)
-
-
 def tanh_cell(rnn, u, h):
     """Seed eq. (2) with f_h = tanh (torch's two-bias layout)."""
     return torch.tanh(u @ rnn.weight_ih_l0.T + rnn.bias_ih_l0
@@ -96,13 +80,6 @@ def storn_reference(m, x, zs):
                       normal_logpdf(zs[t], q_loc, q_scale)))
         x_prev, z_prev = x[t], zs[t]
     return terms
-
-
-def randomize(module, scale=0.5):
-    gen = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for p in module.parameters():
-            p.copy_(scale * torch.randn(p.shape, generator=gen))
 
 
 def ragged_batch(likelihood, B=3, T=5, D=4, lengths=(5, 3, 2), seed=0):

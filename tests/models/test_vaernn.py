@@ -18,7 +18,7 @@ from pyro.optim import Adam
 
 from pyro_seq.infer import FIVO, IWAE
 from pyro_seq.models.vaernn import VAERNN
-from tests.models.test_reference_elbo import (
+from tests.models.reference import (
     act,
     bernoulli_logpmf,
     gru_cell,

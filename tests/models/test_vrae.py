@@ -25,13 +25,10 @@ from tests.models.test_storn import (
     check_sites_against_reference,
     check_trains,
     emission_logpdf,
-    lin,
-    normal_logpdf,
     prior_logpdf,
-    randomize,
     ragged_batch,
-    softplus,
 )
+from tests.models.reference import lin, normal_logpdf, randomize, softplus
 
 pytestmark = pytest.mark.usefixtures("float64")  # tests/conftest.py
 

@@ -21,28 +21,12 @@ from pyro.poutine.messenger import Messenger
 from pyro_seq.infer import FIVO, IWAE
 from pyro_seq.models.vrnn import VRNN
 from pyro_seq.ops import SequenceState
+from tests.models.reference import bernoulli_logpmf, lin, normal_logpdf, softplus
 
 
 # ----------------------------------------------------------------------------- the reference
-def lin(layer, x):
-    return x @ layer.weight.T + layer.bias
-
-
 def relu(x):
     return torch.clamp(x, min=0)
-
-
-def softplus(x):
-    return torch.log1p(torch.exp(x))
-
-
-def normal_logpdf(z, loc, scale):
-    return (-0.5 * ((z - loc) / scale) ** 2 - torch.log(scale) - 0.5 * math.log(2 * math.pi)).sum(-1)
-
-
-def bernoulli_logpmf(x, logits):
-    p = 1 / (1 + torch.exp(-logits))
-    return (x * torch.log(p) + (1 - x) * torch.log1p(-p)).sum(-1)
 
 
 def gru_cell(wi, wh, bi, bh, x, h):
