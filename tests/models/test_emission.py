@@ -85,6 +85,7 @@ def test_make_emission_errors():
         gmm_likelihood((torch.randn(2, 3), torch.randn(2, 7), torch.rand(2, 7)))
 
 
+@pytest.mark.usefixtures("float64")
 def test_gmm_emission_in_srnn_time_parallel_equals_step_by_step_and_the_reference():
     """A model observing through the gmm family: the batched (time-parallel) scoring of the
     3-tuple params agrees with the step-by-step loop, and each x site is the mixture density."""
@@ -106,7 +107,7 @@ def test_gmm_emission_in_srnn_time_parallel_equals_step_by_step_and_the_referenc
         ref = MixtureSameFamily(Categorical(logits=fn.logits), Independent(Normal(fn.loc, fn.scale), 1))
         torch.testing.assert_close(sequential.nodes[name]["log_prob"], ref.log_prob(x[:, t]) * mask[:, t])
         torch.testing.assert_close(parallel.nodes[name]["log_prob"], sequential.nodes[name]["log_prob"],
-                                   rtol=1e-5, atol=1e-5)
+                                   rtol=1e-12, atol=1e-12)
     sample, params = m.generate(2, 4)                           # sampling through the family
     assert sample.shape == (2, 4, D) and torch.isfinite(sample).all()
     assert [p.shape for p in params] == [(2, 4, K), (2, 4, K * D), (2, 4, K * D)]
