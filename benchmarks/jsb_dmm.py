@@ -6,7 +6,14 @@ over the first 1000 epochs' worth of updates, Trace_ELBO. Reference: Pyro's exam
 test ELBO of -6.87 nats per step after 5000 epochs (Krishnan et al. 2017 report -6.926).
 
     python benchmarks/jsb_dmm.py --time-limit 3600      # run again to resume
+
+Every training option of ``jsb_training.run`` can be changed on the command line, and
+``--residual`` gives the guide the residual parameterisation Res_q (thesis 4.8.1); a variant
+needs its own ``--tag`` (checkpoint folder and result name).
 """
+
+import argparse
+import sys
 
 from jsb_training import run
 
@@ -21,5 +28,9 @@ CONFIG = TrainConfig(epochs=5000, batch_size=20, lr=3e-4, betas=(0.96, 0.999), c
                      lr_schedule="constant", init="none")  # the settings of the recorded runs
 
 if __name__ == "__main__":
-    run("jsb_dmm", "jsb_chorales.pickle", lambda: DMM(88, **MODEL), MODEL, CONFIG,
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--residual", action="store_true", help="Res_q guide (DMM(residual=True))")
+    known, rest = pre.parse_known_args(sys.argv[1:])
+    model = dict(MODEL, residual=True) if known.residual else MODEL
+    run("jsb_dmm", "jsb_chorales.pickle", lambda: DMM(88, **model), model, CONFIG, argv=rest,
         target=-6.87, reference="Pyro examples/dmm.py: test ELBO -6.87 nats/step after 5000 epochs")

@@ -51,6 +51,13 @@ def run(name, data_name, build_model, model_settings, config, target, reference,
                         help="updates over which the KL weight rises linearly to 1")
     parser.add_argument("--weight-decay", type=float, default=config.weight_decay,
                         help="L2 penalty added to the gradient by ClippedAdam")
+    parser.add_argument("--betas", type=float, nargs=2, default=config.betas, help="Adam betas")
+    parser.add_argument("--batch-size", type=int, default=config.batch_size, help="minibatch size")
+    parser.add_argument("--plateau-patience", type=int, default=config.plateau_patience,
+                        help="epochs without improvement before the plateau schedule cuts the rate")
+    parser.add_argument("--patience", type=int, default=config.patience,
+                        help="early stopping after this many epochs without improvement "
+                             "(omit for the script's setting; 0 turns it off)")
     parser.add_argument("--eval-seeds", type=int, default=eval_seeds,
                         help="evaluate the test ELBO with seeds 0..N-1 and report the mean (and "
                              "its standard error); the target is judged on the mean")
@@ -64,6 +71,8 @@ def run(name, data_name, build_model, model_settings, config, target, reference,
     config.lr_decay_after, config.lr_decay_factor = args.lr_decay_after, args.lr_decay_factor
     config.kl_anneal_steps = args.kl_anneal_steps
     config.lr_schedule, config.init = args.lr_schedule, args.init
+    config.betas, config.batch_size = tuple(args.betas), args.batch_size
+    config.plateau_patience, config.patience = args.plateau_patience, (args.patience or None)
     if args.tag:
         name = f"{name}_{args.tag}"
     if args.out is None:
