@@ -1,8 +1,10 @@
 """pyro_seq.distributions: Pyro distributions of the package (exact LGSSM marginal, Wiener-process
-prior, diagonal Gaussian mixture emissions, precomputed-score wrapper)."""
+prior, diagonal Gaussian mixture emissions, precomputed-score wrapper, restricted Boltzmann
+machines)."""
 
 from pyro_seq.distributions.linear_gaussian_ssm import LGSSMForecast, LinearGaussianSSM
 from pyro_seq.distributions.mixture import DiagonalNormalMixture
+from pyro_seq.distributions.rbm import RBM, AISResult, EnergyBasedDistribution
 from pyro_seq.distributions.scored_value import ScoredValue
 from pyro_seq.distributions.wiener import (
     WienerProcess,
@@ -11,5 +13,5 @@ from pyro_seq.distributions.wiener import (
     wiener_transition,
 )
 
-__all__ = ["DiagonalNormalMixture", "LGSSMForecast", "LinearGaussianSSM", "ScoredValue",
+__all__ = ["AISResult", "DiagonalNormalMixture", "EnergyBasedDistribution", "LGSSMForecast", "LinearGaussianSSM", "RBM", "ScoredValue",
            "WienerProcess", "kl_diagonal_normal_wiener", "wiener_increments", "wiener_transition"]

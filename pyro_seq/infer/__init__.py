@@ -2,11 +2,13 @@
 
 * :class:`IWAE` (standard or DReG gradients) and :class:`FIVO` (SMC bound on the step protocol):
   swap them for ``Trace_ELBO`` with ``loss=``.
+* :class:`ContrastiveDivergence`: CD-k and persistent CD for energy-based models (RBM, RTRBM).
 * :class:`LatentScale` (KL annealing), :func:`linear_schedule`, :class:`FreeBits_ELBO`.
 * :func:`estimate_log_likelihood`: IWAE / SMC estimates of log p(x) in nats per step.
 * :func:`lgssm_em`: EM for the linear-Gaussian state-space model.
 """
 
+from pyro_seq.infer.contrastive_divergence import ContrastiveDivergence
 from pyro_seq.infer.annealing import FreeBits_ELBO, LatentScale, linear_schedule
 from pyro_seq.infer.estimate import LikelihoodEstimate, estimate_log_likelihood
 from pyro_seq.infer.fivo import FIVO
@@ -21,6 +23,7 @@ from pyro_seq.infer.lgssm_em import (
 )
 
 __all__ = [
+    "ContrastiveDivergence",
     "OBSERVATION_COV_STRUCTURES",
     "EMResult",
     "FIVO",

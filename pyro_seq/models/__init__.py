@@ -4,11 +4,12 @@ from pyro_seq.models.base import SequenceModel, StepProgram, check_sequences
 from pyro_seq.models.dmm import DMM
 from pyro_seq.models.linear_gaussian import LinearGaussianSequenceModel
 from pyro_seq.models.rnn_baseline import RNNBaseline
+from pyro_seq.models.rtrbm import RTRBM, SRTRBM
 from pyro_seq.models.srnn import SRNN
 from pyro_seq.models.storn import STORN, VOSP
 from pyro_seq.models.vaernn import VAERNN
 from pyro_seq.models.vrae import VRAE
 from pyro_seq.models.vrnn import VRNN
 
-__all__ = ["DMM", "LinearGaussianSequenceModel", "RNNBaseline", "SRNN", "STORN", "SequenceModel",
+__all__ = ["DMM", "LinearGaussianSequenceModel", "RNNBaseline", "RTRBM", "SRNN", "SRTRBM", "STORN", "SequenceModel",
            "StepProgram", "VAERNN", "VOSP", "VRAE", "VRNN", "check_sequences"]

@@ -1,0 +1,587 @@
+r"""Restricted Boltzmann machines as energy-based Pyro distributions (seeds 000 and 003).
+
+An RBM with visible units :math:`v` and binary hidden units :math:`h \in \{0, 1\}^H` has the
+energy (seed 000 eq. 1.1 without the recurrent term; seed 003 eq. 1, with :math:`W` transposed)
+
+.. math:: E(v, h) = -\big(h^\top W v + c^\top v + b^\top h\big), \qquad
+    p(v, h) = \frac{1}{Z} e^{-E(v, h)},
+
+``W`` of shape ``(H, V)`` as in seed 000 (``c``: visible bias, ``b``: hidden bias). Summing out
+the hidden units gives the *free energy*
+
+.. math:: F(v) = -c^\top v - \sum_j \operatorname{softplus}\big(b_j + W_j v\big),
+    \qquad p(v) = e^{-F(v)} / Z,
+
+and the conditionals factorise (seed 000 eq. 1.6; seed 003 eq. 9-10, 14-16):
+:math:`p(h_j = 1 \mid v) = \sigma(b_j + W_j v)` and each visible unit depends on :math:`h` only
+through its activation :math:`a_i = c_i + (W^\top h)_i`.
+
+Visible unit types (``visible=``):
+
+* ``"bernoulli"``: :math:`v_i \in \{0, 1\}`, :math:`p(v_i = 1 \mid h) = \sigma(a_i)`;
+  ``W`` ``(H, V)``, value ``(..., V)``.
+* ``"softmax"``: K-way softmax units (seed 003 sec. 2.2, eq. 14-15): :math:`v_i` one-hot over
+  ``K`` states, :math:`p(v_i^{(k)} = 1 \mid h) = \operatorname{softmax}_k(a_i)`; ``W`` ``(H, V,
+  K)`` (one weight matrix per state, :math:`W^{(k)}` of the seed), value ``(..., V, K)``.
+* ``"binomial_softmax"``: each softmax unit replicated ``num_trials`` times with shared weights
+  (seed 003 sec. 2.3, eq. 16): :math:`v_i` is a count vector over the ``K`` states summing to
+  ``num_trials``, :math:`v_i \mid h \sim \operatorname{Multinomial}(n, \operatorname{softmax}(a_i))`.
+  The replicas are exchangeable, so the energy depends on the counts only; the multinomial
+  coefficient (the number of replica states with these counts) is part of :math:`e^{-F(v)}`, so
+  that :math:`Z` sums over count vectors exactly as it would over the replicas.
+
+Factored weights :math:`W = B A` (seed 003 eq. 17) are :meth:`RBM.from_factors`; a conditional
+RBM (seed 003 eq. 20; the per-step RBMs of an RTRBM, seed 000 eq. 1.1) is an RBM whose biases
+carry batch dimensions computed from the input.
+
+**Missing visibles** (``visible_mask``): the per-user sub-RBM of Salakhutdinov et al. (2007) that
+seed 003 trains on ("a tiny RBM for every student with as many visible units as the student has
+answered questions"): units with mask ``False`` are absent. They add nothing to the free energy,
+to the hidden units' input or to the partition function, they get no gradient, and Gibbs
+sampling leaves them at 0. This sub-RBM is not the marginal of the full RBM over the missing
+units; that marginal, :meth:`RBM.marginal_log_prob`, needs a sum over the hidden
+configurations and is offered for small ``H``.
+
+``log_prob`` is **unnormalised**: it returns :math:`-F(v)`, which is all that contrastive
+divergence (:class:`pyro_seq.infer.ContrastiveDivergence`) needs. The normaliser is
+:meth:`RBM.log_partition` (exact, by enumeration, for small ``H`` or ``V``) or
+:meth:`RBM.ais_log_partition` (annealed importance sampling, Salakhutdinov & Murray 2008).
+"""
+
+import itertools
+import math
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from pyro.distributions.torch_distribution import TorchDistribution
+from torch.distributions import constraints
+
+__all__ = ["AISResult", "EnergyBasedDistribution", "RBM", "VISIBLE_TYPES"]
+
+VISIBLE_TYPES = ("bernoulli", "softmax", "binomial_softmax")
+MAX_ENUMERATION = 2 ** 20
+
+
+class AISResult(NamedTuple):
+    """Result of :meth:`RBM.ais_log_partition`.
+
+    ``log_partition`` (batch shape): :math:`\\log \\hat Z`, the log of the mean importance
+    weight (an unbiased estimate of :math:`Z` itself; its log is biased low by Jensen);
+    ``stderr``: the delta-method standard error of ``log_partition``,
+    :math:`\\mathrm{sd}(w) / (\\sqrt{n}\\, \\bar w)`; ``log_weights``: ``(num_chains, *batch)``.
+    """
+
+    log_partition: torch.Tensor
+    stderr: torch.Tensor
+    log_weights: torch.Tensor
+
+
+class EnergyBasedDistribution(TorchDistribution):
+    """Marker base class of distributions with an unnormalised ``log_prob = -free_energy``.
+
+    :class:`~pyro_seq.infer.ContrastiveDivergence` trains a model through its observed sites of
+    this type: it needs :meth:`free_energy` and :meth:`gibbs` (``k`` steps of a Markov chain
+    that leaves the distribution invariant, with no gradient through the chain).
+    """
+
+    def free_energy(self, value):
+        raise NotImplementedError
+
+    def gibbs(self, value, k=1):
+        raise NotImplementedError
+
+    def shared(self):
+        """The distribution without batch dimensions, when its parameters are the same for
+        every batch row (persistent chains of an unconditional model); ValueError otherwise."""
+        raise NotImplementedError
+
+    def reconstruction_error(self, value):
+        """Per batch row, the squared error of a mean-field reconstruction (a monitor)."""
+        raise NotImplementedError
+
+    def pseudo_log_likelihood(self, value):
+        r"""Per batch row, :math:`\sum_i \log p(v_i \mid v_{-i})` (a monitor)."""
+        raise NotImplementedError
+
+    def log_prob(self, value):
+        """The **unnormalised** log-density :math:`-F(v)` (no :math:`\\log Z` is subtracted)."""
+        if self._validate_args:
+            self._validate_sample(value)
+        return -self.free_energy(value)
+
+
+class _RBMSupport(constraints.Constraint):
+    """Binary vectors, one-hot vectors, or count vectors summing to ``n`` (per visible type)."""
+
+    def __init__(self, visible, num_trials):
+        self.visible, self.num_trials = visible, num_trials
+        self.event_dim = 1 if visible == "bernoulli" else 2
+        super().__init__()
+
+    def check(self, value):
+        if self.visible == "bernoulli":
+            return ((value == 0) | (value == 1)).all(-1)
+        integer = (value == value.round()) & (value >= 0)
+        # a unit left at all zeros is allowed: it is how a missing unit is stored
+        total = value.sum(-1)
+        ok = integer.all(-1) & ((total == self.num_trials) | (total == 0))
+        return ok.all(-1)
+
+
+class RBM(EnergyBasedDistribution):
+    r"""An RBM over its visible units, with an unnormalised ``log_prob`` (module docstring).
+
+    :param torch.Tensor W: ``(H, V)`` for Bernoulli visibles, ``(H, V, K)`` for softmax and
+        binomial-softmax visibles (seed 000's orientation: hidden by visible). Leading batch
+        dimensions are allowed.
+    :param torch.Tensor visible_bias: ``c``, ``(..., V)`` or ``(..., V, K)``.
+    :param torch.Tensor hidden_bias: ``b``, ``(..., H)``; batch dimensions make a conditional RBM.
+    :param str visible: ``"bernoulli"``, ``"softmax"`` or ``"binomial_softmax"``.
+    :param int num_trials: replicas per unit of ``"binomial_softmax"`` (seed 003 uses 2).
+    :param torch.Tensor visible_mask: optional bool ``(..., V)``: ``False`` marks a missing unit
+        (the per-user sub-RBM; module docstring).
+    :param int sample_burn_in: Gibbs sweeps before the first :meth:`sample`.
+    :param int sample_thinning: Gibbs sweeps between later calls of :meth:`sample`.
+
+    Batch shape: the broadcast of the biases', ``W``'s and the mask's batch dimensions; event
+    shape ``(V,)`` or ``(V, K)``.
+    """
+
+    arg_constraints = {}
+    has_rsample = False
+
+    def __init__(self, W, visible_bias, hidden_bias, visible="bernoulli", num_trials=1,
+                 visible_mask=None, sample_burn_in=1000, sample_thinning=10, validate_args=None):
+        if visible not in VISIBLE_TYPES:
+            raise ValueError(f"visible must be one of {VISIBLE_TYPES}, got {visible!r}")
+        if visible == "binomial_softmax":
+            if not isinstance(num_trials, int) or num_trials < 1:
+                raise ValueError(f"num_trials must be a positive int, got {num_trials!r}")
+        elif num_trials != 1:
+            raise ValueError(f"num_trials applies to visible='binomial_softmax' only (got "
+                             f"{num_trials!r} with visible={visible!r})")
+        for name, t in (("W", W), ("visible_bias", visible_bias), ("hidden_bias", hidden_bias)):
+            if not isinstance(t, torch.Tensor) or not t.is_floating_point():
+                raise TypeError(f"{name} must be a floating-point tensor, got {type(t).__name__}")
+            if not bool(torch.isfinite(t).all()):
+                raise ValueError(f"{name} has non-finite entries")
+        self.visible, self.num_trials = visible, num_trials
+        self._unit_dims = 1 if visible == "bernoulli" else 2  # dims of one visible layer
+        if W.dim() < self._unit_dims + 1:
+            raise ValueError(f"W must have shape (H, V{'' if visible == 'bernoulli' else ', K'}) "
+                             f"for visible={visible!r}, got {tuple(W.shape)}")
+        H = W.shape[-self._unit_dims - 1]
+        unit_shape = W.shape[-self._unit_dims:]
+        if visible != "bernoulli" and unit_shape[-1] < 2:
+            raise ValueError(f"softmax units need K >= 2 states, got W of shape {tuple(W.shape)}")
+        if visible_bias.dim() < self._unit_dims or visible_bias.shape[-self._unit_dims:] != unit_shape:
+            raise ValueError(f"visible_bias must end in {tuple(unit_shape)} (from W "
+                             f"{tuple(W.shape)}), got {tuple(visible_bias.shape)}")
+        if hidden_bias.dim() < 1 or hidden_bias.shape[-1] != H:
+            raise ValueError(f"hidden_bias must end in H = {H} (from W {tuple(W.shape)}), got "
+                             f"{tuple(hidden_bias.shape)}")
+        shapes = [W.shape[:-self._unit_dims - 1], visible_bias.shape[:-self._unit_dims],
+                  hidden_bias.shape[:-1]]
+        if visible_mask is not None:
+            if visible_mask.dtype != torch.bool:
+                raise TypeError(f"visible_mask must be a bool tensor, got {visible_mask.dtype}")
+            if visible_mask.dim() < 1 or visible_mask.shape[-1] != unit_shape[0]:
+                raise ValueError(f"visible_mask must end in V = {unit_shape[0]}, got "
+                                 f"{tuple(visible_mask.shape)}")
+            shapes.append(visible_mask.shape[:-1])
+        try:
+            batch_shape = torch.broadcast_shapes(*shapes)
+        except RuntimeError as e:
+            raise ValueError(f"batch dimensions of W, visible_bias, hidden_bias and visible_mask "
+                             f"do not broadcast: {[tuple(s) for s in shapes]}") from e
+        self.W, self.visible_bias, self.hidden_bias = W, visible_bias, hidden_bias
+        self.visible_mask = visible_mask
+        self.num_hidden, self.num_visible = H, unit_shape[0]
+        self.sample_burn_in, self.sample_thinning = int(sample_burn_in), int(sample_thinning)
+        self._chain = None
+        super().__init__(batch_shape, torch.Size(unit_shape), validate_args=validate_args)
+
+    # ------------------------------------------------------------------ construction helpers
+    @classmethod
+    def from_factors(cls, A, B, visible_bias, hidden_bias, **kwargs):
+        r"""The factored RBM of seed 003 sec. 2.4: :math:`W = B A` of rank ``C``.
+
+        Seed 003 writes :math:`W^{(k)} = A^{(k)} B` with visible-by-hidden matrices; in this
+        module's hidden-by-visible orientation that is ``W = B @ A`` with ``A`` ``(C, V)`` (or
+        ``(C, V, K)``, one factor per softmax state) and ``B`` ``(H, C)``. Gradients reach ``A``
+        and ``B`` through the product (seed 003 eq. 18-19).
+        """
+        W = torch.einsum("hc,cv->hv", B, A) if A.dim() == 2 else torch.einsum("hc,cvk->hvk", B, A)
+        return cls(W, visible_bias, hidden_bias, **kwargs)
+
+    @property
+    def support(self):
+        return _RBMSupport(self.visible, self.num_trials)
+
+    def expand(self, batch_shape, _instance=None):
+        batch_shape = torch.Size(batch_shape)
+        u = self._unit_dims
+        mask = (None if self.visible_mask is None
+                else self.visible_mask.expand(batch_shape + self.visible_mask.shape[-1:]))
+        new = RBM(self.W, self.visible_bias.expand(batch_shape + self.visible_bias.shape[-u:]),
+                  self.hidden_bias.expand(batch_shape + self.hidden_bias.shape[-1:]),
+                  visible=self.visible, num_trials=self.num_trials, visible_mask=mask,
+                  sample_burn_in=self.sample_burn_in, sample_thinning=self.sample_thinning,
+                  validate_args=False)
+        new._validate_args = self._validate_args
+        return new
+
+    # ------------------------------------------------------------------ per-unit pieces
+    def _mask(self):
+        """Float mask ``(..., V)`` of present units (ones without a ``visible_mask``)."""
+        if self.visible_mask is None:
+            return None
+        return self.visible_mask.to(self.visible_bias.dtype)
+
+    def _masked_value(self, v):
+        m = self._mask()
+        if m is None:
+            return v
+        return v * (m if self.visible == "bernoulli" else m.unsqueeze(-1))
+
+    def hidden_input(self, v):
+        r""":math:`b + W v` ``(..., H)``: the hidden units' input (missing units excluded)."""
+        v = self._masked_value(v)
+        if self.visible == "bernoulli":
+            return self.hidden_bias + torch.einsum("...hv,...v->...h", self.W, v)
+        return self.hidden_bias + torch.einsum("...hvk,...vk->...h", self.W, v)
+
+    def visible_input(self, h):
+        r"""Activations :math:`a = c + W^\top h`, ``(..., V)`` or ``(..., V, K)``."""
+        if self.visible == "bernoulli":
+            return self.visible_bias + torch.einsum("...hv,...h->...v", self.W, h)
+        return self.visible_bias + torch.einsum("...hvk,...h->...vk", self.W, h)
+
+    def _unit_log_normaliser(self, a):
+        """Per unit :math:`\\log \\sum_{v_i} m(v_i) e^{v_i \\cdot a_i}` ``(..., V)``."""
+        if self.visible == "bernoulli":
+            return F.softplus(a)
+        return self.num_trials * torch.logsumexp(a, -1)
+
+    def _unit_log_potential(self, v, a):
+        """Per unit :math:`v_i \\cdot a_i + \\log m(v_i)` ``(..., V)`` (``m``: base measure)."""
+        if self.visible == "bernoulli":
+            return v * a
+        out = (v * a).sum(-1)
+        if self.visible == "binomial_softmax":
+            n = torch.tensor(float(self.num_trials + 1), dtype=a.dtype, device=a.device)
+            out = out + torch.lgamma(n) - torch.lgamma(v + 1).sum(-1)
+        return out
+
+    def _sum_units(self, per_unit):
+        m = self._mask()
+        return (per_unit if m is None else per_unit * m).sum(-1)
+
+    # ------------------------------------------------------------------ energies
+    def free_energy(self, value):
+        r""":math:`F(v) = -\sum_i [v_i \cdot c_i + \log m(v_i)] - \sum_j \operatorname{softplus}(b_j
+        + W_j v)`, shape ``batch``; :math:`m` is the multinomial coefficient of binomial-softmax
+        units (1 otherwise)."""
+        visible_term = self._sum_units(self._unit_log_potential(value, self.visible_bias))
+        return -visible_term - F.softplus(self.hidden_input(value)).sum(-1)
+
+    def energy(self, value, h):
+        r"""The joint energy :math:`E(v, h) = -(h^\top W v + c^\top v + b^\top h)` (eq. 1.1)."""
+        visible_term = self._sum_units(self._unit_log_potential(value, self.visible_bias))
+        return -visible_term - (h * self.hidden_input(value)).sum(-1)
+
+    # ------------------------------------------------------------------ conditionals, Gibbs
+    def hidden_probs(self, v):
+        """:math:`p(h_j = 1 \\mid v) = \\sigma(b_j + W_j v)` (seed 000 eq. 1.6)."""
+        return torch.sigmoid(self.hidden_input(v))
+
+    def visible_probs(self, h):
+        """The mean of :math:`v \\mid h`: Bernoulli probabilities, softmax probabilities, or
+        expected counts ``num_trials * softmax`` (seed 003 eq. 10, 14)."""
+        a = self.visible_input(h)
+        if self.visible == "bernoulli":
+            return torch.sigmoid(a)
+        return self.num_trials * torch.softmax(a, -1)
+
+    def _sample_units(self, a):
+        """A draw of every visible unit given activations ``a`` (missing units set to 0)."""
+        if self.visible == "bernoulli":
+            v = torch.bernoulli(torch.sigmoid(a))
+        elif self.visible == "softmax":
+            index = torch.distributions.Categorical(logits=a).sample()
+            v = F.one_hot(index, a.shape[-1]).to(a.dtype)
+        else:
+            probs = torch.softmax(a, -1)
+            flat = probs.reshape(-1, probs.shape[-1])
+            draws = torch.multinomial(flat, self.num_trials, replacement=True)
+            v = F.one_hot(draws, probs.shape[-1]).sum(-2).to(a.dtype).reshape(probs.shape)
+        return self._masked_value(v)
+
+    def sample_hidden(self, v):
+        """A draw of :math:`h \\sim p(h \\mid v)`, shape ``(..., H)``."""
+        return torch.bernoulli(self.hidden_probs(v))
+
+    def sample_visible(self, h):
+        """A draw of :math:`v \\sim p(v \\mid h)`."""
+        return self._sample_units(self.visible_input(h))
+
+    @torch.no_grad()
+    def gibbs(self, value, k=1):
+        """``k`` sweeps of block Gibbs sampling :math:`v \\to h \\to v` started at ``value``.
+
+        Runs without gradient (contrastive divergence never differentiates through the chain).
+        Missing units stay at 0. Returns the visible state after ``k`` sweeps, same shape.
+        """
+        if not isinstance(k, int) or k < 0:
+            raise ValueError(f"k must be a non-negative int, got {k!r}")
+        v = self._masked_value(value.detach().to(self.visible_bias.dtype))
+        for _ in range(k):
+            v = self.sample_visible(self.sample_hidden(v))
+        return v
+
+    def _random_visible(self, shape):
+        """Independent uniform draws of every unit (the start of a fresh chain)."""
+        zeros = torch.zeros(shape + self.event_shape, dtype=self.visible_bias.dtype,
+                            device=self.visible_bias.device)
+        return self._sample_units(zeros)
+
+    def sample(self, sample_shape=torch.Size()):
+        """Draws from a persistent Gibbs chain of this distribution object.
+
+        The first call starts ``sample_shape`` independent chains from uniform noise and runs
+        ``sample_burn_in`` sweeps; later calls with the same shape continue the same chains for
+        ``sample_thinning`` sweeps. Consecutive draws are therefore correlated; for independent
+        draws start new chains (a new ``RBM`` object or a different ``sample_shape``).
+        """
+        shape = torch.Size(sample_shape) + self.batch_shape
+        if self._chain is None or self._chain.shape[:len(shape)] != shape:
+            self._chain = self.gibbs(self._random_visible(shape), self.sample_burn_in)
+        else:
+            self._chain = self.gibbs(self._chain, self.sample_thinning)
+        return self._chain.clone()
+
+    # ------------------------------------------------------------------ monitors, sharing
+    def reconstruction_error(self, value):
+        r""":math:`\sum_i \|v_i - \mathbb{E}[v_i \mid h = \sigma(b + W v)]\|^2` per batch row
+        (present units only): the mean-field up-down pass that CD monitors report."""
+        recon = self.visible_probs(self.hidden_probs(value))
+        err = (value - recon) ** 2
+        if self.visible != "bernoulli":
+            err = err.sum(-1)
+        return self._sum_units(err)
+
+    def pseudo_log_likelihood(self, value):
+        r""":math:`\sum_i \log p(v_i \mid v_{-i})` per batch row, exactly (present units only).
+
+        Each conditional compares the free energy of ``value`` with that of ``value`` with unit
+        ``i`` changed: :math:`\log \sigma(F(\tilde v^{(i)}) - F(v))` for Bernoulli units (flip),
+        a softmax over the ``K`` states for softmax units. Costs ``(..., V, H)`` (times ``K``)
+        memory. Not available for binomial-softmax units.
+        """
+        if self.visible == "binomial_softmax":
+            raise NotImplementedError("pseudo_log_likelihood is defined for 'bernoulli' and "
+                                      "'softmax' units; use monitor='reconstruction'")
+        x = self.hidden_input(value)  # (..., H)
+        if self.visible == "bernoulli":
+            d = 1 - 2 * value  # the change of each unit when flipped
+            W_t = self.W.transpose(-1, -2)  # (..., V, H)
+            x_flip = x.unsqueeze(-2) + W_t * d.unsqueeze(-1)
+            delta_f = -self.visible_bias * d - (F.softplus(x_flip) - F.softplus(x).unsqueeze(-2)).sum(-1)
+            per_unit = F.logsigmoid(delta_f)
+        else:
+            W_t = self.W.permute(*range(self.W.dim() - 3), -2, -1, -3)  # (..., V, K, H)
+            own = torch.einsum("...vkh,...vk->...vh", W_t, value)  # W_i v_i, (..., V, H)
+            x_k = (x.unsqueeze(-2) - own).unsqueeze(-2) + W_t  # (..., V, K, H)
+            logits = self.visible_bias + F.softplus(x_k).sum(-1)  # (..., V, K), up to a constant
+            per_unit = (torch.log_softmax(logits, -1) * value).sum(-1)
+        return self._sum_units(per_unit)
+
+    def shared(self):
+        """This RBM with its batch dimensions removed, if every batch row has the same
+        parameters (an unconditional RBM expanded by a plate); ValueError otherwise."""
+        if self.visible_mask is not None:
+            raise ValueError("an RBM with a visible_mask differs per row; persistent chains "
+                             "with num_chains need an unconditional RBM")
+        u = self._unit_dims
+
+        def first(t, event_dims):
+            flat = t.reshape((-1,) + t.shape[t.dim() - event_dims:])
+            if not torch.equal(flat, flat[:1].expand_as(flat)):
+                raise ValueError("the RBM's parameters differ across its batch (a conditional "
+                                 "RBM); persistent chains with num_chains need one shared RBM, "
+                                 "use num_chains=None (one chain per row) or CD-k")
+            return flat[0]
+
+        return RBM(first(self.W, u + 1), first(self.visible_bias, u), first(self.hidden_bias, 1),
+                   visible=self.visible, num_trials=self.num_trials, validate_args=False)
+
+    # ------------------------------------------------------------------ partition function
+    def _unit_states(self):
+        """Every state of one visible unit, ``(S,)`` or ``(S, K)``."""
+        dtype, device = self.visible_bias.dtype, self.visible_bias.device
+        if self.visible == "bernoulli":
+            return torch.tensor([0.0, 1.0], dtype=dtype, device=device)
+        K = self.event_shape[-1]
+        if self.visible == "softmax":
+            return torch.eye(K, dtype=dtype, device=device)
+        states = [c for c in itertools.product(range(self.num_trials + 1), repeat=K)
+                  if sum(c) == self.num_trials]
+        return torch.tensor(states, dtype=dtype, device=device)
+
+    def _hidden_configurations(self):
+        H = self.num_hidden
+        if 2 ** H > MAX_ENUMERATION:
+            raise ValueError(f"exact enumeration needs 2^H <= {MAX_ENUMERATION}; H = {H}")
+        codes = torch.arange(2 ** H, device=self.W.device)
+        bits = (codes.unsqueeze(-1) >> torch.arange(H, device=self.W.device)) & 1
+        return bits.to(self.visible_bias.dtype)  # (2^H, H)
+
+    def _log_partition_by_hidden(self):
+        h = self._hidden_configurations()
+        h = h.reshape((h.shape[0],) + (1,) * len(self.batch_shape) + (self.num_hidden,))
+        visible = self._sum_units(self._unit_log_normaliser(self.visible_input(h)))
+        return torch.logsumexp((h * self.hidden_bias).sum(-1) + visible, 0)
+
+    def _visible_configurations(self):
+        states = self._unit_states()
+        count = states.shape[0] ** self.num_visible
+        if count > MAX_ENUMERATION:
+            raise ValueError(f"exact enumeration over the visible units needs S^V <= "
+                             f"{MAX_ENUMERATION}; here {states.shape[0]}^{self.num_visible}")
+        index = torch.cartesian_prod(*[torch.arange(states.shape[0])] * self.num_visible)
+        index = index.reshape(count, self.num_visible)
+        return states[index]  # (count, V) or (count, V, K)
+
+    def _log_partition_by_visible(self):
+        v = self._visible_configurations()
+        v = v.reshape((v.shape[0],) + (1,) * len(self.batch_shape) + self.event_shape)
+        log_z = torch.logsumexp(-self.free_energy(v), 0)
+        m = self._mask()
+        if m is not None:  # a missing unit was enumerated over all its states, energy 0
+            zero = torch.zeros((), dtype=self.visible_bias.dtype, device=self.visible_bias.device)
+            per_unit = self._unit_log_normaliser(zero if self.visible == "bernoulli"
+                                                 else zero.expand(self.event_shape[-1:]))
+            log_z = log_z - ((1 - m).sum(-1) * per_unit)
+        return log_z
+
+    def log_partition(self, over="auto"):
+        r"""Exact :math:`\log Z` by enumeration, shape ``batch_shape``.
+
+        :param str over: ``"hidden"`` sums the visible units out analytically for each of the
+            :math:`2^H` hidden configurations; ``"visible"`` enumerates every visible
+            configuration; ``"auto"`` picks the smaller of the two.
+        """
+        if over not in ("auto", "hidden", "visible"):
+            raise ValueError(f"over must be 'auto', 'hidden' or 'visible', got {over!r}")
+        if over == "auto":
+            visible_count = self._unit_states().shape[0] ** self.num_visible
+            over = "hidden" if 2 ** self.num_hidden <= min(visible_count, MAX_ENUMERATION) else (
+                "visible" if visible_count <= MAX_ENUMERATION else "hidden")
+        return self._log_partition_by_hidden() if over == "hidden" else self._log_partition_by_visible()
+
+    def normalized_log_prob(self, value):
+        """:math:`\\log p(v) = -F(v) - \\log Z` with the exact :meth:`log_partition`."""
+        return self.log_prob(value) - self.log_partition()
+
+    def marginal_log_prob(self, value, observed):
+        r"""Unnormalised log-marginal of the *full* RBM over the units where ``observed`` is False.
+
+        :math:`\log \sum_{v_m} e^{-F(v_o, v_m)} = \log \sum_h e^{b^\top h} \prod_{i \in o}
+        m(v_i) e^{v_i \cdot a_i(h)} \prod_{i \notin o} \sum_{v_i} m(v_i) e^{v_i \cdot a_i(h)}`,
+        summed over the :math:`2^H` hidden configurations (small ``H`` only). Subtract the
+        full RBM's :meth:`log_partition` for :math:`\log p(v_o)`. Contrast with
+        ``visible_mask``, which defines the per-user sub-RBM instead (module docstring).
+
+        :param torch.Tensor observed: bool ``(..., V)``.
+        """
+        if self.visible_mask is not None:
+            raise ValueError("marginal_log_prob is defined for an RBM without visible_mask")
+        if observed.dtype != torch.bool or observed.shape[-1] != self.num_visible:
+            raise ValueError(f"observed must be a bool tensor ending in V = {self.num_visible}")
+        h = self._hidden_configurations()
+        batch = torch.broadcast_shapes(value.shape[:value.dim() - len(self.event_shape)],
+                                       observed.shape[:-1], self.batch_shape)
+        h = h.reshape((h.shape[0],) + (1,) * len(batch) + (self.num_hidden,))
+        a = self.visible_input(h)
+        present = self._unit_log_potential(value, a)
+        absent = self._unit_log_normaliser(a)
+        per_unit = torch.where(observed, present, absent)
+        return torch.logsumexp((h * self.hidden_bias).sum(-1) + per_unit.sum(-1), 0)
+
+    @torch.no_grad()
+    def ais_log_partition(self, num_chains=100, num_betas=1000, betas=None,
+                          base_visible_bias=None):
+        r"""Annealed importance sampling estimate of :math:`\log Z` (Salakhutdinov & Murray 2008).
+
+        The intermediate distributions are the RBMs with joint energy
+        :math:`-E_\beta(v, h) = (1 - \beta)\, c_0^\top v + \beta (c^\top v + b^\top h + h^\top W
+        v)`: at :math:`\beta = 0` the independent "base-rate" model with visible bias :math:`c_0`
+        (``base_visible_bias``, zeros by default) and :math:`Z_0 = 2^H \prod_i \sum_{v_i} m(v_i)
+        e^{v_i \cdot c_{0,i}}`; at :math:`\beta = 1` this RBM. Each chain starts with an exact
+        draw from the base model and takes one block-Gibbs transition at each intermediate
+        :math:`\beta_k`; its log-weight is :math:`\sum_k \log f_{\beta_k}(v_k) - \log
+        f_{\beta_{k-1}}(v_k)` with :math:`\log f_\beta(v) = (1-\beta) c_0^\top v + \beta c^\top v +
+        \log m(v) + \sum_j \operatorname{softplus}(\beta (b_j + W_j v))`.
+
+        :param int num_chains: independent annealing runs.
+        :param int num_betas: size of the uniform grid :math:`0 = \beta_0 < \dots < \beta_K = 1`
+            (ignored when ``betas`` is given).
+        :param torch.Tensor betas: an increasing schedule from 0 to 1 (e.g. the 14 500 values of
+            Salakhutdinov & Murray: 0-0.5 by 1e-3, 0.5-0.9 by 1e-4, 0.9-1 by 1e-4).
+        :param torch.Tensor base_visible_bias: :math:`c_0`, shaped like ``visible_bias`` (the
+            data's base rates make a better start; :meth:`base_rate_bias`).
+        :returns: :class:`AISResult`; :math:`\hat Z = Z_0 \cdot \mathrm{mean}(w)` is unbiased.
+        """
+        dtype, device = self.visible_bias.dtype, self.visible_bias.device
+        if betas is None:
+            if not isinstance(num_betas, int) or num_betas < 2:
+                raise ValueError(f"num_betas must be an int >= 2, got {num_betas!r}")
+            betas = torch.linspace(0.0, 1.0, num_betas, dtype=dtype, device=device)
+        else:
+            betas = torch.as_tensor(betas, dtype=dtype, device=device)
+            if betas.dim() != 1 or betas.numel() < 2 or float(betas[0]) != 0.0 \
+                    or float(betas[-1]) != 1.0 or bool((betas[1:] < betas[:-1]).any()):
+                raise ValueError("betas must be a 1-D non-decreasing schedule from 0 to 1")
+        if not isinstance(num_chains, int) or num_chains < 2:
+            raise ValueError(f"num_chains must be an int >= 2 (for a standard error), got {num_chains!r}")
+        c0 = (torch.zeros_like(self.visible_bias) if base_visible_bias is None
+              else torch.as_tensor(base_visible_bias, dtype=dtype, device=device))
+        if c0.shape[-len(self.event_shape):] != self.event_shape:
+            raise ValueError(f"base_visible_bias must end in {tuple(self.event_shape)}")
+        shape = torch.Size([num_chains]) + self.batch_shape
+
+        def log_f(v, beta):
+            # the weights (1 - beta) + beta = 1 keep the base measure log m(v) counted once
+            potential = self._sum_units((1 - beta) * self._unit_log_potential(v, c0)
+                                        + beta * self._unit_log_potential(v, self.visible_bias))
+            return potential + F.softplus(beta * self.hidden_input(v)).sum(-1)
+
+        v = self._sample_units(c0.expand(shape + self.event_shape))
+        log_w = torch.zeros(shape, dtype=dtype, device=device)
+        for k in range(1, betas.numel()):
+            beta_prev, beta = betas[k - 1], betas[k]
+            log_w = log_w + log_f(v, beta) - log_f(v, beta_prev)
+            if k < betas.numel() - 1:  # one Gibbs transition that leaves p_beta invariant
+                h = torch.bernoulli(torch.sigmoid(beta * self.hidden_input(v)))
+                a = (1 - beta) * c0 + beta * self.visible_input(h)
+                v = self._sample_units(a)
+        log_z0 = (self.num_hidden * math.log(2.0)
+                  + self._sum_units(self._unit_log_normaliser(c0.expand(self.batch_shape + self.event_shape))))
+        log_mean_w = torch.logsumexp(log_w, 0) - math.log(num_chains)
+        w = torch.exp(log_w - log_w.max(0).values)
+        stderr = w.std(0) / (math.sqrt(num_chains) * w.mean(0))
+        return AISResult(log_z0 + log_mean_w, stderr, log_w)
+
+    def base_rate_bias(self, data, eps=1e-3):
+        r"""Visible bias :math:`c_0` of the independent model that matches the data's marginals.
+
+        :param torch.Tensor data: ``(N, V)`` or ``(N, V, K)`` visible data.
+        :returns: ``logit(p_i)`` (Bernoulli) or ``log p_{ik}`` (softmax types), clipped by ``eps``.
+        """
+        mean = data.reshape((-1,) + tuple(self.event_shape)).to(self.visible_bias.dtype).mean(0)
+        if self.visible == "bernoulli":
+            p = mean.clamp(eps, 1 - eps)
+            return torch.log(p) - torch.log1p(-p)
+        p = (mean / self.num_trials).clamp_min(eps)
+        return torch.log(p / p.sum(-1, keepdim=True))

@@ -1,0 +1,260 @@
+r"""The recurrent temporal RBM and its structured version (seed 000, Mittelman et al. 2014).
+
+At each step the visibles :math:`v_t \in \{0,1\}^V` and hiddens :math:`h_t \in \{0,1\}^H` form an
+RBM whose hidden bias depends on the previous step through :math:`r_{t-1}` (eq. 1.1):
+
+.. math:: E(v_t, h_t; r_{t-1}) = -\big(h_t^\top W v_t + c^\top v_t + b^\top h_t + h_t^\top U
+    r_{t-1}\big),
+
+with the standard RBM with hidden bias :math:`b_{init}` at :math:`t = 1`, and the deterministic
+recursion (eq. 1.2)
+
+.. math:: r_t = \sigma(W v_t + b + U r_{t-1}) \;(t > 1), \qquad r_1 = \sigma(W v_1 + b_{init}),
+
+the expected hidden units given :math:`v_t`. So the sequence distribution is a product of
+conditional RBMs (eq. 1.3), :math:`p(v_{1:T}) = \prod_t p(v_t \mid r_{t-1})`, each with hidden
+bias :math:`b_t = b + U r_{t-1}` (:math:`b_1 = b_{init}`).
+
+As a Pyro model: :meth:`RTRBM.model` computes :math:`r_{1:T-1}` from the data and observes the
+whole batch through one :class:`~pyro_seq.distributions.RBM` site ``"x"`` with batch shape
+``(batch, T)`` (the per-step RBMs, masked at padded steps); the guide is empty. Training with
+``SVI(..., loss=ContrastiveDivergence(k))`` runs ``k`` Gibbs sweeps of every per-step RBM from
+the data (they are independent given :math:`r`, seed 000 sec. 1.1) and back-propagates the
+surrogate :math:`\sum_t F_t(v_t) - F_t(v'_t)` through :math:`b_t` into :math:`r_{t-1}` and on
+through the recursion: this is the BPTT of eq. 1.16-1.27 (tested against the seed's recursion
+written out by hand).
+
+The log-likelihood of a sequence, as Boulanger-Lewandowski et al. (2012) report it, is
+:math:`\sum_t \log p(v_t \mid r_{t-1}) = \sum_t -F_t(v_t) - \log Z_t` (:meth:`RTRBM.log_likelihood`),
+with each per-step partition function exact (small ``H`` or ``V``) or by AIS.
+"""
+
+from typing import NamedTuple
+
+import pyro
+import torch
+from torch import nn
+
+from pyro_seq.distributions.rbm import RBM
+from pyro_seq.validation import validate_sequences
+
+__all__ = ["RTRBM", "SRTRBM", "SequenceLogLikelihood"]
+
+
+class SequenceLogLikelihood(NamedTuple):
+    """Per-sequence :math:`\\log p(v_{1:T})` ``(batch,)``, its standard error ``(batch,)`` (zeros
+    when exact; with AIS :math:`\\sqrt{\\sum_t se_t^2}` over the independent per-step
+    estimates), and the number of real steps ``(batch,)``."""
+
+    log_likelihood: torch.Tensor
+    stderr: torch.Tensor
+    num_steps: torch.Tensor
+
+
+class RTRBM(nn.Module):
+    r"""Recurrent temporal RBM (seed 000 eq. 1.1-1.6) over binary vectors.
+
+    :param int num_visible: ``V`` (88 for piano rolls).
+    :param int num_hidden: ``H``.
+    :param float init_scale: standard deviation of the initial ``W`` and ``U``.
+
+    Parameters, named as in the seed: ``W`` ``(H, V)``, ``U`` ``(H, H)``, ``b`` ``(H,)`` (hidden
+    bias), ``c`` ``(V,)`` (visible bias), ``b_init`` ``(H,)`` (hidden bias at t = 1).
+    """
+
+    module_name = "rtrbm"
+
+    def __init__(self, num_visible, num_hidden, init_scale=0.01):
+        super().__init__()
+        for name, value in (("num_visible", num_visible), ("num_hidden", num_hidden)):
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        self.num_visible, self.num_hidden = num_visible, num_hidden
+        self.W = nn.Parameter(init_scale * torch.randn(num_hidden, num_visible))
+        self.U = nn.Parameter(init_scale * torch.randn(num_hidden, num_hidden))
+        self.b = nn.Parameter(torch.zeros(num_hidden))
+        self.c = nn.Parameter(torch.zeros(num_visible))
+        self.b_init = nn.Parameter(torch.zeros(num_hidden))
+
+    # ------------------------------------------------------------------ structure
+    def weights(self):
+        """The ``(W, U)`` the energy uses (SRTRBM masks them)."""
+        return self.W, self.U
+
+    def _check(self, x, mask):
+        x, mask = validate_sequences(x, mask, self.num_visible, binary=True)
+        return x.to(self.W.dtype), mask
+
+    # ------------------------------------------------------------------ recursion
+    def hidden_biases(self, x):
+        r"""Per-step hidden biases :math:`b_t` ``(batch, T, H)`` and :math:`r_t` ``(batch, T, H)``.
+
+        :math:`b_1 = b_{init}`, :math:`b_t = b + U r_{t-1}`; :math:`r_t = \sigma(W v_t + b_t)`
+        (eq. 1.2). Steps after a sequence's end are computed but never scored.
+        """
+        W, U = self.weights()
+        drive = torch.einsum("hv,btv->bth", W, x)  # W v_t for every step at once
+        biases, rs = [], []
+        bias = self.b_init.expand(x.shape[0], self.num_hidden)
+        for t in range(x.shape[1]):
+            if t > 0:
+                bias = self.b + rs[-1] @ U.T
+            biases.append(bias)
+            rs.append(torch.sigmoid(drive[:, t] + bias))
+        return torch.stack(biases, 1), torch.stack(rs, 1)
+
+    def step_rbms(self, x):
+        """The per-step conditional RBMs as one :class:`RBM` of batch shape ``(batch, T)``."""
+        W, _ = self.weights()
+        biases, _ = self.hidden_biases(x)
+        return RBM(W, self.c, biases)
+
+    # ------------------------------------------------------------------ Pyro program
+    def model(self, x, mask=None, num_sequences=None):
+        """Observe ``x`` ``(batch, T, V)`` through the per-step RBMs (site ``"x"``).
+
+        :param mask: ``(batch, T)`` padding mask or None.
+        :param int num_sequences: data-set size when ``x`` is a minibatch (scales the plate).
+        """
+        x, mask = self._check(x, mask)
+        pyro.module(self.module_name, self)
+        rbm = self.step_rbms(x)
+        B = x.shape[0]
+        plate = (pyro.plate("sequences", B, dim=-1) if num_sequences is None else
+                 pyro.plate("sequences", num_sequences, subsample=torch.arange(B), dim=-1))
+        with plate:
+            pyro.sample("x", rbm.mask(mask).to_event(1), obs=x)
+
+    def guide(self, x, mask=None, num_sequences=None):
+        """Empty: an RTRBM has no latent sample sites (the hidden units are summed out)."""
+        self._check(x, mask)
+
+    # ------------------------------------------------------------------ evaluation
+    @torch.no_grad()
+    def log_likelihood(self, x, mask=None, method="exact", num_chains=100, num_betas=1000,
+                       betas=None, base_visible_bias=None, steps_per_chunk=None):
+        r"""Per-sequence :math:`\log p(v_{1:T}) = \sum_t [-F_t(v_t) - \log Z_t]`.
+
+        :param str method: ``"exact"`` (enumeration; small ``H`` or ``V``) or ``"ais"`` (each
+            :math:`\log Z_t` by :meth:`RBM.ais_log_partition`).
+        :param int num_chains, num_betas: AIS settings (``betas`` overrides the uniform grid).
+        :param base_visible_bias: AIS base model's visible bias ``(V,)`` (e.g. from the
+            training data's note frequencies, :meth:`RBM.base_rate_bias`).
+        :param int steps_per_chunk: AIS memory bound: at most this many (sequence, step) RBMs at
+            once (all at once by default).
+        :returns: :class:`SequenceLogLikelihood`.
+        """
+        if method not in ("exact", "ais"):
+            raise ValueError(f"method must be 'exact' or 'ais', got {method!r}")
+        x, mask = self._check(x, mask)
+        W, _ = self.weights()
+        biases, _ = self.hidden_biases(x)
+        rbm = RBM(W, self.c, biases)
+        unnorm = -rbm.free_energy(x)  # (batch, T)
+        if method == "exact":
+            log_z = rbm.log_partition()
+            var = torch.zeros_like(log_z)
+        else:
+            flat_bias = biases[mask]  # only real steps: (N, H)
+            chunk = steps_per_chunk or flat_bias.shape[0]
+            values, errors = [], []
+            for start in range(0, flat_bias.shape[0], chunk):
+                part = RBM(W, self.c, flat_bias[start:start + chunk])
+                est = part.ais_log_partition(num_chains, num_betas, betas, base_visible_bias)
+                values.append(est.log_partition)
+                errors.append(est.stderr)
+            log_z = torch.zeros_like(unnorm)
+            var = torch.zeros_like(unnorm)
+            log_z[mask] = torch.cat(values)
+            var[mask] = torch.cat(errors) ** 2
+        m = mask.to(unnorm.dtype)
+        ll = ((unnorm - log_z) * m).sum(-1)
+        return SequenceLogLikelihood(ll, (var * m).sum(-1).sqrt(), mask.sum(-1))
+
+    @torch.no_grad()
+    def generate(self, num_sequences, num_steps, gibbs_steps=100, prefix=None):
+        """Sample sequences by per-step Gibbs (seed 000 sec. 1.1).
+
+        At each step ``gibbs_steps`` sweeps of the conditional RBM given :math:`r_{t-1}` from a
+        uniform start; then :math:`r_t = \\sigma(W v_t + b_t)`.
+
+        :param torch.Tensor prefix: optional ``(num_sequences, T0, V)`` binary steps to condition
+            on (generation continues after them).
+        :returns: ``(num_sequences, num_steps, V)`` float 0/1 (prefix included).
+        """
+        if not isinstance(gibbs_steps, int) or gibbs_steps < 1:
+            raise ValueError(f"gibbs_steps must be a positive int, got {gibbs_steps!r}")
+        W, U = self.weights()
+        out = []
+        r = None
+        for t in range(num_steps):
+            bias = self.b_init.expand(num_sequences, -1) if t == 0 else self.b + r @ U.T
+            rbm = RBM(W, self.c, bias)
+            if prefix is not None and t < prefix.shape[1]:
+                v = prefix[:, t].to(W.dtype)
+            else:
+                v = rbm.gibbs(rbm._random_visible(torch.Size([num_sequences])), gibbs_steps)
+            out.append(v)
+            r = torch.sigmoid(rbm.hidden_input(v))
+        return torch.stack(out, 1)
+
+
+class SRTRBM(RTRBM):
+    r"""Structured RTRBM: fixed binary masks on ``W`` and ``U`` (Mittelman et al. 2014).
+
+    The energy uses :math:`W \odot M_W` and :math:`U \odot M_U`; masked entries are zero at
+    initialisation, get exactly zero gradient (the product's derivative), and so stay zero
+    under any optimiser without weight decay on them.
+
+    :param torch.Tensor W_mask: bool or 0/1 ``(H, V)``.
+    :param torch.Tensor U_mask: bool or 0/1 ``(H, H)``; None keeps ``U`` dense.
+    """
+
+    module_name = "srtrbm"
+
+    def __init__(self, num_visible, num_hidden, W_mask, U_mask=None, init_scale=0.01):
+        super().__init__(num_visible, num_hidden, init_scale)
+        W_mask = _binary_mask(W_mask, (num_hidden, num_visible), "W_mask")
+        U_mask = (torch.ones(num_hidden, num_hidden) if U_mask is None
+                  else _binary_mask(U_mask, (num_hidden, num_hidden), "U_mask"))
+        self.register_buffer("W_mask", W_mask)
+        self.register_buffer("U_mask", U_mask)
+        with torch.no_grad():
+            self.W.mul_(W_mask)
+            self.U.mul_(U_mask)
+
+    def weights(self):
+        return self.W * self.W_mask, self.U * self.U_mask
+
+    @staticmethod
+    def block_masks(visible_groups, hidden_per_group, edges=None):
+        r"""Masks of a structure over groups of units (Mittelman et al.'s block structure).
+
+        :param list visible_groups: one list of visible indices per group ``g``.
+        :param int hidden_per_group: hidden units per group; group ``g`` owns hidden units
+            ``g * hidden_per_group ...``.
+        :param edges: pairs ``(g, g2)`` of groups whose hidden units interact through ``U``
+            (symmetric; every group is linked to itself). None: only self-links.
+        :returns: ``(W_mask (H, V), U_mask (H, H))`` float 0/1, ``H = groups * hidden_per_group``;
+            hidden units of group ``g`` connect to the visibles of ``g`` only.
+        """
+        G = len(visible_groups)
+        V = max(max(g) for g in visible_groups if g) + 1
+        H = G * hidden_per_group
+        W_mask = torch.zeros(H, V)
+        U_group = torch.eye(G)
+        for g, units in enumerate(visible_groups):
+            W_mask[g * hidden_per_group:(g + 1) * hidden_per_group, units] = 1.0
+        for g, g2 in edges or ():
+            U_group[g, g2] = U_group[g2, g] = 1.0
+        U_mask = torch.kron(U_group, torch.ones(hidden_per_group, hidden_per_group))
+        return W_mask, U_mask
+
+
+def _binary_mask(mask, shape, name) -> torch.Tensor:
+    mask = torch.as_tensor(mask)
+    if tuple(mask.shape) != tuple(shape):
+        raise ValueError(f"{name} must have shape {tuple(shape)}, got {tuple(mask.shape)}")
+    if mask.dtype != torch.bool and not bool(((mask == 0) | (mask == 1)).all()):
+        raise ValueError(f"{name} must hold only 0 and 1")
+    return mask.to(torch.get_default_dtype())
