@@ -8,6 +8,8 @@
   bool mask: :func:`pad_sequences`, :func:`chunk_sequences`, :class:`SequenceLoader`
   (reproducible from ``(seed, epoch)``), and input checks: :func:`validate_sequences`.
 * MIDI files: :func:`piano_roll_to_midi`, :func:`midi_to_piano_roll`.
+* Simulated student answers for collaborative filtering (2PL item response model, sparse
+  storage, per-student CSR minibatches): :func:`simulate_students`, :class:`StudentResponses`.
 
 music21, mido and tqdm are imported only when a function that needs them is called.
 """
@@ -32,8 +34,10 @@ from .piano_roll import (
     roll_to_notes,
 )
 from .safe_pickle import RestrictedUnpickler, UnsafePickleError, safe_load, safe_loads
+from .students import Answers, StudentBatch, StudentResponses, simulate_students
 
 __all__ = [
+    "Answers",
     "HIGHEST_NOTE",
     "JAPANESE_VOWELS_DIM",
     "LOWEST_NOTE",
@@ -41,6 +45,8 @@ __all__ = [
     "NUM_KEYS",
     "RestrictedUnpickler",
     "SequenceLoader",
+    "StudentBatch",
+    "StudentResponses",
     "UnsafePickleError",
     "build_chorales",
     "cache_dir",
@@ -57,6 +63,7 @@ __all__ = [
     "safe_load",
     "safe_loads",
     "score_to_piano_roll",
+    "simulate_students",
     "unpad_sequences",
     "validate_sequences",
 ]
