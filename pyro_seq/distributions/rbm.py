@@ -57,7 +57,7 @@ import torch.nn.functional as F
 from pyro.distributions.torch_distribution import TorchDistribution
 from torch.distributions import constraints
 
-__all__ = ["AISResult", "EnergyBasedDistribution", "RBM", "VISIBLE_TYPES"]
+__all__ = ["AISResult", "EnergyBasedDistribution", "RBM", "VISIBLE_TYPES", "VisibleUnits"]
 
 VISIBLE_TYPES = ("bernoulli", "softmax", "binomial_softmax")
 MAX_ENUMERATION = 2 ** 20
@@ -109,6 +109,51 @@ class EnergyBasedDistribution(TorchDistribution):
         if self._validate_args:
             self._validate_sample(value)
         return -self.free_energy(value)
+
+
+class VisibleUnits:
+    """The per-unit algebra of one visible type (shared by :class:`RBM` and ``SparseRBM``).
+
+    ``a`` are activations ``(..., K)`` per unit for softmax types (``(...)`` for Bernoulli);
+    ``m(v)`` is the base measure (the multinomial coefficient of binomial-softmax units).
+    """
+
+    def __init__(self, visible, num_trials=1):
+        self.visible, self.num_trials = visible, num_trials
+
+    def log_normaliser(self, a):
+        """Per unit :math:`\\log \\sum_{v_i} m(v_i) e^{v_i \\cdot a_i}`."""
+        if self.visible == "bernoulli":
+            return F.softplus(a)
+        return self.num_trials * torch.logsumexp(a, -1)
+
+    def log_potential(self, v, a):
+        """Per unit :math:`v_i \\cdot a_i + \\log m(v_i)`."""
+        if self.visible == "bernoulli":
+            return v * a
+        out = (v * a).sum(-1)
+        if self.visible == "binomial_softmax":
+            n = torch.tensor(float(self.num_trials + 1), dtype=a.dtype, device=a.device)
+            out = out + torch.lgamma(n) - torch.lgamma(v + 1).sum(-1)
+        return out
+
+    def mean(self, a):
+        """:math:`\\mathbb{E}[v_i]` given the activations."""
+        if self.visible == "bernoulli":
+            return torch.sigmoid(a)
+        return self.num_trials * torch.softmax(a, -1)
+
+    def sample(self, a):
+        """One draw of every unit given its activations."""
+        if self.visible == "bernoulli":
+            return torch.bernoulli(torch.sigmoid(a))
+        if self.visible == "softmax":
+            index = torch.distributions.Categorical(logits=a).sample()
+            return F.one_hot(index, a.shape[-1]).to(a.dtype)
+        probs = torch.softmax(a, -1)
+        flat = probs.reshape(-1, probs.shape[-1])
+        draws = torch.multinomial(flat, self.num_trials, replacement=True)
+        return F.one_hot(draws, probs.shape[-1]).sum(-2).to(a.dtype).reshape(probs.shape)
 
 
 class _RBMSupport(constraints.Constraint):
@@ -167,6 +212,7 @@ class RBM(EnergyBasedDistribution):
             if not bool(torch.isfinite(t).all()):
                 raise ValueError(f"{name} has non-finite entries")
         self.visible, self.num_trials = visible, num_trials
+        self.units = VisibleUnits(visible, num_trials)
         self._unit_dims = 1 if visible == "bernoulli" else 2  # dims of one visible layer
         if W.dim() < self._unit_dims + 1:
             raise ValueError(f"W must have shape (H, V{'' if visible == 'bernoulli' else ', K'}) "
@@ -259,20 +305,10 @@ class RBM(EnergyBasedDistribution):
         return self.visible_bias + torch.einsum("...hvk,...h->...vk", self.W, h)
 
     def _unit_log_normaliser(self, a):
-        """Per unit :math:`\\log \\sum_{v_i} m(v_i) e^{v_i \\cdot a_i}` ``(..., V)``."""
-        if self.visible == "bernoulli":
-            return F.softplus(a)
-        return self.num_trials * torch.logsumexp(a, -1)
+        return self.units.log_normaliser(a)
 
     def _unit_log_potential(self, v, a):
-        """Per unit :math:`v_i \\cdot a_i + \\log m(v_i)` ``(..., V)`` (``m``: base measure)."""
-        if self.visible == "bernoulli":
-            return v * a
-        out = (v * a).sum(-1)
-        if self.visible == "binomial_softmax":
-            n = torch.tensor(float(self.num_trials + 1), dtype=a.dtype, device=a.device)
-            out = out + torch.lgamma(n) - torch.lgamma(v + 1).sum(-1)
-        return out
+        return self.units.log_potential(v, a)
 
     def _sum_units(self, per_unit):
         m = self._mask()
@@ -299,24 +335,11 @@ class RBM(EnergyBasedDistribution):
     def visible_probs(self, h):
         """The mean of :math:`v \\mid h`: Bernoulli probabilities, softmax probabilities, or
         expected counts ``num_trials * softmax`` (seed 003 eq. 10, 14)."""
-        a = self.visible_input(h)
-        if self.visible == "bernoulli":
-            return torch.sigmoid(a)
-        return self.num_trials * torch.softmax(a, -1)
+        return self.units.mean(self.visible_input(h))
 
     def _sample_units(self, a):
         """A draw of every visible unit given activations ``a`` (missing units set to 0)."""
-        if self.visible == "bernoulli":
-            v = torch.bernoulli(torch.sigmoid(a))
-        elif self.visible == "softmax":
-            index = torch.distributions.Categorical(logits=a).sample()
-            v = F.one_hot(index, a.shape[-1]).to(a.dtype)
-        else:
-            probs = torch.softmax(a, -1)
-            flat = probs.reshape(-1, probs.shape[-1])
-            draws = torch.multinomial(flat, self.num_trials, replacement=True)
-            v = F.one_hot(draws, probs.shape[-1]).sum(-2).to(a.dtype).reshape(probs.shape)
-        return self._masked_value(v)
+        return self._masked_value(self.units.sample(a))
 
     def sample_hidden(self, v):
         """A draw of :math:`h \\sim p(h \\mid v)`, shape ``(..., H)``."""
