@@ -8,6 +8,8 @@ Examples::
     pyro-seq train --model dmm --data ../shared/data/polyphonic/jsb_chorales.pickle --out runs/dmm
     pyro-seq evaluate runs/srnn --objective iwae --particles 64
     pyro-seq sample runs/srnn --length 64
+    pyro-seq train --model rtrbm --objective cd --cd-steps 1 --out runs/rtrbm
+    pyro-seq evaluate runs/rtrbm --objective ais --particles 100
 
 A run folder holds ``config.json`` (model and training settings), ``checkpoint.pt`` (resume),
 ``best.pt`` (best validation weights), ``log.csv``/``log.json`` and ``loss_curve.png``.
@@ -22,15 +24,15 @@ from pathlib import Path
 
 import torch
 
-MODELS = ("dmm", "srnn", "vrnn", "vaernn", "storn", "vosp", "vrae", "rnn")
+MODELS = ("dmm", "srnn", "vrnn", "vaernn", "storn", "vosp", "vrae", "rnn", "rtrbm")
 
 
 def build_model(name, obs_dim, options):
     """Construct a model by name with keyword ``options`` (see each model's docstring)."""
-    from pyro_seq.models import DMM, SRNN, STORN, VAERNN, VOSP, VRAE, VRNN, RNNBaseline
+    from pyro_seq.models import DMM, RTRBM, SRNN, STORN, VAERNN, VOSP, VRAE, VRNN, RNNBaseline
 
     classes = {"dmm": DMM, "srnn": SRNN, "vrnn": VRNN, "vaernn": VAERNN, "storn": STORN,
-               "vosp": VOSP, "vrae": VRAE, "rnn": RNNBaseline}
+               "vosp": VOSP, "vrae": VRAE, "rnn": RNNBaseline, "rtrbm": RTRBM}
     if name not in classes:
         raise SystemExit(f"unknown model {name!r}; choose from {MODELS}")
     try:
@@ -114,7 +116,7 @@ def cmd_train(args):
         options["inference"] = args.inference
     config = TrainConfig(
         epochs=args.epochs, batch_size=args.batch_size, objective=args.objective,
-        num_particles=args.particles, lr=args.lr, clip_norm=args.clip_norm,
+        num_particles=args.particles, cd_steps=args.cd_steps, lr=args.lr, clip_norm=args.clip_norm,
         lr_schedule=args.lr_schedule, plateau_factor=args.plateau_factor,
         plateau_patience=args.plateau_patience, plateau_min_lr=args.plateau_min_lr,
         lrd=args.lrd, lr_decay_after=args.lr_decay_after, lr_decay_factor=args.lr_decay_factor,
@@ -130,6 +132,10 @@ def cmd_train(args):
            "train": {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(config).items()}}
     torch.manual_seed(args.seed)
     model = build_model(args.model, obs_dim, options)
+    if getattr(model, "energy_based", False) != (args.objective == "cd"):
+        raise SystemExit(f"pyro-seq: error: --model {args.model} needs "
+                         f"{'--objective cd' if args.objective != 'cd' else 'an ELBO-type objective'}"
+                         f" (contrastive divergence trains the energy-based models only)")
     _check_data(data, model, args.data)  # before anything is written to --out
     cfg_path = out_dir / "config.json"
     if cfg_path.exists() and not args.restart:
@@ -145,10 +151,15 @@ def cmd_train(args):
         print(f"last epoch: {json.dumps(history[-1])}")
     if data.get("test"):
         model.load_state_dict(_load_weights(out_dir / "best.pt"))
-        result = evaluate_bound(model, data["test"], method="elbo")
+        energy = getattr(model, "energy_based", False)
+        method = "pseudo_likelihood" if energy else "elbo"
+        result = evaluate_bound(model, data["test"], method=method)
         (out_dir / "test.json").write_text(json.dumps(result, indent=1))
-        print(f"test ELBO: {result['per_step']:.4f} nats per time step "
+        label = "test pseudo-log-likelihood" if energy else "test ELBO"
+        print(f"{label}: {result['per_step']:.4f} nats per time step "
               f"({result['num_steps']} steps, {result['num_sequences']} sequences)")
+        if energy:
+            print(f"for the log-likelihood: pyro-seq evaluate {out_dir} --objective ais")
     return 0
 
 
@@ -156,14 +167,21 @@ def cmd_evaluate(args):
     from pyro_seq.train import evaluate_bound
 
     run, model, data = _load_run_and_data(args, (args.split,))
+    if args.objective is None:
+        args.objective = "ais" if getattr(model, "energy_based", False) else "elbo"
     torch.manual_seed(args.seed)
-    result = evaluate_bound(model, data[args.split], batch_size=args.batch_size,
-                            method=args.objective, num_particles=args.particles)
+    try:
+        result = evaluate_bound(model, data[args.split], batch_size=args.batch_size,
+                                method=args.objective, num_particles=args.particles,
+                                num_betas=args.betas)
+    except ValueError as e:
+        raise SystemExit(f"pyro-seq: error: {e}") from None
     result["split"] = args.split
     name = f"eval_{args.split}_{args.objective}_{args.particles}.json"
     (Path(args.run) / name).write_text(json.dumps(result, indent=1))
-    print(f"{args.split} {args.objective} (K={args.particles}): {result['per_step']:.4f} nats per "
-          f"time step over {result['num_steps']} steps of {result['num_sequences']} sequences")
+    stderr = (f" +- {result['stderr_per_step']:.4f}" if "stderr_per_step" in result else "")
+    print(f"{args.split} {args.objective} (K={args.particles}): {result['per_step']:.4f}{stderr} "
+          f"nats per time step over {result['num_steps']} steps of {result['num_sequences']} sequences")
     return 0
 
 
@@ -266,9 +284,12 @@ def make_parser():
     p.add_argument("--data", default="chorales",
                    help="'chorales' (music21's Bach chorales, built in) or the path of a "
                         "piano-roll pickle (e.g. jsb_chorales.pickle)")
-    p.add_argument("--objective", choices=("elbo", "meanfield", "iwae", "fivo"), default="elbo",
-                   help="training objective (default elbo = Trace_ELBO)")
+    p.add_argument("--objective", choices=("elbo", "meanfield", "iwae", "fivo", "cd"),
+                   default="elbo",
+                   help="training objective (default elbo = Trace_ELBO; cd = contrastive "
+                        "divergence, for --model rtrbm)")
     p.add_argument("--particles", type=int, default=1, help="samples K of the objective")
+    p.add_argument("--cd-steps", type=int, default=1, help="Gibbs sweeps k of --objective cd")
     p.add_argument("--epochs", type=int, default=100, help="maximum number of epochs")
     p.add_argument("--batch-size", type=int, default=20, help="sequences per minibatch")
     p.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate")
@@ -323,8 +344,12 @@ def make_parser():
     p.add_argument("run", help="run folder written by train")
     p.add_argument("--data", default=None, help="data (default: the run's training data)")
     p.add_argument("--split", default="test", choices=("train", "valid", "test"))
-    p.add_argument("--objective", choices=("elbo", "iwae", "smc"), default="elbo",
-                   help="estimator: ELBO, IWAE or SMC (FIVO) bound")
+    p.add_argument("--objective", choices=("elbo", "iwae", "smc", "ais", "exact", "pseudo_likelihood"),
+                   default=None,
+                   help="estimator: ELBO, IWAE or SMC (FIVO) bound; for an RTRBM the "
+                        "log-likelihood by AIS (--particles chains, --betas temperatures; "
+                        "default) or exact enumeration (small models), or the pseudo-likelihood")
+    p.add_argument("--betas", type=int, default=1000, help="AIS temperatures (--objective ais)")
     p.add_argument("--particles", type=int, default=1, help="samples K of the estimator")
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--seed", type=int, default=0)

@@ -56,3 +56,25 @@ def test_impute_and_denoise_commands_write_results_and_figures(tiny_pickle, tmp_
     result = json.loads((out / "denoise_test.json").read_text())
     assert 0.05 < result["error_rate_corrupted"] < 0.15 and (out / "denoise_test_0.png").exists()
     assert "bits/element" in capsys.readouterr().out
+
+
+def test_rtrbm_trains_with_cd_and_evaluates_by_ais_and_exactly(tiny_pickle, tmp_path, capsys):
+    out = tmp_path / "rtrbm"
+    args = ["train", "--model", "rtrbm", "--objective", "cd", "--cd-steps", "2", "--data",
+            str(tiny_pickle), "--epochs", "2", "--quiet", "--batch-size", "4", "--out", str(out),
+            "--model-option", "num_hidden=4"]
+    assert main(args) == 0
+    assert main(["evaluate", str(out), "--objective", "exact"]) == 0
+    assert main(["evaluate", str(out), "--particles", "50", "--betas", "200"]) == 0  # AIS default
+    assert main(["sample", str(out), "--length", "4"]) == 0
+    text = capsys.readouterr().out
+    assert "test pseudo-log-likelihood" in text and "exact (K=1)" in text and "ais (K=50)" in text
+    import json
+    exact = json.loads((out / "eval_test_exact_1.json").read_text())
+    ais = json.loads((out / "eval_test_ais_50.json").read_text())
+    assert abs(ais["per_step"] - exact["per_step"]) <= 4 * ais["stderr_per_step"] + 1e-3
+    with pytest.raises(SystemExit, match="objective cd"):
+        main(["train", "--model", "rtrbm", "--data", str(tiny_pickle), "--epochs", "1", "--quiet",
+              "--out", str(tmp_path / "bad")])
+    with pytest.raises(SystemExit, match="energy-based"):
+        main(["evaluate", str(out), "--objective", "iwae"])

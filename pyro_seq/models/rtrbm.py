@@ -63,13 +63,16 @@ class RTRBM(nn.Module):
     """
 
     module_name = "rtrbm"
+    energy_based = True  #: trained by ContrastiveDivergence, evaluated by exact/AIS likelihoods
+    binary_observations = True
 
-    def __init__(self, num_visible, num_hidden, init_scale=0.01):
+    def __init__(self, num_visible, num_hidden=150, init_scale=0.01):
         super().__init__()
         for name, value in (("num_visible", num_visible), ("num_hidden", num_hidden)):
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
         self.num_visible, self.num_hidden = num_visible, num_hidden
+        self.obs_dim = num_visible
         self.W = nn.Parameter(init_scale * torch.randn(num_hidden, num_visible))
         self.U = nn.Parameter(init_scale * torch.randn(num_hidden, num_hidden))
         self.b = nn.Parameter(torch.zeros(num_hidden))
@@ -129,7 +132,26 @@ class RTRBM(nn.Module):
         """Empty: an RTRBM has no latent sample sites (the hidden units are summed out)."""
         self._check(x, mask)
 
+    @torch.no_grad()
+    def init_visible_bias(self, train_sequences, eps=1e-3):
+        """Set ``c`` to the logit of each unit's frequency in the training steps (the usual RBM
+        start: the visible marginals of the independent model); returns it."""
+        freq = torch.cat([s.reshape(-1, self.num_visible) for s in train_sequences]).mean(0)
+        p = freq.to(self.c.dtype).clamp(eps, 1 - eps)
+        self.c.copy_(torch.log(p) - torch.log1p(-p))
+        return self.c
+
     # ------------------------------------------------------------------ evaluation
+    @torch.no_grad()
+    def pseudo_log_likelihood(self, x, mask=None):
+        """Per sequence :math:`\\sum_t \\sum_i \\log p(v_{t,i} \\mid v_{t,-i}, r_{t-1})` ``(batch,)``:
+        the validation monitor of CD training (not a bound on the likelihood)."""
+        x, mask = self._check(x, mask)
+        W, _ = self.weights()
+        biases, _ = self.hidden_biases(x)
+        per_step = RBM(W, self.c, biases).pseudo_log_likelihood(x)
+        return (per_step * mask.to(per_step.dtype)).sum(-1)
+
     @torch.no_grad()
     def log_likelihood(self, x, mask=None, method="exact", num_chains=100, num_betas=1000,
                        betas=None, base_visible_bias=None, steps_per_chunk=None):
@@ -180,23 +202,31 @@ class RTRBM(nn.Module):
 
         :param torch.Tensor prefix: optional ``(num_sequences, T0, V)`` binary steps to condition
             on (generation continues after them).
-        :returns: ``(num_sequences, num_steps, V)`` float 0/1 (prefix included).
+        :returns: ``(x, logits)``: ``x`` ``(num_sequences, num_steps, V)`` float 0/1 (prefix
+            included) and the visible logits :math:`c + W^\\top h` of the last Gibbs sweep at
+            each generated step (those of :math:`\\mathbb{E}[v_t \\mid r_{t-1}]` at prefix
+            steps), as the other models' ``generate`` returns their emission logits.
         """
         if not isinstance(gibbs_steps, int) or gibbs_steps < 1:
             raise ValueError(f"gibbs_steps must be a positive int, got {gibbs_steps!r}")
         W, U = self.weights()
-        out = []
+        out, logits = [], []
         r = None
         for t in range(num_steps):
             bias = self.b_init.expand(num_sequences, -1) if t == 0 else self.b + r @ U.T
             rbm = RBM(W, self.c, bias)
             if prefix is not None and t < prefix.shape[1]:
                 v = prefix[:, t].to(W.dtype)
+                h = rbm.hidden_probs(v)
             else:
-                v = rbm.gibbs(rbm._random_visible(torch.Size([num_sequences])), gibbs_steps)
+                v = rbm._random_visible(torch.Size([num_sequences]))
+                for _ in range(gibbs_steps):
+                    h = rbm.sample_hidden(v)
+                    v = rbm.sample_visible(h)
             out.append(v)
+            logits.append(rbm.visible_input(h))
             r = torch.sigmoid(rbm.hidden_input(v))
-        return torch.stack(out, 1)
+        return torch.stack(out, 1), torch.stack(logits, 1)
 
 
 class SRTRBM(RTRBM):

@@ -3,7 +3,7 @@
 from pyro_seq.train.checkpoint import (CheckpointError, load_checkpoint, load_weights, restore,
                                        save_checkpoint, save_weights)
 from pyro_seq.train.evaluate import elbo_terms, evaluate_bound
-from pyro_seq.train.objectives import OBJECTIVES, make_objective
+from pyro_seq.train.objectives import ENERGY_OBJECTIVES, OBJECTIVES, make_objective
 from pyro_seq.train.trainer import (INITS, LR_SCHEDULES, TrainConfig, TrainHistory, epoch_lr, fit,
                                     initialise, kl_beta, make_optimizer)
 
@@ -11,6 +11,7 @@ __all__ = [
     "CheckpointError",
     "INITS",
     "LR_SCHEDULES",
+    "ENERGY_OBJECTIVES",
     "OBJECTIVES",
     "TrainConfig",
     "TrainHistory",

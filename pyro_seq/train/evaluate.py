@@ -51,14 +51,46 @@ def model_dtype(model):
     return torch.get_default_dtype()
 
 
+ENERGY_METHODS = ("exact", "ais", "pseudo_likelihood")
+
+
+def _evaluate_energy_based(model, sequences, batch_size, method, num_particles, num_betas):
+    """Log-likelihood (exact or AIS) or pseudo-log-likelihood of an energy-based model."""
+    if method not in ENERGY_METHODS:
+        raise ValueError(f"{type(model).__name__} is energy-based (no latent sites, an "
+                         f"unnormalised likelihood): evaluate it with method 'exact', 'ais' or "
+                         f"'pseudo_likelihood', not {method!r}")
+    total, variance, steps = 0.0, 0.0, 0
+    loader = SequenceLoader(sequences, batch_size, shuffle=False, dtype=model_dtype(model))
+    for x, mask in loader:
+        if method == "pseudo_likelihood":
+            total += float(model.pseudo_log_likelihood(x, mask).sum())
+        else:
+            est = model.log_likelihood(x, mask, method=method,
+                                       num_chains=num_particles if num_particles > 1 else 100,
+                                       num_betas=num_betas)
+            total += float(est.log_likelihood.sum())
+            variance += float((est.stderr ** 2).sum())
+        steps += int(mask.sum())
+    result = {"total": total, "num_steps": steps, "per_step": total / steps}
+    if method == "ais":  # independent per-sequence estimates: their variances add
+        result["stderr_per_step"] = math.sqrt(variance) / steps
+        result["num_betas"] = num_betas
+    return result
+
+
 @torch.no_grad()
-def evaluate_bound(model, sequences, batch_size=32, method="elbo", num_particles=1):
+def evaluate_bound(model, sequences, batch_size=32, method="elbo", num_particles=1, num_betas=1000):
     """Bound on ``log p(x)`` over a list of sequences, in total and in nats per time step.
 
     :param model: a :class:`~pyro_seq.models.SequenceModel`.
     :param list sequences: tensors ``(T_i, D)``.
     :param str method: ``"elbo"`` (average of ``num_particles`` one-sample ELBOs; also reports
         the KL term), ``"iwae"`` or ``"smc"`` (see :func:`pyro_seq.infer.estimate_log_likelihood`).
+        Energy-based models (``model.energy_based``, e.g. RTRBM) take ``"exact"``, ``"ais"``
+        (``num_particles`` AIS chains, 100 when 1, ``num_betas`` temperatures; adds
+        ``stderr_per_step``) or
+        ``"pseudo_likelihood"`` (a monitor, not a bound).
     :returns: dict with ``total``, ``num_steps``, ``per_step``, ``kl_per_step`` (ELBO only),
         ``method``, ``num_particles`` and ``num_sequences``.
     """
@@ -68,7 +100,13 @@ def evaluate_bound(model, sequences, batch_size=32, method="elbo", num_particles
     was_training = model.training
     model.eval()
     try:
-        if method == "elbo":
+        if getattr(model, "energy_based", False):
+            result = _evaluate_energy_based(model, sequences, batch_size, method, num_particles,
+                                            num_betas)
+        elif method in ENERGY_METHODS:
+            raise ValueError(f"method {method!r} is for energy-based models; "
+                             f"{type(model).__name__} takes 'elbo', 'iwae' or 'smc'")
+        elif method == "elbo":
             total = kl_total = 0.0
             steps = 0
             loader = SequenceLoader(sequences, batch_size, shuffle=False, dtype=model_dtype(model))

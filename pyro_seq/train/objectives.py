@@ -5,10 +5,11 @@ Every objective is a :class:`pyro.infer.ELBO` instance, so switching is a change
 
 from pyro.infer import Trace_ELBO, TraceMeanField_ELBO
 
-OBJECTIVES = ("elbo", "meanfield", "iwae", "fivo")
+OBJECTIVES = ("elbo", "meanfield", "iwae", "fivo")  #: for latent-variable models
+ENERGY_OBJECTIVES = ("cd",)  #: for energy-based models (RTRBM)
 
 
-def make_objective(name, num_particles=1, free_bits=0.0, **kwargs):
+def make_objective(name, num_particles=1, free_bits=0.0, cd_steps=1, **kwargs):
     """Build the ELBO object for ``name``.
 
     :param str name: ``"elbo"`` (:class:`~pyro.infer.Trace_ELBO`), ``"meanfield"``
@@ -20,7 +21,13 @@ def make_objective(name, num_particles=1, free_bits=0.0, **kwargs):
         package supports the extra particle dimension.
     :param float free_bits: nats per latent site below which the KL earns nothing (ELBO only;
         see :class:`pyro_seq.infer.FreeBits_ELBO`).
+    :param int cd_steps: Gibbs sweeps ``k`` of ``"cd"``
+        (:class:`pyro_seq.infer.ContrastiveDivergence`, for energy-based models).
     """
+    if name == "cd":
+        from pyro_seq.infer import ContrastiveDivergence
+
+        return ContrastiveDivergence(k=cd_steps)
     if num_particles < 1:
         raise ValueError(f"num_particles must be >= 1, got {num_particles}")
     if free_bits and name not in ("elbo", "meanfield"):
@@ -43,4 +50,4 @@ def make_objective(name, num_particles=1, free_bits=0.0, **kwargs):
         from pyro_seq.infer import FIVO
 
         return FIVO(num_particles=num_particles, **kwargs)
-    raise ValueError(f"unknown objective {name!r}; choose from {OBJECTIVES}")
+    raise ValueError(f"unknown objective {name!r}; choose from {OBJECTIVES + ENERGY_OBJECTIVES}")

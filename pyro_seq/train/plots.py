@@ -18,6 +18,9 @@ def plot_history(history, path):
         ax2.plot(epochs, [row["valid_kl_per_step"] for row in history], "C2--", label="validation KL")
         ax2.set_ylabel("KL (nats / step)")
         ax2.legend(loc="lower right")
+    elif "valid_pll_per_step" in history[0]:
+        ax.plot(epochs, [row["valid_pll_per_step"] for row in history],
+                label="validation pseudo-log-likelihood")
     ax.set_xlabel("epoch")
     ax.set_ylabel("bound (nats / step)")
     ax.legend(loc="upper left")

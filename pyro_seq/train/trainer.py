@@ -94,6 +94,7 @@ class TrainConfig:
     batch_size: int = 20
     objective: str = "elbo"
     num_particles: int = 1
+    cd_steps: int = 1  #: Gibbs sweeps k of objective "cd" (energy-based models)
     lr: float = 1e-3
     betas: tuple = (0.9, 0.999)
     clip_norm: float = 10.0
@@ -157,6 +158,8 @@ class TrainConfig:
             raise ValueError(f"patience must be None (no early stopping) or >= 1, got {self.patience}")
         if self.init not in INITS:
             raise ValueError(f"init must be one of {INITS}, got {self.init!r}")
+        if not isinstance(self.cd_steps, int) or self.cd_steps < 1:
+            raise ValueError(f"cd_steps must be a positive int, got {self.cd_steps!r}")
         return self
 
 
@@ -239,7 +242,10 @@ def initialise(model, train_sequences, scheme="srnn"):
     if isinstance(model, SRNN):
         init_weights(model, scheme)
         done.append("weights")
-    if bernoulli_output_layer(model) is not None:
+    if getattr(model, "energy_based", False) and hasattr(model, "init_visible_bias"):
+        model.init_visible_bias(train_sequences)  # the RBM analogue of the output bias
+        done.append("output_bias")
+    elif bernoulli_output_layer(model) is not None:
         init_output_bias(model, train_sequences)
         done.append("output_bias")
     return done
@@ -344,10 +350,16 @@ def fit(model, train_sequences, valid_sequences, config, out_dir, resume=True):
     torch.manual_seed(config.seed)
     loader = SequenceLoader(train_sequences, config.batch_size, shuffle=True, seed=config.seed,
                             chunk_length=config.chunk_length, dtype=model_dtype(model))
+    energy = getattr(model, "energy_based", False)
+    if energy != (config.objective == "cd"):
+        raise ValueError(f"objective {config.objective!r} does not fit {type(model).__name__}: "
+                         "energy-based models (RTRBM) train with 'cd' (contrastive divergence), "
+                         "latent-variable models with 'elbo', 'meanfield', 'iwae' or 'fivo'")
     optim = make_optimizer(config)
-    loss = make_objective(config.objective, config.num_particles, config.free_bits)
+    loss = make_objective(config.objective, config.num_particles, config.free_bits,
+                          cd_steps=config.cd_steps)
     model_fn, guide_fn, annealer = model.model, model.guide, None
-    if config.kl_anneal_steps > 0:
+    if config.kl_anneal_steps > 0 and not energy:  # no latent sites to anneal
         from pyro_seq.infer import LatentScale
 
         annealer = LatentScale(config.kl_start)
@@ -401,11 +413,17 @@ def fit(model, train_sequences, valid_sequences, config, out_dir, resume=True):
                "lr": lr * config.lrd ** global_step,
                "train_loss_per_step": total_loss / loader.num_steps,
                "seconds": time.time() - epoch_start}
-        if valid_sequences:
+        if valid_sequences and energy:  # CD has no bound: watch the pseudo-log-likelihood
+            watched = evaluate_bound(model, valid_sequences, config.valid_batch_size,
+                                     method="pseudo_likelihood")["per_step"]
+            row["valid_pll_per_step"] = watched
+        elif valid_sequences:
             val = evaluate_bound(model, valid_sequences, config.valid_batch_size)
             row.update(valid_elbo_per_step=val["per_step"], valid_kl_per_step=val["kl_per_step"])
             watched = val["per_step"]
-            method = MONITORED_BOUND.get(config.objective) if config.monitor == "objective" else None
+        if valid_sequences:
+            method = (MONITORED_BOUND.get(config.objective)
+                      if config.monitor == "objective" and not energy else None)
             if method is not None:  # the training objective's own bound (IWAE_K or FIVO_K)
                 watched = evaluate_bound(model, valid_sequences, config.valid_batch_size,
                                          method=method, num_particles=config.num_particles)["per_step"]
@@ -429,9 +447,11 @@ def fit(model, train_sequences, valid_sequences, config, out_dir, resume=True):
                         extra={"best_valid": best, "bad_epochs": bad_epochs})
         _write_logs(out_dir, history)
         postfix = {"loss/step": f"{row['train_loss_per_step']:.3f}"}
-        if valid_sequences:
+        if valid_sequences and not energy:
             postfix.update({"val": f"{row['valid_elbo_per_step']:.3f}",
                             "KL": f"{row['valid_kl_per_step']:.3f}"})
+        elif valid_sequences:
+            postfix["val pll"] = f"{row['valid_pll_per_step']:.3f}"
         bar.set_postfix(postfix)
         if config.patience is not None and bad_epochs >= config.patience:
             bar.write(f"early stop: no validation improvement in {bad_epochs} epochs")
@@ -445,7 +465,8 @@ def fit(model, train_sequences, valid_sequences, config, out_dir, resume=True):
     if config.patience is not None and bad_epochs >= config.patience:
         history.stop_reason = "patience"  # also when a resumed run had already stopped
     valid = [(row.get("valid_bound_per_step", row.get("valid_elbo_per_step")), -i)
-             for i, row in enumerate(history) if "valid_elbo_per_step" in row]
+             for i, row in enumerate(history)
+             if "valid_elbo_per_step" in row or "valid_bound_per_step" in row]
     if valid:  # the first epoch with the highest bound is the one best.pt holds
         value, neg_index = max(valid)
         history.best_epoch, history.best_valid_elbo_per_step = history[-neg_index]["epoch"], value

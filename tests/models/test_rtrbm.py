@@ -164,7 +164,7 @@ def test_ais_log_likelihood_within_three_standard_errors():
 def test_generate_first_step_matches_the_initial_rbm():
     torch.manual_seed(5)
     model = RTRBM(3, 2, init_scale=1.0).double()
-    samples = model.generate(4000, 1, gibbs_steps=30)[:, 0]
+    samples = model.generate(4000, 1, gibbs_steps=30)[0][:, 0]
     states = _all_sequences(1, 3)[:, 0]
     from pyro_seq.distributions import RBM
     probs = RBM(model.W, model.c, model.b_init).normalized_log_prob(states).exp()
@@ -179,8 +179,8 @@ def test_generate_keeps_the_prefix():
     torch.manual_seed(6)
     model = RTRBM(5, 3)
     prefix = (torch.rand(2, 3, 5) < 0.5).float()
-    out = model.generate(2, 6, gibbs_steps=2, prefix=prefix)
-    assert out.shape == (2, 6, 5)
+    out, logits = model.generate(2, 6, gibbs_steps=2, prefix=prefix)
+    assert out.shape == logits.shape == (2, 6, 5)
     assert torch.equal(out[:, :3], prefix)
     assert set(out.unique().tolist()) <= {0.0, 1.0}
 
