@@ -32,16 +32,17 @@ def _assert_same_state(a, b):
 
 def test_resume_gives_the_same_parameters_as_an_uninterrupted_run(tmp_path):
     train, valid = toy_sequences(12), toy_sequences(4, seed=1)
-    # plateau schedule (the default) with a threshold no epoch can beat: every epoch after the
-    # first is a bad one, so the rate halves after epochs 3 and 5 (patience 1) and the result
+    # plateau schedule (the default) with a threshold no epoch can beat. KL annealing ends in
+    # epoch 2 (3 updates per epoch, 4 annealing updates), the scheduler's first reading; every
+    # later epoch is a bad one, so the rate halves after epoch 4 (patience 1) and the result
     # depends on the scheduler's bad-epoch count, which the checkpoint must carry over
     cfg = dict(batch_size=5, lr=0.01, kl_start=0.2, kl_anneal_steps=4, progress=False,
                plateau_patience=1, plateau_threshold=10.0)
     straight = tiny_srnn()
     expected = fit(straight, train, valid, TrainConfig(epochs=5, **cfg), tmp_path / "a")
-    assert [row["lr"] for row in expected] == [0.01, 0.01, 0.01, 0.005, 0.005]
+    assert [row["lr"] for row in expected] == [0.01, 0.01, 0.01, 0.01, 0.005]
     resumed = tiny_srnn()
-    fit(resumed, train, valid, TrainConfig(epochs=2, **cfg), tmp_path / "b")
+    fit(resumed, train, valid, TrainConfig(epochs=3, **cfg), tmp_path / "b")
     saved = load_checkpoint(tmp_path / "b" / "checkpoint.pt")["optimizer"]
     assert {s["scheduler"]["num_bad_epochs"] for s in saved.values()} == {1}
     other = tiny_srnn()            # a fresh object, as after a restart of the program
@@ -58,7 +59,7 @@ def test_resume_gives_the_same_parameters_as_an_uninterrupted_run(tmp_path):
     assert a["optimizer"].keys() == b["optimizer"].keys()
     for name, state in a["optimizer"].items():
         assert state["scheduler"] == b["optimizer"][name]["scheduler"], name
-        assert state["scheduler"]["_last_lr"] == [0.0025]
+        assert state["scheduler"]["_last_lr"] == [0.005]
         _assert_same_state(state["optimizer"]["state"][0], b["optimizer"][name]["optimizer"]["state"][0])
 
 
@@ -173,6 +174,30 @@ def test_logs_checkpoints_and_figure_are_written(tmp_path):
         assert (tmp_path / name).stat().st_size > 0
     ckpt = torch.load(tmp_path / "checkpoint.pt", weights_only=True)
     assert ckpt["epoch"] == 2 and ckpt["global_step"] == 4
+
+
+def test_schedule_and_early_stopping_wait_for_the_end_of_kl_annealing(tmp_path, monkeypatch):
+    """beta < 1 in epochs 1-3 (2 updates per epoch, 8 annealing updates): a falling validation
+    bound there neither halves the rate nor counts towards patience; best.pt still follows it."""
+    def falling():
+        curve = iter([-5.0, -6.0, -7.0, -8.0, -9.0, -10.0, -11.0])
+        return lambda *a, **k: {"per_step": next(curve), "kl_per_step": 0.0}
+
+    monkeypatch.setattr(trainer_module, "evaluate_bound", falling())
+    cfg = TrainConfig(epochs=7, batch_size=4, lr=0.01, patience=3, plateau_patience=0,
+                      kl_start=0.2, kl_anneal_steps=8, progress=False)
+    history = fit(tiny_srnn(), toy_sequences(8), toy_sequences(3, seed=1), cfg, tmp_path / "a")
+    assert [row["beta"] for row in history][:4] == pytest.approx([0.4, 0.6, 0.8, 1.0])
+    assert len(history) == 6 and history.stop_reason == "patience"  # epochs 4, 5, 6 count
+    # the scheduler's first reading is epoch 4 (its reference); epoch 5 is its first bad epoch
+    assert [row["lr"] for row in history] == [0.01, 0.01, 0.01, 0.01, 0.01, 0.005]
+    assert history.best_epoch == 1
+    monkeypatch.setattr(trainer_module, "evaluate_bound", falling())
+    no_annealing = TrainConfig(epochs=7, batch_size=4, lr=0.01, patience=3, plateau_patience=0,
+                               progress=False)
+    history = fit(tiny_srnn(), toy_sequences(8), toy_sequences(3, seed=1), no_annealing,
+                  tmp_path / "b")
+    assert len(history) == 4 and [row["lr"] for row in history] == [0.01, 0.01, 0.005, 0.0025]
 
 
 def test_early_stopping(tmp_path):
