@@ -160,8 +160,9 @@ class RTRBM(nn.Module):
         :param str method: ``"exact"`` (enumeration; small ``H`` or ``V``) or ``"ais"`` (each
             :math:`\log Z_t` by :meth:`RBM.ais_log_partition`).
         :param int num_chains, num_betas: AIS settings (``betas`` overrides the uniform grid).
-        :param base_visible_bias: AIS base model's visible bias ``(V,)`` (e.g. from the
-            training data's note frequencies, :meth:`RBM.base_rate_bias`).
+        :param base_visible_bias: AIS base model's visible bias ``(V,)``; default ``c``, the
+            model's own visible bias (after :meth:`init_visible_bias`, the training notes'
+            logits), a closer start than the uniform model for piano rolls.
         :param int steps_per_chunk: AIS memory bound: at most this many (sequence, step) RBMs at
             once (all at once by default).
         :returns: :class:`SequenceLogLikelihood`.
@@ -177,6 +178,8 @@ class RTRBM(nn.Module):
             log_z = rbm.log_partition()
             var = torch.zeros_like(log_z)
         else:
+            if base_visible_bias is None:
+                base_visible_bias = self.c.detach()
             flat_bias = biases[mask]  # only real steps: (N, H)
             chunk = steps_per_chunk or flat_bias.shape[0]
             values, errors = [], []
