@@ -44,6 +44,8 @@ from typing import List, Optional, Tuple
 import torch
 from torch import nn
 
+from pyro_seq.data.students import _check_index_pair
+
 __all__ = ["ConstantBaseline", "LogisticBaseline"]
 
 
@@ -59,13 +61,7 @@ def _check_indices(student, question, num_students: int, num_questions: int
     if student.dim() != 1 or question.dim() != 1 or student.shape != question.shape:
         raise ValueError(f"student and question must be 1-D tensors of the same length, got shapes "
                          f"{tuple(student.shape)} and {tuple(question.shape)}")
-    for name, idx, n in (("student", student, num_students), ("question", question, num_questions)):
-        if idx.dtype.is_floating_point or idx.dtype.is_complex or idx.dtype == torch.bool:
-            raise ValueError(f"{name} must be an integer index tensor, got dtype {idx.dtype}")
-        if idx.numel() and (int(idx.min()) < 0 or int(idx.max()) >= n):
-            raise ValueError(f"{name} indices must lie in [0, {n - 1}], got range "
-                             f"[{int(idx.min())}, {int(idx.max())}]")
-    return student.long(), question.long()
+    return _check_index_pair(student, question, num_students, num_questions)
 
 
 class LogisticBaseline(nn.Module):
