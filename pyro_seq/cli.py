@@ -10,6 +10,7 @@ Examples::
     pyro-seq sample runs/srnn --length 64
     pyro-seq train --model rtrbm --objective cd --cd-steps 1 --out runs/rtrbm
     pyro-seq evaluate runs/rtrbm --objective ais --particles 100
+    pyro-seq train --model srnn --nproc 2 --threads 1 --out runs/srnn2   # data-parallel
 
 A run folder holds ``config.json`` (model and training settings), ``checkpoint.pt`` (resume),
 ``best.pt`` (best validation weights), ``log.csv``/``log.json`` and ``loss_curve.png``.
@@ -123,7 +124,7 @@ def cmd_train(args):
         kl_start=args.kl_start, kl_anneal_steps=args.kl_anneal_steps, free_bits=args.free_bits,
         chunk_length=args.chunk_length, patience=args.patience or None, seed=args.seed,
         init=args.init, time_limit=args.time_limit, num_threads=args.threads,
-        progress=not args.quiet)
+        progress=not args.quiet, world_size=args.nproc)
     try:
         config.validate()
     except ValueError as e:
@@ -329,6 +330,9 @@ def make_parser():
                         f"weights are kept (default {defaults.patience}; 0: never stop early)")
     p.add_argument("--time-limit", type=float, default=None, help="stop after this many seconds")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    p.add_argument("--nproc", type=int, default=1,
+                   help="data-parallel processes (torch.distributed: gloo on CPU, nccl on CUDA); "
+                        "each takes a shard of every minibatch")
     p.add_argument("--z-dim", type=int, default=None, help="latent size")
     p.add_argument("--inference", choices=("smoothing", "filtering"), default=None,
                    help="inference network (thesis Fig. 4.2)")

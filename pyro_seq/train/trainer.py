@@ -56,6 +56,7 @@ DMM's gated transition starts at the identity). ``"normal"``: the same with
 ``init_weights(scheme="normal")``. ``"none"``: the model as constructed.
 """
 
+import copy
 import csv
 import functools
 import json
@@ -76,6 +77,7 @@ from pyro_seq.data.batching import SequenceLoader
 from pyro_seq.nn.init import INIT_SCHEMES, bernoulli_output_layer, init_output_bias, init_weights
 from pyro_seq.train.checkpoint import (load_checkpoint, load_weights, restore, save_checkpoint,
                                        save_weights)
+from pyro_seq.train.distributed import AllReduceGradients, SingleProcess
 from pyro_seq.train.evaluate import evaluate_bound, model_dtype
 from pyro_seq.train.objectives import make_objective
 from pyro_seq.validation import validate_sequence_list
@@ -100,6 +102,9 @@ class TrainConfig:
     objective: str = "elbo"
     num_particles: int = 1
     cd_steps: int = 1  #: Gibbs sweeps k of objective "cd" (energy-based models)
+    world_size: int = 1  #: processes of data-parallel training (pyro_seq.train.distributed)
+    dist_backend: Optional[str] = None  #: "gloo" / "nccl"; None: nccl with CUDA, else gloo
+    dist_timeout: float = 120.0  #: seconds a rank waits for the others before failing
     lr: float = 1e-3
     betas: tuple = (0.9, 0.999)
     clip_norm: float = 10.0
@@ -165,6 +170,10 @@ class TrainConfig:
             raise ValueError(f"init must be one of {INITS}, got {self.init!r}")
         if not isinstance(self.cd_steps, int) or self.cd_steps < 1:
             raise ValueError(f"cd_steps must be a positive int, got {self.cd_steps!r}")
+        if not isinstance(self.world_size, int) or self.world_size < 1:
+            raise ValueError(f"world_size must be a positive int, got {self.world_size!r}")
+        if self.dist_timeout <= 0:
+            raise ValueError(f"dist_timeout must be positive, got {self.dist_timeout}")
         return self
 
 
@@ -321,6 +330,12 @@ def fit(model, train_sequences, valid_sequences, config, out_dir, resume=True):
         ``loss_curve.png``.
     :param bool resume: continue from ``out_dir/checkpoint.pt`` if it exists (a fresh start,
         and only a fresh start, initialises the model as ``config.init`` says).
+
+    With ``config.world_size = N > 1`` the run is data-parallel (:mod:`pyro_seq.train.distributed`):
+    N processes are spawned, each trains on the rows ``rank::N`` of every minibatch with the
+    gradients summed over ranks, rank 0 writes the folder, and the trained weights are read back
+    into ``model`` here. The results equal the one-process run's up to the random draws (exactly,
+    to rounding, for an objective without randomness).
     :returns: a :class:`TrainHistory`: the list of per-epoch log rows (of all epochs, resumed
         ones included) with ``stop_reason``, ``best_epoch``, ``best_valid_elbo_per_step`` and
         ``restored_best``. With validation sequences, ``model`` (and Pyro's param store, which
@@ -349,6 +364,30 @@ def fit(model, train_sequences, valid_sequences, config, out_dir, resume=True):
         validate_sequence_list(valid_sequences, model.obs_dim, model.binary_observations, "valid")
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    if config.world_size > 1:
+        return _fit_distributed(model, train_sequences, valid_sequences, config, out_dir, resume)
+    return _fit(model, train_sequences, valid_sequences, config, out_dir, resume, SingleProcess())
+
+
+def _validation_bound(model, sequences, comm, batch_size, method="elbo", num_particles=1):
+    """:func:`evaluate_bound` over all ranks' shards of ``sequences`` (sums all-reduced)."""
+    if comm.world_size == 1:
+        return evaluate_bound(model, sequences, batch_size, method=method,
+                              num_particles=num_particles)
+    local = comm.shard_list(sequences)
+    total = steps = kl = 0.0
+    if local:
+        r = evaluate_bound(model, local, batch_size, method=method, num_particles=num_particles)
+        total, steps = r["total"], r["num_steps"]
+        kl = r.get("kl_per_step", 0.0) * steps
+    total, steps, kl = comm.all_sum([total, steps, kl])
+    return {"total": total, "num_steps": int(steps), "per_step": total / steps,
+            "kl_per_step": kl / steps}
+
+
+def _fit(model, train_sequences, valid_sequences, config, out_dir, resume, comm):
+    """The body of :func:`fit` on one rank (``comm``: :mod:`pyro_seq.train.distributed`)."""
+    main = comm.is_main
     if config.num_threads:
         torch.set_num_threads(config.num_threads)
     pyro.clear_param_store()
@@ -370,14 +409,22 @@ def fit(model, train_sequences, valid_sequences, config, out_dir, resume=True):
         annealer = LatentScale(config.kl_start)
         model_fn, guide_fn = annealer(model.model), annealer(model.guide)
     svi = SVI(model_fn, guide_fn, optim, loss=loss)
+    if comm.world_size > 1:  # sum gradients and loss over ranks before every optimizer step
+        svi.loss_and_grads = AllReduceGradients(loss, comm).loss_and_grads
 
     history, start_epoch, global_step = [], 0, 0
     best, bad_epochs = -math.inf, 0
     ckpt_path = out_dir / "checkpoint.pt"
-    if not (resume and ckpt_path.exists()):
+    fresh = not (resume and ckpt_path.exists())
+    if fresh:
         initialise(model, train_sequences, config.init)
     else:
         payload = load_checkpoint(ckpt_path)
+        saved_world = payload["extra"].get("world_size", 1)
+        if saved_world != comm.world_size:
+            raise ValueError(f"{ckpt_path} was written by {saved_world} process(es); resume it "
+                             f"with world_size={saved_world} (got {comm.world_size}) or train "
+                             f"into a new folder")
         _check_schedule_of_checkpoint(payload["optimizer"], config, ckpt_path)
         if config.lr_schedule == "exponential":  # optimizers are rebuilt lazily from this state
             _set_lr_in_state(payload["optimizer"], epoch_lr(payload["epoch"], config))
@@ -386,6 +433,12 @@ def fit(model, train_sequences, valid_sequences, config, out_dir, resume=True):
         global_step = payload["global_step"]
         best = payload["extra"].get("best_valid", -math.inf)
         bad_epochs = payload["extra"].get("bad_epochs", 0)
+        if comm.world_size > 1:  # every rank continues its own random stream
+            torch.set_rng_state(payload["extra"]["rng_states"][comm.rank])
+    if comm.world_size > 1:
+        pyro.module(model.module_name, model)  # every parameter in the store before step 1
+        if fresh:  # the same initial weights, then a different sampling stream per rank
+            torch.manual_seed(config.seed + 7919 * comm.rank)
 
     history = TrainHistory(history)
     stopped_early = config.patience is not None and bad_epochs >= config.patience
@@ -393,7 +446,7 @@ def fit(model, train_sequences, valid_sequences, config, out_dir, resume=True):
     # a run that stopped early stays stopped when called again (as the uninterrupted run would)
     bar = tqdm(range(start_epoch, start_epoch if stopped_early else config.epochs),
                initial=start_epoch, total=config.epochs,
-               desc="epochs", disable=not config.progress, unit="epoch")
+               desc="epochs", disable=not (config.progress and main), unit="epoch")
     for epoch in bar:
         model.train()
         lr = epoch_lr(epoch, config)
@@ -401,6 +454,7 @@ def fit(model, train_sequences, valid_sequences, config, out_dir, resume=True):
             _set_lr(optim, lr)
         total_loss, epoch_start = 0.0, time.time()
         for x, mask in loader.batches(epoch):
+            x, mask = comm.shard(x, mask)  # this rank's rows (all of them in one process)
             beta = kl_beta(global_step, config)
             if annealer is not None:
                 annealer.beta = beta
@@ -419,19 +473,20 @@ def fit(model, train_sequences, valid_sequences, config, out_dir, resume=True):
                "train_loss_per_step": total_loss / loader.num_steps,
                "seconds": time.time() - epoch_start}
         if valid_sequences and energy:  # CD has no bound: watch the pseudo-log-likelihood
-            watched = evaluate_bound(model, valid_sequences, config.valid_batch_size,
-                                     method="pseudo_likelihood")["per_step"]
+            watched = _validation_bound(model, valid_sequences, comm, config.valid_batch_size,
+                                        method="pseudo_likelihood")["per_step"]
             row["valid_pll_per_step"] = watched
         elif valid_sequences:
-            val = evaluate_bound(model, valid_sequences, config.valid_batch_size)
+            val = _validation_bound(model, valid_sequences, comm, config.valid_batch_size)
             row.update(valid_elbo_per_step=val["per_step"], valid_kl_per_step=val["kl_per_step"])
             watched = val["per_step"]
         if valid_sequences:
             method = (MONITORED_BOUND.get(config.objective)
                       if config.monitor == "objective" and not energy else None)
             if method is not None:  # the training objective's own bound (IWAE_K or FIVO_K)
-                watched = evaluate_bound(model, valid_sequences, config.valid_batch_size,
-                                         method=method, num_particles=config.num_particles)["per_step"]
+                watched = _validation_bound(model, valid_sequences, comm, config.valid_batch_size,
+                                            method=method,
+                                            num_particles=config.num_particles)["per_step"]
             row["valid_bound_per_step"] = watched
             improved = watched > best
             best = max(best, watched)
@@ -443,18 +498,21 @@ def fit(model, train_sequences, valid_sequences, config, out_dir, resume=True):
             if config.lr_schedule == "plateau" and not annealing:
                 optim.step(watched)  # each scheduler: reduce the rate on a plateau
                 new_lr = _current_lr(optim, lr)
-                if new_lr < lr:
+                if new_lr < lr and main:
                     bar.write(f"epoch {epoch + 1}: validation plateau, learning rate "
                               f"{lr:.3g} -> {new_lr:.3g}")
         else:
             improved = True
         history.append(row)
-        if improved:
-            save_weights(model.state_dict(), out_dir / "best.pt")
-        save_checkpoint(ckpt_path, model=model, optimizer=optim, epoch=epoch + 1,
-                        global_step=global_step, history=history,
-                        extra={"best_valid": best, "bad_epochs": bad_epochs})
-        _write_logs(out_dir, history)
+        extra = {"best_valid": best, "bad_epochs": bad_epochs}
+        if comm.world_size > 1:
+            extra.update(world_size=comm.world_size, rng_states=comm.gather_rng_states())
+        if main:
+            if improved:
+                save_weights(model.state_dict(), out_dir / "best.pt")
+            save_checkpoint(ckpt_path, model=model, optimizer=optim, epoch=epoch + 1,
+                            global_step=global_step, history=history, extra=extra)
+            _write_logs(out_dir, history)
         postfix = {"loss/step": f"{row['train_loss_per_step']:.3f}"}
         if valid_sequences and not energy:
             postfix.update({"val": f"{row['valid_elbo_per_step']:.3f}",
@@ -463,11 +521,14 @@ def fit(model, train_sequences, valid_sequences, config, out_dir, resume=True):
             postfix["val pll"] = f"{row['valid_pll_per_step']:.3f}"
         bar.set_postfix(postfix)
         if config.patience is not None and bad_epochs >= config.patience:
-            bar.write(f"early stop: no validation improvement in {bad_epochs} epochs")
+            if main:
+                bar.write(f"early stop: no validation improvement in {bad_epochs} epochs")
             history.stop_reason = "patience"
             break
-        if config.time_limit is not None and time.time() - started > config.time_limit:
-            bar.write(f"time limit of {config.time_limit:.0f} s reached after epoch {epoch + 1}")
+        # one decision for all ranks (their clocks differ)
+        if config.time_limit is not None and comm.any(time.time() - started > config.time_limit):
+            if main:
+                bar.write(f"time limit of {config.time_limit:.0f} s reached after epoch {epoch + 1}")
             history.stop_reason = "time_limit"
             break
     bar.close()
@@ -476,16 +537,69 @@ def fit(model, train_sequences, valid_sequences, config, out_dir, resume=True):
     valid = [(row.get("valid_bound_per_step", row.get("valid_elbo_per_step")), -i)
              for i, row in enumerate(history)
              if "valid_elbo_per_step" in row or "valid_bound_per_step" in row]
+    comm.barrier()  # rank 0 has written best.pt
     if valid:  # the first epoch with the highest bound is the one best.pt holds
         value, neg_index = max(valid)
         history.best_epoch, history.best_valid_elbo_per_step = history[-neg_index]["epoch"], value
         model.load_state_dict(load_weights(out_dir / "best.pt"))
         history.restored_best = True
-    try:
-        from pyro_seq.train.plots import plot_history
+    if main:
+        try:
+            from pyro_seq.train.plots import plot_history
 
-        if history:
-            plot_history(history, out_dir / "loss_curve.png")
-    except ImportError:  # matplotlib missing: logs are still written
-        pass
+            if history:
+                plot_history(history, out_dir / "loss_curve.png")
+        except ImportError:  # matplotlib missing: logs are still written
+            pass
+        if comm.world_size > 1:  # what the parent process returns
+            (out_dir / "fit_summary.json").write_text(json.dumps({
+                "stop_reason": history.stop_reason, "best_epoch": history.best_epoch,
+                "best_valid_elbo_per_step": history.best_valid_elbo_per_step,
+                "restored_best": history.restored_best}))
+    return history
+
+
+def _worker(rank, world_size, port, model, train_sequences, valid_sequences, config, out_dir,
+            resume):
+    """One rank of :func:`_fit_distributed` (started by ``torch.multiprocessing.spawn``)."""
+    import torch.distributed as dist
+
+    from pyro_seq.train.distributed import init_process_group
+
+    # torch.multiprocessing hands every rank the parent's tensors in one shared-memory storage:
+    # without a private copy the ranks would all step the same parameters
+    model = copy.deepcopy(model)
+    comm = init_process_group(rank, world_size, port, config.dist_backend, config.dist_timeout)
+    try:
+        _fit(model, train_sequences, valid_sequences, config, Path(out_dir), resume, comm)
+    finally:
+        dist.destroy_process_group()
+
+
+def _fit_distributed(model, train_sequences, valid_sequences, config, out_dir, resume):
+    """Spawn ``config.world_size`` ranks, wait, and read rank 0's result back into ``model``."""
+    import torch.multiprocessing as mp
+
+    from pyro_seq.train.distributed import free_port
+
+    summary_path = out_dir / "fit_summary.json"
+    if summary_path.exists():
+        summary_path.unlink()
+    try:
+        mp.spawn(_worker, nprocs=config.world_size, join=True,
+                 args=(config.world_size, free_port(), model, train_sequences, valid_sequences,
+                       config, str(out_dir), resume))
+    except mp.ProcessRaisedException as e:
+        raise RuntimeError(f"distributed training failed in a rank: {e}") from None
+    except mp.ProcessExitedException as e:
+        raise RuntimeError(f"distributed training failed: {e} (the other ranks were stopped)") from None
+    summary = json.loads(summary_path.read_text())
+    history = TrainHistory(json.loads((out_dir / "log.json").read_text()) if (out_dir / "log.json").exists() else [])
+    for key, value in summary.items():
+        setattr(history, key, value)
+    weights = (load_weights(out_dir / "best.pt") if summary["restored_best"]
+               else load_checkpoint(out_dir / "checkpoint.pt")["model"])
+    model.load_state_dict(weights)
+    pyro.clear_param_store()
+    pyro.module(model.module_name, model)  # as after a one-process fit: the store holds them
     return history

@@ -1,0 +1,142 @@
+"""Data-parallel SVI on ``torch.distributed``: one process per shard of every minibatch.
+
+Every rank holds the same model (the parent's, pickled to each process), the same minibatches
+(:class:`~pyro_seq.data.SequenceLoader` with the same seed) and takes the rows ``rank::N`` of each.
+The objectives of this package sum over the sequences of a batch, so the full batch's gradient
+is the **sum** of the ranks' gradients: :class:`AllReduceGradients` wraps the objective, and after
+its ``loss_and_grads`` sums the gradients of every parameter in Pyro's param store with one
+bucketed all-reduce (one flat tensor, names in sorted order) and returns the summed loss. Every
+rank then takes the same optimizer step, so the parameters stay identical without broadcasts.
+A rank whose shard is empty (a last batch smaller than N) contributes zero gradients.
+
+The wrapper, not DDP: Pyro's parameters live in its global param store and are created lazily,
+and the objectives (IWAE, FIVO, contrastive divergence) run several forward passes per update,
+so there is no single ``forward`` for DDP to hook. Validation is sharded the same way and its
+sums all-reduced, so every rank sees the same validation bound and takes the same schedule and
+early-stopping decisions. Rank 0 alone writes checkpoints, logs and progress bars; each rank's
+random-number state is gathered into the checkpoint so that a resumed run continues every rank's
+stream (resuming needs the same number of processes).
+
+Backends: ``gloo`` on CPU (the tests run it), ``nccl`` on CUDA. A rank that dies makes the
+others fail at their next collective operation, or after ``TrainConfig.dist_timeout`` seconds at
+the latest; :func:`torch.multiprocessing.spawn` then stops the remaining processes and
+:func:`pyro_seq.train.fit` raises a ``RuntimeError`` naming the rank.
+"""
+
+import os
+import socket
+from datetime import timedelta
+
+import pyro
+import torch
+import torch.distributed as dist
+
+__all__ = ["AllReduceGradients", "ProcessGroup", "SingleProcess", "free_port"]
+
+
+class SingleProcess:
+    """The trivial communicator of an ordinary (one-process) run."""
+
+    rank, world_size, is_main = 0, 1, True
+
+    def shard(self, x, mask):
+        return x, mask
+
+    def shard_list(self, sequences):
+        return sequences
+
+    def all_sum(self, values):
+        """Sum floats over ranks (identity here)."""
+        return list(values)
+
+    def any(self, flag):
+        return bool(flag)
+
+    def gather_rng_states(self):
+        return None
+
+    def barrier(self):
+        pass
+
+
+class ProcessGroup(SingleProcess):
+    """Rank ``rank`` of ``world_size`` processes in the default ``torch.distributed`` group."""
+
+    def __init__(self, rank, world_size):
+        self.rank, self.world_size, self.is_main = rank, world_size, rank == 0
+
+    def shard(self, x, mask):
+        return x[self.rank::self.world_size], mask[self.rank::self.world_size]
+
+    def shard_list(self, sequences):
+        return sequences[self.rank::self.world_size]
+
+    def all_sum(self, values):
+        t = torch.tensor([float(v) for v in values], dtype=torch.float64)
+        dist.all_reduce(t)
+        return t.tolist()
+
+    def any(self, flag):
+        return self.all_sum([1.0 if flag else 0.0])[0] > 0
+
+    def gather_rng_states(self):
+        states = [None] * self.world_size
+        dist.all_gather_object(states, torch.get_rng_state())
+        return states
+
+    def barrier(self):
+        dist.barrier()
+
+
+class AllReduceGradients:
+    """Wrap a Pyro objective so that ``loss_and_grads`` sums gradients and loss over ranks.
+
+    Every parameter of Pyro's param store is touched with ``pyro.param`` inside the step, so
+    ``SVI.step`` hands the optimizer the same set of parameters on every rank (a rank that saw
+    an empty shard included). The loss returned is the sum over ranks.
+    """
+
+    def __init__(self, loss, comm):
+        self.loss, self.comm = loss, comm
+
+    def __getattr__(self, name):
+        return getattr(self.loss, name)
+
+    def loss_and_grads(self, model, guide, x, mask, *args, **kwargs):
+        value = 0.0
+        if x.shape[0] > 0:
+            value = self.loss.loss_and_grads(model, guide, x, mask, *args, **kwargs)
+        store = pyro.get_param_store()
+        names = sorted(store.keys())
+        params = [pyro.param(name).unconstrained() for name in names]
+        flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
+                          for p in params] + [torch.tensor([float(value)], dtype=params[0].dtype,
+                                                           device=params[0].device)])
+        dist.all_reduce(flat)
+        offset = 0
+        for p in params:
+            n = p.numel()
+            grad = flat[offset:offset + n].view_as(p)
+            if p.grad is None:
+                p.grad = grad.clone()
+            else:
+                p.grad.copy_(grad)
+            offset += n
+        return float(flat[-1])
+
+
+def free_port():
+    """A free TCP port on this host for the process group's rendezvous."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def init_process_group(rank, world_size, port, backend=None, timeout=120.0):
+    """Join the default process group (``gloo`` on CPU, ``nccl`` when CUDA is available)."""
+    backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ["MASTER_PORT"] = str(port)
+    dist.init_process_group(backend, rank=rank, world_size=world_size,
+                            timeout=timedelta(seconds=timeout))
+    return ProcessGroup(rank, world_size)

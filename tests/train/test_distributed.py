@@ -1,0 +1,97 @@
+"""Data-parallel fit on torch.distributed (gloo, CPU): the same parameters as one process for a
+deterministic objective, a clear error when a rank dies, refusals on resume."""
+
+import os
+import time
+
+import pytest
+import torch
+
+from pyro_seq.models import SRNN, RNNBaseline
+from pyro_seq.train import TrainConfig, fit, load_checkpoint
+
+
+def _seqs(n, seed, D=5):
+    g = torch.Generator().manual_seed(seed)
+    return [(torch.rand(4 + i % 5, D, generator=g) < 0.3).double() for i in range(n)]
+
+
+def _config(**kw):
+    base = dict(epochs=1, batch_size=4, lr=0.01, lr_schedule="constant", patience=None,
+                progress=False, seed=3, num_threads=1)
+    base.update(kw)
+    return TrainConfig(**base)
+
+
+def test_two_processes_with_half_batches_equal_one_process(tmp_path):
+    """RNNBaseline has no latent sites: the ELBO is its exact log-likelihood, so the summed
+    gradients of two half batches are the whole batch's, and 5 Adam steps agree to 1e-6."""
+    train = _seqs(20, 0)  # 5 updates of 4 sequences (2 per rank)
+    one = RNNBaseline(5, d_dim=6, hidden_dim=6).double()
+    two = RNNBaseline(5, d_dim=6, hidden_dim=6).double()
+    two.load_state_dict(one.state_dict())
+    h1 = fit(one, train, [], _config(), tmp_path / "one")
+    h2 = fit(two, train, [], _config(world_size=2), tmp_path / "two")
+    assert [r["step"] for r in h2] == [5]
+    assert abs(h1[0]["train_loss_per_step"] - h2[0]["train_loss_per_step"]) <= 1e-9 * abs(
+        h1[0]["train_loss_per_step"])
+    a = load_checkpoint(tmp_path / "one" / "checkpoint.pt")["model"]
+    b = load_checkpoint(tmp_path / "two" / "checkpoint.pt")["model"]
+    for name in a:
+        assert torch.allclose(a[name], b[name], rtol=1e-6, atol=1e-12), name
+    for name, p in two.state_dict().items():  # the parent's model holds the result
+        assert torch.equal(p, b[name]), name
+    # a last batch smaller than the number of ranks: the empty rank adds zero gradients
+    odd = _seqs(5, 1)
+    h3 = fit(RNNBaseline(5, d_dim=6, hidden_dim=6).double(), odd, [],
+             _config(batch_size=3, world_size=4), tmp_path / "four")
+    assert h3[0]["step"] == 2
+
+
+def test_stochastic_objective_with_validation_and_early_stopping(tmp_path):
+    train, valid = _seqs(12, 2), _seqs(5, 3)
+    model = SRNN(5, d_dim=4, z_dim=2, hidden_dim=4).double()
+    cfg = _config(epochs=3, objective="iwae", num_particles=2, lr_schedule="plateau", patience=5,
+                  world_size=2)
+    history = fit(model, train, valid, cfg, tmp_path)
+    assert len(history) == 3 and history.restored_best
+    assert all(torch.isfinite(torch.tensor(r["valid_bound_per_step"])) for r in history)
+    assert history.best_valid_elbo_per_step == max(r["valid_bound_per_step"] for r in history)
+    saved = load_checkpoint(tmp_path / "checkpoint.pt")["extra"]
+    assert saved["world_size"] == 2 and len(saved["rng_states"]) == 2
+    with pytest.raises(ValueError, match="world_size=2"):
+        fit(SRNN(5, d_dim=4, z_dim=2, hidden_dim=4).double(), train, valid,
+            _config(epochs=4, objective="iwae", num_particles=2, lr_schedule="plateau"), tmp_path)
+
+
+class DyingRNN(RNNBaseline):
+    """Rank 1 exits abruptly in its third pass over a batch (``model_init`` starts each)."""
+
+    calls = 0
+
+    def model_init(self, *args, **kwargs):
+        import torch.distributed as dist
+
+        DyingRNN.calls += 1
+        if dist.is_initialized() and dist.get_rank() == 1 and DyingRNN.calls == 3:
+            os._exit(3)
+        return super().model_init(*args, **kwargs)
+
+
+def test_a_dying_rank_stops_the_others_with_a_clear_error(tmp_path):
+    started = time.time()
+    with pytest.raises(RuntimeError, match="distributed training failed"):
+        fit(DyingRNN(5, d_dim=4, hidden_dim=4).double(), _seqs(40, 4), [],
+            _config(epochs=3, world_size=2, dist_timeout=20.0), tmp_path)
+    assert time.time() - started < 60
+
+
+def test_cli_nproc(tiny_pickle, tmp_path, capsys):
+    from pyro_seq.cli import main
+
+    out = tmp_path / "rnn2"
+    assert main(["train", "--model", "rnn", "--data", str(tiny_pickle), "--epochs", "1", "--quiet",
+                 "--batch-size", "4", "--nproc", "2", "--threads", "1", "--out", str(out),
+                 "--model-option", "d_dim=4", "--model-option", "hidden_dim=4"]) == 0
+    assert "test ELBO" in capsys.readouterr().out
+    assert load_checkpoint(out / "checkpoint.pt")["extra"]["world_size"] == 2
