@@ -29,9 +29,14 @@ def as_bool_mask(mask, name: str = "mask", labels: Optional[Tuple[str, ...]] = N
     ``.bool()`` cast would read 0.5 or NaN as True). ``labels`` name the dims in the message
     (``"(batch 1, step 2)"``); otherwise the position is given as ``"index (1, 2)"``.
 
+    :raises TypeError: ``mask`` cannot be read as a tensor (None, a dict, a string...).
     :raises ValueError: a complex dtype, or a value other than 0 and 1.
     """
-    mask = torch.as_tensor(mask)
+    try:
+        mask = torch.as_tensor(mask)
+    except (TypeError, ValueError, RuntimeError) as e:  # torch: "Could not infer dtype of ..."
+        raise TypeError(f"{name} must be a bool tensor or an array-like of 0 and 1, got "
+                        f"{type(mask).__name__} ({e})") from None
     if mask.dtype == torch.bool:
         return mask
     if mask.is_complex():

@@ -190,3 +190,16 @@ def test_cli_prints_the_validators_message_in_one_line(tmp_path, monkeypatch):
     assert re.fullmatch(r"pyro-seq: error: data fake: " + EXPECTED_TRAIN + r"; 12 non-binary "
                         r"values in all", info.value.code), info.value.code
     assert not out.exists()
+
+
+@pytest.mark.parametrize("value", [None, {"a": 1}, object(), "mask", [[1, 0], [1]]],
+                         ids=["none", "dict", "object", "str", "ragged"])
+def test_as_bool_mask_names_a_value_that_is_not_array_like(value):
+    # regression (found by tests/property): torch.as_tensor's RuntimeError "Could not infer
+    # dtype of NoneType" escaped, naming neither the argument nor the problem
+    from pyro_seq.validation import as_bool_mask
+
+    with pytest.raises(TypeError, match=r"^step_mask must be a bool tensor or an array-like of "
+                                        r"0 and 1, got " + type(value).__name__):
+        as_bool_mask(value, "step_mask")
+    assert torch.equal(as_bool_mask([1, 0.0], "step_mask"), torch.tensor([True, False]))

@@ -8,6 +8,7 @@ padding, and padded entries of ``x`` are zero.
 from __future__ import annotations
 
 import math
+import numbers
 from typing import Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
@@ -119,8 +120,11 @@ class SequenceLoader:
     ):
         if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
-        if bucket_batches < 1:
-            raise ValueError(f"bucket_batches must be >= 1, got {bucket_batches!r}")
+        if not isinstance(bucket_batches, int) or isinstance(bucket_batches, bool) \
+                or bucket_batches < 1:
+            raise ValueError(f"bucket_batches must be a positive int, got {bucket_batches!r}")
+        if not isinstance(seed, numbers.Integral) or isinstance(seed, bool) or seed < 0:
+            raise ValueError(f"seed must be a non-negative int, got {seed!r}")
         _check_seq_list(seqs)
         self.items: List[torch.Tensor] = (
             chunk_sequences(seqs, chunk_length) if chunk_length is not None else list(seqs)
@@ -153,6 +157,8 @@ class SequenceLoader:
         Returns:
             ``len(self)`` integer arrays, each of length ``<= batch_size``.
         """
+        if epoch < 0:
+            raise ValueError(f"epoch must be >= 0, got {epoch}")
         n = len(self.items)
         rng = np.random.Generator(np.random.PCG64([self.seed, int(epoch)]))
         order = rng.permutation(n) if self.shuffle else np.arange(n)

@@ -478,8 +478,10 @@ def safe_load(file: Union[str, os.PathLike, BinaryIO], *, encoding: str = "latin
 
     Raises:
         UnsafePickleError: the pickle names a global outside the admitted set (the message names
-            it), is malformed or claims sizes its bytes do not back, or the loaded graph holds a
-            refused type. Nothing named is imported or called.
+            it), is malformed (including opcodes that do not fit together, e.g. ``APPEND`` to a
+            dict, which the stock unpickler reports as AttributeError, TypeError, ...) or claims
+            sizes its bytes do not back, or the loaded graph holds a refused type. Nothing named
+            is imported or called.
     """
     if isinstance(file, (str, os.PathLike)):
         with open(file, "rb") as f:
@@ -493,7 +495,18 @@ def safe_load(file: Union[str, os.PathLike, BinaryIO], *, encoding: str = "latin
         file.seek(start + end)
     unpickler = RestrictedUnpickler(io.BytesIO(data[:end]) if end < len(data) else io.BytesIO(data),
                                     encoding=encoding, copy_budget=len(data))
-    return _resolve(unpickler.load())
+    try:
+        obj = unpickler.load()
+    except UnsafePickleError:
+        raise
+    except MemoryError:  # pragma: no cover - not a property of the file's format
+        raise
+    except Exception as e:  # opcodes that do not fit together: APPEND to a dict, no MARK, an
+        # unknown protocol or extension code, a call with the wrong arguments, deep nesting...
+        raise UnsafePickleError(
+            f"malformed pickle: {type(e).__name__}: {_short(str(e), 200)} (truncated or crafted "
+            "file); refused") from None
+    return _resolve(obj)
 
 
 def safe_loads(data: bytes, *, encoding: str = "latin1") -> Any:

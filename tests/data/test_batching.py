@@ -1,5 +1,6 @@
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -240,3 +241,28 @@ def test_validate_binary_ignores_padding_but_not_real_steps():
     with pytest.raises(ValueError, match=r"found 0.3.* at \(batch 1, step 1"):
         validate_sequences(x, mask, binary=True)
     validate_sequences(x, mask, binary=False)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(bucket_batches=2.5, sort_by_length=True),
+     r"bucket_batches must be a positive int, got 2\.5"),
+    (dict(bucket_batches="4"), r"bucket_batches must be a positive int, got '4'"),
+    (dict(seed=-1), r"seed must be a non-negative int, got -1"),
+    (dict(seed="abc"), r"seed must be a non-negative int, got 'abc'"),
+    (dict(seed=None), r"seed must be a non-negative int, got None"),
+])
+def test_bad_pool_size_and_seed_are_refused_at_construction(kwargs, message):
+    # regression (found by tests/property): bucket_batches=2.5 and seed=-1 were accepted and
+    # failed at the first iteration with numpy's "'float' object cannot be interpreted as an
+    # integer" / "expected non-negative integer"; seed="abc" gave int()'s message
+    with pytest.raises(ValueError, match=message):
+        SequenceLoader(_tagged(3), 2, **kwargs)
+    SequenceLoader(_tagged(3), 2, seed=np.int64(3), bucket_batches=1)  # numpy ints are fine
+
+
+def test_a_negative_epoch_is_refused_naming_it():
+    # regression: batches(-1) and batch_indices(-1) gave numpy's "expected non-negative integer"
+    loader = SequenceLoader(_tagged(3), 2)
+    for call in (loader.set_epoch, loader.batch_indices, lambda e: list(loader.batches(e))):
+        with pytest.raises(ValueError, match=r"^epoch must be >= 0, got -1$"):
+            call(-1)

@@ -355,3 +355,28 @@ def test_file_object_is_left_after_the_pickle():
     assert safe_load(f) == [1, 2]
     np.testing.assert_array_equal(safe_load(f), np.arange(2))
     assert f.read() == b""
+
+
+@pytest.mark.parametrize("data, cause", [
+    (b"}Na.", r"AttributeError: \"'dict' object has no attribute 'append'\""),  # APPEND to a dict
+    (b"dp0\n.", r"UnpicklingError: 'could not find MARK'"),
+    (b"(}]s.", r"UnpicklingError: 'unexpected MARK found'"),
+    (b"\x80\x52N.", r"ValueError: 'unsupported pickle protocol: 82'"),
+    (b"\x82\x01.", r"ValueError: 'unregistered extension code 1'"),                # EXT1
+    (b"cnumpy\ndtype\n)R.", r"TypeError: \"_safe_dtype\(\) missing 1 required positional"),
+    (b"(lp0\nI1\naI2\nag0\n\x85R.", r"TypeError: \"'list' object is not callable\""),
+], ids=["append_to_dict", "no_mark", "stray_mark", "protocol", "extension", "arguments",
+        "call_list"])
+def test_opcodes_that_do_not_fit_together_are_an_unsafe_pickle_error(tmp_path, data, cause):
+    # regression (found by tests/property): the C unpickler's AttributeError, TypeError,
+    # ValueError and bare UnpicklingError escaped safe_load (and load_piano_rolls), although
+    # its docstring promises UnsafePickleError for a malformed pickle
+    from pyro_seq.data import load_piano_rolls
+
+    match = r"^malformed pickle: " + cause + r".* \(truncated or crafted file\); refused$"
+    with pytest.raises(UnsafePickleError, match=match):
+        safe_loads(data)
+    path = tmp_path / "bad.pickle"
+    path.write_bytes(data)
+    with pytest.raises(UnsafePickleError, match=match):
+        load_piano_rolls(path)
