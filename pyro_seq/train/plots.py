@@ -11,7 +11,8 @@ def plot_history(history, path):
     """Training loss and validation bound (nats per step) against epochs, saved to ``path``."""
     epochs = [row["epoch"] for row in history]
     fig, ax = plt.subplots(figsize=(6, 4))
-    ax.plot(epochs, [-row["train_loss_per_step"] for row in history], label="train bound")
+    if "train_loss_per_step" in history[0]:
+        ax.plot(epochs, [-row["train_loss_per_step"] for row in history], label="train bound")
     if "valid_elbo_per_step" in history[0]:
         ax.plot(epochs, [row["valid_elbo_per_step"] for row in history], label="validation ELBO")
         ax2 = ax.twinx()

@@ -452,7 +452,7 @@ def _fit(model, train_sequences, valid_sequences, config, out_dir, resume, comm)
         lr = epoch_lr(epoch, config)
         if config.lr_schedule == "exponential":
             _set_lr(optim, lr)
-        total_loss, epoch_start = 0.0, time.time()
+        total_loss, epoch_start, num_batches = 0.0, time.time(), 0
         for x, mask in loader.batches(epoch):
             x, mask = comm.shard(x, mask)  # this rank's rows (all of them in one process)
             beta = kl_beta(global_step, config)
@@ -466,12 +466,15 @@ def _fit(model, train_sequences, valid_sequences, config, out_dir, resume, comm)
                     "lower the learning rate or raise min_scale")
             total_loss += step_loss
             global_step += 1
+            num_batches += 1
         if config.lr_schedule == "plateau":
             lr = _current_lr(optim, config.lr)  # the rate of this epoch's updates
         row = {"epoch": epoch + 1, "step": global_step, "beta": kl_beta(global_step, config),
-               "lr": lr * config.lrd ** global_step,
-               "train_loss_per_step": total_loss / loader.num_steps,
-               "seconds": time.time() - epoch_start}
+               "lr": lr * config.lrd ** global_step, "seconds": time.time() - epoch_start}
+        if energy:  # CD's step value is a monitor per visible element, not a loss per step
+            row["train_reconstruction_error"] = total_loss / max(num_batches, 1)
+        else:
+            row["train_loss_per_step"] = total_loss / loader.num_steps
         if valid_sequences and energy:  # CD has no bound: watch the pseudo-log-likelihood
             watched = _validation_bound(model, valid_sequences, comm, config.valid_batch_size,
                                         method="pseudo_likelihood")["per_step"]
@@ -513,7 +516,8 @@ def _fit(model, train_sequences, valid_sequences, config, out_dir, resume, comm)
             save_checkpoint(ckpt_path, model=model, optimizer=optim, epoch=epoch + 1,
                             global_step=global_step, history=history, extra=extra)
             _write_logs(out_dir, history)
-        postfix = {"loss/step": f"{row['train_loss_per_step']:.3f}"}
+        postfix = ({"recon": f"{row['train_reconstruction_error']:.4f}"} if energy else
+                   {"loss/step": f"{row['train_loss_per_step']:.3f}"})
         if valid_sequences and not energy:
             postfix.update({"val": f"{row['valid_elbo_per_step']:.3f}",
                             "KL": f"{row['valid_kl_per_step']:.3f}"})

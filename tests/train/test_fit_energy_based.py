@@ -20,6 +20,9 @@ def test_fit_rtrbm_with_cd(tmp_path):
     history = fit(model, train, valid, config, tmp_path)
     assert len(history) == 3
     assert all("valid_pll_per_step" in row and "valid_elbo_per_step" not in row for row in history)
+    # the CD monitor (mean squared reconstruction error per unit), not a loss per step
+    assert all(0 <= row["train_reconstruction_error"] <= 1 and "train_loss_per_step" not in row
+               for row in history)
     best = max(row["valid_pll_per_step"] for row in history)
     assert history.best_valid_elbo_per_step == best and history.restored_best
     pll = evaluate_bound(model, valid, method="pseudo_likelihood")
