@@ -1,9 +1,12 @@
 """Tests that run the tutorials in their short mode."""
 
+import json
 import os
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -20,3 +23,16 @@ def run_tutorial(name, out, timeout=600, unset=()):
                           env=env, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     return proc
+
+
+def tutorial_output_fixture(name, **kwargs):
+    """A module-scoped fixture that runs tutorial ``name`` once (``run_tutorial(name, out,
+    **kwargs)``) and gives ``(out, metrics)``, the folder and its ``metrics.json``."""
+
+    @pytest.fixture(scope="module")
+    def tutorial_output(tmp_path_factory):
+        out = tmp_path_factory.mktemp(name)
+        run_tutorial(name, out, **kwargs)
+        return out, json.loads((out / "metrics.json").read_text())
+
+    return tutorial_output

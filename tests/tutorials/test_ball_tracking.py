@@ -1,10 +1,8 @@
 """Run tutorials/ball_tracking.py in its short mode and check its figures and numbers."""
 
-import json
 
-import pytest
 
-from tests.tutorials import run_tutorial
+from tests.tutorials import tutorial_output_fixture
 
 FIGURES = [
     "fig3_3_filter_smoother.png",
@@ -15,11 +13,7 @@ FIGURES = [
 ]
 
 
-@pytest.fixture(scope="module")
-def tutorial_output(tmp_path_factory):
-    out = tmp_path_factory.mktemp("ball_tracking")
-    run_tutorial("ball_tracking", out, timeout=300)
-    return out, json.loads((out / "metrics.json").read_text())
+tutorial_output = tutorial_output_fixture("ball_tracking", timeout=300)
 
 
 def test_figures_written(tutorial_output):

@@ -1,19 +1,13 @@
 """Run tutorials/model_zoo.py in its short mode and check what it produces."""
 
-import json
 import math
 
-import pytest
 
-from tests.tutorials import run_tutorial
-
+from tests.tutorials import tutorial_output_fixture
 
 
-@pytest.fixture(scope="module")
-def tutorial_output(tmp_path_factory):
-    out = tmp_path_factory.mktemp("model_zoo")
-    run_tutorial("model_zoo", out)
-    return out, json.loads((out / "metrics.json").read_text())
+
+tutorial_output = tutorial_output_fixture("model_zoo")
 
 
 def test_every_model_and_objective_has_a_finite_test_bound(tutorial_output):

@@ -1,19 +1,13 @@
 """Run tutorials/polyphonic_music.py in its short mode and check what it produces."""
 
-import json
 
-import pytest
 
 from pyro_seq.data import midi_to_piano_roll
-from tests.tutorials import run_tutorial
+from tests.tutorials import tutorial_output_fixture
 
 
 
-@pytest.fixture(scope="module")
-def tutorial_output(tmp_path_factory):
-    out = tmp_path_factory.mktemp("polyphonic")
-    run_tutorial("polyphonic_music", out, unset=('PYRO_SEQ_JSB',))
-    return out, json.loads((out / "metrics.json").read_text())
+tutorial_output = tutorial_output_fixture("polyphonic_music", unset=('PYRO_SEQ_JSB',))
 
 
 def test_outputs_exist(tutorial_output):

@@ -1,18 +1,12 @@
 """Run tutorials/rbm_sequences.py in its short mode and check what it produces."""
 
-import json
 import math
 
-import pytest
 
-from tests.tutorials import run_tutorial
+from tests.tutorials import tutorial_output_fixture
 
 
-@pytest.fixture(scope="module")
-def tutorial_output(tmp_path_factory):
-    out = tmp_path_factory.mktemp("rbm_sequences")
-    run_tutorial("rbm_sequences", out)
-    return out, json.loads((out / "metrics.json").read_text())
+tutorial_output = tutorial_output_fixture("rbm_sequences")
 
 
 def test_rtrbm_likelihood_and_samples(tutorial_output):
