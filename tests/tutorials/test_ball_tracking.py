@@ -1,7 +1,5 @@
 """Run tutorials/ball_tracking.py in its short mode and check its figures and numbers."""
 
-
-
 from tests.tutorials import tutorial_output_fixture
 
 FIGURES = [

@@ -2,9 +2,7 @@
 
 import math
 
-
 from tests.tutorials import tutorial_output_fixture
-
 
 
 tutorial_output = tutorial_output_fixture("model_zoo")

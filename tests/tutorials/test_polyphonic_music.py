@@ -6,7 +6,6 @@ from pyro_seq.data import midi_to_piano_roll
 from tests.tutorials import tutorial_output_fixture
 
 
-
 tutorial_output = tutorial_output_fixture("polyphonic_music", unset=('PYRO_SEQ_JSB',))
 
 

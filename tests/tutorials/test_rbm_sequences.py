@@ -2,7 +2,6 @@
 
 import math
 
-
 from tests.tutorials import tutorial_output_fixture
 
 
