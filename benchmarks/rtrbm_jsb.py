@@ -70,6 +70,11 @@ def main(argv=None):
     p.add_argument("--ais-chains", type=int, default=100)
     p.add_argument("--ais-betas", type=int, default=1000)
     p.add_argument("--time-limit", type=float, default=None, help="seconds for this invocation")
+    p.add_argument("--eval-only", action="store_true", help="score the saved best weights only")
+    p.add_argument("--weights-from", default=None,
+                   help="with --eval-only: the tag whose checkpoints to score ('' for none)")
+    p.add_argument("--test-sequences", type=int, default=None,
+                   help="score only the first N test sequences (a quicker, partial estimate)")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--tag", default="")
     args = p.parse_args(argv)
@@ -94,22 +99,33 @@ def main(argv=None):
                 if remaining <= 0:
                     print("time limit reached; run again to resume")
                     break
-            out = ROOT / "benchmarks" / "checkpoints" / name / f"{data_name}_{model_name}"
+            folder = name
+            if args.eval_only and args.weights_from is not None:
+                folder = "rtrbm_jsb" + (f"_{args.weights_from}" if args.weights_from else "")
+            out = ROOT / "benchmarks" / "checkpoints" / folder / f"{data_name}_{model_name}"
             torch.manual_seed(0)
             model = build(model_name, args.hidden)
             config = TrainConfig(epochs=args.epochs, batch_size=args.batch_size, objective="cd",
                                  cd_steps=args.cd_steps, lr=args.lr, seed=0, time_limit=remaining,
                                  num_threads=args.threads, progress=True)
-            history = fit(model, data["train"], data["valid"], config, out)
+            if args.eval_only:
+                from pyro_seq.train.trainer import TrainHistory
+                history = TrainHistory(json.loads((out / "log.json").read_text()))
+                history.best_epoch = max(history, key=lambda r: r["valid_bound_per_step"])["epoch"]
+                history.best_valid_elbo_per_step = max(r["valid_bound_per_step"] for r in history)
+            else:
+                history = fit(model, data["train"], data["valid"], config, out)
             if history.stop_reason == "time_limit":
                 print(f"{data_name}/{model_name}: time limit; run again to resume")
                 break
             model.load_state_dict(load_weights(out / "best.pt"))
             torch.manual_seed(0)
             t0 = time.perf_counter()
-            test = evaluate_bound(model, data["test"], batch_size=8, method="ais",
+            test_seqs = data["test"][:args.test_sequences] if args.test_sequences else data["test"]
+            test = evaluate_bound(model, test_seqs, batch_size=8, method="ais",
                                   num_particles=args.ais_chains, num_betas=args.ais_betas)
             run = {"test_loglik_per_step": test["per_step"],
+                   "test_sequences": len(test_seqs), "test_steps": test["num_steps"],
                    "test_stderr_per_step": test["stderr_per_step"],
                    "ais_seconds": time.perf_counter() - t0,
                    "target_met": test["per_step"] >= TARGET if data_name == "jsb" else None,

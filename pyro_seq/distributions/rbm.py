@@ -574,19 +574,23 @@ class RBM(EnergyBasedDistribution):
             raise ValueError(f"base_visible_bias must end in {tuple(self.event_shape)}")
         shape = torch.Size([num_chains]) + self.batch_shape
 
-        def log_f(v, beta):
-            # the weights (1 - beta) + beta = 1 keep the base measure log m(v) counted once
-            potential = self._sum_units((1 - beta) * self._unit_log_potential(v, c0)
-                                        + beta * self._unit_log_potential(v, self.visible_bias))
-            return potential + F.softplus(beta * self.hidden_input(v)).sum(-1)
+        def log_f_difference(v, beta, beta_prev):
+            """log f_beta(v) - log f_beta_prev(v), and the hidden input b + W v (reused)."""
+            x = self.hidden_input(v)
+            # the weights (1 - beta) + beta = 1 keep the base measure log m(v) out of the difference
+            visible = self._sum_units(self._unit_log_potential(v, self.visible_bias)
+                                      - self._unit_log_potential(v, c0))
+            hidden = (F.softplus(beta * x) - F.softplus(beta_prev * x)).sum(-1)
+            return (beta - beta_prev) * visible + hidden, x
 
         v = self._sample_units(c0.expand(shape + self.event_shape))
         log_w = torch.zeros(shape, dtype=dtype, device=device)
         for k in range(1, betas.numel()):
             beta_prev, beta = betas[k - 1], betas[k]
-            log_w = log_w + log_f(v, beta) - log_f(v, beta_prev)
+            step, x = log_f_difference(v, beta, beta_prev)
+            log_w = log_w + step
             if k < betas.numel() - 1:  # one Gibbs transition that leaves p_beta invariant
-                h = torch.bernoulli(torch.sigmoid(beta * self.hidden_input(v)))
+                h = torch.bernoulli(torch.sigmoid(beta * x))
                 a = (1 - beta) * c0 + beta * self.visible_input(h)
                 v = self._sample_units(a)
         log_z0 = (self.num_hidden * math.log(2.0)
