@@ -66,7 +66,7 @@ def main(argv=None):
     p.add_argument("--cd-steps", type=int, default=15)
     p.add_argument("--epochs", type=int, default=200)
     p.add_argument("--batch-size", type=int, default=16)
-    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--lr", type=float, default=0.01)
     p.add_argument("--ais-chains", type=int, default=100)
     p.add_argument("--ais-betas", type=int, default=1000)
     p.add_argument("--time-limit", type=float, default=None, help="seconds for this invocation")
