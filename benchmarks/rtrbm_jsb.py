@@ -75,6 +75,9 @@ def main(argv=None):
                    help="with --eval-only: the tag whose checkpoints to score ('' for none)")
     p.add_argument("--test-sequences", type=int, default=None,
                    help="score only the first N test sequences (a quicker, partial estimate)")
+    p.add_argument("--test-slice", default=None, metavar="START:STOP",
+                   help="score test sequences START..STOP-1 only (to split the AIS over "
+                        "processes; the result records total log-likelihood and steps)")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--tag", default="")
     args = p.parse_args(argv)
@@ -122,10 +125,14 @@ def main(argv=None):
             torch.manual_seed(0)
             t0 = time.perf_counter()
             test_seqs = data["test"][:args.test_sequences] if args.test_sequences else data["test"]
+            if args.test_slice:
+                start, stop = (int(v) for v in args.test_slice.split(":"))
+                test_seqs = data["test"][start:stop]
             test = evaluate_bound(model, test_seqs, batch_size=8, method="ais",
                                   num_particles=args.ais_chains, num_betas=args.ais_betas)
             run = {"test_loglik_per_step": test["per_step"],
                    "test_sequences": len(test_seqs), "test_steps": test["num_steps"],
+                   "test_total_loglik": test["total"], "test_slice": args.test_slice,
                    "test_stderr_per_step": test["stderr_per_step"],
                    "ais_seconds": time.perf_counter() - t0,
                    "target_met": test["per_step"] >= TARGET if data_name == "jsb" else None,
