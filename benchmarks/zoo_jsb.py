@@ -2,7 +2,8 @@
 
 Each cell trains one architecture with one objective through :func:`pyro_seq.train.fit` into
 its own checkpoint folder ``benchmarks/checkpoints/zoo_jsb[_<tag>]/<model>_<objective>``, for at
-most ``--budget`` seconds of training in total (the sum of the epoch times in its log, so the
+most ``--budget`` seconds of training in total (the sum of the epoch times in its log, validation
+excluded, so that a FIVO cell's costlier validation bound does not eat its budget, and the
 budget holds across invocations: run the same command again to resume every unfinished cell).
 Then the best-validation weights are scored on the test set by the same estimator for every
 cell (IWAE with ``--eval-particles`` particles by default, or SMC), and, in generation mode (not
@@ -144,7 +145,8 @@ def main(argv=None):
         model = MODELS[model_name](args.small, D, **em)
         config = TrainConfig(epochs=args.epochs, batch_size=16, objective=objective,
                              num_particles=args.particles, seed=0, num_threads=args.threads,
-                             time_limit=max(args.budget - used, 1.0), progress=False)
+                             time_limit=max(args.budget - used, 1.0), time_limit_counts="training",
+                             progress=False)
         if used < args.budget:
             fit(model, data["train"], data["valid"], config, out)
         used, rows = used_seconds(out)

@@ -200,6 +200,28 @@ def test_schedule_and_early_stopping_wait_for_the_end_of_kl_annealing(tmp_path, 
     assert len(history) == 4 and [row["lr"] for row in history] == [0.01, 0.01, 0.005, 0.0025]
 
 
+def test_time_limit_counts_wall_or_training_seconds(tmp_path, monkeypatch):
+    """A slow validation (0.6 s per epoch) stops a 1-s wall-clock limit after epoch 2, but not a
+    1-s limit on training seconds (three tiny epochs train in well under a second)."""
+    import time as _time
+
+    def slow_bound(*args, **kwargs):
+        _time.sleep(0.6)
+        return {"per_step": -5.0, "kl_per_step": 0.0}
+
+    monkeypatch.setattr(trainer_module, "evaluate_bound", slow_bound)
+    common = dict(epochs=3, batch_size=4, lr=0.01, time_limit=1.0, progress=False)
+    wall = fit(tiny_srnn(), toy_sequences(8), toy_sequences(3, seed=1), TrainConfig(**common),
+               tmp_path / "wall")
+    assert len(wall) == 2 and wall.stop_reason == "time_limit"
+    training = fit(tiny_srnn(), toy_sequences(8), toy_sequences(3, seed=1),
+                   TrainConfig(time_limit_counts="training", **common), tmp_path / "training")
+    assert sum(r["seconds"] for r in training) < 1.0
+    assert len(training) == 3 and training.stop_reason == "epochs"
+    with pytest.raises(ValueError, match="time_limit_counts"):
+        TrainConfig(time_limit_counts="cpu").validate()
+
+
 def test_early_stopping(tmp_path):
     history = fit(tiny_srnn(), toy_sequences(8), toy_sequences(3, seed=1),
                   TrainConfig(epochs=50, batch_size=4, lr=1e-9, patience=1, progress=False), tmp_path)
