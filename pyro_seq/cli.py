@@ -133,10 +133,12 @@ def cmd_train(args):
            "train": {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(config).items()}}
     torch.manual_seed(args.seed)
     model = build_model(args.model, obs_dim, options)
-    if getattr(model, "energy_based", False) != (args.objective == "cd"):
-        raise SystemExit(f"pyro-seq: error: --model {args.model} needs "
-                         f"{'--objective cd' if args.objective != 'cd' else 'an ELBO-type objective'}"
-                         f" (contrastive divergence trains the energy-based models only)")
+    from pyro_seq.train.objectives import check_objective
+
+    try:
+        check_objective(model, args.objective)
+    except ValueError as e:
+        raise SystemExit(f"pyro-seq: error: {e}") from None
     _check_data(data, model, args.data)  # before anything is written to --out
     cfg_path = out_dir / "config.json"
     if cfg_path.exists() and not args.restart:

@@ -9,6 +9,16 @@ OBJECTIVES = ("elbo", "meanfield", "iwae", "fivo")  #: for latent-variable model
 ENERGY_OBJECTIVES = ("cd",)  #: for energy-based models (RTRBM)
 
 
+def check_objective(model, objective):
+    """Refuse an objective that does not fit the kind of ``model`` (ValueError): energy-based
+    models (``model.energy_based``, e.g. RTRBM) train with ``"cd"`` only, latent-variable models
+    with the ELBO-type objectives only."""
+    if getattr(model, "energy_based", False) != (objective == "cd"):
+        raise ValueError(f"objective {objective!r} does not fit {type(model).__name__}: "
+                         "energy-based models (RTRBM) train with objective cd (contrastive "
+                         "divergence), latent-variable models with elbo, meanfield, iwae or fivo")
+
+
 def make_objective(name, num_particles=1, free_bits=0.0, cd_steps=1, **kwargs):
     """Build the ELBO object for ``name``.
 

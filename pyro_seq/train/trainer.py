@@ -79,7 +79,7 @@ from pyro_seq.train.checkpoint import (load_checkpoint, load_weights, restore, s
                                        save_weights)
 from pyro_seq.train.distributed import AllReduceGradients, SingleProcess
 from pyro_seq.train.evaluate import evaluate_bound, model_dtype
-from pyro_seq.train.objectives import make_objective
+from pyro_seq.train.objectives import check_objective, make_objective
 from pyro_seq.validation import validate_sequence_list
 
 #: The validation bound watched by early stopping, the plateau schedule and ``best.pt`` when
@@ -365,6 +365,7 @@ def fit(model, train_sequences, valid_sequences, config, out_dir, resume=True):
     generator seeded with ``(config.seed, epoch)``).
     """
     config.validate()
+    check_objective(model, config.objective)  # before anything is spawned or written
     # the package's one validator, on every sequence before anything is written or trained
     validate_sequence_list(train_sequences, model.obs_dim, model.binary_observations, "train")
     if valid_sequences:
@@ -402,10 +403,6 @@ def _fit(model, train_sequences, valid_sequences, config, out_dir, resume, comm)
     loader = SequenceLoader(train_sequences, config.batch_size, shuffle=True, seed=config.seed,
                             chunk_length=config.chunk_length, dtype=model_dtype(model))
     energy = getattr(model, "energy_based", False)
-    if energy != (config.objective == "cd"):
-        raise ValueError(f"objective {config.objective!r} does not fit {type(model).__name__}: "
-                         "energy-based models (RTRBM) train with 'cd' (contrastive divergence), "
-                         "latent-variable models with 'elbo', 'meanfield', 'iwae' or 'fivo'")
     optim = make_optimizer(config)
     loss = make_objective(config.objective, config.num_particles, config.free_bits,
                           cd_steps=config.cd_steps)
