@@ -69,7 +69,9 @@ Numerics
   factor of Sigma_{t+1|t}, and the smoothed covariances follow
   ``Sigma_{t|T} = (Sigma_t - J A Sigma_t) + J Sigma_{t+1|T} J^T``. A predicted covariance
   Sigma_{t+1|t} that is singular to working precision (singular Q with a singular A or
-  initial covariance, e.g. a deterministic component) is never inverted: there J is the
+  initial covariance, e.g. a deterministic component; precision relative to the largest
+  predicted covariance up to t + 1, whose rounding a Schur complement inherits) is never
+  inverted: there J is the
   minimum-norm solution of J Sigma_{t+1|t} = Sigma_t A^T (pseudo-inverse on its range,
   exact since Sigma_t A^T vanishes on its null space; see ``_psd_solve``). Values are
   exact there; gradients of smoothed quantities along perturbations that change the rank
@@ -689,20 +691,35 @@ def _jitter_cholesky(M: Tensor, what: str, hint: str = "") -> Tensor:
     return L
 
 
-def _psd_cholesky(P: Tensor, what: str):
+def _rounding_scale(predicted_covs: Tensor) -> Tensor:
+    """Largest entry of Sigma_{s|s-1} over s <= t, per step: (..., T, n, n) -> (..., T).
+
+    A computed Sigma_{t|t-1} carries rounding of the largest covariance it descends from (a
+    filtered covariance is the Schur complement P - W^T W of its prior P), which can be far
+    above eps times its own size: a rank-one prior 1e4 v v^T leaves entries of ~1e4 eps
+    where the exact Sigma_{t+1|t} is singular and of size 1e-2."""
+    m = predicted_covs.detach().abs().amax((-2, -1))
+    return torch.cummax(m, dim=-1).values
+
+
+def _psd_cholesky(P: Tensor, what: str, scale: Optional[Tensor] = None):
     """Cholesky factors of symmetric PSD matrices P (..., n, n) that may be singular.
 
     Returns ``(L, deficient)``. ``deficient`` (bool ``(...)``) marks the matrices that are
     rank-deficient to working precision: Cholesky fails or a pivot l_ii^2 is at most
-    10 n eps max_i P_ii (the size of its rounding error); it is None when there are none
-    (the common case, which costs one Cholesky and one reduction). L is the Cholesky
+    10 n eps max(max_i P_ii, scale) (the size of its rounding error; ``scale`` (...), the
+    magnitude P was computed from, see :func:`_rounding_scale`); it is None when there are
+    none (the common case, which costs one Cholesky and one reduction). L is the Cholesky
     factor of P where not deficient and of I where deficient.
     """
     L, info = torch.linalg.cholesky_ex(P)
     n = P.shape[-1]
     tol = 10.0 * n * torch.finfo(P.dtype).eps
     d2 = L.diagonal(dim1=-2, dim2=-1).detach().pow(2).amin(-1)
-    deficient = (info != 0) | ~(d2 > tol * P.detach().diagonal(dim1=-2, dim2=-1).amax(-1))
+    size = P.detach().diagonal(dim1=-2, dim2=-1).amax(-1)
+    if scale is not None:
+        size = torch.maximum(size, scale)
+    deficient = (info != 0) | ~(d2 > tol * size)
     if not bool(deficient.any()):
         return L, None
     if not bool(torch.isfinite(P).all()):
@@ -711,7 +728,8 @@ def _psd_cholesky(P: Tensor, what: str):
     return torch.linalg.cholesky(torch.where(deficient[..., None, None], eye, P)), deficient
 
 
-def _psd_solve(P: Tensor, X: Tensor, what: str, factor=None) -> Tensor:
+def _psd_solve(P: Tensor, X: Tensor, what: str, factor=None,
+               scale: Optional[Tensor] = None) -> Tensor:
     """Y = P^+ X for symmetric positive semi-definite P (..., n, n), X (..., n, k).
 
     When range(X) lies in range(P), as for the RTS gain system
@@ -722,14 +740,20 @@ def _psd_solve(P: Tensor, X: Tensor, what: str, factor=None) -> Tensor:
     Rank-deficient P (see :func:`_psd_cholesky`): the pseudo-inverse by the symmetric
     eigendecomposition, eigenvalues below 10 n eps of the largest treated as 0 (its gradient
     is the constant-rank pseudo-inverse derivative, finite); a singular P is never
-    inverted. ``factor``: the result of ``_psd_cholesky(P)`` when already computed.
-    ``ValueError`` if P is not PSD (an eigenvalue below -10 n eps of the largest)."""
-    L, deficient = factor if factor is not None else _psd_cholesky(P, what)
+    inverted; ``scale`` as for :func:`_psd_cholesky` (eigenvalues up to 10 n eps scale are
+    rounding too). ``factor``: the result of ``_psd_cholesky(P, what, scale)`` when already
+    computed.
+    Eigenvalues within 10 times the size of the most negative one of 0 are rounding and are
+    treated as 0 (see the comment in the code). ``ValueError`` naming the batch index if P is
+    not PSD (an eigenvalue below -1e-6 times the largest)."""
+    L, deficient = factor if factor is not None else _psd_cholesky(P, what, scale)
     if X.shape[:-2] != L.shape[:-2]:
         shape = _broadcast_shapes(X.shape[:-2], L.shape[:-2])
         X, L = X.expand(shape + X.shape[-2:]), L.expand(shape + L.shape[-2:])
         if deficient is not None:
             P, deficient = P.expand(shape + P.shape[-2:]), deficient.expand(shape)
+            if scale is not None:
+                scale = scale.expand(shape)
     Y = torch.cholesky_solve(X, L)
     if deficient is None:
         return Y
@@ -737,13 +761,29 @@ def _psd_solve(P: Tensor, X: Tensor, what: str, factor=None) -> Tensor:
     tol = 10.0 * n * torch.finfo(P.dtype).eps
     Pd = torch.where(deficient[..., None, None], P, torch.eye(n, dtype=P.dtype, device=P.device))
     w = torch.linalg.eigvalsh(Pd.detach())
-    if bool((w[..., 0] < -tol * w[..., -1].abs()).any()):
+    top = w[..., -1].abs().clamp_min(torch.finfo(P.dtype).tiny)
+    bad = w[..., 0] < -_PSD_ROUNDING * top
+    if bool(bad.any()):
+        first = tuple(int(i) for i in bad.nonzero()[0])
         raise ValueError(
-            f"{what} is not positive semi-definite (smallest eigenvalue "
-            f"{float(w[..., 0].min()):.3g}); check the covariances"
+            f"{what} is not positive semi-definite{_batch_index(bad)} (smallest eigenvalue "
+            f"{float(w[first][0]):.3g}, largest {float(w[first][-1]):.3g}); check the covariances"
         )
-    Yp = torch.linalg.pinv(Pd, rtol=tol, hermitian=True) @ X
+    # A computed Sigma_{t+1|t} carries rounding of the scale it was computed from (e.g. a
+    # Schur complement of a much larger prior covariance), which can exceed tol times its own
+    # largest eigenvalue: its negative eigenvalues measure that rounding, so every eigenvalue
+    # within 10 times their size of 0 is treated as 0 (never inverted, whatever its sign).
+    noise = (-w[..., 0]).clamp_min(0.0)
+    rtol = torch.maximum(torch.full_like(top, tol), 10.0 * noise / top)
+    if scale is not None:
+        rtol = torch.maximum(rtol, tol * scale / top)
+    Yp = torch.linalg.pinv(Pd, rtol=rtol, hermitian=True) @ X
     return torch.where(deficient[..., None, None], Yp, Y)
+
+
+#: A rank-deficient matrix that must be PSD is refused when its smallest eigenvalue is below
+#: ``-_PSD_ROUNDING`` times its largest: far beyond rounding even of a computed Schur complement.
+_PSD_ROUNDING = 1e-6
 
 
 def _gain(P: Tensor, C: Tensor, R: Tensor):
@@ -1123,7 +1163,8 @@ def _backward_coefficients(mdl: _Model, f: KalmanFilterResult):
     Q = _slice_time(mdl.Q, 1, None, 2)
     Sig = f.covs[..., :-1, :, :]
     J = _psd_solve(f.predicted_covs[..., 1:, :, :], A @ Sig,
-                   "predicted covariance Sigma_{t+1|t}").mT
+                   "predicted covariance Sigma_{t+1|t}",
+                   scale=_rounding_scale(f.predicted_covs)[..., 1:]).mT
     IJA = torch.eye(S, dtype=J.dtype, device=J.device) - J @ A
     Pc = _sym(IJA @ Sig @ IJA.mT + J @ Q @ J.mT)
     h = f.means[..., :-1, :] - _mv(J, f.predicted_means[..., 1:, :])
@@ -1159,7 +1200,8 @@ def _smoother_coefficients(mdl: _Model, f: KalmanFilterResult, ASig: Optional[Te
     Sig = f.covs[..., :u, :, :]
     P = f.predicted_covs[..., 1:u + 1, :, :]
     what = "predicted covariance Sigma_{t+1|t}"
-    Lp, deficient = factor = _psd_cholesky(P, what)
+    scale = _rounding_scale(f.predicted_covs[..., :u + 1, :, :])[..., 1:]
+    Lp, deficient = factor = _psd_cholesky(P, what, scale)
     if ASig is None:
         ASig = _a_sigma(mdl, Sig)
     else:
@@ -1170,7 +1212,7 @@ def _smoother_coefficients(mdl: _Model, f: KalmanFilterResult, ASig: Optional[Te
         J = _tri_solve_lower_T(Lp, G).mT
         Pc = _sym(_addmm(Sig, G.mT, G, alpha=-1.0))
     else:
-        J = _repeat_last(_psd_solve(P, ASig, what, factor).mT, T1, -3)
+        J = _repeat_last(_psd_solve(P, ASig, what, factor, scale).mT, T1, -3)
         if backward_covs:  # rank-deficient Sigma_{t+1|t}: Pc = Sigma_t - J_t A_{t+1} Sigma_t
             Pc = _sym(_addmm(Sig, J, ASig, alpha=-1.0))
     h = f.means[..., :-1, :] - _mv(J, f.predicted_means[..., 1:, :])

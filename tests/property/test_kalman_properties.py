@@ -6,8 +6,10 @@ observation matrices, optional controls, time-varying noise and per-element miss
 
 * filtered and smoothed covariances are exactly symmetric and positive semi-definite (to
   rounding of their largest eigenvalue); filtered ones also for singular (PSD) initial and
-  transition covariances, which are accepted (smoothing such models is ill-conditioned, as
-  the module docstring of :mod:`pyro_seq.ops.kalman` says, and is left out);
+  transition covariances, which are accepted;
+* smoothed means of singular models equal the dense reference (this found the smoother
+  refusing, or silently inverting rounding, where a large singular prior leaves rounding in
+  a singular Sigma_{t+1|t}: tests/ops/test_kalman_singular.py has the regression);
 * ``log_prob`` equals the dense joint-Gaussian reference of ``tests/dense_gaussian.py`` within a
   tolerance proportional to the condition number of the observations' covariance;
 * smoothing never increases a marginal variance over filtering;
@@ -24,7 +26,7 @@ from hypothesis import strategies as st
 
 from pyro_seq.distributions import LinearGaussianSSM
 from pyro_seq.ops.kalman import kalman_filter, kalman_smoother
-from tests.dense_gaussian import dense_lgssm, log_marginal, observed_index
+from tests.dense_gaussian import condition_z, dense_lgssm, log_marginal, observed_index
 
 from .support import assert_finite, expect_documented
 
@@ -181,6 +183,23 @@ def test_smoothed_covariances_are_psd_and_smoothing_never_increases_variance(mod
     # the filter alone gives the same filtered moments
     alone = kalman_filter(x, **params, mask=mask, method=method)
     assert torch.allclose(alone.covs, f.covs, rtol=1e-9, atol=1e-12 * float(scale.max()))
+
+
+@given(models(singular=True), METHODS)
+def test_smoothing_singular_models_matches_the_dense_reference(model, method):
+    # Singular P0 / Q (exact zero eigenvalues) next to eigenvalues up to 1e6: the RTS gain
+    # solves with a singular Sigma_{t+1|t}. T <= 6 keeps the backward amplification of a
+    # contracting noise-free direction (module docstring of pyro_seq.ops.kalman) small.
+    # Measured over 600 derandomised examples: max relative error 7.4e-7 (median 2e-16);
+    # before the fix 1% refused and one 1.6e59.
+    params, x, mask, T = model
+    sm = kalman_smoother(x, **params, mask=mask, method=method)
+    dense = _dense(params, T)
+    mean, _ = condition_z(dense, x, observed_index(dense, mask))
+    assert_finite("smoothed means", sm.means)
+    assert_finite("smoothed covs", sm.covs)
+    err = float((sm.means - mean).abs().max())
+    assert err <= 1e-5 * float(mean.abs().max()) + 1e-12, (err, float(mean.abs().max()))
 
 
 @given(models())
