@@ -14,8 +14,27 @@ from typing import Optional, Tuple
 
 import torch
 
-__all__ = ["as_bool_mask", "prepare_sequences", "validate_sequences", "validate_mask", "validate_observed",
-           "validate_sequence_list"]
+__all__ = ["as_bool_mask", "positive_int", "prepare_sequences", "validate_sequences", "validate_mask",
+           "validate_observed", "validate_sequence_list"]
+
+
+def positive_int(name: str, value, optional: bool = False) -> Optional[int]:
+    """``value`` as an ``int`` if it is a whole number >= 1 (``3`` or ``3.0``; not ``True``).
+
+    :param str name: the argument's name, for the message.
+    :param bool optional: accept ``None`` (returned as ``None``).
+    :raises ValueError: ``"<name> must be a positive integer, got <value>"`` for anything else
+        (0, negatives, fractions, booleans, strings, NaN).
+    """
+    if value is None and optional:
+        return None
+    if not isinstance(value, (bool, str, bytes)):
+        try:
+            if float(value) == int(value) and int(value) >= 1:
+                return int(value)
+        except (TypeError, ValueError, OverflowError):
+            pass
+    raise ValueError(f"{name} must be a positive integer, got {value!r}")
 
 
 def _first(index_mask: torch.Tensor) -> Tuple[int, ...]:

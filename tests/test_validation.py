@@ -203,3 +203,28 @@ def test_as_bool_mask_names_a_value_that_is_not_array_like(value):
                                         r"0 and 1, got " + type(value).__name__):
         as_bool_mask(value, "step_mask")
     assert torch.equal(as_bool_mask([1, 0.0], "step_mask"), torch.tensor([True, False]))
+
+
+@pytest.mark.parametrize("value, expected", [(1, 1), (7, 7), (3.0, 3), (torch.tensor(4), 4)])
+def test_positive_int_accepts_whole_numbers(value, expected):
+    from pyro_seq.validation import positive_int
+
+    assert positive_int("k", value) == expected
+    assert type(positive_int("k", value)) is int
+
+
+@pytest.mark.parametrize("value", [0, -3, 2.5, True, False, "3", None, float("nan"), float("inf")])
+def test_positive_int_refuses_the_rest_by_name(value):
+    from pyro_seq.validation import positive_int
+
+    with pytest.raises(ValueError, match=r"^k must be a positive integer, got "):
+        positive_int("k", value)
+    assert positive_int("k", None, optional=True) is None
+
+
+def test_fractional_obs_dim_is_refused_not_truncated():
+    # regression: SequenceModel(2.5) used to become a 2-dimensional model silently
+    from pyro_seq.models import SRNN
+
+    with pytest.raises(ValueError, match="obs_dim must be a positive integer, got 2.5"):
+        SRNN(2.5)

@@ -23,7 +23,7 @@ from pyro_seq.infer.fivo import FIVO
 from pyro_seq.infer.iwae import IWAE
 from pyro_seq.ops.padding import pad_sequences
 from pyro_seq.ops.resampling import DEFAULT_RESAMPLING
-from pyro_seq.validation import validate_sequences
+from pyro_seq.validation import positive_int, validate_sequences
 
 __all__ = ["LikelihoodEstimate", "estimate_log_likelihood"]
 
@@ -134,9 +134,9 @@ def estimate_log_likelihood(model, guide, data, method="iwae", num_particles=100
     """
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
-    if int(num_particles) != num_particles or num_particles < 1:
-        raise ValueError(f"num_particles must be a positive integer, got {num_particles}")
-    num_particles = int(num_particles)
+    num_particles = positive_int("num_particles", num_particles)
+    batch_size = positive_int("batch_size", batch_size, optional=True)
+    particles_per_pass = positive_int("particles_per_pass", particles_per_pass, optional=True)
     estimates, lengths = [], []
     with torch.no_grad():
         for x, mask in _batches(data, batch_size):

@@ -72,7 +72,7 @@ from pyro_seq.ops.resampling import (
     resample,
 )
 from pyro_seq.ops.state import SequenceState
-from pyro_seq.validation import prepare_sequences
+from pyro_seq.validation import positive_int, prepare_sequences
 
 __all__ = ["FIVO"]
 
@@ -211,8 +211,7 @@ class FIVO(LogZBound):
     def __init__(self, num_particles=4, resample="ess", ess_threshold=0.5,
                  resampling=DEFAULT_RESAMPLING, max_plate_nesting=1, generator=None,
                  vectorize_particles=True, **kwargs):
-        if int(num_particles) != num_particles or num_particles < 1:
-            raise ValueError(f"num_particles must be a positive integer, got {num_particles}")
+        num_particles = positive_int("num_particles", num_particles)
         _check_resampling_args(resample, ess_threshold, resampling, where="FIVO")
         if max_plate_nesting == float("inf") or int(max_plate_nesting) < 1:
             raise ValueError("FIVO needs a finite max_plate_nesting >= 1 (the batch plate)")

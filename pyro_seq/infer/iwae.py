@@ -116,6 +116,7 @@ from pyro.util import check_if_enumerated, warn_if_nan
 
 from pyro_seq.infer.log_z_bound import LogZBound
 from pyro_seq.ops.resampling import log_mean_exp
+from pyro_seq.validation import positive_int
 
 __all__ = ["IWAE"]
 
@@ -376,8 +377,7 @@ class IWAE(LogZBound):
 
     def __init__(self, num_particles=2, vectorize_particles=True, max_plate_nesting=float("inf"),
                  gradient_estimator="standard", score_baseline="vimco", **kwargs):
-        if int(num_particles) != num_particles or num_particles < 1:
-            raise ValueError(f"num_particles must be a positive integer, got {num_particles}")
+        num_particles = positive_int("num_particles", num_particles)
         if gradient_estimator not in GRADIENT_ESTIMATORS:
             raise ValueError(
                 f"gradient_estimator must be one of {GRADIENT_ESTIMATORS}, got {gradient_estimator!r}"

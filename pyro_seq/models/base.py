@@ -60,7 +60,7 @@ from pyro.poutine.runtime import _PYRO_STACK
 from pyro_seq.distributions.scored_value import ScoredValue
 from pyro_seq.models.emission import ObservedElements
 from pyro_seq.ops.state import SequenceState
-from pyro_seq.validation import prepare_sequences, validate_mask, validate_sequences
+from pyro_seq.validation import positive_int, prepare_sequences, validate_mask, validate_sequences
 
 
 #: Alias of :func:`pyro_seq.validation.validate_sequences`, the package's one validator.
@@ -289,9 +289,7 @@ class SequenceModel(nn.Module):
 
     def __init__(self, obs_dim):
         super().__init__()
-        if int(obs_dim) <= 0:
-            raise ValueError(f"obs_dim must be a positive integer, got {obs_dim}")
-        self.obs_dim = int(obs_dim)
+        self.obs_dim = positive_int("obs_dim", obs_dim)
         self.model = StepProgram(self, "model")
         self.guide = StepProgram(self, "guide")
 

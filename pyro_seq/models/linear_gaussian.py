@@ -44,6 +44,7 @@ import torch.nn.functional as F
 
 from pyro_seq.models.base import SequenceModel, check_sequences
 from pyro_seq.ops.kalman import _sym, covariance_problem, kalman_filter
+from pyro_seq.validation import positive_int
 
 __all__ = ["LinearGaussianSequenceModel"]
 
@@ -83,9 +84,7 @@ class LinearGaussianSequenceModel(SequenceModel):
     def __init__(self, obs_dim, state_dim, A=None, C=None, Q=None, R=None, init_loc=None,
                  init_cov=None, learnable=True, guide="smoothing", jitter=0.0):
         super().__init__(obs_dim)
-        S, D = int(state_dim), self.obs_dim
-        if S <= 0:
-            raise ValueError(f"state_dim must be a positive integer, got {state_dim}")
+        S, D = positive_int("state_dim", state_dim), self.obs_dim
         if guide not in GUIDES:
             raise ValueError(f"guide must be one of {GUIDES}, got {guide!r}")
         self.state_dim, self.guide_type, self.jitter = S, guide, float(jitter)

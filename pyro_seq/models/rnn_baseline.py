@@ -30,7 +30,7 @@ from pyro_seq.models.emission import make_emission, stack_params
 from pyro_seq.models.base import shift_right
 from pyro_seq.nn import ForwardRNN
 from pyro_seq.nn.recurrent import RNN_CELLS
-from pyro_seq.validation import validate_sequences
+from pyro_seq.validation import positive_int, validate_sequences
 
 
 class RNNBaseline(SequenceModel):
@@ -56,8 +56,7 @@ class RNNBaseline(SequenceModel):
                  activation="clipped_leaky_relu", **emission_kwargs):
         super().__init__(obs_dim)
         for name, value in (("d_dim", d_dim), ("hidden_dim", hidden_dim)):
-            if int(value) != value or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+            positive_int(name, value)
         if cell not in RNN_CELLS:
             raise ValueError(f"cell must be one of {sorted(RNN_CELLS)}, got {cell!r}")
         self.binary_observations = likelihood == "bernoulli"

@@ -51,6 +51,7 @@ from pyro_seq.models.base import SequenceModel, normal
 from pyro_seq.models.emission import make_emission, stack_params
 from pyro_seq.models.base import shift_right  # u_t = x_{t-1}, x_0 = 0
 from pyro_seq.nn import GaussianHead, cat_broadcast
+from pyro_seq.validation import positive_int
 
 __all__ = ["PRIORS", "CELLS", "STORN", "VOSP", "StepRNN", "latent_prior", "white_noise"]
 
@@ -154,8 +155,7 @@ class STORN(SequenceModel):
                  variance="softplus", **emission_kwargs):
         super().__init__(obs_dim)
         for name, value in (("z_dim", z_dim), ("rnn_dim", rnn_dim), ("emission_dim", emission_dim)):
-            if int(value) != value or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value}")
+            positive_int(name, value)
         self.prior_dist = latent_prior(prior)
         self.prior, self.z_dim, self.rnn_dim = prior, int(z_dim), int(rnn_dim)
         self.binary_observations = likelihood == "bernoulli"

@@ -38,6 +38,7 @@ from pyro_seq.models.base import SequenceModel, normal
 from pyro_seq.models.emission import make_emission, stack_params
 from pyro_seq.models.base import shift_right
 from pyro_seq.nn import ForwardRNN, GaussianHead, cat_broadcast, make_activation
+from pyro_seq.validation import positive_int
 
 
 class GaussianNet(nn.Module):
@@ -81,8 +82,7 @@ class VAERNN(SequenceModel):
                  variance="softplus", **emission_kwargs):
         super().__init__(obs_dim)
         for name, value in (("d_dim", d_dim), ("z_dim", z_dim), ("hidden_dim", hidden_dim)):
-            if int(value) != value or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+            positive_int(name, value)
         if not isinstance(skip, bool):
             raise ValueError(f"skip must be True or False, got {skip!r}")
         self.binary_observations = likelihood == "bernoulli"

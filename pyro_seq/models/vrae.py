@@ -45,7 +45,7 @@ from pyro_seq.models.base import SequenceModel, normal
 from pyro_seq.models.emission import make_emission, stack_params
 from pyro_seq.models.storn import StepRNN, latent_prior
 from pyro_seq.nn import GaussianHead, reverse_padded
-from pyro_seq.validation import validate_sequences
+from pyro_seq.validation import positive_int, validate_sequences
 
 __all__ = ["VRAE"]
 
@@ -81,8 +81,7 @@ class VRAE(SequenceModel):
         super().__init__(obs_dim)
         for name, value in (("z_dim", z_dim), ("encoder_dim", encoder_dim),
                             ("decoder_dim", decoder_dim), ("emission_dim", emission_dim)):
-            if int(value) != value or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value}")
+            positive_int(name, value)
         self.prior_dist = latent_prior(prior)
         self.prior, self.z_dim = prior, int(z_dim)
         self.encoder_dim, self.decoder_dim = int(encoder_dim), int(decoder_dim)

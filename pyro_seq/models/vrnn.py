@@ -65,6 +65,7 @@ from pyro_seq.models.base import SequenceModel, normal
 from pyro_seq.models.emission import make_emission, stack_params
 from pyro_seq.nn import GaussianMLP
 from pyro_seq.nn import MLP, BackwardRNN, GaussianHead, cat_broadcast
+from pyro_seq.validation import positive_int
 
 __all__ = ["VRNN"]
 
@@ -101,12 +102,6 @@ class Recurrence(nn.Module):
         else:
             out = (self.cell(flat_in, flat_h[0]),)
         return tuple(o.reshape(lead + (self.hidden_dim,)) for o in out)
-
-
-def _positive_int(name, value):
-    if isinstance(value, bool) or int(value) != value or value <= 0:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    return int(value)
 
 
 def _same(a, b):
@@ -146,9 +141,9 @@ class VRNN(SequenceModel):
                  inference="filtering", cell="lstm", likelihood="bernoulli", activation="relu",
                  min_scale=1e-3, variance="softplus", **emission_kwargs):
         super().__init__(obs_dim)
-        d_dim, z_dim = _positive_int("d_dim", d_dim), _positive_int("z_dim", z_dim)
-        hidden_dim = _positive_int("hidden_dim", hidden_dim)
-        feature_dim = _positive_int("feature_dim", feature_dim)
+        d_dim, z_dim = positive_int("d_dim", d_dim), positive_int("z_dim", z_dim)
+        hidden_dim = positive_int("hidden_dim", hidden_dim)
+        feature_dim = positive_int("feature_dim", feature_dim)
         if inference not in ("filtering", "smoothing"):
             raise ValueError(f"inference must be 'filtering' or 'smoothing', got {inference!r}")
         if cell not in CELLS:
@@ -265,8 +260,8 @@ class VRNN(SequenceModel):
         :returns: ``(x, params)``: samples ``(num_sequences, num_steps, obs_dim)`` and the
             emission parameters per step (Bernoulli logits, or a ``(loc, scale)`` pair).
         """
-        num_sequences = _positive_int("num_sequences", num_sequences)
-        num_steps = _positive_int("num_steps", num_steps)
+        num_sequences = positive_int("num_sequences", num_sequences)
+        num_steps = positive_int("num_steps", num_steps)
         like = next(self.parameters())
         hidden = self._first_hidden(like, num_sequences)
         xs, params = [], []
