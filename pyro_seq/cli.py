@@ -123,7 +123,8 @@ def cmd_train(args):
         lrd=args.lrd, lr_decay_after=args.lr_decay_after, lr_decay_factor=args.lr_decay_factor,
         kl_start=args.kl_start, kl_anneal_steps=args.kl_anneal_steps, free_bits=args.free_bits,
         chunk_length=args.chunk_length, patience=args.patience or None, seed=args.seed,
-        init=args.init, time_limit=args.time_limit, num_threads=args.threads,
+        init=args.init, schedule_during_annealing=args.schedule_during_annealing,
+        time_limit=args.time_limit, num_threads=args.threads,
         progress=not args.quiet, world_size=args.nproc)
     try:
         config.validate()
@@ -318,13 +319,19 @@ def make_parser():
                    help="epochs at the full rate (--lr-schedule exponential)")
     p.add_argument("--lr-decay-factor", type=float, default=defaults.lr_decay_factor,
                    help="divide the rate by this per epoch after --lr-decay-after")
-    p.add_argument("--init", choices=("srnn", "normal", "none"), default=defaults.init,
-                   help="initialisation of a fresh run (never on resume): srnn (default) = the "
-                        "SRNN code's weights for an SRNN plus, for Bernoulli emissions, the "
-                        "output bias from the training notes' frequencies; none = as built")
+    from pyro_seq.train.trainer import INITS
+
+    p.add_argument("--init", choices=INITS, default=defaults.init,
+                   help="initialisation of a fresh run (never on resume): srnn = the SRNN "
+                        "code's weights for an SRNN plus, for Bernoulli emissions, the output "
+                        "bias from the training notes' frequencies; bias = the output bias only; "
+                        f"none = as built (default {defaults.init})")
     p.add_argument("--kl-start", type=float, default=0.2, help="initial KL weight beta")
     p.add_argument("--kl-anneal-steps", type=int, default=1000,
                    help="updates over which beta rises linearly to 1 (0: no annealing)")
+    p.add_argument("--schedule-during-annealing", action=argparse.BooleanOptionalAction,
+                   default=defaults.schedule_during_annealing,
+                   help="step the plateau schedule and early stopping while beta < 1 too")
     p.add_argument("--free-bits", type=float, default=0.0, help="free bits per latent site (nats)")
     p.add_argument("--chunk-length", type=int, default=None, help="train on windows of this length")
     p.add_argument("--patience", type=int, default=defaults.patience,

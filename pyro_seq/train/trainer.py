@@ -53,7 +53,8 @@ Initialisation (``TrainConfig.init``, only on a fresh start, never on resume): `
 emission's output bias to the logits of the training set's note frequencies
 (:func:`pyro_seq.nn.init_output_bias`); other models keep their constructors' weights (the
 DMM's gated transition starts at the identity). ``"normal"``: the same with
-``init_weights(scheme="normal")``. ``"none"``: the model as constructed.
+``init_weights(scheme="normal")``. ``"bias"``: the output bias only. ``"none"``: the model as
+constructed.
 """
 
 import copy
@@ -90,7 +91,7 @@ MONITORED_BOUND = {"iwae": "iwae", "fivo": "smc"}
 
 
 LR_SCHEDULES = ("plateau", "exponential", "constant")
-INITS = INIT_SCHEMES + ("none",)
+INITS = INIT_SCHEMES + ("bias", "none")
 
 
 @dataclass
@@ -120,6 +121,10 @@ class TrainConfig:
     weight_decay: float = 0.0
     kl_start: float = 1.0
     kl_anneal_steps: int = 0
+    #: step the plateau schedule and count early-stopping patience while beta < 1 too (the
+    #: validation bound is the unannealed ELBO, comparable across epochs); False: wait for
+    #: beta = 1 (the rate stays constant through annealing)
+    schedule_during_annealing: bool = False
     free_bits: float = 0.0
     chunk_length: Optional[int] = None
     valid_batch_size: int = 64
@@ -250,7 +255,8 @@ def initialise(model, train_sequences, scheme="srnn"):
 
     ``"srnn"``/``"normal"``: :func:`~pyro_seq.nn.init_weights` with that scheme on an
     :class:`~pyro_seq.models.SRNN`, and :func:`~pyro_seq.nn.init_output_bias` on any model with
-    a Bernoulli emission; ``"none"``: nothing. Returns the names of what was initialised
+    a Bernoulli emission; ``"bias"``: the output bias only (the visible bias of an energy-based
+    model); ``"none"``: nothing. Returns the names of what was initialised
     (``"weights"``, ``"output_bias"``).
     """
     from pyro_seq.models import SRNN
@@ -258,9 +264,9 @@ def initialise(model, train_sequences, scheme="srnn"):
     done = []
     if scheme == "none":
         return done
-    if scheme not in INIT_SCHEMES:
+    if scheme not in INITS:
         raise ValueError(f"init must be one of {INITS}, got {scheme!r}")
-    if isinstance(model, SRNN):
+    if isinstance(model, SRNN) and scheme != "bias":
         init_weights(model, scheme)
         done.append("weights")
     if getattr(model, "energy_based", False) and hasattr(model, "init_visible_bias"):
@@ -499,7 +505,8 @@ def _fit(model, train_sequences, valid_sequences, config, out_dir, resume, comm)
             best = max(best, watched)
             # while the KL weight still rises the objective changes under the validation bound:
             # best.pt tracks the best epoch, but the schedule and early stopping wait for beta = 1
-            annealing = annealer is not None and row["beta"] < 1.0
+            annealing = (annealer is not None and row["beta"] < 1.0
+                         and not config.schedule_during_annealing)
             if not annealing:
                 bad_epochs = 0 if improved else bad_epochs + 1
             if config.lr_schedule == "plateau" and not annealing:

@@ -147,3 +147,17 @@ def test_init_none_keeps_the_constructed_model_and_dmm_keeps_its_weights(tmp_pat
     fit(dmm, train, [], TrainConfig(epochs=0, progress=False), tmp_path / "b")
     changed = {k for k, v in dmm.state_dict().items() if not torch.equal(v, before[k])}
     assert changed == {"emitter.4.bias"}  # Linear, act, Linear, act, Linear
+
+
+def test_init_bias_sets_only_the_output_bias(tmp_path):
+    train = _toy(8)
+    torch.manual_seed(0)
+    model = SRNN(6, d_dim=8, z_dim=3, hidden_dim=8)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    fit(model, train, [], TrainConfig(epochs=0, init="bias", progress=False), tmp_path)
+    after = model.state_dict()
+    changed = {k for k in before if not torch.equal(before[k], after[k])}
+    bias_name = next(n for n, p in model.named_parameters() if p is model.emitter[-1].bias)
+    assert changed == {bias_name}
+    freq = torch.cat(train).mean(0).clamp(1e-3, 1 - 1e-3)
+    assert torch.allclose(model.emitter[-1].bias.detach(), torch.logit(freq), atol=1e-5)

@@ -200,6 +200,21 @@ def test_schedule_and_early_stopping_wait_for_the_end_of_kl_annealing(tmp_path, 
     assert len(history) == 4 and [row["lr"] for row in history] == [0.01, 0.01, 0.005, 0.0025]
 
 
+def test_schedule_during_annealing_steps_the_schedule_while_beta_rises(tmp_path, monkeypatch):
+    """With schedule_during_annealing the falling bound of the test above halves the rate and
+    counts towards patience from epoch 1 (beta 0.4), exactly as without annealing."""
+    curve = iter([-5.0, -6.0, -7.0, -8.0, -9.0, -10.0, -11.0])
+    monkeypatch.setattr(trainer_module, "evaluate_bound",
+                        lambda *a, **k: {"per_step": next(curve), "kl_per_step": 0.0})
+    cfg = TrainConfig(epochs=7, batch_size=4, lr=0.01, patience=3, plateau_patience=0,
+                      kl_start=0.2, kl_anneal_steps=8, schedule_during_annealing=True,
+                      progress=False)
+    history = fit(tiny_srnn(), toy_sequences(8), toy_sequences(3, seed=1), cfg, tmp_path)
+    assert [row["beta"] for row in history] == pytest.approx([0.4, 0.6, 0.8, 1.0])
+    assert history.stop_reason == "patience" and history.best_epoch == 1
+    assert [row["lr"] for row in history] == [0.01, 0.01, 0.005, 0.0025]
+
+
 def test_time_limit_counts_wall_or_training_seconds(tmp_path, monkeypatch):
     """A slow validation (0.6 s per epoch) stops a 1-s wall-clock limit after epoch 2, but not a
     1-s limit on training seconds (three tiny epochs train in well under a second)."""
