@@ -119,7 +119,40 @@ def load_checkpoint(path):
     payload = _load(path, "checkpoint", remedy)
     if not isinstance(payload, dict) or not all(k in payload for k in _CHECKPOINT_KEYS):
         raise CheckpointError(f"checkpoint {path} is not a pyro-seq training checkpoint; {remedy}")
+    problem = _checkpoint_problem(payload)
+    if problem is not None:
+        raise CheckpointError(f"checkpoint {path} {problem}; {remedy}")
     return payload
+
+
+def _is_count(v):
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+
+def _checkpoint_problem(payload):
+    """What is wrong with the content of a loaded checkpoint dict, or None."""
+    model = payload["model"]
+    if not isinstance(model, dict) or not all(isinstance(k, str) and torch.is_tensor(v)
+                                              for k, v in model.items()):
+        return "has a model entry that is not a state_dict of named tensors"
+    for name, value in model.items():
+        if value.is_floating_point() and not bool(torch.isfinite(value).all()):
+            return f"holds non-finite values (NaN/inf) in the weight {name!r}"
+    for key in ("epoch", "global_step"):
+        if not _is_count(payload[key]):
+            return f"has {key} = {payload[key]!r}, not a non-negative integer"
+    history = payload["history"]
+    if not isinstance(history, list) or not all(isinstance(r, dict) for r in history):
+        return "has a history that is not a list of per-epoch rows (dicts)"
+    if len(history) != payload["epoch"]:
+        return f"has {len(history)} history rows for {payload['epoch']} completed epochs"
+    rng, expected = payload["torch_rng"], torch.get_rng_state()
+    if not (torch.is_tensor(rng) and rng.dtype == expected.dtype and rng.shape == expected.shape):
+        return "has a torch_rng entry that is not a torch RNG state"
+    for key in ("optimizer", "extra"):
+        if not isinstance(payload[key], dict):
+            return f"has an {key} entry of type {type(payload[key]).__name__}, not a dict"
+    return None
 
 
 def save_weights(state_dict, path):
@@ -140,11 +173,27 @@ def load_weights(path):
     return state
 
 
-def restore(payload, *, model, optimizer=None, restore_rng=True):
-    """Load a checkpoint's state into ``model`` (and ``optimizer``, RNG); returns ``payload``."""
-    model.load_state_dict(payload["model"])
+def restore(payload, *, model, optimizer=None, restore_rng=True, path="checkpoint"):
+    """Load a checkpoint's state into ``model`` (and ``optimizer``, RNG); returns ``payload``.
+
+    :raises CheckpointError: the weights do not fit ``model`` (missing, unexpected or
+        differently shaped entries: a checkpoint of another model), or the optimizer state
+        does not fit ``optimizer``. ``path`` names the file in the message.
+    """
+    remedy = ("resume with the model it was written for, or train into a new output folder "
+              "(--out)")
+    try:
+        model.load_state_dict(payload["model"])
+    except RuntimeError as e:
+        detail = " ".join(str(e).split("\n", 1)[-1].split())
+        raise CheckpointError(f"checkpoint {path} does not fit this model ({detail}); "
+                              f"{remedy}") from None
     if optimizer is not None:
-        optimizer.set_state(payload["optimizer"])
+        try:
+            optimizer.set_state(payload["optimizer"])
+        except (KeyError, TypeError, ValueError, AttributeError, RuntimeError) as e:
+            raise CheckpointError(f"checkpoint {path} has an optimizer state that does not fit "
+                                  f"({type(e).__name__}: {e}); {remedy}") from None
     if restore_rng:
         torch.set_rng_state(payload["torch_rng"])
     return payload

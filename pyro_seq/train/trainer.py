@@ -63,6 +63,7 @@ import functools
 import json
 import math
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
@@ -438,7 +439,7 @@ def _fit(model, train_sequences, valid_sequences, config, out_dir, resume, comm)
         _check_schedule_of_checkpoint(payload["optimizer"], config, ckpt_path)
         if config.lr_schedule == "exponential":  # optimizers are rebuilt lazily from this state
             _set_lr_in_state(payload["optimizer"], epoch_lr(payload["epoch"], config))
-        payload = restore(payload, model=model, optimizer=optim)
+        payload = restore(payload, model=model, optimizer=optim, path=ckpt_path)
         history, start_epoch = payload["history"], payload["epoch"]
         global_step = payload["global_step"]
         best = payload["extra"].get("best_valid", -math.inf)
@@ -558,8 +559,13 @@ def _fit(model, train_sequences, valid_sequences, config, out_dir, resume, comm)
     if valid:  # the first epoch with the highest bound is the one best.pt holds
         value, neg_index = max(valid)
         history.best_epoch, history.best_valid_elbo_per_step = history[-neg_index]["epoch"], value
-        model.load_state_dict(load_weights(out_dir / "best.pt"))
-        history.restored_best = True
+        if (out_dir / "best.pt").exists():
+            model.load_state_dict(load_weights(out_dir / "best.pt"))
+            history.restored_best = True
+        else:  # deleted or lost since the epoch that wrote it (a resumed run)
+            warnings.warn(f"{out_dir / 'best.pt'} is missing: the model keeps the weights of the "
+                          f"last epoch, not those of the best epoch {history.best_epoch} "
+                          "(restored_best is False)", RuntimeWarning)
     if main:
         try:
             from pyro_seq.train.plots import plot_history

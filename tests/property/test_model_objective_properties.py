@@ -180,8 +180,8 @@ def test_latent_model_estimates_are_finite_with_consistent_bookkeeping(data, mod
     est = estimate_log_likelihood(model.model, model.guide, _data_form(data.draw, x, mask),
                                   method=method, num_particles=data.draw(st.integers(1, 3)))
     assert_finite("per-sequence estimates", est.per_sequence)
-    # a log-probability of binary data is at most 0
-    assert bool((est.per_sequence <= 1e-6).all()), est.per_sequence
+    # (not "at most 0": only the mean of the weights is p(x) <= 1; one weight p(x, z) / q(z)
+    # may exceed 1, as the fuzz profile found with STORN's Wiener prior and K = 1)
     assert torch.equal(est.lengths, mask.sum(-1).long())
     assert est.num_steps == int(mask.sum())
     assert math.isclose(est.total, float(est.per_sequence.sum()), rel_tol=1e-12, abs_tol=1e-12)
