@@ -3,7 +3,8 @@
 * One loss evaluation of a tiny model (DMM, residual DMM, SRNN, VRNN, VAE-RNN, RNN baseline,
   STORN, VOSP, VRAE; Bernoulli, Gaussian or Gaussian-mixture emission) under Trace_ELBO,
   TraceMeanField_ELBO, FreeBits_ELBO, IWAE (score-function and DReG gradients) and FIVO, on a
-  random ragged batch that may carry one defect: a finite loss and finite gradients for a valid
+  random ragged batch (float32 or float64, the model in the same dtype) that may carry one
+  defect: a finite loss and finite gradients for a valid
   batch; for an invalid one exactly the ValueError of
   :func:`pyro_seq.validation.validate_sequences` (the model's own validator), whichever
   objective.
@@ -101,6 +102,8 @@ def test_every_model_and_objective_gives_a_finite_loss_or_the_validators_error(
     torch.manual_seed(0)
     model = MODELS[model_name](D, **EMISSIONS[emission])
     x, mask = data.draw(ragged_batches(D, binary=emission == "bernoulli"))
+    if data.draw(st.booleans()):  # float64 models train on float64 batches
+        model, x = model.double(), x.double()
     try:
         validate_sequences(x, mask, model.obs_dim, model.binary_observations)
         expected = None
