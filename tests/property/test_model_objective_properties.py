@@ -1,6 +1,7 @@
 """Every latent sequence model x every objective x every emission, and ``estimate_log_likelihood``.
 
-* One loss evaluation of a tiny model (DMM, residual DMM, SRNN, VRNN, VAE-RNN, RNN baseline,
+* One loss evaluation of a tiny model (DMM, residual DMM, SRNN and VRNN with filtering and
+  smoothing guides, VAE-RNN, RNN baseline,
   STORN, VOSP, VRAE; Bernoulli, Gaussian or Gaussian-mixture emission) under Trace_ELBO,
   TraceMeanField_ELBO, FreeBits_ELBO, IWAE (score-function and DReG gradients) and FIVO, on a
   random ragged batch (float32 or float64, the model in the same dtype) that may carry one
@@ -29,7 +30,7 @@ from pyro_seq.infer import FIVO, IWAE, FreeBits_ELBO, estimate_log_likelihood
 from pyro_seq.models import DMM, SRNN, STORN, VAERNN, VOSP, VRAE, VRNN, RNNBaseline
 from pyro_seq.validation import validate_sequences
 
-from .support import assert_finite, examples, expect_documented
+from .support import assert_finite, examples, expect_documented, ragged_batches
 
 pytestmark = pytest.mark.fuzz
 
@@ -47,7 +48,11 @@ MODELS = {
     "dmm_residual": lambda D, **kw: DMM(D, z_dim=2, transition_dim=4, emission_dim=4, rnn_dim=4,
                                         residual=True, **kw),
     "srnn": lambda D, **kw: SRNN(D, d_dim=3, z_dim=2, hidden_dim=4, **kw),
+    "srnn_filtering": lambda D, **kw: SRNN(D, d_dim=3, z_dim=2, hidden_dim=4,
+                                           inference="filtering", **kw),
     "vrnn": lambda D, **kw: VRNN(D, d_dim=3, z_dim=2, hidden_dim=4, feature_dim=3, **kw),
+    "vrnn_smoothing": lambda D, **kw: VRNN(D, d_dim=3, z_dim=2, hidden_dim=4, feature_dim=3,
+                                           inference="smoothing", **kw),
     "vaernn": lambda D, **kw: VAERNN(D, d_dim=3, z_dim=2, hidden_dim=4, skip=True, **kw),
     "rnn": lambda D, **kw: RNNBaseline(D, d_dim=3, hidden_dim=4, **kw),
     "storn": lambda D, **kw: STORN(D, z_dim=2, rnn_dim=3, emission_dim=4, prior="wiener", **kw),
@@ -56,40 +61,6 @@ MODELS = {
 }
 EMISSIONS = {"bernoulli": {}, "gaussian": {"likelihood": "gaussian"},
              "gmm": {"likelihood": "gmm", "num_components": 2}}
-
-
-@st.composite
-def ragged_batches(draw, D, binary):
-    """A prefix-masked batch (binary or real values, zero padding), then possibly one defect."""
-    B, T = draw(st.integers(1, 3)), draw(st.integers(1, 5))
-    lengths = draw(st.lists(st.integers(1, T), min_size=B, max_size=B))
-    mask = torch.arange(T) < torch.tensor(lengths).unsqueeze(1)
-    g = torch.Generator().manual_seed(draw(st.integers(0, 2**31 - 1)))
-    if binary:
-        x = torch.bernoulli(torch.full((B, T, D), draw(st.sampled_from([0.0, 0.3, 1.0]))),
-                            generator=g)
-    else:
-        x = torch.randn(B, T, D, generator=g) * 10 ** draw(st.floats(-3, 3))
-    x = x * mask.unsqueeze(-1)
-    defect = draw(st.sampled_from([None] * 6 + ["non_binary", "nan", "inf", "empty_row",
-                                                "non_prefix", "half_mask", "features"]))
-    b, t = draw(st.integers(0, B - 1)), draw(st.integers(0, T - 1))
-    if defect == "non_binary":
-        x[b, t, 0] = draw(st.sampled_from([0.5, -1.0, 2.0]))
-    elif defect in ("nan", "inf"):
-        x[b, t, 0] = float(defect)
-    elif defect == "empty_row":
-        mask[b] = False
-        x[b] = 0
-    elif defect == "non_prefix" and T > 1:
-        mask[b, 0] = False
-    elif defect == "features":
-        x = torch.cat([x, x[..., :1]], -1)
-    mask = mask.float() if draw(st.booleans()) else mask
-    if defect == "half_mask":
-        mask = mask.float()
-        mask[b, t] = 0.5
-    return x, mask
 
 
 @examples(0.6)
