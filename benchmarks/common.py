@@ -31,11 +31,12 @@ def machine_info():
             "date": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
 
 
-def write_result(name, payload):
-    """Write ``payload`` (plus machine facts) to ``benchmarks/results/<name>.json``."""
-    RESULTS.mkdir(parents=True, exist_ok=True)
+def write_result(name, payload, path=None):
+    """Write ``payload`` (plus machine facts) to ``benchmarks/results/<name>.json``, or to
+    ``path`` when given (e.g. a smoke run that must not replace the recorded result)."""
     payload = dict(payload, machine=machine_info())
-    path = RESULTS / f"{name}.json"
+    path = Path(path) if path else RESULTS / f"{name}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(payload, indent=1))
     print(f"wrote {path}")
     return path

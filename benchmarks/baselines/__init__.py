@@ -1,1 +1,0 @@
-"""Reference implementations used only as timing baselines in the benchmarks."""
