@@ -10,6 +10,8 @@
 * MIDI files: :func:`piano_roll_to_midi`, :func:`midi_to_piano_roll`.
 * Simulated student answers for collaborative filtering (2PL item response model, sparse
   storage, per-student CSR minibatches): :func:`simulate_students`, :class:`StudentResponses`.
+* Simulated videos of the KVAE experiments (ball in a box, with gravity, in a polygon, pong;
+  the torque-controlled pendulum): :mod:`pyro_seq.data.simulators` (pymunk: ``[sim]`` extra).
 
 music21, mido and tqdm are imported only when a function that needs them is called.
 """

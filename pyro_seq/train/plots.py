@@ -1,4 +1,4 @@
-"""Figures a user would rather look at than read: loss curves and piano rolls (matplotlib)."""
+"""Figures a user would rather look at than read: loss curves, piano rolls, videos (matplotlib)."""
 
 import matplotlib
 
@@ -77,3 +77,59 @@ def plot_recovery(clean, corrupted, recovered, path, probs=None, title="recovery
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return int(errors.sum())
+
+
+def video_trajectory(frames):
+    """A video ``(T, H, W)`` of intensities in ``[0, 1]`` as one image, darker for later frames.
+
+    Thesis Fig. 6.4d / 6.5: ``image = max_t (t + 1) / T * frames[t]`` (``t = 0..T-1``), so pixel
+    values say when the object was last there; drawn with a white-to-black map, the trajectory
+    darkens with time. Returns a ``float32`` tensor ``(H, W)``.
+    """
+    frames = torch.as_tensor(frames).float()
+    if frames.dim() != 3:
+        raise ValueError(f"frames must be (T, H, W), got shape {tuple(frames.shape)}")
+    weights = torch.arange(1, frames.shape[0] + 1, dtype=frames.dtype) / frames.shape[0]
+    return (frames * weights[:, None, None]).amax(0)
+
+
+def plot_video(frames, path, positions=None, title="video", max_frames=20):
+    """A video's trajectory image (thesis Fig. 6.5) beside a grid of its frames, as a PNG.
+
+    :param frames: ``(T, H, W)`` intensities in ``[0, 1]`` (e.g. one video of
+        :mod:`pyro_seq.data.simulators`).
+    :param positions: optional ``(T, 2)`` ground-truth positions in pixels (``x`` along the
+        columns, ``y`` down the rows), drawn over the trajectory as points coloured by time.
+    :param max_frames: at most this many frames in the grid (evenly spaced, first and last
+        included), five per row.
+    """
+    frames = torch.as_tensor(frames).float()
+    T, H, W = frames.shape
+    shown = torch.linspace(0, T - 1, min(T, max_frames)).round().long().unique().tolist()
+    cols = min(5, len(shown))
+    rows = -(-len(shown) // cols)
+    fig = plt.figure(figsize=(5.0 + 1.1 * cols, max(4.2, 1.2 * rows)), layout="constrained")
+    left, right = fig.subfigures(1, 2, width_ratios=(5.0, 1.1 * cols))
+    ax = left.subplots()
+    ax.imshow(video_trajectory(frames).numpy(), cmap="Greys", vmin=0, vmax=1,
+              interpolation="nearest", extent=(0, W, H, 0))
+    if positions is not None:
+        pos = torch.as_tensor(positions).float()
+        scatter = ax.scatter(pos[:, 0], pos[:, 1], c=range(T), cmap="viridis", s=12, zorder=3)
+        ax.plot(pos[:, 0], pos[:, 1], color="C1", lw=0.8, zorder=2)
+        left.colorbar(scatter, ax=ax, label="time step", shrink=0.8)
+    ax.set_title(f"{title}: trajectory (darker = later)")
+    ax.set_xlabel("x (px)")
+    ax.set_ylabel("y (px)")
+    axes = right.subplots(rows, cols, squeeze=False).ravel()
+    for k, ax in enumerate(axes):
+        ax.set_xticks([])
+        ax.set_yticks([])
+        if k < len(shown):
+            ax.imshow(frames[shown[k]].numpy(), cmap="Greys", vmin=0, vmax=1,
+                      interpolation="nearest")
+            ax.set_title(f"t={shown[k]}", fontsize=8)
+        else:
+            ax.axis("off")
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
