@@ -275,3 +275,28 @@ def test_every_model_and_objective_trains_evaluates_and_samples_on_the_device(
     with torch.no_grad():
         sample, _ = m.generate(2, 3, **kwargs)
     assert sample.device == device and torch.isfinite(sample).all()
+
+
+@pytest.mark.parametrize("which", ["mask", "step_mask", "observation_mask"])
+def test_lgssm_em_masks_on_another_device_are_named(which):
+    from pyro_seq.infer import LGSSMParams, lgssm_log_likelihood
+
+    x, p = lgssm()
+    params = LGSSMParams(**p)
+    shape = x.shape if which == "observation_mask" else x.shape[:1]
+    with pytest.raises(ValueError, match=rf"^{which} is on device meta, but the observations are "
+                                         r"on cpu"):
+        lgssm_log_likelihood(x, params, **{which: torch.ones(shape, dtype=torch.bool,
+                                                             device="meta")})
+    assert torch.isfinite(lgssm_log_likelihood(x, params, **{which: torch.ones(shape).bool()}))
+
+
+def test_the_likelihood_estimators_check_the_batch_against_the_model_device():
+    from pyro_seq.infer import estimate_log_likelihood
+
+    m = TINY["dmm"]()
+    for method in ("iwae", "smc"):
+        for data in ([torch.zeros(3, 4, device="meta")], batch(META)):
+            with pytest.raises(ValueError, match=r"^x is on device meta, but the model's "
+                                                 r"parameters are on cpu"):
+                estimate_log_likelihood(m.model, m.guide, data, method=method, num_particles=2)
