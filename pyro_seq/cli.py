@@ -11,6 +11,8 @@ Examples::
     pyro-seq train --model rtrbm --objective cd --cd-steps 1 --out runs/rtrbm
     pyro-seq evaluate runs/rtrbm --objective ais --particles 100
     pyro-seq train --model srnn --nproc 2 --threads 1 --out runs/srnn2   # data-parallel
+    pyro-seq train --model srnn --device cuda --out runs/srnn_gpu        # on a GPU
+    pyro-seq evaluate runs/srnn_gpu --objective iwae --particles 64 --device cuda
 
 A run folder holds ``config.json`` (model and training settings), ``checkpoint.pt`` (resume),
 ``best.pt`` (best validation weights), ``log.csv``/``log.json`` and ``loss_curve.png``.
@@ -67,7 +69,27 @@ def _load_weights(path):
     return load_weights(path)
 
 
-def _load_run(out_dir):
+def _device(spec):
+    """``--device`` checked by the package's one device check; one line and exit code 1."""
+    from pyro_seq.validation import parse_device
+
+    try:
+        return parse_device(spec, "--device")
+    except ValueError as e:
+        raise SystemExit(f"pyro-seq: error: {e}") from None
+
+
+def _to_cpu(value):
+    """Tensors (or a tuple of them, e.g. Gaussian emission parameters) copied to the CPU, for
+    figures, MIDI files and numbers."""
+    if torch.is_tensor(value):
+        return value.cpu()
+    if isinstance(value, (tuple, list)):
+        return type(value)(_to_cpu(v) for v in value)
+    return value
+
+
+def _load_run(out_dir, device="cpu"):
     out_dir = Path(out_dir)
     cfg_path = out_dir / "config.json"
     if not cfg_path.exists():
@@ -78,6 +100,7 @@ def _load_run(out_dir):
     if not weights.exists():
         raise SystemExit(f"no trained weights in {out_dir} (best.pt missing)")
     model.load_state_dict(_load_weights(weights))
+    model.to(_device(device))
     model.eval()
     return run, model
 
@@ -85,7 +108,7 @@ def _load_run(out_dir):
 def _load_run_and_data(args, splits):
     """The trained run ``args.run``, and the splits of ``args.data`` (default: the run's data),
     checked by the package's validator."""
-    run, model = _load_run(args.run)
+    run, model = _load_run(args.run, args.device)
     spec = args.data or run["data"]
     data = _load_data(spec, splits=splits)
     _check_data(data, model, spec)
@@ -108,6 +131,7 @@ def cmd_train(args):
     from pyro_seq.train import TrainConfig, evaluate_bound, fit
 
     out_dir = Path(args.out)
+    _device(args.device)  # before the data are read
     data = _load_data(args.data)
     obs_dim = data["train"][0].shape[-1]
     options = _parse_options(args.model_option)
@@ -125,7 +149,7 @@ def cmd_train(args):
         chunk_length=args.chunk_length, patience=args.patience or None, seed=args.seed,
         init=args.init, schedule_during_annealing=args.schedule_during_annealing,
         time_limit=args.time_limit, num_threads=args.threads,
-        progress=not args.quiet, world_size=args.nproc)
+        progress=not args.quiet, world_size=args.nproc, device=args.device)
     try:
         config.validate()
     except ValueError as e:
@@ -203,23 +227,25 @@ def cmd_impute(args):
     x, mask = pad_sequences(seqs)
     observed = drop_steps(mask, args.drop, generator=g)
     torch.manual_seed(args.seed)
-    res = impute(model, x, observed, mask, method=args.method,
+    device = _device(args.device)
+    res = impute(model, x.to(device), observed.to(device), mask.to(device), method=args.method,
                  num_iterations=args.iterations, num_particles=args.particles, generator=g)
+    probs = res.probs.cpu()
     missing = (~observed & mask).unsqueeze(-1).expand(x.shape)
-    target, probs = x[missing], res.probs[missing]
+    target, probs_missing = x[missing], probs[missing]
     freq = torch.cat(data["train"]).float().mean(0).expand(x.shape)[missing]
     result = {"split": args.split, "drop": args.drop, "method": args.method,
               "num_sequences": len(seqs), "missing_elements": int(missing.sum()),
-              "bits_per_element": bits_per_element(probs, target),
+              "bits_per_element": bits_per_element(probs_missing, target),
               "baseline_bits_per_element": bits_per_element(freq, target),
               "baseline": "training-set note frequencies"}
     out = Path(args.run)
     (out / f"impute_{args.split}_{args.method}.json").write_text(json.dumps(result, indent=1))
     L = int(mask[0].sum())
     shown = torch.where(observed[0, :L, None], x[0, :L], torch.full_like(x[0, :L], float("nan")))
-    recovered = torch.where(observed[0, :L, None], x[0, :L], (res.probs[0, :L] > 0.5).float())
+    recovered = torch.where(observed[0, :L, None], x[0, :L], (probs[0, :L] > 0.5).float())
     png = out / f"impute_{args.split}_0.png"
-    plot_recovery(x[0, :L], shown, recovered, png, probs=res.probs[0, :L], title="imputation")
+    plot_recovery(x[0, :L], shown, recovered, png, probs=probs[0, :L], title="imputation")
     print(f"imputed {result['missing_elements']} elements of {len(seqs)} {args.split} sequences "
           f"({args.method}): {result['bits_per_element']:.4f} bits/element "
           f"(note frequencies: {result['baseline_bits_per_element']:.4f}); figure {png}")
@@ -238,7 +264,8 @@ def cmd_denoise(args):
     x, mask = pad_sequences(seqs)
     flips = (torch.rand(x.shape, generator=g) < args.flip) & mask.unsqueeze(-1)
     corrupted = torch.where(flips, 1 - x, x)
-    x_hat, probs = denoise(model, corrupted, mask)
+    device = _device(args.device)
+    x_hat, probs = _to_cpu(denoise(model, corrupted.to(device), mask.to(device)))
     real = mask.unsqueeze(-1).expand(x.shape)
     result = {"split": args.split, "flip": args.flip, "num_sequences": len(seqs),
               "elements": int(real.sum()),
@@ -258,9 +285,9 @@ def cmd_sample(args):
     from pyro_seq.data.midi import piano_roll_to_midi
     from pyro_seq.train.plots import plot_piano_roll
 
-    run, model = _load_run(args.run)
+    run, model = _load_run(args.run, args.device)
     torch.manual_seed(args.seed)
-    x, params = model.generate(args.num, args.length)
+    x, params = _to_cpu(model.generate(args.num, args.length))
     out = Path(args.run)
     for i in range(args.num):
         probs = torch.sigmoid(params[i]) if torch.is_tensor(params) else None
@@ -339,6 +366,7 @@ def make_parser():
                         f"weights are kept (default {defaults.patience}; 0: never stop early)")
     p.add_argument("--time-limit", type=float, default=None, help="stop after this many seconds")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    _device_option(p, defaults.device)
     p.add_argument("--nproc", type=int, default=1,
                    help="data-parallel processes (torch.distributed: gloo on CPU, nccl on CUDA); "
                         "each takes a shard of every minibatch")
@@ -366,6 +394,7 @@ def make_parser():
     p.add_argument("--particles", type=int, default=1, help="samples K of the estimator")
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--seed", type=int, default=0)
+    _device_option(p)
     p.set_defaults(func=cmd_evaluate)
 
     p = sub.add_parser("sample", help="generate sequences: piano-roll PNG and MIDI files")
@@ -374,6 +403,7 @@ def make_parser():
     p.add_argument("--num", type=int, default=1, help="number of samples")
     p.add_argument("--step-seconds", type=float, default=0.25, help="MIDI duration of a step")
     p.add_argument("--seed", type=int, default=0)
+    _device_option(p)
     p.set_defaults(func=cmd_sample)
 
     p = _task_parser(sub, "impute", cmd_impute,
@@ -397,8 +427,15 @@ def _task_parser(sub, name, func, help_text):
     p.add_argument("--split", default="test")
     p.add_argument("--num", type=int, default=1000, help="at most this many sequences")
     p.add_argument("--seed", type=int, default=0)
+    _device_option(p)
     p.set_defaults(func=func)
     return p
+
+
+def _device_option(p, default="cpu"):
+    p.add_argument("--device", default=default,
+                   help="where the model runs: cpu, cuda or cuda:N (an error, never a CPU "
+                        f"fallback, when CUDA is not there; default {default})")
 
 
 def main(argv=None):

@@ -35,7 +35,7 @@ import pyro.poutine as poutine
 import torch
 from pyro.poutine.messenger import Messenger
 
-from pyro_seq.validation import prepare_sequences, validate_sequences
+from pyro_seq.validation import check_device, module_device, prepare_sequences, validate_sequences
 
 __all__ = ["ImputationResult", "ForecastResult", "impute", "denoise", "forecast", "drop_steps",
            "bits_per_element"]
@@ -86,6 +86,11 @@ def _check_model(model):
                             f"{type(model).__name__}")
 
 
+def _device(model):
+    """The device of a module's parameters (None for a model that is not a module)."""
+    return module_device(model) if isinstance(model, torch.nn.Module) else None
+
+
 def _traces(model, x, mask, **kwargs):
     guide_trace = poutine.trace(model.guide).get_trace(x, mask, **kwargs)
     model_trace = poutine.trace(poutine.replay(model.model, trace=guide_trace)).get_trace(
@@ -110,11 +115,14 @@ def impute(model, x, observed, mask=None, method="iterative", num_iterations=20,
     :param int num_iterations: iterations of the iterative procedure.
     :param int burn_in: iterations left out of the average of ``probs`` (default: a third).
     :param int num_particles: ``K`` of the importance method.
-    :param torch.Generator generator: for the random initial fill.
+    :param torch.Generator generator: for the random initial fill; it may live on the CPU while
+        ``x`` is on a GPU (the fill is then drawn on the CPU and copied, the same numbers on
+        every device).
     :returns: :class:`ImputationResult`.
     """
     _check_model(model)
-    x, mask, seen = prepare_sequences(x, mask, model.obs_dim, _binary(model), observed)
+    x, mask, seen = prepare_sequences(x, mask, model.obs_dim, _binary(model), observed,
+                                      device=_device(model))
     if seen is None:
         seen = torch.ones_like(x, dtype=torch.bool)
     if method == "iterative":
@@ -131,7 +139,8 @@ def _impute_iterative(model, x, mask, seen, num_iterations, burn_in, generator):
     if not 0 <= burn_in < num_iterations:
         raise ValueError(f"burn_in must lie in [0, num_iterations), got {burn_in}")
     B, T, D = x.shape
-    fill = torch.rand(x.shape, generator=generator, dtype=x.dtype, device=x.device)
+    where = x.device if generator is None else generator.device
+    fill = torch.rand(x.shape, generator=generator, dtype=x.dtype, device=where).to(x.device)
     if _binary(model):
         fill = (fill < 0.5).to(x.dtype)  # random values in {0, 1} for binary data
     current = torch.where(seen, x, fill)
@@ -201,7 +210,7 @@ def denoise(model, x, mask=None):
         means (Bernoulli: probabilities).
     """
     _check_model(model)
-    x, mask = validate_sequences(x, mask, model.obs_dim, _binary(model))
+    x, mask = validate_sequences(x, mask, model.obs_dim, _binary(model), device=_device(model))
     with _GuideMode():
         guide_trace = poutine.trace(model.guide).get_trace(x, mask)
     model_trace = poutine.trace(poutine.replay(model.model, trace=guide_trace)).get_trace(x, mask)
@@ -228,7 +237,8 @@ def forecast(model, x_prefix, steps, num_samples=100, mask=None, target=None):
     :returns: :class:`ForecastResult`.
     """
     _check_model(model)
-    x_prefix, mask = validate_sequences(x_prefix, mask, model.obs_dim, _binary(model))
+    x_prefix, mask = validate_sequences(x_prefix, mask, model.obs_dim, _binary(model),
+                                        device=_device(model))
     if not bool(mask.all()):
         raise ValueError("forecast needs prefixes of equal length (mask all True); cut them first")
     if int(steps) < 1 or int(num_samples) < 1:
@@ -236,14 +246,15 @@ def forecast(model, x_prefix, steps, num_samples=100, mask=None, target=None):
     B, T, D = x_prefix.shape
     S = int(num_samples)
     x = x_prefix.repeat(S, 1, 1)                                          # (S B, T, D)
-    guide_trace = poutine.trace(model.guide).get_trace(x, torch.ones(S * B, T, dtype=torch.bool))
+    guide_trace = poutine.trace(model.guide).get_trace(
+        x, torch.ones(S * B, T, dtype=torch.bool, device=x.device))
     latents = {name: site["value"] for name, site in guide_trace.nodes.items()
                if site["type"] == "sample" and not site["is_observed"]
                and type(site["fn"]).__name__ != "_Subsample"}
     samples, means = [], []
     for k in range(int(steps)):
         x_ext = torch.cat([x, x.new_zeros(S * B, 1, D)], 1)              # step T + k unknown
-        observed = torch.ones(S * B, T + k + 1, dtype=torch.bool)
+        observed = torch.ones(S * B, T + k + 1, dtype=torch.bool, device=x.device)
         observed[:, -1] = False
         trace = poutine.trace(poutine.condition(model.model, data=latents)).get_trace(
             x_ext, None, observed=observed)
@@ -263,6 +274,7 @@ def forecast(model, x_prefix, steps, num_samples=100, mask=None, target=None):
     if target is not None:
         if tuple(target.shape) != (B, int(steps), D):
             raise ValueError(f"target must have shape {(B, int(steps), D)}, got {tuple(target.shape)}")
+        check_device("target", target, x_prefix.device, "x_prefix is")
         log_prob = _mixture_log_prob(model, means, target)
     return ForecastResult(samples=samples, means=means, log_prob=log_prob)
 

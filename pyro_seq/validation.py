@@ -14,8 +14,66 @@ from typing import Optional, Tuple
 
 import torch
 
-__all__ = ["as_bool_mask", "positive_int", "prepare_sequences", "validate_sequences", "validate_mask",
-           "validate_observed", "validate_sequence_list"]
+__all__ = ["as_bool_mask", "check_device", "module_device", "parse_device", "positive_int",
+           "prepare_sequences", "validate_sequences", "validate_mask", "validate_observed",
+           "validate_sequence_list"]
+
+
+def parse_device(spec, name: str = "device") -> torch.device:
+    """``spec`` (``"cpu"``, ``"cuda"``, ``"cuda:N"`` or a :class:`torch.device`) as a device that
+    exists on this machine: the package's one check of a device setting (``TrainConfig.device``,
+    ``--device``). No fallback: a device that is not there is an error, never CPU instead.
+
+    :raises ValueError: naming ``spec`` when it is not one of those forms, when it asks for CUDA
+        and ``torch.cuda.is_available()`` is False, or for a CUDA index that does not exist.
+    """
+    try:
+        device = spec if isinstance(spec, torch.device) else torch.device(str(spec))
+    except (RuntimeError, TypeError, ValueError):
+        device = None
+    if device is None or device.type not in ("cpu", "cuda") or (
+            device.type == "cpu" and device.index not in (None, 0)):
+        raise ValueError(f"{name} must be 'cpu', 'cuda' or 'cuda:N', got {spec!r}")
+    if device.type == "cpu":
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise ValueError(f"{name} {spec!r} asks for CUDA, but torch.cuda.is_available() is False "
+                         f"(torch {torch.__version__}, CUDA build {torch.version.cuda}); use "
+                         f"{name} 'cpu' on this machine")
+    count = torch.cuda.device_count()
+    if device.index is not None and device.index >= count:
+        raise ValueError(f"{name} {spec!r} does not exist: this machine has {count} CUDA "
+                         f"device(s), cuda:0..cuda:{count - 1}")
+    if device.index is None:  # the device tensors moved "to cuda" land on, with its index
+        device = torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
+def module_device(module) -> Optional[torch.device]:
+    """The device of ``module``'s first parameter (or, without parameters, its first buffer);
+    None for a module that holds no tensors."""
+    for tensors in (module.parameters(), module.buffers()):
+        for t in tensors:
+            return t.device
+    return None
+
+
+def check_device(name: str, tensor, device, where: str = "the model's parameters are") -> None:
+    """Refuse a tensor that is not on ``device`` with a message naming it and both devices.
+
+    The package never moves a user's tensor to another device silently (a CPU tensor reaching a
+    CUDA model would otherwise fail deep inside torch, or run on the wrong device).
+
+    :param str name: the argument's name, for the message.
+    :param tensor: a tensor, or None (nothing to check).
+    :param device: the expected :class:`torch.device` (None: no check).
+    :param str where: what lives on ``device``, with its verb, for the message.
+    :raises ValueError: ``"<name> is on device <a>, but <where> on <b>; ..."``.
+    """
+    if device is None or not torch.is_tensor(tensor) or tensor.device == device:
+        return
+    raise ValueError(f"{name} is on device {tensor.device}, but {where} on {device}; move it "
+                     f"there first ({name}.to({str(device)!r}))")
 
 
 def positive_int(name: str, value, optional: bool = False) -> Optional[int]:
@@ -79,9 +137,11 @@ def validate_mask(mask, shape: Tuple[int, int], device=None, name: str = "mask")
 
     :param mask: tensor ``(batch, T)`` or None (every step real).
     :param tuple shape: the expected ``(batch, T)``.
+    :param device: the device of ``x``: a mask elsewhere is refused (and None is replaced by an
+        all-True mask there).
     :param str name: the argument's name, used in messages.
     :returns: bool tensor ``(batch, T)``.
-    :raises ValueError: naming the problem.
+    :raises ValueError: naming the problem (a mask on another device than ``x`` included).
     """
     if mask is None:
         return torch.ones(shape, dtype=torch.bool, device=device)
@@ -91,6 +151,7 @@ def validate_mask(mask, shape: Tuple[int, int], device=None, name: str = "mask")
     if tuple(mask.shape) != tuple(shape):
         raise ValueError(f"{name} shape {tuple(mask.shape)} does not match x's (batch, T) = "
                          f"{tuple(shape)}")
+    check_device(name, mask, device, "x is")
     return as_bool_mask(mask, name, ("batch", "step"))
 
 
@@ -103,8 +164,9 @@ def validate_observed(observed, shape, device=None) -> Optional[torch.Tensor]:
 
     :param observed: tensor or None (everything observed).
     :param tuple shape: ``(batch, T, D)`` of ``x``.
+    :param device: the device of ``x``; ``observed`` elsewhere is refused, not moved.
     :returns: None, or a bool tensor ``(batch, T, D)``.
-    :raises ValueError: naming the problem (shape, values other than 0/1).
+    :raises ValueError: naming the problem (shape, device, values other than 0/1).
     """
     if observed is None:
         return None
@@ -119,8 +181,8 @@ def validate_observed(observed, shape, device=None) -> Optional[torch.Tensor]:
     else:
         raise ValueError(f"observed shape {tuple(observed.shape)} is neither (batch, T) = {(B, T)} "
                          f"nor (batch, T, D) = {(B, T, D)}")
+    check_device("observed", observed, device, "x is")
     observed = as_bool_mask(observed, "observed", ("batch", "step", "feature")[:observed.dim()])
-    observed = observed.to(device) if device is not None else observed
     if per_step:
         observed = observed.unsqueeze(-1).expand(B, T, D)
     return observed
@@ -133,6 +195,7 @@ def validate_sequences(
     binary: bool = False,
     prefix_mask: bool = True,
     observed=None,
+    device=None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Check a padded batch against the sequence-model contract; return ``(x, mask)``.
 
@@ -148,19 +211,24 @@ def validate_sequences(
     :param observed: optional missing-data mask (:func:`validate_observed`): entries it marks
         unobserved may hold anything (NaN included) and are exempt from the finite and binary
         checks.
+    :param device: the device of the model's parameters (:func:`module_device`), if known:
+        ``x`` must be there, and ``mask`` and ``observed`` where ``x`` is (:func:`check_device`;
+        nothing is moved for you).
     :returns: ``(x, mask)`` with ``mask`` a bool tensor ``(batch, T)`` (all True when None);
         ``x`` is returned unchanged.
     :raises TypeError: ``x`` is not a tensor.
     :raises ValueError: naming the problem: dimensionality, dtype, an empty dimension
         (``batch = 0``, ``T = 0`` or ``D = 0``), the wrong feature size, NaN or infinite values
         (with the first position and whether it is a real or a padded step), mask shape, mask
-        values other than 0/1, an empty row, a non-prefix row, non-binary values at real steps.
+        values other than 0/1, an empty row, a non-prefix row, non-binary values at real steps,
+        a tensor on the wrong device (checked before any value, naming the argument and both
+        devices).
     """
-    return _validate_sequences(x, mask, obs_dim, binary, prefix_mask, observed)[:2]
+    return _validate_sequences(x, mask, obs_dim, binary, prefix_mask, observed, device)[:2]
 
 
 def prepare_sequences(x, mask=None, obs_dim: Optional[int] = None, binary: bool = False,
-                      observed=None):
+                      observed=None, device=None):
     """:func:`validate_sequences`, then zero-fill the entries ``observed`` marks missing.
 
     What every program and task does with a batch that may have missing values: the networks
@@ -169,13 +237,13 @@ def prepare_sequences(x, mask=None, obs_dim: Optional[int] = None, binary: bool 
     :returns: ``(x, mask, seen)``: ``x`` with zeros at unobserved entries, the bool padding mask
         ``(batch, T)``, and the bool ``(batch, T, D)`` observed mask (None without ``observed``).
     """
-    x, mask, seen = _validate_sequences(x, mask, obs_dim, binary, True, observed)
+    x, mask, seen = _validate_sequences(x, mask, obs_dim, binary, True, observed, device)
     if seen is not None:
         x = torch.where(seen, x, x.new_zeros(()))
     return x, mask, seen
 
 
-def _validate_sequences(x, mask, obs_dim, binary, prefix_mask, observed):
+def _validate_sequences(x, mask, obs_dim, binary, prefix_mask, observed, device=None):
     """:func:`validate_sequences`; also returns the ``(batch, T, D)`` observed mask."""
     if not torch.is_tensor(x):
         raise TypeError(f"x must be a torch.Tensor of shape (batch, T, D), got {type(x).__name__}")
@@ -190,6 +258,7 @@ def _validate_sequences(x, mask, obs_dim, binary, prefix_mask, observed):
         raise ValueError(f"x has an empty dimension ({what}): shape {tuple(x.shape)} (batch, T, D)")
     if obs_dim is not None and D != obs_dim:
         raise ValueError(f"x has {D} features per step, the model expects {obs_dim}")
+    check_device("x", x, device)  # before any value is read (a host synchronisation)
     mask = validate_mask(mask, (B, T), device=x.device)
     seen = validate_observed(observed, (B, T, D), device=x.device)
     finite = torch.isfinite(x)

@@ -32,6 +32,7 @@ from pyro.distributions.torch_distribution import TorchDistribution
 from torch import Tensor
 
 from pyro_seq.ops.kalman import (
+    _check_devices,
     _covariance_ok,
     _validate_parameters,
     KalmanFilterResult,
@@ -42,7 +43,7 @@ from pyro_seq.ops.kalman import (
     kalman_smoother,
     lgssm_sample,
 )
-from pyro_seq.validation import as_bool_mask
+from pyro_seq.validation import as_bool_mask, check_device
 
 __all__ = ["LinearGaussianSSM", "LGSSMForecast"]
 
@@ -258,6 +259,13 @@ class LinearGaussianSSM(TorchDistribution):
                              f"{tuple(observation_offset.shape)}")
         if num_steps is not None and (int(num_steps) != num_steps or num_steps < 1):
             raise ValueError(f"num_steps must be a positive integer (T >= 1); got {num_steps}")
+        # one device for every tensor (always checked: no host synchronisation)
+        _check_devices(("initial_loc", initial_loc), ("initial_cov", initial_cov),
+                       ("transition_matrix", transition_matrix), ("transition_cov", transition_cov),
+                       ("observation_matrix", observation_matrix),
+                       ("observation_cov", observation_cov), ("control_matrix", control_matrix),
+                       ("controls", controls), ("observation_offset", observation_offset),
+                       ("observation_mask", observation_mask), ("step_mask", step_mask))
         self.initial_loc = initial_loc
         self.initial_cov = initial_cov
         self.transition_matrix = transition_matrix
@@ -469,6 +477,10 @@ class LinearGaussianSSM(TorchDistribution):
         T = x.shape[-2]
         if T == 0:
             raise ValueError("observations have no time steps (T = 0); LinearGaussianSSM needs T >= 1")
+        device = self.initial_loc.device
+        check_device("observations", x, device, "the LinearGaussianSSM's parameters are")
+        for name, m in (("observation_mask", observation_mask), ("step_mask", step_mask)):
+            check_device(name, m, device, "the LinearGaussianSSM's parameters are")
         num_steps = self.num_steps if num_steps is _DEFAULT else num_steps
         if num_steps is not None and T != num_steps:
             raise ValueError(f"expected {num_steps} time steps, got {T}")
@@ -477,7 +489,7 @@ class LinearGaussianSSM(TorchDistribution):
         else:
             mask, _ = _resolve_masks(observation_mask, step_mask, T, D)
         if mask is not None:
-            mask = _expand_mask(mask.to(x.device), T, D)
+            mask = _expand_mask(mask, T, D)
         if self.nan_as_missing:
             nan = torch.isnan(x)
             if bool(nan.any()):

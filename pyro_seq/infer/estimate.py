@@ -64,8 +64,9 @@ class LikelihoodEstimate:
                 "num_steps": self.num_steps, "num_sequences": len(self.lengths)}
 
 
-def _batches(data, batch_size):
-    """Yield ``(x, mask)`` batches from the accepted data formats."""
+def _batches(data, batch_size, device=None):
+    """Yield ``(x, mask)`` batches from the accepted data formats (checked against the model's
+    ``device`` when known)."""
     if torch.is_tensor(data):
         data = (data, None)
     if isinstance(data, tuple) and len(data) == 2 and torch.is_tensor(data[0]) and data[0].dim() == 3:
@@ -77,7 +78,7 @@ def _batches(data, batch_size):
         bs = batch_size or len(data)
         for i in range(0, len(data), bs):
             chunk = data[i:i + bs]
-            yield validate_sequences(*pad_sequences(chunk, dtype=chunk[0].dtype))
+            yield validate_sequences(*pad_sequences(chunk, dtype=chunk[0].dtype), device=device)
         return
     for item in data:
         if torch.is_tensor(item) and item.dim() == 3:
@@ -88,7 +89,8 @@ def _batches(data, batch_size):
             raise TypeError(
                 "data must be a list of (T_i, D) sequences, an (x, mask) batch, or an iterable "
                 f"of (x, mask) batches / (batch, T, D) tensors; got an item of type {type(item).__name__}")
-        x, mask = validate_sequences(x, mask)  # the package's one validator, before any slicing
+        # the package's one validator, before any slicing
+        x, mask = validate_sequences(x, mask, device=device)
         bs = batch_size or x.shape[0]
         for i in range(0, x.shape[0], bs):
             yield x[i:i + bs], mask[i:i + bs]
@@ -117,7 +119,9 @@ def estimate_log_likelihood(model, guide, data, method="iwae", num_particles=100
     :param guide: the proposal (e.g. ``m.guide``); it need not be reparameterized (no gradient
         is taken; :meth:`FIVO.log_z <pyro_seq.infer.FIVO.log_z>` accepts any guide).
     :param data: a list of ``(T_i, D)`` sequences, a ``(batch, T, D)`` tensor, an ``(x, mask)``
-        batch, or an iterable of ``(x, mask)`` batches.
+        batch, or an iterable of ``(x, mask)`` batches, on the device of the model's parameters
+        (``model.device`` of a :class:`~pyro_seq.models.base.StepProgram`; a ValueError naming
+        the tensor otherwise).
     :param str method: ``"iwae"`` or ``"smc"`` (module docstring).
     :param int num_particles: :math:`K`.
     :param int batch_size: sequences per pass (default: all of a batch at once).
@@ -139,7 +143,7 @@ def estimate_log_likelihood(model, guide, data, method="iwae", num_particles=100
     particles_per_pass = positive_int("particles_per_pass", particles_per_pass, optional=True)
     estimates, lengths = [], []
     with torch.no_grad():
-        for x, mask in _batches(data, batch_size):
+        for x, mask in _batches(data, batch_size, getattr(model, "device", None)):
             if method == "iwae":
                 log_z = _iwae_log_z(model, guide, x, mask, num_particles,
                                     particles_per_pass or num_particles, max_plate_nesting)

@@ -90,11 +90,13 @@ def _check_step_protocol(fn, role):
         )
 
 
-def _parse_args(args, kwargs):
+def _parse_args(args, kwargs, device=None):
     """``(x, mask, num_sequences, observed)`` from the arguments of a step-protocol program.
 
     With ``observed`` (missing data inside sequences) ``x`` is returned zero-filled at the
-    unobserved entries; the programs' ``init`` keeps the mask for their observation sites."""
+    unobserved entries; the programs' ``init`` keeps the mask for their observation sites.
+    ``device``: the model program's (``model.device``, e.g. :attr:`StepProgram.device`), when
+    it has one: the batch must be there (a ValueError naming the tensor otherwise)."""
     names = ("x", "mask", "num_sequences", "observed")
     extra = set(kwargs) - set(names)
     if len(args) > 4 or extra:
@@ -108,7 +110,8 @@ def _parse_args(args, kwargs):
     # the package's one validator (model-specific checks, e.g. feature size and binary data for
     # a Bernoulli likelihood, follow in the model's ``init``)
     observed = values.get("observed")
-    x, mask, _ = prepare_sequences(values.get("x"), values.get("mask"), observed=observed)
+    x, mask, _ = prepare_sequences(values.get("x"), values.get("mask"), observed=observed,
+                                   device=device)
     return x, mask, values.get("num_sequences"), observed
 
 
@@ -311,7 +314,8 @@ class FIVO(LogZBound):
         """
         _check_step_protocol(model, "model")
         _check_step_protocol(guide, "guide")
-        x, mask, num_sequences, observed = _parse_args(args, kwargs)
+        x, mask, num_sequences, observed = _parse_args(args, kwargs,
+                                                       device=getattr(model, "device", None))
         B, T = mask.shape
         K = self.num_particles
         particle_dim = -self.max_plate_nesting - 1
@@ -322,7 +326,7 @@ class FIVO(LogZBound):
         call_args = (x, mask, num_sequences) + (() if observed is None else (observed,))
         decide = K > 1 and self.resample != "never"  # resampling decisions to take
 
-        with pyro.plate(PARTICLE_PLATE, K, dim=particle_dim), sites:
+        with pyro.plate(PARTICLE_PLATE, K, dim=particle_dim, device=x.device), sites:
             guide_sites, latent = sites.run(guide.init, None, state, *call_args)
             model_sites, _ = sites.run(model.init, latent, state, *call_args)
             sampled = [s["name"] for s in guide_sites + model_sites]

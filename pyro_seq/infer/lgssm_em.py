@@ -120,7 +120,7 @@ from typing import NamedTuple, Optional
 import torch
 
 from pyro_seq.ops.kalman import _sym, kalman_filter, kalman_smoother
-from pyro_seq.validation import as_bool_mask
+from pyro_seq.validation import as_bool_mask, check_device
 
 __all__ = [
     "EMResult",
@@ -257,6 +257,9 @@ def _normalize_mask(mask, x, step_mask=None, observation_mask=None):
         raise ValueError("pass either mask or step_mask/observation_mask, not both")
     if step_mask is not None or observation_mask is not None:
         kind, out = None, None
+        # a tensor must already be on x's device (never copied silently); array-likes go there
+        check_device("step_mask", step_mask, x.device, "the observations are")
+        check_device("observation_mask", observation_mask, x.device, "the observations are")
         if step_mask is not None:
             step_mask = as_bool_mask(torch.as_tensor(step_mask, device=x.device), "step_mask")
             if step_mask.dim() < 1 or step_mask.shape[-1] != T:
@@ -275,6 +278,7 @@ def _normalize_mask(mask, x, step_mask=None, observation_mask=None):
     else:
         if mask is None:
             return None, None
+        check_device("mask", mask, x.device, "the observations are")
         mask = as_bool_mask(torch.as_tensor(mask, device=x.device), "mask")
         if mask.dim() >= 2 and mask.shape[-2:] == (T, T) and T == D:
             raise ValueError(

@@ -60,7 +60,8 @@ from pyro.poutine.runtime import _PYRO_STACK
 from pyro_seq.distributions.scored_value import ScoredValue
 from pyro_seq.models.emission import ObservedElements
 from pyro_seq.ops.state import SequenceState
-from pyro_seq.validation import positive_int, prepare_sequences, validate_mask, validate_sequences
+from pyro_seq.validation import (module_device, positive_int, prepare_sequences, validate_mask,
+                                 validate_sequences)
 
 
 #: Alias of :func:`pyro_seq.validation.validate_sequences`, the package's one validator.
@@ -182,6 +183,13 @@ class StepProgram:
     def __repr__(self):
         return f"{type(self._owner).__name__}.{self.role}"
 
+    @property
+    def device(self):
+        """The device of the owner's parameters: where ``x``, ``mask`` and ``observed`` must be
+        (drivers such as :class:`~pyro_seq.infer.FIVO` check their batch against it before
+        running any step)."""
+        return module_device(self._owner)
+
     def plate(self, x, num_sequences=None):
         """The batch plate; ``num_sequences`` (data-set size) scales a minibatch to the full sum.
 
@@ -192,20 +200,22 @@ class StepProgram:
         if self._plate_key != key:
             batch = x.shape[0]
             if num_sequences is None:
-                self._plate = pyro.plate("sequences", batch, dim=-1)
+                self._plate = pyro.plate("sequences", batch, dim=-1, device=x.device)
             else:
                 self._plate = pyro.plate("sequences", num_sequences,
-                                         subsample=torch.arange(batch, device=x.device), dim=-1)
+                                         subsample=torch.arange(batch, device=x.device), dim=-1,
+                                         device=x.device)
             self._plate_key = key
         return self._plate
 
     def _validate(self, state, x, mask, observed):
         """The package's validator; with ``observed`` also zero-fill the missing entries of ``x``
         (what the networks see) and keep the per-element mask in ``state.shared["observed"]``
-        (what the observation sites are scored on)."""
+        (what the observation sites are scored on). ``x``, ``mask`` and ``observed`` must be on
+        the device of the model's parameters (a ValueError naming the tensor otherwise)."""
         owner = self._owner
         x, mask, seen = prepare_sequences(x, mask, owner.obs_dim, owner.binary_observations,
-                                          observed)
+                                          observed, device=self.device)
         if seen is not None:
             state.shared["observed"] = seen
         return x, mask

@@ -96,7 +96,7 @@ class CollaborativeRBM(nn.Module):
             if seen is None:
                 raise ValueError("a conditional CollaborativeRBM needs seen=(row, column)")
             seen_row, seen_col = seen
-            hidden_bias = self.b + torch.zeros(num_rows, self.b.shape[0], dtype=self.b.dtype).index_add(
+            hidden_bias = self.b + self.b.new_zeros(num_rows, self.b.shape[0]).index_add(
                 0, seen_row, self.D[:, seen_col].T)
         return SparseRBM(self.weights(), self.c, hidden_bias, row, column, num_rows,
                          visible=self.visible, num_trials=self.num_trials)
@@ -113,8 +113,10 @@ class CollaborativeRBM(nn.Module):
         """
         pyro.module(self.module_name, self)
         fn = self.distribution(row, column, num_rows, seen)
-        plate = (pyro.plate("students", num_rows) if num_students is None else
-                 pyro.plate("students", num_students, subsample=torch.arange(num_rows)))
+        device = self.b.device
+        plate = (pyro.plate("students", num_rows, device=device) if num_students is None else
+                 pyro.plate("students", num_students,
+                            subsample=torch.arange(num_rows, device=device), device=device))
         with plate:
             pyro.sample("answers", fn, obs=self.encode(answer))
 

@@ -137,7 +137,8 @@ class LinearGaussianSequenceModel(SequenceModel):
         raw = getattr(self, f"_{name}_raw")
         L = torch.tril(raw, -1) + torch.diag_embed(F.softplus(raw.diagonal()))
         if self.jitter:
-            L = torch.linalg.cholesky(_sym(L @ L.T) + self.jitter * torch.eye(L.shape[-1]))
+            eye = torch.eye(L.shape[-1], dtype=L.dtype, device=L.device)
+            L = torch.linalg.cholesky(_sym(L @ L.T) + self.jitter * eye)
         return L
 
     @property
@@ -336,7 +337,7 @@ class LinearGaussianSequenceModel(SequenceModel):
                 means.append(A @ means[-1])
                 covs.append(A @ covs[-1] @ A.T + Q)
             mean_x = torch.cat([C @ mu for mu in means])  # (T D,)
-            cov_x = torch.zeros(T * D, T * D, dtype=f)
+            cov_x = torch.zeros(T * D, T * D, dtype=f, device=x.device)
             for s in range(T):
                 cross = covs[s]  # Cov(z_t, z_s) for t = s
                 for t in range(s, T):

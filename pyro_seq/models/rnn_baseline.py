@@ -30,7 +30,7 @@ from pyro_seq.models.emission import make_emission, stack_params
 from pyro_seq.models.base import shift_right
 from pyro_seq.nn import ForwardRNN
 from pyro_seq.nn.recurrent import RNN_CELLS
-from pyro_seq.validation import positive_int, validate_sequences
+from pyro_seq.validation import module_device, positive_int, validate_sequences
 
 
 class RNNBaseline(SequenceModel):
@@ -90,7 +90,8 @@ class RNNBaseline(SequenceModel):
         :param mask: ``(batch, T)`` prefix mask or None.
         :returns: tensor ``(batch,)`` (differentiable).
         """
-        x, mask = validate_sequences(x, mask, self.obs_dim, self.binary_observations)
+        x, mask = validate_sequences(x, mask, self.obs_dim, self.binary_observations,
+                                     device=module_device(self))
         d = self._deterministic_states(x, mask)
         log_p = self.likelihood(self.emitter(d)).log_prob(x)            # (batch, T)
         return torch.where(mask, log_p, log_p.new_zeros(())).sum(-1)

@@ -36,7 +36,7 @@ import torch
 from torch import nn
 
 from pyro_seq.distributions.rbm import RBM
-from pyro_seq.validation import validate_sequences
+from pyro_seq.validation import module_device, validate_sequences
 
 __all__ = ["RTRBM", "SRTRBM", "SequenceLogLikelihood"]
 
@@ -85,7 +85,8 @@ class RTRBM(nn.Module):
         return self.W, self.U
 
     def _check(self, x, mask):
-        x, mask = validate_sequences(x, mask, self.num_visible, binary=True)
+        x, mask = validate_sequences(x, mask, self.num_visible, binary=True,
+                                     device=module_device(self))
         return x.to(self.W.dtype), mask
 
     # ------------------------------------------------------------------ recursion
@@ -123,8 +124,10 @@ class RTRBM(nn.Module):
         pyro.module(self.module_name, self)
         rbm = self.step_rbms(x)
         B = x.shape[0]
-        plate = (pyro.plate("sequences", B, dim=-1) if num_sequences is None else
-                 pyro.plate("sequences", num_sequences, subsample=torch.arange(B), dim=-1))
+        plate = (pyro.plate("sequences", B, dim=-1, device=x.device) if num_sequences is None
+                 else pyro.plate("sequences", num_sequences,
+                                 subsample=torch.arange(B, device=x.device), dim=-1,
+                                 device=x.device))
         with plate:
             pyro.sample("x", rbm.mask(mask).to_event(1), obs=x)
 

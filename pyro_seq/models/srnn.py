@@ -130,9 +130,10 @@ class SRNN(SequenceModel):
         :returns: ``(x, params)``: samples ``(num_sequences, num_steps, obs_dim)`` and the
             emission parameters per step.
         """
-        x_prev = torch.zeros(num_sequences, 1, self.obs_dim)
-        h = self.deterministic.h0.expand(1, num_sequences, -1).contiguous()
-        z = torch.zeros(num_sequences, self.z_dim)
+        h0 = self.deterministic.h0  # zeros on the model's device and in its dtype
+        x_prev = h0.new_zeros(num_sequences, 1, self.obs_dim)
+        h = h0.expand(1, num_sequences, -1).contiguous()
+        z = h0.new_zeros(num_sequences, self.z_dim)
         xs, params = [], []
         for _ in range(num_steps):
             d, h = self.deterministic.rnn(x_prev, h)

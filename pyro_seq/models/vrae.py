@@ -45,7 +45,7 @@ from pyro_seq.models.base import SequenceModel, normal
 from pyro_seq.models.emission import make_emission, stack_params
 from pyro_seq.models.storn import StepRNN, latent_prior
 from pyro_seq.nn import GaussianHead, reverse_padded
-from pyro_seq.validation import positive_int, validate_sequences
+from pyro_seq.validation import module_device, positive_int, validate_sequences
 
 __all__ = ["VRAE"]
 
@@ -133,7 +133,8 @@ class VRAE(SequenceModel):
 
         :returns: ``(batch,)``.
         """
-        x, mask = validate_sequences(x, mask, self.obs_dim, self.binary_observations)
+        x, mask = validate_sequences(x, mask, self.obs_dim, self.binary_observations,
+                                     device=module_device(self))
         loc, scale = self.recognition_params(x, mask)
         if self.prior == "wiener":
             return kl_diagonal_normal_wiener(loc, scale, mask=mask)

@@ -108,6 +108,9 @@ Numerics
 Argument checks
 ---------------
 * T = 0 raises ``ValueError``.
+* Devices (always checked, no host synchronisation): every tensor argument must be on the
+  device of ``initial_loc``; one elsewhere raises ``ValueError`` naming it and both devices
+  (nothing is copied between devices for you).
 * Observations: every observed entry must be finite (one reduction over ``observations``).
   NaN at an observed position raises ``ValueError`` naming the ``mask`` argument; +inf/-inf
   are refused likewise. ``nan_as_missing=True`` treats every NaN entry as an unobserved
@@ -137,7 +140,7 @@ from typing import NamedTuple, Optional
 import torch
 from torch import Tensor
 
-from pyro_seq.validation import as_bool_mask
+from pyro_seq.validation import as_bool_mask, check_device
 
 __all__ = [
     "KalmanFilterResult",
@@ -390,13 +393,31 @@ def covariance_problem(M: Tensor, definite: bool) -> Optional[str]:
             f"{lam_min:.3g})")
 
 
+def _check_devices(*named):
+    """Every tensor among the ``(name, tensor)`` pairs on the device of the first one (None
+    entries are skipped): a ``ValueError`` naming the argument and both devices, rather than a
+    silent copy or a RuntimeError deep inside a recursion."""
+    ref_name = ref = None
+    for name, t in named:
+        if not torch.is_tensor(t):
+            continue
+        if ref is None:
+            ref_name, ref = name, t.device
+        else:
+            check_device(name, t, ref, f"{ref_name} is")
+
+
 def _validate_parameters(initial_loc, initial_cov, A, Q, C, R, control_matrix, controls, *extra):
     """``validate_args`` checks (outside all loops; one host synchronisation when they pass):
-    all parameters finite; ``initial_cov``, ``transition_cov`` symmetric and positive
+    every tensor on the device of ``initial_loc`` (:func:`_check_devices`); all parameters finite; ``initial_cov``, ``transition_cov`` symmetric and positive
     *semi*-definite (a singular Q, e.g. noise on the velocity only, is legitimate);
     ``observation_cov`` symmetric and positive definite (:func:`covariance_problem`, tolerances
     :data:`COV_TOL_EPS`; nothing is symmetrised silently). ``extra``: more ``(name, tensor)``
     pairs that must be finite."""
+    _check_devices(("initial_loc", initial_loc), ("initial_cov", initial_cov),
+                   ("transition_matrix", A), ("transition_cov", Q), ("observation_matrix", C),
+                   ("observation_cov", R), ("control_matrix", control_matrix),
+                   ("controls", controls), *extra)
     finite = [(n, p) for n, p in (("initial_loc", initial_loc), ("transition_matrix", A),
                                    ("observation_matrix", C), ("control_matrix", control_matrix),
                                    ("controls", controls)) + tuple(extra) if p is not None]
@@ -438,6 +459,11 @@ def _prepare(
     validate_args: Optional[bool] = None,
 ) -> _Model:
     x = observations
+    _check_devices(("initial_loc", initial_loc), ("initial_cov", initial_cov),
+                   ("transition_matrix", transition_matrix), ("transition_cov", transition_cov),
+                   ("observation_matrix", observation_matrix), ("observation_cov", observation_cov),
+                   ("control_matrix", control_matrix), ("controls", controls),
+                   ("observations", observations), ("mask", mask))
     if x.dim() < 2:
         raise ValueError(f"observations must have shape (..., T, D); got {tuple(x.shape)}")
     T, D = x.shape[-2:]
@@ -480,7 +506,7 @@ def _prepare(
     elif control_matrix is not None:
         raise ValueError("control_matrix given without controls")
 
-    m = None if mask is None else _element_mask(mask, T, D, x.shape[:-2]).to(x.device)
+    m = None if mask is None else _element_mask(mask, T, D, x.shape[:-2])
     m = _observed_finite(x, m, nan_as_missing)
     num_obs = None
     if m is not None:
@@ -1441,6 +1467,7 @@ def _sample(mdl: _Model, f: KalmanFilterResult, sample_shape, noise, method) -> 
         noise = torch.randn(shape, dtype=f.means.dtype, device=f.means.device)
     elif noise.shape != shape:
         raise ValueError(f"noise must have shape {tuple(shape)}; got {tuple(noise.shape)}")
+    check_device("noise", noise, f.means.device, "the model's parameters are")
     LT = psd_sqrt(f.covs[..., -1, :, :])
     zT = f.means[..., -1, :] + _mv(LT, noise[..., -1, :])
     if T == 1:
@@ -1529,6 +1556,7 @@ def lgssm_sample(
                         device=initial_loc.device)
     else:
         e, f = noise
+        _check_devices(("initial_loc", initial_loc), ("noise[0]", e), ("noise[1]", f))
     g0 = mdl.init_loc + _mv(psd_sqrt(mdl.init_cov), e[..., 0, :])
     if T > 1:
         rest = _mv(psd_sqrt(_slice_time(mdl.Q, 1, None, 2)), e[..., 1:, :])

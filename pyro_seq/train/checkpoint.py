@@ -1,5 +1,10 @@
 """Checkpoints that resume training exactly: model, optimizer, epoch, RNG and history.
 
+Random numbers: the CPU generator's state is always saved (``torch_rng``); a run on CUDA also
+saves every CUDA generator's state (``cuda_rng``, :func:`torch.cuda.get_rng_state_all`), since
+the models sample on the device their tensors live on. Checkpoints without ``cuda_rng`` (CPU
+runs, older files) load as before; a ``cuda_rng`` is ignored on a machine without CUDA.
+
 A checkpoint is a plain dict of tensors and Python containers saved with :func:`torch.save`
 and read back with ``torch.load(..., weights_only=True)``, so loading never runs pickled code.
 
@@ -85,7 +90,8 @@ def _load(path, what, remedy):
             f"{what} {path} is truncated or corrupt and cannot be loaded; {remedy}") from None
 
 
-def save_checkpoint(path, *, model, optimizer, epoch, global_step, history, extra=None):
+def save_checkpoint(path, *, model, optimizer, epoch, global_step, history, extra=None,
+                    cuda_rng=False):
     """Write a checkpoint of everything needed to continue training exactly (atomically).
 
     :param path: file to write.
@@ -95,6 +101,7 @@ def save_checkpoint(path, *, model, optimizer, epoch, global_step, history, extr
     :param int global_step: number of completed SVI steps.
     :param list history: per-epoch log rows (dicts of numbers).
     :param dict extra: further plain data (e.g. best validation score).
+    :param bool cuda_rng: also save the CUDA generators' states (training on CUDA).
     """
     payload = {
         "model": model.state_dict(),
@@ -105,6 +112,8 @@ def save_checkpoint(path, *, model, optimizer, epoch, global_step, history, extr
         "torch_rng": torch.get_rng_state(),
         "extra": dict(extra or {}),
     }
+    if cuda_rng:
+        payload["cuda_rng"] = list(torch.cuda.get_rng_state_all())
     _atomic_save(payload, path)
 
 
@@ -149,6 +158,10 @@ def _checkpoint_problem(payload):
     rng, expected = payload["torch_rng"], torch.get_rng_state()
     if not (torch.is_tensor(rng) and rng.dtype == expected.dtype and rng.shape == expected.shape):
         return "has a torch_rng entry that is not a torch RNG state"
+    cuda = payload.get("cuda_rng")
+    if cuda is not None and not (isinstance(cuda, (list, tuple)) and all(
+            torch.is_tensor(s) and s.dtype == torch.uint8 and s.dim() == 1 for s in cuda)):
+        return "has a cuda_rng entry that is not a list of CUDA RNG states"
     for key in ("optimizer", "extra"):
         if not isinstance(payload[key], dict):
             return f"has an {key} entry of type {type(payload[key]).__name__}, not a dict"
@@ -176,6 +189,9 @@ def load_weights(path):
 def restore(payload, *, model, optimizer=None, restore_rng=True, path="checkpoint"):
     """Load a checkpoint's state into ``model`` (and ``optimizer``, RNG); returns ``payload``.
 
+    ``restore_rng``: set torch's CPU generator, and, when the checkpoint holds ``cuda_rng`` and
+    CUDA is available, the generators of the CUDA devices it saved that exist here.
+
     :raises CheckpointError: the weights do not fit ``model`` (missing, unexpected or
         differently shaped entries: a checkpoint of another model), or the optimizer state
         does not fit ``optimizer``. ``path`` names the file in the message.
@@ -196,4 +212,8 @@ def restore(payload, *, model, optimizer=None, restore_rng=True, path="checkpoin
                                   f"({type(e).__name__}: {e}); {remedy}") from None
     if restore_rng:
         torch.set_rng_state(payload["torch_rng"])
+        cuda = payload.get("cuda_rng")
+        if cuda and torch.cuda.is_available():
+            for index, state in enumerate(cuda[:torch.cuda.device_count()]):
+                torch.cuda.set_rng_state(state, index)
     return payload

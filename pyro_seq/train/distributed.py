@@ -17,7 +17,12 @@ early-stopping decisions. Rank 0 alone writes checkpoints, logs and progress bar
 random-number state is gathered into the checkpoint so that a resumed run continues every rank's
 stream (resuming needs the same number of processes).
 
-Backends: ``gloo`` on CPU (the tests run it), ``nccl`` on CUDA. A rank that dies makes the
+Devices and backends: with ``TrainConfig.device = "cpu"`` the ranks use ``gloo`` (the tests
+run it); with ``"cuda"`` (``"cuda:N"``) rank ``r`` trains on ``cuda:r`` (``cuda:N+r``) and the
+ranks use ``nccl``, every collective on tensors of that device. The backend follows the
+training device, not what the machine has: CPU training on a CUDA machine still uses ``gloo``
+(nccl cannot reduce CPU tensors). Each rank's CUDA generator state is gathered into the
+checkpoint as well (``extra["cuda_rng_states"]``). A rank that dies makes the
 others fail at their next collective operation, or after ``TrainConfig.dist_timeout`` seconds at
 the latest; :func:`torch.multiprocessing.spawn` then stops the remaining processes and
 :func:`pyro_seq.train.fit` raises a ``RuntimeError`` naming the rank.
@@ -31,13 +36,15 @@ import pyro
 import torch
 import torch.distributed as dist
 
-__all__ = ["AllReduceGradients", "ProcessGroup", "SingleProcess", "free_port"]
+__all__ = ["AllReduceGradients", "ProcessGroup", "SingleProcess", "default_backend", "free_port",
+           "rank_device"]
 
 
 class SingleProcess:
     """The trivial communicator of an ordinary (one-process) run."""
 
     rank, world_size, is_main = 0, 1, True
+    device = torch.device("cpu")
 
     def shard(self, x, mask):
         return x, mask
@@ -55,15 +62,20 @@ class SingleProcess:
     def gather_rng_states(self):
         return None
 
+    def gather_cuda_rng_states(self):
+        return None
+
     def barrier(self):
         pass
 
 
 class ProcessGroup(SingleProcess):
-    """Rank ``rank`` of ``world_size`` processes in the default ``torch.distributed`` group."""
+    """Rank ``rank`` of ``world_size`` processes in the default ``torch.distributed`` group,
+    training on ``device`` (where its collective operations run: nccl needs CUDA tensors)."""
 
-    def __init__(self, rank, world_size):
+    def __init__(self, rank, world_size, device=None):
         self.rank, self.world_size, self.is_main = rank, world_size, rank == 0
+        self.device = torch.device("cpu") if device is None else torch.device(device)
 
     def shard(self, x, mask):
         return x[self.rank::self.world_size], mask[self.rank::self.world_size]
@@ -72,7 +84,7 @@ class ProcessGroup(SingleProcess):
         return sequences[self.rank::self.world_size]
 
     def all_sum(self, values):
-        t = torch.tensor([float(v) for v in values], dtype=torch.float64)
+        t = torch.tensor([float(v) for v in values], dtype=torch.float64, device=self.device)
         dist.all_reduce(t)
         return t.tolist()
 
@@ -82,6 +94,14 @@ class ProcessGroup(SingleProcess):
     def gather_rng_states(self):
         states = [None] * self.world_size
         dist.all_gather_object(states, torch.get_rng_state())
+        return states
+
+    def gather_cuda_rng_states(self):
+        """Every rank's CUDA generator state (of its own device), or None on CPU."""
+        if self.device.type != "cuda":
+            return None
+        states = [None] * self.world_size
+        dist.all_gather_object(states, torch.cuda.get_rng_state(self.device))
         return states
 
     def barrier(self):
@@ -132,11 +152,29 @@ def free_port():
         return s.getsockname()[1]
 
 
-def init_process_group(rank, world_size, port, backend=None, timeout=120.0):
-    """Join the default process group (``gloo`` on CPU, ``nccl`` when CUDA is available)."""
-    backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
+def rank_device(device, rank):
+    """The device of rank ``rank`` when training on ``device``: the CPU for every rank, or
+    ``cuda:(N + rank)`` for ``cuda:N`` (``cuda`` counts as ``cuda:0``)."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return device
+    return torch.device("cuda", (device.index or 0) + rank)
+
+
+def default_backend(device):
+    """``nccl`` for CUDA training, ``gloo`` for CPU training."""
+    return "nccl" if torch.device(device).type == "cuda" else "gloo"
+
+
+def init_process_group(rank, world_size, port, backend=None, timeout=120.0, device="cpu"):
+    """Join the default process group as rank ``rank`` training on ``device`` (this rank's
+    device, :func:`rank_device`); ``backend`` None: :func:`default_backend` of ``device``."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)  # nccl's collectives and barrier use the current device
+    backend = backend or default_backend(device)
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ["MASTER_PORT"] = str(port)
     dist.init_process_group(backend, rank=rank, world_size=world_size,
                             timeout=timedelta(seconds=timeout))
-    return ProcessGroup(rank, world_size)
+    return ProcessGroup(rank, world_size, device)

@@ -3,6 +3,9 @@
 The per-step number is the convention of Boulanger-Lewandowski et al. (2012) and Pyro's DMM
 example: the *total* bound over all test sequences divided by the *total* number of test time
 steps (not a mean of per-sequence averages).
+
+Sequences may live on any device: they are padded into batches in the model's dtype and moved
+to the device of the model's parameters (:func:`model_device`), where the bound is computed.
 """
 
 import math
@@ -11,7 +14,7 @@ import pyro.poutine as poutine
 import torch
 
 from pyro_seq.data.batching import SequenceLoader
-from pyro_seq.validation import validate_sequence_list
+from pyro_seq.validation import module_device, validate_sequence_list
 
 
 def elbo_terms(model, x, mask):
@@ -51,6 +54,12 @@ def model_dtype(model):
     return torch.get_default_dtype()
 
 
+def model_device(model):
+    """The device of ``model``'s parameters (or buffers; the CPU if it holds no tensors): the
+    batches of :func:`evaluate_bound` (and the trainer's) are moved there."""
+    return module_device(model) or torch.device("cpu")
+
+
 ENERGY_METHODS = ("exact", "ais", "pseudo_likelihood")
 
 
@@ -61,7 +70,8 @@ def _evaluate_energy_based(model, sequences, batch_size, method, num_particles, 
                          f"unnormalised likelihood): evaluate it with method 'exact', 'ais' or "
                          f"'pseudo_likelihood', not {method!r}")
     total, variance, steps = 0.0, 0.0, 0
-    loader = SequenceLoader(sequences, batch_size, shuffle=False, dtype=model_dtype(model))
+    loader = SequenceLoader(sequences, batch_size, shuffle=False, dtype=model_dtype(model),
+                            device=model_device(model))
     for x, mask in loader:
         if method == "pseudo_likelihood":
             total += float(model.pseudo_log_likelihood(x, mask).sum())
@@ -84,7 +94,7 @@ def evaluate_bound(model, sequences, batch_size=32, method="elbo", num_particles
     """Bound on ``log p(x)`` over a list of sequences, in total and in nats per time step.
 
     :param model: a :class:`~pyro_seq.models.SequenceModel`.
-    :param list sequences: tensors ``(T_i, D)``.
+    :param list sequences: tensors ``(T_i, D)`` on any device (batches are moved to the model's).
     :param str method: ``"elbo"`` (average of ``num_particles`` one-sample ELBOs; also reports
         the KL term), ``"iwae"`` or ``"smc"`` (see :func:`pyro_seq.infer.estimate_log_likelihood`).
         Energy-based models (``model.energy_based``, e.g. RTRBM) take ``"exact"``, ``"ais"``
@@ -109,7 +119,8 @@ def evaluate_bound(model, sequences, batch_size=32, method="elbo", num_particles
         elif method == "elbo":
             total = kl_total = 0.0
             steps = 0
-            loader = SequenceLoader(sequences, batch_size, shuffle=False, dtype=model_dtype(model))
+            loader = SequenceLoader(sequences, batch_size, shuffle=False, dtype=model_dtype(model),
+                                    device=model_device(model))
             for x, mask in loader:
                 terms = [elbo_terms(model, x, mask) for _ in range(num_particles)]
                 total += sum(float(t["elbo"].sum()) for t in terms) / num_particles
@@ -120,8 +131,9 @@ def evaluate_bound(model, sequences, batch_size=32, method="elbo", num_particles
         elif method in ("iwae", "smc"):
             from pyro_seq.infer import estimate_log_likelihood
 
-            dtype = model_dtype(model)
-            est = estimate_log_likelihood(model.model, model.guide, [s.to(dtype) for s in sequences],
+            dtype, device = model_dtype(model), model_device(model)
+            est = estimate_log_likelihood(model.model, model.guide,
+                                          [s.to(device=device, dtype=dtype) for s in sequences],
                                           method=method,
                                           num_particles=num_particles, batch_size=batch_size)
             result = {"total": float(est.total), "num_steps": int(est.num_steps),

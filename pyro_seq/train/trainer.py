@@ -47,6 +47,17 @@ from the end of KL annealing; ``best.pt`` follows the best validation epoch thro
 plateau defaults the rate has then been halved twice and each rate has had 4 epochs to help,
 so training stops at the epoch where the third halving would come.
 
+Devices (``TrainConfig.device``: ``"cpu"``, ``"cuda"`` or ``"cuda:N"``, checked by
+:func:`pyro_seq.validation.parse_device`; asking for CUDA on a machine without it is a
+``ValueError``, never a silent CPU run): ``fit`` moves the model there after its
+initialisation and before Pyro's param store sees it (so the optimizer state lives there too),
+the minibatches and the validation batches are padded and then moved there, and the models
+sample with the generator of that device. A checkpoint of a CUDA run also holds the CUDA
+generators' states, so resuming on CUDA continues the same random stream (resume on the device
+the run was started on for exact continuation). With ``world_size`` N > 1 on ``"cuda:K"``,
+rank r trains on ``cuda:K+r`` and the ranks communicate with nccl
+(:mod:`pyro_seq.train.distributed`). ``fit`` returns with the model on the device.
+
 Initialisation (``TrainConfig.init``, only on a fresh start, never on resume): ``"srnn"``
 (default) applies :func:`pyro_seq.nn.init_weights` (the SRNN authors' scheme) to an
 :class:`~pyro_seq.models.SRNN` and, for every model with a Bernoulli emission, sets the
@@ -79,10 +90,10 @@ from pyro_seq.data.batching import SequenceLoader
 from pyro_seq.nn.init import INIT_SCHEMES, bernoulli_output_layer, init_output_bias, init_weights
 from pyro_seq.train.checkpoint import (load_checkpoint, load_weights, restore, save_checkpoint,
                                        save_weights)
-from pyro_seq.train.distributed import AllReduceGradients, SingleProcess
+from pyro_seq.train.distributed import AllReduceGradients, SingleProcess, rank_device
 from pyro_seq.train.evaluate import evaluate_bound, model_dtype
 from pyro_seq.train.objectives import check_objective, make_objective
-from pyro_seq.validation import validate_sequence_list
+from pyro_seq.validation import parse_device, validate_sequence_list
 
 #: The validation bound watched by early stopping, the plateau schedule and ``best.pt`` when
 #: ``TrainConfig.monitor == "objective"``: a model trained with IWAE_K (FIVO_K) is judged by the
@@ -104,8 +115,9 @@ class TrainConfig:
     objective: str = "elbo"
     num_particles: int = 1
     cd_steps: int = 1  #: Gibbs sweeps k of objective "cd" (energy-based models)
+    device: str = "cpu"  #: "cpu", "cuda" or "cuda:N" (module docstring, Devices)
     world_size: int = 1  #: processes of data-parallel training (pyro_seq.train.distributed)
-    dist_backend: Optional[str] = None  #: "gloo" / "nccl"; None: nccl with CUDA, else gloo
+    dist_backend: Optional[str] = None  #: "gloo" / "nccl"; None: nccl on CUDA devices, else gloo
     dist_timeout: float = 120.0  #: seconds a rank waits for the others before failing
     lr: float = 1e-3
     betas: tuple = (0.9, 0.999)
@@ -187,6 +199,13 @@ class TrainConfig:
             raise ValueError(f"world_size must be a positive int, got {self.world_size!r}")
         if self.dist_timeout <= 0:
             raise ValueError(f"dist_timeout must be positive, got {self.dist_timeout}")
+        device = parse_device(self.device, "device")
+        if device.type == "cuda" and self.world_size > 1:
+            last = rank_device(device, self.world_size - 1)
+            if last.index >= torch.cuda.device_count():
+                raise ValueError(f"world_size={self.world_size} on device {self.device!r} needs "
+                                 f"{last} (rank r trains on cuda:{device.index}+r), but this "
+                                 f"machine has {torch.cuda.device_count()} CUDA device(s)")
         return self
 
 
@@ -316,18 +335,26 @@ def _write_logs(out_dir, history):
 
 
 def _restores_torch_threads_and_rng(func):
-    """Put torch's CPU thread count and global RNG state back as they were when ``func``
-    returns or raises (saving the RNG state is a 5 KB copy)."""
+    """Put torch's CPU thread count and global RNG states back as they were when ``func``
+    returns or raises (saving the CPU RNG state is a 5 KB copy). The CUDA generators' states are
+    saved and restored too when the run is on CUDA (``config.device``) or CUDA is already in use;
+    a CPU run on a machine that has not touched CUDA does not initialise it."""
 
     @functools.wraps(func)
     def wrapper(*args, **kwargs):
+        config = kwargs.get("config", args[3] if len(args) > 3 else None)
+        on_cuda = str(getattr(config, "device", "cpu")).startswith("cuda")
         threads, rng_state = torch.get_num_threads(), torch.get_rng_state()
+        cuda_states = (torch.cuda.get_rng_state_all() if torch.cuda.is_available()
+                       and (on_cuda or torch.cuda.is_initialized()) else None)
         try:
             return func(*args, **kwargs)
         finally:
             if torch.get_num_threads() != threads:
                 torch.set_num_threads(threads)
             torch.set_rng_state(rng_state)
+            if cuda_states is not None:
+                torch.cuda.set_rng_state_all(cuda_states)
 
     return wrapper
 
@@ -381,7 +408,8 @@ def fit(model, train_sequences, valid_sequences, config, out_dir, resume=True):
     out_dir.mkdir(parents=True, exist_ok=True)
     if config.world_size > 1:
         return _fit_distributed(model, train_sequences, valid_sequences, config, out_dir, resume)
-    return _fit(model, train_sequences, valid_sequences, config, out_dir, resume, SingleProcess())
+    return _fit(model, train_sequences, valid_sequences, config, out_dir, resume, SingleProcess(),
+                parse_device(config.device))
 
 
 def _validation_bound(model, sequences, comm, batch_size, method="elbo", num_particles=1):
@@ -400,15 +428,17 @@ def _validation_bound(model, sequences, comm, batch_size, method="elbo", num_par
             "kl_per_step": kl / steps}
 
 
-def _fit(model, train_sequences, valid_sequences, config, out_dir, resume, comm):
-    """The body of :func:`fit` on one rank (``comm``: :mod:`pyro_seq.train.distributed`)."""
+def _fit(model, train_sequences, valid_sequences, config, out_dir, resume, comm, device):
+    """The body of :func:`fit` on one rank (``comm``: :mod:`pyro_seq.train.distributed`),
+    training on ``device`` (a :class:`torch.device`, this rank's)."""
     main = comm.is_main
     if config.num_threads:
         torch.set_num_threads(config.num_threads)
     pyro.clear_param_store()
-    torch.manual_seed(config.seed)
+    torch.manual_seed(config.seed)  # seeds the CPU and every CUDA generator
     loader = SequenceLoader(train_sequences, config.batch_size, shuffle=True, seed=config.seed,
-                            chunk_length=config.chunk_length, dtype=model_dtype(model))
+                            chunk_length=config.chunk_length, dtype=model_dtype(model),
+                            device=device)
     energy = getattr(model, "energy_based", False)
     optim = make_optimizer(config)
     loss = make_objective(config.objective, config.num_particles, config.free_bits,
@@ -446,6 +476,12 @@ def _fit(model, train_sequences, valid_sequences, config, out_dir, resume, comm)
         bad_epochs = payload["extra"].get("bad_epochs", 0)
         if comm.world_size > 1:  # every rank continues its own random stream
             torch.set_rng_state(payload["extra"]["rng_states"][comm.rank])
+            cuda_states = payload["extra"].get("cuda_rng_states")
+            if device.type == "cuda" and cuda_states:
+                torch.cuda.set_rng_state(cuda_states[comm.rank], device)
+    # to the device before Pyro's param store (and so the optimizer) sees a parameter; after
+    # the initialisation, which thereby draws the same weights whatever the device
+    model.to(device)
     if comm.world_size > 1:
         pyro.module(model.module_name, model)  # every parameter in the store before step 1
         if fresh:  # the same initial weights, then a different sampling stream per rank
@@ -522,11 +558,15 @@ def _fit(model, train_sequences, valid_sequences, config, out_dir, resume, comm)
         extra = {"best_valid": best, "bad_epochs": bad_epochs}
         if comm.world_size > 1:
             extra.update(world_size=comm.world_size, rng_states=comm.gather_rng_states())
+            cuda_states = comm.gather_cuda_rng_states()
+            if cuda_states is not None:
+                extra["cuda_rng_states"] = cuda_states
         if main:
             if improved:
                 save_weights(model.state_dict(), out_dir / "best.pt")
             save_checkpoint(ckpt_path, model=model, optimizer=optim, epoch=epoch + 1,
-                            global_step=global_step, history=history, extra=extra)
+                            global_step=global_step, history=history, extra=extra,
+                            cuda_rng=device.type == "cuda")
             _write_logs(out_dir, history)
         postfix = ({"recon": f"{row['train_reconstruction_error']:.4f}"} if energy else
                    {"loss/step": f"{row['train_loss_per_step']:.3f}"})
@@ -592,9 +632,11 @@ def _worker(rank, world_size, port, model, train_sequences, valid_sequences, con
     # torch.multiprocessing hands every rank the parent's tensors in one shared-memory storage:
     # without a private copy the ranks would all step the same parameters
     model = copy.deepcopy(model)
-    comm = init_process_group(rank, world_size, port, config.dist_backend, config.dist_timeout)
+    device = rank_device(parse_device(config.device), rank)
+    comm = init_process_group(rank, world_size, port, config.dist_backend, config.dist_timeout,
+                              device=device)
     try:
-        _fit(model, train_sequences, valid_sequences, config, Path(out_dir), resume, comm)
+        _fit(model, train_sequences, valid_sequences, config, Path(out_dir), resume, comm, device)
     finally:
         dist.destroy_process_group()
 
@@ -623,6 +665,7 @@ def _fit_distributed(model, train_sequences, valid_sequences, config, out_dir, r
     weights = (load_weights(out_dir / "best.pt") if summary["restored_best"]
                else load_checkpoint(out_dir / "checkpoint.pt")["model"])
     model.load_state_dict(weights)
+    model.to(parse_device(config.device))  # as after a one-process fit: on the (first) device
     pyro.clear_param_store()
     pyro.module(model.module_name, model)  # as after a one-process fit: the store holds them
     return history
