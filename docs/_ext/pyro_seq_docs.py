@@ -27,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import inspect
+import os
 import pkgutil
 import re
 import sys
@@ -523,16 +524,25 @@ def _setup_directives(app):
 
             from pyro_seq.cli import make_parser
 
-            parser = make_parser()
-            parser.prog = "pyro-seq"
-            out = [nodes.literal_block(text=parser.format_help())]
-            subactions = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
-            for action in subactions:
-                for name, sub in action.choices.items():
-                    section = nodes.section(ids=[f"cli-{name}"])
-                    section += nodes.title(text=f"pyro-seq {name}")
-                    section += nodes.literal_block(text=sub.format_help())
-                    out.append(section)
+            columns = os.environ.get("COLUMNS")
+            os.environ["COLUMNS"] = "100"   # argparse wraps at the terminal width
+            try:
+                parser = make_parser()
+                parser.prog = "pyro-seq"
+                out = [nodes.literal_block(text=parser.format_help())]
+                subactions = [a for a in parser._actions
+                              if isinstance(a, argparse._SubParsersAction)]
+                for action in subactions:
+                    for name, sub in action.choices.items():
+                        section = nodes.section(ids=[f"cli-{name}"])
+                        section += nodes.title(text=f"pyro-seq {name}")
+                        section += nodes.literal_block(text=sub.format_help())
+                        out.append(section)
+            finally:
+                if columns is None:
+                    os.environ.pop("COLUMNS", None)
+                else:
+                    os.environ["COLUMNS"] = columns
             return out
 
     app.add_directive("equation-index", EquationIndex)
