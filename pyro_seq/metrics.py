@@ -42,8 +42,8 @@ def capped_binomial_deviance(p, y, cap: float = 0.01, reduction: str = "mean") -
 
     Raises:
         ValueError: ``p`` or ``y`` not 1-D, their lengths differ, ``N = 0``, ``y`` not in
-        {0, 1}, ``p`` outside ``[0, 1]`` or NaN, ``cap`` outside ``[0, 1/2)``, an unknown
-        ``reduction``.
+            {0, 1}, ``p`` outside ``[0, 1]`` or NaN, ``cap`` outside ``[0, 1/2)``, an unknown
+            ``reduction``.
     """
     p, y = torch.as_tensor(p), torch.as_tensor(y)
     if not 0 <= cap < 0.5:

@@ -35,6 +35,7 @@ import argparse
 import json
 import math
 import os
+import sys
 from pathlib import Path
 
 import matplotlib
@@ -58,6 +59,15 @@ torch.manual_seed(0)
 DT = torch.float64
 metrics = {"smoke": SMOKE}
 print(f"writing figures to {OUT} (smoke mode: {SMOKE})")
+
+
+def show(path):
+    """Show the saved figure ``path`` inline when run as a notebook (a no-op as a script)."""
+    if "ipykernel" in sys.modules:
+        from IPython.display import Image, display
+
+        display(Image(filename=str(path)))
+
 
 # %% [markdown]
 # ## The ball in vacuum (eq. 3.9)
@@ -170,6 +180,7 @@ error_panel(axes[1], [("observations", x_obs, "k."), ("filtered", positions(filt
 fig.tight_layout()
 fig.savefig(OUT / "fig3_3_filter_smoother.png", dpi=110)
 plt.close(fig)
+show(OUT / "fig3_3_filter_smoother.png")
 
 # %% [markdown]
 # ## Missing data imputation (Fig. 3.4)
@@ -200,6 +211,7 @@ axes[1].axvspan(10 * delta, (T - 8) * delta, color="0.9")
 fig.tight_layout()
 fig.savefig(OUT / "fig3_4_missing_data.png", dpi=110)
 plt.close(fig)
+show(OUT / "fig3_4_missing_data.png")
 
 # %% [markdown]
 # ## Learning the initial state with EM (Fig. 3.5)
@@ -238,6 +250,7 @@ inset.tick_params(labelsize=7)
 fig.tight_layout()
 fig.savefig(OUT / "fig3_5_em.png", dpi=110)
 plt.close(fig)
+show(OUT / "fig3_5_em.png")
 
 # %% [markdown]
 # ## Air resistance (eq. 3.13, Fig. 3.7)
@@ -302,6 +315,7 @@ air_panel(axes[1], "Fig. 3.7b: the LGSSM (no drag) on data in air", positions(fi
 fig.tight_layout()
 fig.savefig(OUT / "fig3_7_air_resistance_lgssm.png", dpi=110)
 plt.close(fig)
+show(OUT / "fig3_7_air_resistance_lgssm.png")
 
 # %% [markdown]
 # ## The unscented Kalman filter and smoother (Fig. 3.8)
@@ -359,6 +373,7 @@ axes[1].legend(fontsize=8)
 fig.tight_layout()
 fig.savefig(OUT / "fig3_8_air_resistance_ukf.png", dpi=110)
 plt.close(fig)
+show(OUT / "fig3_8_air_resistance_ukf.png")
 
 # %%
 with open(OUT / "metrics.json", "w") as fh:

@@ -40,6 +40,7 @@
 import argparse
 import json
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -67,6 +68,15 @@ OUT = Path(_args.out or os.environ.get("PYRO_SEQ_TUTORIAL_OUT") or _HERE / "_out
 OUT.mkdir(parents=True, exist_ok=True)
 torch.set_num_threads(1)
 pyro.set_rng_seed(0)
+
+
+def show(path):
+    """Show the saved figure ``path`` inline when run as a notebook (a no-op as a script)."""
+    if "ipykernel" in sys.modules:
+        from IPython.display import Image, display
+
+        display(Image(filename=str(path)))
+
 
 # %% [markdown]
 # ## Data
@@ -150,6 +160,7 @@ ax.legend()
 fig.tight_layout()
 fig.savefig(OUT / "zoo_bounds.png", dpi=120)
 plt.close(fig)
+show(OUT / "zoo_bounds.png")
 
 # %% [markdown]
 # ## Imputation (seed 002 sec. 4.3)
@@ -175,6 +186,7 @@ baseline_bits = bits_per_element(freq.expand(int(missing.sum()), D), seq[missing
 corrupted = torch.where(observed[0, :, None], seq, torch.full_like(seq, float("nan")))
 errors = plot_recovery(seq, corrupted, torch.where(observed[0, :, None], seq, (res.probs[0] > 0.5).float()),
                        OUT / "imputation.png", probs=res.probs[0], title=f"{best[0]} ({best[1]})")
+show(OUT / "imputation.png")
 print(f"imputation with {best}: {imputed_bits:.3f} bits/element, note frequencies "
       f"{baseline_bits:.3f}; {errors} wrong elements")
 

@@ -36,6 +36,7 @@
 import argparse
 import json
 import os
+import sys
 from pathlib import Path
 
 import matplotlib
@@ -64,6 +65,15 @@ torch.manual_seed(0)
 metrics = {"smoke": SMOKE}
 print(f"writing to {OUT} (smoke mode: {SMOKE})")
 
+
+def show(path):
+    """Show the saved figure ``path`` inline when run as a notebook (a no-op as a script)."""
+    if "ipykernel" in sys.modules:
+        from IPython.display import Image, display
+
+        display(Image(filename=str(path)))
+
+
 # %% [markdown]
 # ## Data
 # Each sequence is a float tensor `(T_i, 88)` of 0/1; `SequenceLoader` pads a minibatch to
@@ -82,6 +92,7 @@ else:
     data = load_dataset("chorales")
 print({k: len(v) for k, v in data.items()})
 plot_piano_roll(data["train"][0], OUT / "training_example.png", title="a training chorale")
+show(OUT / "training_example.png")
 
 # %% [markdown]
 # ## A model/guide pair trained by SVI
@@ -155,6 +166,7 @@ metrics["num_particles"] = K
 # %%
 samples, logits = srnn.generate(num_sequences=1, num_steps=32 if SMOKE else 64)
 plot_piano_roll(samples[0], OUT / "srnn_sample.png", probs=torch.sigmoid(logits[0]), title="SRNN sample")
+show(OUT / "srnn_sample.png")
 piano_roll_to_midi(samples[0], OUT / "srnn_sample.mid", step_seconds=0.25)
 (OUT / "metrics.json").write_text(json.dumps(metrics, indent=1))
 print(json.dumps(metrics, indent=1))

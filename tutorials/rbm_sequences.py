@@ -34,6 +34,7 @@
 import argparse
 import json
 import os
+import sys
 from pathlib import Path
 
 import matplotlib
@@ -63,6 +64,15 @@ OUT.mkdir(parents=True, exist_ok=True)
 torch.set_num_threads(1)
 pyro.set_rng_seed(0)
 metrics = {}
+
+
+def show(path):
+    """Show the saved figure ``path`` inline when run as a notebook (a no-op as a script)."""
+    if "ipykernel" in sys.modules:
+        from IPython.display import Image, display
+
+        display(Image(filename=str(path)))
+
 
 # %% [markdown]
 # ## 1. An RTRBM on chorales
@@ -123,6 +133,7 @@ samples, logits = rtrbm.generate(2, 16 if SMOKE else 64, gibbs_steps=20 if SMOKE
 for i in range(samples.shape[0]):
     plot_piano_roll(samples[i], OUT / f"rtrbm_sample_{i}.png", probs=torch.sigmoid(logits[i]),
                     title=f"RTRBM sample {i}")
+    show(OUT / f"rtrbm_sample_{i}.png")
     piano_roll_to_midi(samples[i], OUT / f"rtrbm_sample_{i}.mid")
 
 # %% [markdown]
@@ -180,5 +191,6 @@ ax.legend(fontsize=7)
 fig.tight_layout()
 fig.savefig(OUT / "cf_cbd.png", dpi=120)
 plt.close(fig)
+show(OUT / "cf_cbd.png")
 (OUT / "metrics.json").write_text(json.dumps(metrics, indent=1))
 print(f"wrote {OUT}")

@@ -145,7 +145,7 @@ class LogisticBaseline(nn.Module):
 
         Raises:
             ValueError: bad shapes, indices out of range, ``correct`` not 0/1, ``l2 < 0``,
-            ``max_iter < 1``.
+                ``max_iter < 1``.
         """
         student, question = _check_indices(student, question, self.num_students, self.num_questions)
         correct = torch.as_tensor(correct)

@@ -130,8 +130,10 @@ class StudentResponses:
     """Simulated answers and the parameters that generated them (see :mod:`.students`).
 
     Attributes:
-        train, test: :class:`Answers` of the two splits (disjoint sets of (student, question)).
-        num_students, num_questions: ``S`` and ``Q``.
+        train: :class:`Answers` of the training split.
+        test: :class:`Answers` of the test split (disjoint from ``train`` in (student, question)).
+        num_students: ``S``.
+        num_questions: ``Q``.
         num_options: 2 (binary answers) or 4 (option indices, 0 = correct).
         ability: ``(S,)`` float64, ``theta_s`` of eq. (1).
         difficulty: ``(Q,)`` float64, ``d_q`` of eq. (2).

@@ -29,12 +29,12 @@ the approximate posterior copies the prior and the latent units become inactive 
 
 References
 
-[1] S. R. Bowman et al., "Generating sentences from a continuous space", CoNLL 2016.
-[2] C. K. Sonderby et al., "Ladder variational autoencoders", NeurIPS 2016.
-[3] D. P. Kingma et al., "Improved variational inference with inverse autoregressive flow",
-    NeurIPS 2016.
-[4] M. Fraccaro, "Deep latent variable models for sequential data", PhD thesis, DTU 2018,
-    section 4.8.1.
+* [1] S. R. Bowman et al., "Generating sentences from a continuous space", CoNLL 2016.
+* [2] C. K. Sonderby et al., "Ladder variational autoencoders", NeurIPS 2016.
+* [3] D. P. Kingma et al., "Improved variational inference with inverse autoregressive flow",
+  NeurIPS 2016.
+* [4] M. Fraccaro, "Deep latent variable models for sequential data", PhD thesis, DTU 2018,
+  section 4.8.1.
 """
 
 import math

@@ -30,8 +30,8 @@ the ELBOs: subsampled plates scale the surrogate by ``N / B``, masked elements c
 nothing. Observed sites with an ordinary (normalised) distribution add their negative
 log-likelihood to the surrogate, so a model may mix both.
 
-**What ``loss`` returns.** CD optimises no bound and has no loss value; :meth:`loss` and
-:meth:`loss_and_grads` return a *monitoring quantity* only (``monitor=``):
+**What ``loss`` returns.** CD optimises no bound and has no loss value; :meth:`ContrastiveDivergence.loss` and
+:meth:`ContrastiveDivergence.loss_and_grads` return a *monitoring quantity* only (``monitor=``):
 ``"reconstruction"`` (default), the mean squared error per visible element between the data and
 its mean-field reconstruction :math:`\mathbb{E}[v | h = \sigma(b + W v)]`; or
 ``"pseudo_likelihood"``, the negative log pseudo-likelihood per visible unit, :math:`-\frac1V

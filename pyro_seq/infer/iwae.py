@@ -95,12 +95,12 @@ weights of data point :math:`b` all belong to the same :math:`x_b`.
 
 References
 
-[1] Y. Burda, R. Grosse, R. Salakhutdinov, "Importance weighted autoencoders", ICLR 2016.
-[2] G. Tucker, D. Lawson, S. Gu, C. J. Maddison, "Doubly reparameterized gradient estimators
-    for Monte Carlo objectives", ICLR 2019.
-[3] T. Rainforth et al., "Tighter variational bounds are not necessarily better", ICML 2018.
-[4] M. Fraccaro, PhD thesis, DTU 2018, sections 2.5.1 and 4.3.2.
-[5] A. Mnih, D. J. Rezende, "Variational inference for Monte Carlo objectives", ICML 2016.
+* [1] Y. Burda, R. Grosse, R. Salakhutdinov, "Importance weighted autoencoders", ICLR 2016.
+* [2] G. Tucker, D. Lawson, S. Gu, C. J. Maddison, "Doubly reparameterized gradient estimators
+  for Monte Carlo objectives", ICLR 2019.
+* [3] T. Rainforth et al., "Tighter variational bounds are not necessarily better", ICML 2018.
+* [4] M. Fraccaro, PhD thesis, DTU 2018, sections 2.5.1 and 4.3.2.
+* [5] A. Mnih, D. J. Rezende, "Variational inference for Monte Carlo objectives", ICML 2016.
 """
 
 import math

@@ -295,7 +295,7 @@ class SequenceModel(nn.Module):
     """
 
     module_name = "sequence_model"
-    binary_observations = False  #: True for Bernoulli likelihoods: inputs are checked to be 0/1
+    binary_observations = False  #: True for Bernoulli likelihoods (inputs are checked to be 0/1)
 
     def __init__(self, obs_dim):
         super().__init__()

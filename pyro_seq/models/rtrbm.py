@@ -162,7 +162,8 @@ class RTRBM(nn.Module):
 
         :param str method: ``"exact"`` (enumeration; small ``H`` or ``V``) or ``"ais"`` (each
             :math:`\log Z_t` by :meth:`RBM.ais_log_partition`).
-        :param int num_chains, num_betas: AIS settings (``betas`` overrides the uniform grid).
+        :param int num_chains: AIS chains.
+        :param int num_betas: AIS temperatures (``betas`` overrides the uniform grid).
         :param base_visible_bias: AIS base model's visible bias ``(V,)``; default ``c``, the
             model's own visible bias (after :meth:`init_visible_bias`, the training notes'
             logits), a closer start than the uniform model for piano rolls.

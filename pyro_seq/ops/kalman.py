@@ -48,10 +48,10 @@ read per element; write it as ``mask[..., None].expand(..., T, D)``.
     reparameterized draws of z_{1:T} | x_{1:T}, ``filtered`` the filter result.
     ``noise`` (optional, standard normal of the samples' shape) fixes the randomness.
 
-``lgssm_sample(initial_loc, ..., observation_cov, control_matrix=None, controls=None,
-num_steps=None, sample_shape=(), noise=None, method="auto") -> LGSSMSample``
+``lgssm_sample(initial_loc, ..., observation_cov, control_matrix=None, controls=None, num_steps=None, sample_shape=(), noise=None, method="auto") -> LGSSMSample``
     joint prior draws (eqs. 3.4-3.5); fields ``states (*sample_shape, ..., T, S)`` and
     ``observations (*sample_shape, ..., T, D)``.
+
 ``psd_sqrt(M) -> Tensor``: a Cholesky-like factor of a positive *semi*-definite matrix.
 
 ``method``: ``"sequential"`` (loop over time), ``"parallel"`` (associative scan of
@@ -77,9 +77,9 @@ Numerics
   exact there; gradients of smoothed quantities along perturbations that change the rank
   (e.g. giving a known component a variance) are those of the constant-rank
   pseudo-inverse, not the one-sided derivative (log-likelihood gradients are unaffected:
-  the filter needs no such solve). A noise-free *contracting* direction (|eigenvalue of A|
-  < 1) whose filtered variance decays to rounding makes any RTS recursion ill-conditioned
-  (errors grow like |a|^{-t} backwards); model such a component with a tiny noise instead. The parallel form builds
+  the filter needs no such solve). A noise-free *contracting* direction (``|eigenvalue of A|
+  < 1``) whose filtered variance decays to rounding makes any RTS recursion ill-conditioned
+  (errors grow like ``|a|^{-t}`` backwards); model such a component with a tiny noise instead. The parallel form builds
   its scan elements in Joseph form and combines them with the Sarkka & Garcia-Fernandez
   operator; FFBS uses the Joseph-form backward covariance
   ``(I-JA) Sigma (I-JA)^T + J Q J^T`` (PSD by construction, as sampling factors it). All
@@ -1401,6 +1401,7 @@ def kalman_smoother(
     Arguments as :func:`kalman_filter`. Where Sigma_{t+1|t} is singular to working
     precision, J_t is the minimum-norm solution of J_t Sigma_{t+1|t} = Sigma_t A_{t+1}^T
     (no inverse of the singular matrix; exact, see the module docstring).
+
     :returns: :class:`KalmanSmootherResult`: ``means batch + (T, S)``,
         ``covs batch + (T, S, S)``, ``cross_covs batch + (T-1, S, S)``,
         ``gains batch + (T-1, S, S)``, ``filtered`` (:class:`KalmanFilterResult`).
@@ -1448,6 +1449,7 @@ def kalman_sample(
 
     Arguments as :func:`kalman_filter`, plus ``sample_shape`` and ``noise`` (standard
     normal of shape ``sample_shape + batch + (T, S)``; drawn with torch's RNG if None).
+
     :returns: :class:`KalmanSampleResult` with ``samples`` of shape
         ``sample_shape + batch + (T, S)`` and the ``filtered`` result.
     """

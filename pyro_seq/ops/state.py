@@ -8,7 +8,7 @@ smoothing guide).
 
 Shapes: a per-particle tensor has shape ``(*particle_shape, batch, ...)``; without particles
 ``particle_shape`` is empty. An inference algorithm that resamples (FIVO, particle filters)
-gathers every per-particle tensor along the particle dimension with :meth:`resample` and leaves
+gathers every per-particle tensor along the particle dimension with :meth:`SequenceState.resample` and leaves
 ``shared`` untouched. Everything a step needs from the past lives here, never in closures.
 """
 
@@ -21,7 +21,7 @@ class SequenceState(dict):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.shared = {}
-        #: emission features collected by a full-sequence model run (None: observe at once)
+        #: emission features collected by a full-sequence model run (None = observe at once)
         self.deferred_features = None
         #: latent values fixed by an enclosing replay (time-parallel scoring), name -> T tensors
         self.replayed = None

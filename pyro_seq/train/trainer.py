@@ -117,7 +117,7 @@ class TrainConfig:
     cd_steps: int = 1  #: Gibbs sweeps k of objective "cd" (energy-based models)
     device: str = "cpu"  #: "cpu", "cuda" or "cuda:N" (module docstring, Devices)
     world_size: int = 1  #: processes of data-parallel training (pyro_seq.train.distributed)
-    dist_backend: Optional[str] = None  #: "gloo" / "nccl"; None: nccl on CUDA devices, else gloo
+    dist_backend: Optional[str] = None  #: "gloo" or "nccl" (None = nccl on CUDA devices, else gloo)
     dist_timeout: float = 120.0  #: seconds a rank waits for the others before failing
     lr: float = 1e-3
     betas: tuple = (0.9, 0.999)
@@ -142,7 +142,7 @@ class TrainConfig:
     chunk_length: Optional[int] = None
     valid_batch_size: int = 64
     patience: Optional[int] = 12
-    monitor: str = "objective"  #: "objective": watch the training objective's bound (MONITORED_BOUND); "elbo"
+    monitor: str = "objective"  #: "objective" = watch the training objective's bound (MONITORED_BOUND); "elbo"
     init: str = "srnn"
     seed: int = 0
     time_limit: Optional[float] = None
@@ -377,6 +377,7 @@ def fit(model, train_sequences, valid_sequences, config, out_dir, resume=True):
     gradients summed over ranks, rank 0 writes the folder, and the trained weights are read back
     into ``model`` here. The results equal the one-process run's up to the random draws (exactly,
     to rounding, for an objective without randomness).
+
     :returns: a :class:`TrainHistory`: the list of per-epoch log rows (of all epochs, resumed
         ones included) with ``stop_reason``, ``best_epoch``, ``best_valid_elbo_per_step`` and
         ``restored_best``. With validation sequences, ``model`` (and Pyro's param store, which
