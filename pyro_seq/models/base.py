@@ -185,9 +185,10 @@ class StepProgram:
 
     @property
     def device(self):
-        """The device of the owner's parameters: where ``x``, ``mask`` and ``observed`` must be
-        (drivers such as :class:`~pyro_seq.infer.FIVO` check their batch against it before
-        running any step)."""
+        """The device of the owner's parameters, where ``x``, ``mask`` and ``observed`` must be.
+
+        Drivers such as :class:`~pyro_seq.infer.FIVO` check their batch against it before
+        running any step."""
         return module_device(self._owner)
 
     def plate(self, x, num_sequences=None):

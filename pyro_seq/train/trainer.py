@@ -115,7 +115,9 @@ class TrainConfig:
     objective: str = "elbo"
     num_particles: int = 1
     cd_steps: int = 1  #: Gibbs sweeps k of objective "cd" (energy-based models)
-    device: str = "cpu"  #: "cpu", "cuda" or "cuda:N" (module docstring, Devices)
+    #: The training device, ``"cpu"`` or ``"cuda"`` (with an index after a colon for one GPU of
+    #: several); see Devices in the module docstring.
+    device: str = "cpu"
     world_size: int = 1  #: processes of data-parallel training (pyro_seq.train.distributed)
     dist_backend: Optional[str] = None  #: "gloo" or "nccl" (None = nccl on CUDA devices, else gloo)
     dist_timeout: float = 120.0  #: seconds a rank waits for the others before failing

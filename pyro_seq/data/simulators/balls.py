@@ -57,10 +57,11 @@ __all__ = ["BOX_WALLS", "POLYGON_WALLS", "BallParams", "PongParams", "require_py
 
 INSTALL_HINT = "pip install pyro-seq[sim]"
 
-#: The square box: the border of the 32x32 frame (vertices in pixels, clockwise on screen).
+#: The walls of the square box, the border of the 32x32 frame (vertices in pixels, clockwise
+#: on screen).
 BOX_WALLS: Tuple[Tuple[float, float], ...] = ((0.0, 0.0), (32.0, 0.0), (32.0, 32.0), (0.0, 32.0))
-#: An irregular convex hexagon inside the 32x32 frame (no two sides of equal length or
-#: direction): the walls of the ``polygon`` environment (our choice; the thesis shows one in
+#: The walls of the ``polygon`` environment, an irregular convex hexagon inside the 32x32 frame
+#: with no two sides of equal length or direction (our choice; the thesis shows one in
 #: Fig. 6.5 without giving its vertices).
 POLYGON_WALLS: Tuple[Tuple[float, float], ...] = (
     (10.0, 1.0), (27.0, 3.0), (31.0, 21.0), (20.0, 31.0), (6.0, 30.0), (2.0, 10.0))

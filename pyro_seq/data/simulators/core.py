@@ -56,6 +56,7 @@ __all__ = ["DEFAULT_SIZES", "ENVIRONMENTS", "SPLITS", "SimulatedVideos", "box", 
            "pendulum", "polygon", "pong", "simulate", "simulate_sequence", "validate_videos"]
 
 CACHE_FORMAT = 1  #: bump when a simulator's output changes, so that old caches are not read
+#: The splits a simulator draws independently (each with its own seeds).
 SPLITS = ("train", "valid", "test")
 _ARRAYS = ("frames", "positions", "states", "controls")  # what a cache file holds, and config
 
@@ -73,7 +74,7 @@ class _Environment:
 _BALL_SIZES = {"train": 5000, "valid": 1000, "test": 1000}  # thesis app. 6.8 (no valid split)
 _BALL_STATES = ("x", "y", "vx", "vy")
 
-#: The environments by name: their fixed seeding code and default parameters.
+#: The environments by name, with their fixed seeding code and default parameters.
 ENVIRONMENTS: Dict[str, _Environment] = {
     "box": _Environment(0, BallParams(), True, _BALL_STATES, 20, _BALL_SIZES),
     "box_gravity": _Environment(1, BallParams(gravity=5.0, speed=(5.0, 10.0)), True,
