@@ -56,7 +56,11 @@ COMMON = dict(epochs=90, batch_size=16, lr=1e-3, clip_norm=10.0, kl_start=0.2,
               kl_anneal_steps=1000, valid_batch_size=80, seed=0)
 VARIANTS = {
     # nothing but the settings shared by every dataset: schedule, stopping, init are defaults
+    # (since 2026-11-26 those of "candidate" below: results under "candidate")
     "defaults": TrainConfig(**COMMON),
+    # the defaults before 2026-11-26 (recorded as "defaults" in train_defaults_full*.json until
+    # then): SRNN initialisation, schedule and early stopping waiting for the end of annealing
+    "srnn_init_wait": TrainConfig(**COMMON, init="srnn", schedule_during_annealing=False),
     # what the measurements of train_defaults_full*.json point to: the output bias only (the SRNN
     # weights fit the 229 JSB chorales faster and generalise worse), and the plateau schedule
     # and early stopping active from epoch 1 (waiting for beta = 1 kept the full rate through

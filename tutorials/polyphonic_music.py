@@ -117,7 +117,7 @@ print(f"one epoch by hand: last minibatch loss {loss / mask.sum().item():.3f} na
 
 # %%
 epochs = 2 if SMOKE else 40
-config = TrainConfig(epochs=epochs, batch_size=16, lr=3e-3, kl_start=0.2, kl_anneal_steps=300,
+config = TrainConfig(epochs=epochs, batch_size=16, lr=3e-3, init="srnn", kl_start=0.2, kl_anneal_steps=300,
                      time_limit=None if SMOKE else 300, progress=not SMOKE)
 history = fit(srnn, data["train"], data["valid"], config, OUT / "srnn_elbo", resume=False)
 metrics["srnn_valid_elbo_per_step"] = history[-1]["valid_elbo_per_step"]

@@ -112,7 +112,7 @@ def test_fit_initialises_a_fresh_start_and_never_a_resumed_run(tmp_path, monkeyp
     train, valid = _toy(8), _toy(3, seed=1)
     torch.manual_seed(0)
     model = SRNN(6, d_dim=8, z_dim=3, hidden_dim=8)
-    fit(model, train, valid, TrainConfig(epochs=0, progress=False), tmp_path / "zero")
+    fit(model, train, valid, TrainConfig(epochs=0, init="srnn", progress=False), tmp_path / "zero")
     assert calls == ["weights", "bias"]
     freq = torch.cat(train).mean(0).clamp(1e-3, 1 - 1e-3)
     assert torch.allclose(model.emitter[-1].bias.detach(), torch.logit(freq), atol=1e-5)
@@ -120,7 +120,7 @@ def test_fit_initialises_a_fresh_start_and_never_a_resumed_run(tmp_path, monkeyp
         assert torch.allclose(w @ w.T, torch.eye(8), atol=1e-5, rtol=0)
 
     calls.clear()
-    cfg = dict(batch_size=4, progress=False)
+    cfg = dict(batch_size=4, init="srnn", progress=False)
     fit(SRNN(6, d_dim=8, z_dim=3, hidden_dim=8), train, valid, TrainConfig(epochs=1, **cfg),
         tmp_path / "run")
     assert calls == ["weights", "bias"]
