@@ -134,6 +134,10 @@ def main(argv=None):
     previous = RESULTS / f"{name}.json"
     result = json.loads(previous.read_text()) if previous.exists() else {}
     result.update(benchmark=name, model=model_settings, runs=result.get("runs", {}))
+    for runs in result["runs"].values():  # runs of the defaults before 2026-11-26
+        old = runs.get("defaults", {}).get("train", {})
+        if old.get("init") == "srnn" and not old.get("schedule_during_annealing", False):
+            runs["srnn_init_wait"] = runs.pop("defaults")
     started = time.time()
     runs = [(d, v) for d in args.datasets for v in args.variants]
     outer = tqdm(runs, desc="runs", unit="run", disable=args.quiet)
