@@ -35,7 +35,6 @@ import argparse
 import json
 import math
 import os
-import sys
 from pathlib import Path
 
 import matplotlib
@@ -60,13 +59,7 @@ DT = torch.float64
 metrics = {"smoke": SMOKE}
 print(f"writing figures to {OUT} (smoke mode: {SMOKE})")
 
-
-def show(path):
-    """Show the saved figure ``path`` inline when run as a notebook (a no-op as a script)."""
-    if "ipykernel" in sys.modules:
-        from IPython.display import Image, display
-
-        display(Image(filename=str(path)))
+from pyro_seq.train.plots import show_inline as show  # noqa: E402
 
 
 # %% [markdown]

@@ -60,6 +60,9 @@ from pyro_seq.train.objectives import ENERGY_OBJECTIVES, check_objective  # noqa
 from pyro_seq.train.objectives import OBJECTIVES as REGISTERED_OBJECTIVES  # noqa: E402
 from pyro_seq.train.plots import plot_piano_roll  # noqa: E402
 
+from pyro_seq.train.plots import show_inline as show  # noqa: E402
+
+
 SMOKE = os.environ.get("PYRO_SEQ_SMOKE", "0") not in ("", "0")
 _parser = argparse.ArgumentParser(description="a new model from pyro_seq.nn, every objective")
 _parser.add_argument("--out", default=None, help="folder for figures and metrics")
@@ -328,6 +331,7 @@ ax.legend()
 fig.tight_layout()
 fig.savefig(OUT / "training_curves.png", dpi=120)
 plt.close(fig)
+show(OUT / "training_curves.png")
 
 # %% [markdown]
 # ## Evaluation on the test set
@@ -423,6 +427,7 @@ torch.manual_seed(3)
 sample, logits = models[best].generate(num_sequences=1, num_steps=32 if SMOKE else 64)
 plot_piano_roll(sample[0], OUT / "sample.png", probs=torch.sigmoid(logits[0]),
                 title=f"AutoregressiveDMM trained with {best}")
+show(OUT / "sample.png")
 for name, m in models.items():
     torch.save(m.state_dict(), OUT / f"model_{name}.pt")
 

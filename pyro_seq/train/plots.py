@@ -133,3 +133,14 @@ def plot_video(frames, path, positions=None, title="video", max_frames=20):
             ax.axis("off")
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def show_inline(path):
+    """Display the saved image ``path`` inline when running under a Jupyter kernel (the executed
+    tutorial pages of the docs); a no-op in a plain script, which keeps only the file."""
+    import sys
+
+    if "ipykernel" in sys.modules:
+        from IPython.display import Image, display
+
+        display(Image(filename=str(path)))
