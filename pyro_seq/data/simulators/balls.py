@@ -80,7 +80,19 @@ def require_pymunk():
 
 
 @dataclass(frozen=True)
-class BallParams:
+class _BallCommon:
+    """The fields every ball environment shares (see :class:`BallParams` for their meaning)."""
+
+    frame_size: int = 32
+    radius: float = 3.0
+    dt: float = 0.2
+    substeps: int = 20
+    speed: Tuple[float, float] = (10.0, 15.0)
+    start_margin: float = 1.0
+
+
+@dataclass(frozen=True)
+class BallParams(_BallCommon):
     """A ball in a convex polygon of walls (``box``, ``box_gravity``, ``polygon``).
 
     Attributes:
@@ -94,18 +106,12 @@ class BallParams:
         start_margin: the initial centre is at least ``radius + start_margin`` px from every wall.
     """
 
-    frame_size: int = 32
-    radius: float = 3.0
-    dt: float = 0.2
-    substeps: int = 20
-    speed: Tuple[float, float] = (10.0, 15.0)
     gravity: float = 0.0
     walls: Tuple[Tuple[float, float], ...] = BOX_WALLS
-    start_margin: float = 1.0
 
 
 @dataclass(frozen=True)
-class PongParams:
+class PongParams(_BallCommon):
     """A ball between a floor, a roof and two paddles that follow it (``pong``).
 
     The floor and the roof are the frame's top and bottom border (extended sideways). The
@@ -124,12 +130,6 @@ class PongParams:
         paddle_step: the most a paddle moves in one frame (px).
     """
 
-    frame_size: int = 32
-    radius: float = 3.0
-    dt: float = 0.2
-    substeps: int = 20
-    speed: Tuple[float, float] = (10.0, 15.0)
-    start_margin: float = 1.0
     paddle_x: Tuple[float, float] = (1.0, 31.0)
     paddle_half_length: float = 4.0
     paddle_radius: float = 1.0
