@@ -188,6 +188,42 @@ def validate_observed(observed, shape, device=None) -> Optional[torch.Tensor]:
     return observed
 
 
+def validate_inputs(inputs, shape: Tuple[int, int], input_dim: int, mask: torch.Tensor,
+                    dtype=None, device=None) -> Optional[torch.Tensor]:
+    """Check known inputs (controls ``u_t``, actions): ``(batch, T, input_dim)``, floating point
+    and finite at the real steps of ``mask`` (padded steps may hold anything and are zeroed).
+
+    :param shape: ``(batch, T)`` of the observations.
+    :param int input_dim: what the model expects; 0 means the model takes no inputs.
+    :returns: the inputs in ``dtype`` with zeros at padded steps, or None when ``inputs`` is
+        None and ``input_dim == 0``.
+    :raises ValueError: inputs missing for a model that needs them, given to one that takes
+        none, of the wrong shape or non-finite at a real step.
+    """
+    if inputs is None:
+        if input_dim:
+            raise ValueError(f"this model needs inputs= (controls), a tensor of shape "
+                             f"(batch, T, {input_dim})")
+        return None
+    if not input_dim:
+        raise ValueError("this model takes no inputs=; build it with an input dimension "
+                         "(e.g. control_dim=) to condition on controls")
+    if not torch.is_tensor(inputs) or not inputs.is_floating_point():
+        raise ValueError(f"inputs must be a floating-point tensor, got "
+                         f"{getattr(inputs, 'dtype', type(inputs).__name__)}")
+    expected = tuple(shape) + (input_dim,)
+    if tuple(inputs.shape) != expected:
+        raise ValueError(f"inputs must have shape (batch, T, input_dim) = {expected}, got "
+                         f"{tuple(inputs.shape)}")
+    check_device("inputs", inputs, device)
+    inputs = torch.where(mask.unsqueeze(-1), inputs, inputs.new_zeros(()))
+    if not bool(torch.isfinite(inputs).all()):
+        b, t, d = _first(~torch.isfinite(inputs))
+        raise ValueError(f"inputs has a non-finite value at a real step: sequence {b}, step {t}, "
+                         f"element {d}")
+    return inputs if dtype is None else inputs.to(dtype)
+
+
 def validate_sequences(
     x,
     mask=None,

@@ -91,17 +91,18 @@ def _check_step_protocol(fn, role):
 
 
 def _parse_args(args, kwargs, device=None):
-    """``(x, mask, num_sequences, observed)`` from the arguments of a step-protocol program.
+    """``(x, mask, num_sequences, observed, inputs)`` from the arguments of a step-protocol
+    program.
 
     With ``observed`` (missing data inside sequences) ``x`` is returned zero-filled at the
     unobserved entries; the programs' ``init`` keeps the mask for their observation sites.
     ``device``: the model program's (``model.device``, e.g. :attr:`StepProgram.device`), when
     it has one: the batch must be there (a ValueError naming the tensor otherwise)."""
-    names = ("x", "mask", "num_sequences", "observed")
+    names = ("x", "mask", "num_sequences", "observed", "inputs")
     extra = set(kwargs) - set(names)
-    if len(args) > 4 or extra:
-        raise TypeError("FIVO programs take (x, mask=None, num_sequences=None, observed=None); "
-                        f"got extra {sorted(extra)}")
+    if len(args) > 5 or extra:
+        raise TypeError("FIVO programs take (x, mask=None, num_sequences=None, observed=None, "
+                        f"inputs=None); got extra {sorted(extra)}")
     values = dict(zip(names, args))
     for k, v in kwargs.items():
         if k in values:
@@ -112,7 +113,7 @@ def _parse_args(args, kwargs, device=None):
     observed = values.get("observed")
     x, mask, _ = prepare_sequences(values.get("x"), values.get("mask"), observed=observed,
                                    device=device)
-    return x, mask, values.get("num_sequences"), observed
+    return x, mask, values.get("num_sequences"), observed, values.get("inputs")
 
 
 class _StepSites(Messenger):
@@ -314,8 +315,8 @@ class FIVO(LogZBound):
         """
         _check_step_protocol(model, "model")
         _check_step_protocol(guide, "guide")
-        x, mask, num_sequences, observed = _parse_args(args, kwargs,
-                                                       device=getattr(model, "device", None))
+        x, mask, num_sequences, observed, inputs = _parse_args(
+            args, kwargs, device=getattr(model, "device", None))
         B, T = mask.shape
         K = self.num_particles
         particle_dim = -self.max_plate_nesting - 1
@@ -323,7 +324,11 @@ class FIVO(LogZBound):
         keep = {particle_dim, -1}
         state = SequenceState()
         sites = _StepSites()
-        call_args = (x, mask, num_sequences) + (() if observed is None else (observed,))
+        call_args = (x, mask, num_sequences)
+        if inputs is not None:  # programs without these arguments still work without them
+            call_args += (observed, inputs)
+        elif observed is not None:
+            call_args += (observed,)
         decide = K > 1 and self.resample != "never"  # resampling decisions to take
 
         with pyro.plate(PARTICLE_PLATE, K, dim=particle_dim, device=x.device), sites:

@@ -60,8 +60,8 @@ from pyro.poutine.runtime import _PYRO_STACK
 from pyro_seq.distributions.scored_value import ScoredValue
 from pyro_seq.models.emission import ObservedElements
 from pyro_seq.ops.state import SequenceState
-from pyro_seq.validation import (module_device, positive_int, prepare_sequences, validate_mask,
-                                 validate_sequences)
+from pyro_seq.validation import (module_device, positive_int, prepare_sequences, validate_inputs,
+                                 validate_mask, validate_sequences)
 
 
 #: Alias of :func:`pyro_seq.validation.validate_sequences`, the package's one validator.
@@ -209,19 +209,24 @@ class StepProgram:
             self._plate_key = key
         return self._plate
 
-    def _validate(self, state, x, mask, observed):
+    def _validate(self, state, x, mask, observed, inputs=None):
         """The package's validator; with ``observed`` also zero-fill the missing entries of ``x``
         (what the networks see) and keep the per-element mask in ``state.shared["observed"]``
-        (what the observation sites are scored on). ``x``, ``mask`` and ``observed`` must be on
-        the device of the model's parameters (a ValueError naming the tensor otherwise)."""
+        (what the observation sites are scored on). Known ``inputs`` (controls, ``(batch, T,
+        input_dim)``) go to ``state.shared["inputs"]``; a model takes them when its
+        ``input_dim`` is positive. ``x``, ``mask``, ``observed`` and ``inputs`` must be on the
+        device of the model's parameters (a ValueError naming the tensor otherwise)."""
         owner = self._owner
         x, mask, seen = prepare_sequences(x, mask, owner.obs_dim, owner.binary_observations,
                                           observed, device=self.device)
         if seen is not None:
             state.shared["observed"] = seen
+        u = validate_inputs(inputs, x.shape[:2], owner.input_dim, mask, x.dtype, self.device)
+        if u is not None:
+            state.shared["inputs"] = u
         return x, mask
 
-    def init(self, state, x, mask=None, num_sequences=None, observed=None):
+    def init(self, state, x, mask=None, num_sequences=None, observed=None, inputs=None):
         """Register parameters and fill ``state`` for step 0 (inside the batch plate).
 
         Validates ``(x, mask)`` once per sequence pass (:func:`~pyro_seq.validation.validate_sequences`
@@ -232,25 +237,25 @@ class StepProgram:
         is finite at the unobserved entries (FIVO passes the zero-filled one).
         """
         owner = self._owner
-        x, mask = self._validate(state, x, mask, observed)
+        x, mask = self._validate(state, x, mask, observed, inputs)
         pyro.module(owner.module_name, owner)
         with self.plate(x, num_sequences):
             self._init(state, x, mask)
 
-    def step(self, state, t, x, mask=None, num_sequences=None, observed=None):
+    def step(self, state, t, x, mask=None, num_sequences=None, observed=None, inputs=None):
         """Run step ``t`` (0-based) inside the batch plate.
 
         ``mask`` is the one given to :meth:`init` (validated there); a mask that is None or not
         bool is converted here (and its values checked) so every step sees a bool mask.
-        ``observed`` is read from ``state`` (set by :meth:`init`); the argument is accepted so
-        that drivers may pass the same arguments to ``init`` and ``step``.
+        ``observed`` and ``inputs`` are read from ``state`` (set by :meth:`init`); the arguments
+        are accepted so that drivers may pass the same arguments to ``init`` and ``step``.
         """
         if mask is None or mask.dtype != torch.bool:
             mask = validate_mask(mask, x.shape[:2], device=x.device)
         with self.plate(x, num_sequences):
             self._step(state, t, x, mask)
 
-    def __call__(self, x, mask=None, num_sequences=None, observed=None):
+    def __call__(self, x, mask=None, num_sequences=None, observed=None, inputs=None):
         """Run the whole sequence: ``init`` then ``step`` for t = 0..T-1 in ``pyro.markov``.
 
         :param torch.Tensor x: ``(batch, T, D)``.
@@ -260,11 +265,14 @@ class StepProgram:
             (True = observed) or None. Unobserved entries of ``x`` may hold anything (NaN
             included): the networks see zeros there and the observation sites are scored on the
             observed elements only (a fully unobserved step contributes exactly 0).
+        :param inputs: known inputs (controls) ``(batch, T, input_dim)`` for models with a
+            positive ``input_dim`` (e.g. :class:`~pyro_seq.models.KVAE` with ``control_dim``);
+            None otherwise.
         :returns: the final :class:`SequenceState`.
         """
         owner = self._owner
         state = SequenceState()
-        x, mask = self._validate(state, x, mask, observed)
+        x, mask = self._validate(state, x, mask, observed, inputs)
         pyro.module(owner.module_name, owner)
         T = x.shape[1]
         with self.plate(x, num_sequences):
@@ -296,6 +304,7 @@ class SequenceModel(nn.Module):
     """
 
     module_name = "sequence_model"
+    input_dim = 0  #: size of the known inputs (controls) ``inputs=`` per step; 0 = none
     binary_observations = False  #: True for Bernoulli likelihoods (inputs are checked to be 0/1)
 
     def __init__(self, obs_dim):

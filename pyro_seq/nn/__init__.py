@@ -1,5 +1,6 @@
 """Reusable neural-network blocks (pure torch): MLPs, distribution heads, transitions, RNNs."""
 
+from pyro_seq.nn.conv import ConvEncoder, SubPixelDecoder
 from pyro_seq.nn.heads import BernoulliHead, GaussianHead, GaussianMLP
 from pyro_seq.nn.init import INIT_SCHEMES, bernoulli_output_layer, init_output_bias, init_weights
 from pyro_seq.nn.mlp import MLP, ClippedLeakyReLU, cat_broadcast, make_activation
@@ -12,12 +13,14 @@ __all__ = [
     "BernoulliHead",
     "ClippedLeakyReLU",
     "Combiner",
+    "ConvEncoder",
     "ForwardRNN",
     "GatedTransition",
     "GaussianHead",
     "GaussianMLP",
     "INIT_SCHEMES",
     "MLP",
+    "SubPixelDecoder",
     "bernoulli_output_layer",
     "cat_broadcast",
     "init_output_bias",

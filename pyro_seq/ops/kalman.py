@@ -154,6 +154,9 @@ __all__ = [
     "PARALLEL_THRESHOLD",
     "STEADY_STATE_TOL",
     "psd_sqrt",
+    "KalmanStep",
+    "kalman_predict",
+    "kalman_update",
 ]
 
 #: ``method="auto"`` uses the parallel scan for sequences at least this long.
@@ -1577,3 +1580,63 @@ def lgssm_sample(
     x = _mv(mdl.C, z) + _mv(psd_sqrt(mdl.R), f)
     out = _broadcast_shapes(sample_shape + batch, z.shape[:-2], x.shape[:-2])
     return LGSSMSample(z.expand(out + (T, S)), x.expand(out + (T, D)))
+
+
+# ---------------------------------------------------------------------------------------
+# One step at a time (models whose parameters at step t depend on earlier observations)
+# ---------------------------------------------------------------------------------------
+
+
+class KalmanStep(NamedTuple):
+    """One measurement step of the Kalman filter (thesis Sec. 3.4.1), before the observation.
+
+    ``pred_mean (..., S)``: mu_{t|t-1}. ``loc (..., D)``, ``scale_tril (..., D, D)``: the
+    one-step predictive p(x_t | x_{1:t-1}) = N(C_t mu_{t|t-1}, C_t Sigma_{t|t-1} C_t^T + R_t) of
+    eq. 3.12, as a location and the Cholesky factor of its covariance. ``gain (..., S, D)``:
+    K_t. ``cov (..., S, S)``: the filtered Sigma_t (it does not depend on x_t).
+    :meth:`mean` gives the filtered mu_t once x_t is known.
+    """
+
+    pred_mean: Tensor
+    loc: Tensor
+    scale_tril: Tensor
+    gain: Tensor
+    cov: Tensor
+
+    def mean(self, observation: Tensor) -> Tensor:
+        """Filtered mean mu_t = mu_{t|t-1} + K_t (x_t - C_t mu_{t|t-1}) ``(..., S)``."""
+        return self.pred_mean + _mv(self.gain, observation - self.loc)
+
+
+def kalman_predict(mean: Tensor, cov: Tensor, transition_matrix: Tensor, transition_cov: Tensor,
+                   offset: Optional[Tensor] = None):
+    """Prediction step (thesis eq. 3.11): mu_{t|t-1} = A_t mu_{t-1} + b_t,
+    Sigma_{t|t-1} = A_t Sigma_{t-1} A_t^T + Q_t.
+
+    :param mean: ``(..., S)``; ``cov`` ``(..., S, S)``; ``transition_matrix`` A_t and
+        ``transition_cov`` Q_t ``(..., S, S)``; ``offset`` b_t = B_t u_t ``(..., S)`` or None.
+        Batch dimensions broadcast.
+    :returns: ``(mean, cov)`` of p(z_t | x_{1:t-1}).
+    """
+    m = _mv(transition_matrix, mean)
+    if offset is not None:
+        m = m + offset
+    return m, _sym(transition_matrix @ cov @ transition_matrix.mT + transition_cov)
+
+
+def kalman_update(pred_mean: Tensor, pred_cov: Tensor, observation_matrix: Tensor,
+                  observation_cov: Tensor) -> KalmanStep:
+    """Measurement step (thesis eq. 3.11) up to the observation: K_t = Sigma_{t|t-1} C_t^T S_t^{-1}
+    with S_t = C_t Sigma_{t|t-1} C_t^T + R_t, Sigma_t in Joseph form
+    (I - K C) Sigma_{t|t-1} (I - K C)^T + K R K^T (PSD by construction), and the predictive
+    of x_t; ``.mean(x_t)`` completes it (split so that a model can sample x_t from the
+    predictive first).
+
+    :param pred_mean: ``(..., S)``; ``pred_cov`` ``(..., S, S)``; ``observation_matrix`` C_t
+        ``(..., D, S)``; ``observation_cov`` R_t ``(..., D, D)`` positive definite. Batch
+        dimensions broadcast.
+    :returns: :class:`KalmanStep`.
+    :raises ValueError: the innovation covariance S_t is not positive definite.
+    """
+    L, K, Sigma = _measurement_update(pred_cov, observation_matrix, observation_cov)
+    return KalmanStep(pred_mean, _mv(observation_matrix, pred_mean), L, K, Sigma)

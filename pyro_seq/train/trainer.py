@@ -502,8 +502,11 @@ def _fit(model, train_sequences, valid_sequences, config, out_dir, resume, comm,
     bar = tqdm(range(start_epoch, start_epoch if stopped_early else config.epochs),
                initial=start_epoch, total=config.epochs,
                desc="epochs", disable=not (config.progress and main), unit="epoch")
+    epoch_hook = getattr(model, "training_epoch", None)  # e.g. KVAE's dynamics warm-up
     for epoch in bar:
         model.train()
+        if callable(epoch_hook):
+            epoch_hook(epoch)
         lr = epoch_lr(epoch, config)
         if config.lr_schedule == "exponential":
             _set_lr(optim, lr)
