@@ -21,24 +21,36 @@ Re-running ``train`` with the same ``--out`` resumes where it stopped.
 
 import argparse
 import json
+import math
 import sys
 from dataclasses import asdict
 from pathlib import Path
 
 import torch
 
-MODELS = ("dmm", "srnn", "vrnn", "vaernn", "storn", "vosp", "vrae", "rnn", "rtrbm")
+MODELS = ("dmm", "srnn", "vrnn", "vaernn", "storn", "vosp", "vrae", "rnn", "rtrbm", "kvae")
 
 
 def build_model(name, obs_dim, options):
     """Construct a model by name with keyword ``options`` (see each model's docstring)."""
-    from pyro_seq.models import DMM, RTRBM, SRNN, STORN, VAERNN, VOSP, VRAE, VRNN, RNNBaseline
+    from pyro_seq.models import (DMM, KVAE, RTRBM, SRNN, STORN, VAERNN, VOSP, VRAE, VRNN,
+                                 RNNBaseline)
 
     classes = {"dmm": DMM, "srnn": SRNN, "vrnn": VRNN, "vaernn": VAERNN, "storn": STORN,
-               "vosp": VOSP, "vrae": VRAE, "rnn": RNNBaseline, "rtrbm": RTRBM}
+               "vosp": VOSP, "vrae": VRAE, "rnn": RNNBaseline, "rtrbm": RTRBM, "kvae": KVAE}
     if name not in classes:
         raise SystemExit(f"unknown model {name!r}; choose from {MODELS}")
     try:
+        if name == "kvae":  # frames: square images unless image_shape is given
+            options = dict(options)
+            side = math.isqrt(obs_dim)
+            if "image_shape" not in options and side * side != obs_dim:
+                raise ValueError(f"{obs_dim} values per step are not a square frame; pass "
+                                 "--model-option image_shape=[H,W]")
+            shape = options.pop("image_shape", [side, side])
+            if math.prod(shape) != obs_dim:
+                raise ValueError(f"image_shape {shape} does not hold {obs_dim} values per step")
+            return KVAE(tuple(shape), **options)
         return classes[name](obs_dim, **options)
     except (TypeError, ValueError) as e:
         raise SystemExit(f"pyro-seq: error: bad model option for {name}: {e}") from None
@@ -216,39 +228,59 @@ def cmd_evaluate(args):
 def cmd_impute(args):
     """Seed 002 sec. 4.3: drop ``--drop`` consecutive steps of each sequence, impute them."""
     from pyro_seq.data import pad_sequences
-    from pyro_seq.tasks import bits_per_element, drop_steps, impute
-    from pyro_seq.train.plots import plot_recovery
+    from pyro_seq.tasks import bits_per_element, drop_frames, drop_steps, impute, pixel_error
+    from pyro_seq.train.plots import plot_recovery, plot_video
 
     run, model, data = _load_run_and_data(args, ("train", args.split))
-    seqs = [s for s in data[args.split] if s.shape[0] > args.drop][: args.num]
+    video = hasattr(model, "impute_frames")
+    if args.method is None:
+        args.method = "smoothing" if video else "iterative"
+    drop = 1 if args.drop_prob is not None else args.drop
+    seqs = [s for s in data[args.split] if s.shape[0] > drop][: args.num]
     if not seqs:
         raise SystemExit(f"pyro-seq: error: no {args.split} sequence is longer than --drop {args.drop}")
     g = torch.Generator().manual_seed(args.seed)
     x, mask = pad_sequences(seqs)
-    observed = drop_steps(mask, args.drop, generator=g)
+    if args.drop_prob is not None:
+        observed = drop_frames(mask, args.drop_prob, generator=g, keep_first=1)
+    else:
+        observed = drop_steps(mask, args.drop, generator=g)
     torch.manual_seed(args.seed)
     device = _device(args.device)
-    res = impute(model, x.to(device), observed.to(device), mask.to(device), method=args.method,
-                 num_iterations=args.iterations, num_particles=args.particles, generator=g)
+    try:
+        res = impute(model, x.to(device), observed.to(device), mask.to(device),
+                     method=args.method, num_iterations=args.iterations,
+                     num_particles=args.particles, generator=g)
+    except ValueError as e:
+        raise SystemExit(f"pyro-seq: error: {e}") from None
     probs = res.probs.cpu()
     missing = (~observed & mask).unsqueeze(-1).expand(x.shape)
     target, probs_missing = x[missing], probs[missing]
     freq = torch.cat(data["train"]).float().mean(0).expand(x.shape)[missing]
-    result = {"split": args.split, "drop": args.drop, "method": args.method,
-              "num_sequences": len(seqs), "missing_elements": int(missing.sum()),
+    result = {"split": args.split, "drop": args.drop, "drop_prob": args.drop_prob,
+              "method": args.method, "num_sequences": len(seqs),
+              "missing_elements": int(missing.sum()),
               "bits_per_element": bits_per_element(probs_missing, target),
               "baseline_bits_per_element": bits_per_element(freq, target),
-              "baseline": "training-set note frequencies"}
+              "baseline": "training-set element frequencies",
+              "pixel_error": pixel_error(probs, x, missing)}
     out = Path(args.run)
     (out / f"impute_{args.split}_{args.method}.json").write_text(json.dumps(result, indent=1))
     L = int(mask[0].sum())
-    shown = torch.where(observed[0, :L, None], x[0, :L], torch.full_like(x[0, :L], float("nan")))
-    recovered = torch.where(observed[0, :L, None], x[0, :L], (probs[0, :L] > 0.5).float())
     png = out / f"impute_{args.split}_0.png"
-    plot_recovery(x[0, :L], shown, recovered, png, probs=probs[0, :L], title="imputation")
+    if video:  # the recovered video beside the truth (missing frames decoded by the model)
+        H, W = model.image_shape[-2:]
+        frames = torch.cat([x[0, :L].reshape(L, H, W), probs[0, :L].reshape(L, H, W)], -1)
+        plot_video(frames, png, title=f"truth | {args.method} (missing steps "
+                   f"{(~observed[0, :L]).nonzero().flatten().tolist()})")
+    else:
+        shown = torch.where(observed[0, :L, None], x[0, :L], torch.full_like(x[0, :L], float("nan")))
+        recovered = torch.where(observed[0, :L, None], x[0, :L], (probs[0, :L] > 0.5).float())
+        plot_recovery(x[0, :L], shown, recovered, png, probs=probs[0, :L], title="imputation")
     print(f"imputed {result['missing_elements']} elements of {len(seqs)} {args.split} sequences "
           f"({args.method}): {result['bits_per_element']:.4f} bits/element "
-          f"(note frequencies: {result['baseline_bits_per_element']:.4f}); figure {png}")
+          f"(element frequencies: {result['baseline_bits_per_element']:.4f}), pixel error "
+          f"{result['pixel_error']:.4f}; figure {png}")
     return 0
 
 
@@ -409,7 +441,12 @@ def make_parser():
     p = _task_parser(sub, "impute", cmd_impute,
                      "drop steps of test sequences and impute them (seed 002 4.3)")
     p.add_argument("--drop", type=int, default=8, help="consecutive steps dropped per sequence")
-    p.add_argument("--method", choices=("iterative", "importance"), default="iterative")
+    p.add_argument("--drop-prob", type=float, default=None,
+                   help="drop each step with this probability instead (thesis Fig. 6.3a)")
+    p.add_argument("--method", default=None,
+                   choices=("iterative", "importance", "smoothing", "filtering", "generation"),
+                   help="iterative (default) or importance; smoothing (KVAE default), filtering "
+                        "or generation for a KVAE")
     p.add_argument("--iterations", type=int, default=20, help="iterations (iterative method)")
     p.add_argument("--particles", type=int, default=64, help="particles (importance method)")
 

@@ -38,7 +38,7 @@ from pyro.poutine.messenger import Messenger
 from pyro_seq.validation import check_device, module_device, prepare_sequences, validate_sequences
 
 __all__ = ["ImputationResult", "ForecastResult", "impute", "denoise", "forecast", "drop_steps",
-           "bits_per_element"]
+           "drop_frames", "pixel_error", "bits_per_element"]
 
 
 @dataclass
@@ -111,7 +111,11 @@ def impute(model, x, observed, mask=None, method="iterative", num_iterations=20,
     :param torch.Tensor x: ``(batch, T, D)``; entries marked unobserved may hold anything.
     :param observed: bool ``(batch, T)`` or ``(batch, T, D)``, True = observed.
     :param mask: ``(batch, T)`` padding mask or None.
-    :param str method: ``"iterative"`` (seed 002 sec. 4.3) or ``"importance"``.
+    :param str method: ``"iterative"`` (seed 002 sec. 4.3) or ``"importance"``; for a
+        :class:`~pyro_seq.models.KVAE` also ``"smoothing"``, ``"filtering"`` or ``"generation"``
+        (thesis 6.4, :meth:`~pyro_seq.models.KVAE.impute_frames`: whole frames, so a step
+        counts as observed when any of its elements is; ``probs`` are the decoded pixel
+        probabilities at the missing steps).
     :param int num_iterations: iterations of the iterative procedure.
     :param int burn_in: iterations left out of the average of ``probs`` (default: a third).
     :param int num_particles: ``K`` of the importance method.
@@ -129,7 +133,18 @@ def impute(model, x, observed, mask=None, method="iterative", num_iterations=20,
         return _impute_iterative(model, x, mask, seen, num_iterations, burn_in, generator)
     if method == "importance":
         return _impute_importance(model, x, mask, seen, num_particles)
-    raise ValueError(f"method must be 'iterative' or 'importance', got {method!r}")
+    if method in ("smoothing", "filtering", "generation"):
+        if not hasattr(model, "impute_frames"):
+            raise ValueError(f"method {method!r} needs a model with an LGSSM over encodings "
+                             f"(KVAE); {type(model).__name__} has none")
+        steps = seen.any(-1) & mask
+        probs, _ = model.impute_frames(x, steps, method)
+        probs = torch.where(steps[..., None], x, probs)
+        filled = (probs > 0.5).to(x.dtype) if _binary(model) else probs
+        return ImputationResult(torch.where(steps[..., None], x, filled), probs,
+                                steps[..., None].expand(x.shape))
+    raise ValueError(f"method must be 'iterative', 'importance', 'smoothing', 'filtering' or "
+                     f"'generation', got {method!r}")
 
 
 def _impute_iterative(model, x, mask, seen, num_iterations, burn_in, generator):
@@ -307,6 +322,33 @@ def drop_steps(mask, drop, generator=None):
         start = int(torch.randint(0, length - drop + 1, (), generator=generator))
         observed[b, start:start + drop] = False
     return observed
+
+
+def drop_frames(mask, prob, generator=None, keep_first=0):
+    """An ``observed`` mask with each real step missing independently with probability ``prob``
+    (the random-drop scheme of thesis Fig. 6.3a); the first ``keep_first`` steps stay observed.
+
+    :returns: bool ``(batch, T)``, False at the dropped steps.
+    """
+    if not 0.0 <= float(prob) < 1.0:
+        raise ValueError(f"prob must be in [0, 1), got {prob}")
+    u = torch.rand(mask.shape, generator=generator).to(mask.device)
+    observed = (u >= prob) | ~mask
+    observed[:, :keep_first] = True
+    return observed
+
+
+def pixel_error(probs, target, missing):
+    """Fraction of incorrectly imputed pixels (thesis Fig. 6.3): ``probs > 1/2`` against the
+    binary ``target`` over the elements where ``missing`` (bool, broadcastable) is True.
+
+    :rtype: float (NaN when nothing is missing)
+    """
+    missing = missing.expand(target.shape)
+    if not bool(missing.any()):
+        return float("nan")
+    wrong = ((probs > 0.5).to(target.dtype) != target) & missing
+    return float(wrong.sum() / missing.sum())
 
 
 def bits_per_element(probs, target, eps=1e-6):

@@ -78,3 +78,24 @@ def test_rtrbm_trains_with_cd_and_evaluates_by_ais_and_exactly(tiny_pickle, tmp_
               "--out", str(tmp_path / "bad")])
     with pytest.raises(SystemExit, match="energy-based"):
         main(["evaluate", str(out), "--objective", "iwae"])
+
+
+def test_kvae_trains_and_imputes_videos_from_the_command_line(tmp_path, capsys, monkeypatch):
+    pytest.importorskip("pymunk", reason="the box videos need the 'sim' extra (pymunk)")
+    import json
+
+    monkeypatch.setenv("PYRO_SEQ_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "kvae"
+    assert main(["train", "--model", "kvae", "--data", "box:10", "--epochs", "1", "--quiet",
+                 "--batch-size", "5", "--kl-anneal-steps", "0", "--out", str(out),
+                 "--model-option", "channels=4", "--model-option", "lstm_dim=4"]) == 0
+    for method in ("smoothing", "filtering", "generation"):
+        assert main(["impute", str(out), "--data", "box:10", "--drop-prob", "0.5", "--num", "2",
+                     "--method", method]) == 0
+        result = json.loads((out / f"impute_test_{method}.json").read_text())
+        assert 0.0 <= result["pixel_error"] <= 1.0 and result["missing_elements"] > 0
+    assert (out / "impute_test_0.png").exists()
+    assert "pixel error" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="does not hold 1024 values"):
+        main(["train", "--model", "kvae", "--data", "box:10", "--epochs", "1", "--quiet",
+              "--out", str(tmp_path / "y"), "--model-option", "image_shape=[4,4]"])

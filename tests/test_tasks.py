@@ -161,3 +161,47 @@ def test_drop_steps_and_bits_per_element():
     p = torch.tensor([0.9, 0.2, 0.6, 0.99])
     expected = -(math.log2(0.9) + math.log2(0.8) + math.log2(0.6) + math.log2(0.99)) / 4
     assert bits_per_element(p, target) == pytest.approx(expected, rel=1e-12)
+
+
+def test_pixel_error_counts_wrong_pixels_on_missing_frames_only():
+    from pyro_seq.tasks import pixel_error
+
+    target = torch.tensor([[[1.0, 0.0], [1.0, 1.0], [0.0, 0.0]]])
+    probs = torch.tensor([[[0.9, 0.9], [0.2, 0.6], [0.1, 0.7]]])
+    missing = torch.tensor([[False, True, True]])[..., None]
+    # missing frames 2 and 3: pixels (1,1) wrong (0.2 < .5 for 1), (1,1) right, (0,0) right, (0,1) wrong
+    assert pixel_error(probs, target, missing) == pytest.approx(2 / 4)
+    assert math.isnan(pixel_error(probs, target, torch.zeros(1, 3, 1, dtype=torch.bool)))
+
+
+def test_drop_frames_rate_and_kept_prefix():
+    from pyro_seq.tasks import drop_frames
+
+    mask = torch.ones(400, 50, dtype=torch.bool)
+    mask[:, 40:] = False
+    g = torch.Generator().manual_seed(0)
+    observed = drop_frames(mask, 0.3, generator=g, keep_first=2)
+    assert observed[:, :2].all() and observed[:, 40:].all()
+    rate = 1 - observed[:, 2:40].float().mean().item()
+    se = math.sqrt(0.3 * 0.7 / (400 * 38))
+    assert abs(rate - 0.3) < 5 * se
+    with pytest.raises(ValueError):
+        drop_frames(mask, 1.0)
+
+
+def test_impute_dispatches_frame_methods_to_the_kvae_only():
+    from pyro_seq.models import KVAE, DMM
+    from pyro_seq.tasks import impute
+
+    torch.manual_seed(0)
+    m = KVAE(image_shape=(8, 8), channels=4, conv_layers=2, lstm_dim=4).eval()
+    x = (torch.rand(2, 6, 64) < 0.2).to(torch.get_default_dtype())
+    observed = torch.tensor([[1, 1, 0, 1, 0, 1], [1, 0, 0, 0, 1, 1]], dtype=torch.bool)
+    res = impute(m, x, observed, method="smoothing")
+    probs, _ = m.impute_frames(x, observed, "smoothing")
+    assert torch.equal(res.probs[~observed], probs[~observed])
+    assert torch.equal(res.x[observed], x[observed])  # observed frames are kept
+    assert set(res.x.unique().tolist()) <= {0.0, 1.0}
+    with pytest.raises(ValueError, match="KVAE"):
+        impute(DMM(64, z_dim=2, emission_dim=4, transition_dim=4, rnn_dim=4), x, observed,
+               method="smoothing")

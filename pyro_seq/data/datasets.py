@@ -12,7 +12,10 @@ from .chorales import cache_dir, load_chorales
 from .japanese_vowels import load_japanese_vowels
 from .piano_roll import DEFAULT_SPLITS, load_piano_rolls
 
-__all__ = ["NAMED_PICKLES", "load_dataset"]
+__all__ = ["NAMED_PICKLES", "SIMULATED", "load_dataset"]
+
+#: Simulated video environments (:mod:`pyro_seq.data.simulators`), loaded by name.
+SIMULATED = ("box", "box_gravity", "polygon", "pong", "pendulum")
 
 #: Boulanger-Lewandowski piano-roll sets known by name, and their usual file names.
 NAMED_PICKLES = {
@@ -44,6 +47,10 @@ def load_dataset(
             (:func:`~pyro_seq.data.load_chorales`; not the Boulanger-Lewandowski split);
             ``"japanese_vowels"``: 12 standardised LPC coefficients per frame, bundled with the
             optional ``aeon`` package (:func:`~pyro_seq.data.load_japanese_vowels`);
+            a name of :data:`SIMULATED` (``"box"``, ..., ``"pendulum"``): simulated videos
+            (:func:`~pyro_seq.data.simulators.simulate`, cached), flattened frames ``(T, H*W)``;
+            ``"box:N"`` simulates ``N`` training sequences and ``N // 5`` (at least 1) each for
+            validation and test instead of the thesis sizes;
             a name of :data:`NAMED_PICKLES` (``"jsb"``, ``"jsb_2x"``, ``"nottingham"``,
             ``"musedata"``, ``"piano_midi"``): that file looked up in the directories of
             ``$PYRO_SEQ_DATA`` (``os.pathsep``-separated) and then the cache directory
@@ -62,6 +69,9 @@ def load_dataset(
             path that does not exist (the message says where it looked).
     """
     key = os.fspath(name_or_path)
+    env, _, count = key.partition(":")
+    if env in SIMULATED and not os.path.exists(key):
+        return _load_simulated(env, count, splits, **kwargs)
     if key == "chorales":
         return load_chorales(splits, **kwargs)
     if key == "japanese_vowels":
@@ -84,3 +94,19 @@ def load_dataset(
             f"{sorted(NAMED_PICKLES)}, and no such file"
         )
     return load_piano_rolls(key, splits)
+
+
+def _load_simulated(env: str, count: str, splits: Sequence[str], **kwargs):
+    from .simulators import simulate
+
+    sizes = {}
+    if count:
+        try:
+            n = int(count)
+        except ValueError:
+            n = 0
+        if n < 1:
+            raise ValueError(f"dataset {env}:{count}: the count after ':' must be a positive int")
+        sizes = {"train": n, "valid": max(1, n // 5), "test": max(1, n // 5)}
+    return {split: simulate(env, sizes.get(split), split=split, **kwargs).as_sequences()
+            for split in splits}
