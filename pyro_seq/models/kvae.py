@@ -85,8 +85,11 @@ from pyro_seq.validation import positive_int
 
 __all__ = ["KVAE", "KVAEFilterResult"]
 
+#: Frame encoders/decoders of :class:`KVAE` (``encoder=``): convolutional (appendix 6.8) or MLP.
 ENCODERS = ("conv", "mlp")
+#: Pixel likelihoods of :class:`KVAE` (``likelihood=``).
 LIKELIHOODS = ("bernoulli", "gaussian")
+#: How :class:`KVAE` scores log p(a) (``prior_score=``): closed form, or eq. 6.8 at a smoother draw.
 PRIOR_SCORES = ("exact", "smoother_sample")
 
 
