@@ -10,7 +10,10 @@
    (only the first and last 4 frames observed): impute the missing frames by generation,
    filtering and smoothing (:meth:`pyro_seq.models.KVAE.impute_frames`) and report the fraction
    of incorrectly imputed pixels on the missing frames (:func:`pyro_seq.tasks.pixel_error`).
-3. Figures: the error-vs-p curves (Fig. 6.3a), the learnt a_t trajectories beside the true
+3. The AE-RNN baseline (:class:`pyro_seq.baselines.AERNN`: the same encoder and decoder,
+   deterministic, an LSTM on the codes) trained for the same number of epochs (Adam, its own
+   resumable checkpoint ``ae_rnn.pt``), imputing forward.
+4. Figures: the error-vs-p curves (Fig. 6.3a), the learnt a_t trajectories beside the true
    positions, and a strip of frames.
 
 JSON in ``benchmarks/results/kvae_<tag>.json``, figures next to it. The thesis trains on 5000
@@ -33,6 +36,7 @@ from common import RESULTS, ROOT, write_result
 
 PROBS = [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9]
 METHODS = ("generation", "filtering", "smoothing")
+BASELINE = "ae_rnn"
 
 
 def parse_args(argv=None):
@@ -48,7 +52,8 @@ def parse_args(argv=None):
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--tag", default=None)
-    p.add_argument("--smoke", action="store_true", help="tiny sizes, results to /tmp")
+    p.add_argument("--smoke", action="store_true", help="tiny sizes, results to --smoke-dir")
+    p.add_argument("--smoke-dir", default="/tmp/kvae_smoke", help="where --smoke writes")
     args = p.parse_args(argv)
     if args.smoke:
         args.train, args.test, args.epochs, args.channels = 16, 8, 1, 4
@@ -69,7 +74,7 @@ def make_masks(num, T, generator):
     return schemes
 
 
-def imputation_errors(model, videos, generator, batch=100):
+def imputation_errors(model, baseline, videos, generator, batch=100):
     from pyro_seq.tasks import pixel_error
 
     x = videos.frames.flatten(2).to(next(model.parameters()).dtype)
@@ -81,9 +86,50 @@ def imputation_errors(model, videos, generator, batch=100):
             probs = torch.cat([model.impute_frames(x[i:i + batch], observed[i:i + batch], method)[0]
                                for i in range(0, N, batch)])
             row[method] = pixel_error(probs, x, (~observed)[..., None])
+        probs = torch.cat([baseline.impute_frames(x[i:i + batch], observed[i:i + batch])[0]
+                           for i in range(0, N, batch)])
+        row[BASELINE] = pixel_error(probs, x, (~observed)[..., None])
         out[name] = row
-        print(f"  {name:>6}: " + "  ".join(f"{m} {row[m]:.4f}" for m in METHODS), flush=True)
+        print(f"  {name:>6}: " + "  ".join(f"{m} {row[m]:.4f}" for m in METHODS + (BASELINE,)),
+              flush=True)
     return out
+
+
+def train_baseline(train, args, out_dir, image_shape):
+    """The AE-RNN for ``args.epochs`` epochs, resumable from ``out_dir / "ae_rnn.pt"``."""
+    from tqdm.auto import tqdm
+
+    from pyro_seq.baselines import AERNN
+
+    torch.manual_seed(args.seed)
+    model = AERNN(image_shape, channels=args.channels)
+    optim = torch.optim.Adam(model.parameters(), lr=1e-3)
+    path, start, history = out_dir / "ae_rnn.pt", 0, []
+    if path.exists():
+        state = torch.load(path, weights_only=True)
+        model.load_state_dict(state["model"])
+        optim.load_state_dict(state["optim"])
+        start, history = int(state["epoch"]), [float(v) for v in state["history"]]
+    x = train.frames.flatten(2)
+    t0 = time.time()
+    for epoch in tqdm(range(start, args.epochs), initial=start, total=args.epochs,
+                      desc="AE-RNN epochs", disable=args.smoke):
+        g = torch.Generator().manual_seed(args.seed * 1000 + epoch)
+        order = torch.randperm(len(x), generator=g)
+        total = 0.0
+        for i in range(0, len(x), args.batch_size):
+            loss = model.loss(x[order[i:i + args.batch_size]])
+            optim.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 150.0)
+            optim.step()
+            total += float(loss) * len(order[i:i + args.batch_size])
+        history.append(total / len(x))
+        out_dir.mkdir(parents=True, exist_ok=True)
+        torch.save({"model": model.state_dict(), "optim": optim.state_dict(), "epoch": epoch + 1,
+                    "history": torch.tensor(history)}, path)
+    model.eval()
+    return model, history, time.time() - t0
 
 
 def figures(model, videos, errors, out_prefix):
@@ -95,8 +141,9 @@ def figures(model, videos, errors, out_prefix):
     from pyro_seq.train.plots import plot_video
 
     fig, ax = plt.subplots(figsize=(5, 3.6), layout="constrained")
-    for method in METHODS:
-        ax.plot(PROBS, [errors[f"p={p}"][method] for p in PROBS], marker="o", label=method)
+    for method in METHODS + (BASELINE,):
+        ax.plot(PROBS, [errors[f"p={p}"][method] for p in PROBS], marker="o",
+                label="AE-RNN" if method == BASELINE else f"KVAE {method}")
     ax.set_xlabel("drop probability p")
     ax.set_ylabel("fraction of incorrect pixels")
     ax.set_title("KVAE imputation on box (thesis Fig. 6.3a)")
@@ -153,7 +200,8 @@ def main(argv=None):
                          lr_decay_factor=(1 / 0.85) ** (1 / decay_every), patience=None,
                          init="none", seed=args.seed, num_threads=args.threads,
                          progress=not args.smoke, valid_batch_size=100)
-    out_dir = Path("/tmp/kvae_smoke" if args.smoke else ROOT / "benchmarks" / "checkpoints" / args.tag)
+    smoke_dir = Path(args.smoke_dir)
+    out_dir = smoke_dir / "run" if args.smoke else ROOT / "benchmarks" / "checkpoints" / args.tag
     t1 = time.time()
     history = fit(model, train.as_sequences(), valid.as_sequences(), config, out_dir)
     train_seconds = time.time() - t1
@@ -161,29 +209,34 @@ def main(argv=None):
     test_elbo = evaluate_bound(model, test.as_sequences(), batch_size=100)
     print(f"test ELBO {test_elbo['per_step']:.3f} nats per frame "
           f"({test_elbo['per_step'] * test.frames.shape[1]:.2f} per sequence)")
+    baseline, baseline_history, baseline_seconds = train_baseline(train, args, out_dir, (H, W))
     t2 = time.time()
     with torch.no_grad():
-        errors = imputation_errors(model, test, torch.Generator().manual_seed(args.seed))
+        errors = imputation_errors(model, baseline, test, torch.Generator().manual_seed(args.seed))
     impute_seconds = time.time() - t2
     ordered = all(errors[f"p={p}"]["smoothing"] <= errors[f"p={p}"]["filtering"]
                   <= errors[f"p={p}"]["generation"] for p in PROBS)
+    below_baseline = all(errors[f"p={p}"]["smoothing"] < errors[f"p={p}"][BASELINE] for p in PROBS)
     epochs = [r for r in history if "seconds" in r] if isinstance(history, list) else []
     payload = {
         "env": args.env, "settings": vars(args), "test_elbo_per_frame": test_elbo["per_step"],
         "test_elbo_per_sequence": test_elbo["per_step"] * test.frames.shape[1],
         "imputation_pixel_error": errors,
         "smoothing_lt_filtering_lt_generation_at_every_p": ordered,
+        "kvae_smoothing_below_ae_rnn_at_every_p": below_baseline,
+        "ae_rnn_train_loss_per_frame": baseline_history,
         "seconds": {"simulation": sim_seconds, "training": train_seconds,
-                    "imputation": impute_seconds},
+                    "ae_rnn_training": baseline_seconds, "imputation": impute_seconds},
         "seconds_per_epoch": [r["seconds"] for r in epochs],
         "thesis": "Fig. 6.3a: smoothing < filtering < generation at every p (curves, no table)",
     }
-    prefix = Path("/tmp/kvae_smoke_fig") if args.smoke else RESULTS / f"kvae_{args.tag}"
+    prefix = smoke_dir / "fig" if args.smoke else RESULTS / f"kvae_{args.tag}"
     with torch.no_grad():
         figures(model, test, errors, str(prefix))
     write_result(f"kvae_{args.tag}", payload,
-                 path="/tmp/kvae_smoke.json" if args.smoke else None)
-    print(json.dumps({"ordered": ordered, "train_seconds": round(train_seconds)}))
+                 path=smoke_dir / "result.json" if args.smoke else None)
+    print(json.dumps({"ordered": ordered, "below_ae_rnn": below_baseline,
+                      "train_seconds": round(train_seconds)}))
     return payload
 
 

@@ -87,6 +87,7 @@ def main(argv=None):
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--models", default="kvae_mlp,kvae_cnn,dmm")
     p.add_argument("--smoke", action="store_true")
+    p.add_argument("--smoke-out", default="/tmp/kvae_pendulum_smoke.json")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     from pyro_seq.data.simulators import pendulum
@@ -122,7 +123,7 @@ def main(argv=None):
                "kvae_above_dmm": ordered,
                "note": "binary frames, Bernoulli likelihood: only the ordering compares with the "
                        "thesis (Gaussian grey-level frames there)"}
-    write_result("kvae_pendulum", payload, path="/tmp/kvae_pendulum_smoke.json" if args.smoke else None)
+    write_result("kvae_pendulum", payload, path=args.smoke_out if args.smoke else None)
     return payload
 
 

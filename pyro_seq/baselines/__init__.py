@@ -6,9 +6,13 @@
   Deviance ``log10 2``). Score them with :func:`pyro_seq.metrics.capped_binomial_deviance` on
   :func:`pyro_seq.data.simulate_students` data.
 
-Depends on :mod:`torch` only.
+* Video imputation (issue 10): :class:`AERNN`, a deterministic auto-encoder with an LSTM on its
+  codes, the baseline of the KVAE's imputation experiments (thesis Fig. 6.3).
+
+Depends on :mod:`torch` and the pure-torch blocks of :mod:`pyro_seq.nn` only.
 """
 
+from .ae_rnn import AERNN
 from .logistic import ConstantBaseline, LogisticBaseline
 
-__all__ = ["ConstantBaseline", "LogisticBaseline"]
+__all__ = ["AERNN", "ConstantBaseline", "LogisticBaseline"]
