@@ -141,6 +141,9 @@ def tiny_options(name, width):
         "vrae": dict(z_dim=z, encoder_dim=w, decoder_dim=w, emission_dim=w),
         "rnn": dict(d_dim=w, hidden_dim=w),
         "rtrbm": dict(num_hidden=w),
+        # 88 piano keys read as 8x11 "frames" with the MLP encoder (the conv one needs
+        # power-of-two frame sides); the device check is about devices, not about videos
+        "kvae": dict(image_shape=[8, 11], encoder="mlp", hidden_dims=[w], lstm_dim=w, z_dim=z),
     }[name]
 
 

@@ -158,6 +158,7 @@ def cmd_train(args):
         plateau_patience=args.plateau_patience, plateau_min_lr=args.plateau_min_lr,
         lrd=args.lrd, lr_decay_after=args.lr_decay_after, lr_decay_factor=args.lr_decay_factor,
         kl_start=args.kl_start, kl_anneal_steps=args.kl_anneal_steps, free_bits=args.free_bits,
+        missing_prob=args.missing_prob,
         chunk_length=args.chunk_length, patience=args.patience or None, seed=args.seed,
         init=args.init, schedule_during_annealing=args.schedule_during_annealing,
         time_limit=args.time_limit, num_threads=args.threads,
@@ -385,6 +386,8 @@ def make_parser():
                         "code's weights for an SRNN plus, for Bernoulli emissions, the output "
                         "bias from the training notes' frequencies; bias = the output bias only; "
                         f"none = as built (default {defaults.init})")
+    p.add_argument("--missing-prob", type=float, default=0.0,
+                   help="train with each step missing with this probability (thesis app. 6.10)")
     p.add_argument("--kl-start", type=float, default=0.2, help="initial KL weight beta")
     p.add_argument("--kl-anneal-steps", type=int, default=1000,
                    help="updates over which beta rises linearly to 1 (0: no annealing)")

@@ -87,7 +87,8 @@ def test_kvae_trains_and_imputes_videos_from_the_command_line(tmp_path, capsys, 
     monkeypatch.setenv("PYRO_SEQ_CACHE", str(tmp_path / "cache"))
     out = tmp_path / "kvae"
     assert main(["train", "--model", "kvae", "--data", "box:10", "--epochs", "1", "--quiet",
-                 "--batch-size", "5", "--kl-anneal-steps", "0", "--out", str(out),
+                 "--batch-size", "5", "--kl-anneal-steps", "0", "--missing-prob", "0.3",
+                 "--out", str(out),
                  "--model-option", "channels=4", "--model-option", "lstm_dim=4"]) == 0
     for method in ("smoothing", "filtering", "generation"):
         assert main(["impute", str(out), "--data", "box:10", "--drop-prob", "0.5", "--num", "2",

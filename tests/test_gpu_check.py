@@ -45,7 +45,7 @@ def test_the_report_names_the_device_and_passes(report):
 
 def test_every_model_and_objective_cell_is_finite_and_on_the_device(report):
     cells = report["grid"]["cells"]
-    latent = ("dmm", "srnn", "vrnn", "vaernn", "storn", "vosp", "vrae", "rnn")
+    latent = ("dmm", "srnn", "vrnn", "vaernn", "storn", "vosp", "vrae", "rnn", "kvae")
     expected = {f"{m}/{o}" for m in latent
                 for o in ("elbo", "meanfield", "free_bits", "iwae", "fivo")} | {"rtrbm/cd"}
     assert set(cells) == expected

@@ -522,19 +522,25 @@ class KVAE(SequenceModel):
         return probs, a_hat
 
     @torch.no_grad()
-    def generate(self, num_sequences, num_steps, inputs=None):
+    def generate(self, num_sequences, num_steps, inputs=None, return_codes=False):
         """Ancestral samples: ``a_t ~ p(a_t | a_{<t})`` by the filter's predictive, the dynamics
         network fed the samples, ``x_t ~ p(x_t | a_t)``.
 
-        :returns: ``(x, probs, a)``: frames ``(num_sequences, num_steps, obs_dim)``, their
-            pixel probabilities (Gaussian: means) and the encodings ``(..., a_dim)``.
+        :param inputs: controls ``(num_sequences, num_steps, control_dim)`` for a model with
+            ``control_dim > 0``.
+        :returns: ``(x, params)`` as the other models' ``generate``: frames ``(num_sequences,
+            num_steps, obs_dim)`` and the decoder outputs (Bernoulli logits or Gaussian means);
+            with ``return_codes=True`` also the encodings ``a (num_sequences, num_steps, a_dim)``.
         """
         B = positive_int("num_sequences", num_sequences)
+        T = positive_int("num_steps", num_steps)
+        if self.control_dim and (inputs is None or tuple(inputs.shape) != (B, T, self.control_dim)):
+            raise ValueError(f"generate needs inputs of shape {(B, T, self.control_dim)} (controls)")
         m, P = self.init_loc.expand(B, self.z_dim), self.init_cov.expand(B, self.z_dim, self.z_dim)
         prev = self.a0.expand(B, self.a_dim)
         hidden = self.dynamics.initial(m, (B,))
         out = []
-        for t in range(positive_int("num_steps", num_steps)):
+        for t in range(T):
             u_t = None if inputs is None else inputs[:, t]
             _, hidden, m, P, step = self._predict(m, P, prev, hidden, t, u_t)
             prev = dist.MultivariateNormal(step.loc, scale_tril=step.scale_tril).sample()
@@ -543,5 +549,4 @@ class KVAE(SequenceModel):
         a = torch.stack(out, 1)
         params = self.decode(a)
         x = self.likelihood(params).sample()
-        probs = torch.sigmoid(params) if self.likelihood_name == "bernoulli" else params
-        return x, probs, a
+        return (x, params, a) if return_codes else (x, params)

@@ -146,6 +146,12 @@ class TrainConfig:
     #: beta = 1 (the rate stays constant through annealing)
     schedule_during_annealing: bool = True
     free_bits: float = 0.0
+    #: training with missing data (thesis appendix 6.10): each real step of a training batch is
+    #: marked unobserved (``observed=``) with this probability, except the first
+    #: ``missing_keep_first`` steps; drawn from ``(seed, update)``, so a resumed run sees the
+    #: same masks. Validation and test bounds use complete sequences.
+    missing_prob: float = 0.0
+    missing_keep_first: int = 3
     chunk_length: Optional[int] = None
     valid_batch_size: int = 64
     patience: Optional[int] = 12
@@ -195,6 +201,10 @@ class TrainConfig:
                 raise ValueError("plateau_min_lr and plateau_threshold must be >= 0")
         if self.patience is not None and self.patience < 1:
             raise ValueError(f"patience must be None (no early stopping) or >= 1, got {self.patience}")
+        if not 0.0 <= self.missing_prob < 1.0:
+            raise ValueError(f"missing_prob must be in [0, 1), got {self.missing_prob}")
+        if self.missing_keep_first < 0:
+            raise ValueError(f"missing_keep_first must be >= 0, got {self.missing_keep_first}")
         if self.init not in INITS:
             raise ValueError(f"init must be one of {INITS}, got {self.init!r}")
         if not isinstance(self.cd_steps, int) or self.cd_steps < 1:
@@ -323,6 +333,16 @@ class TrainHistory(list):
     restored_best = False
 
 
+def _missing_steps(mask, config, step, rank=0):
+    """The ``observed`` mask of one training update under ``config.missing_prob``: bool
+    ``(batch, T)``, False at dropped real steps; a pure function of ``(seed, step, rank)``."""
+    from pyro_seq.tasks import drop_frames
+
+    g = torch.Generator().manual_seed(config.seed * 1_000_003 + step * 101 + rank)
+    return drop_frames(mask, config.missing_prob, generator=g,
+                       keep_first=config.missing_keep_first)
+
+
 def kl_beta(step, config):
     """Annealing temperature after ``step`` updates: linear from ``kl_start`` to 1."""
     if config.kl_anneal_steps <= 0:
@@ -448,6 +468,9 @@ def _fit(model, train_sequences, valid_sequences, config, out_dir, resume, comm,
                             chunk_length=config.chunk_length, dtype=model_dtype(model),
                             device=device)
     energy = getattr(model, "energy_based", False)
+    if energy and config.missing_prob > 0:
+        raise ValueError("missing_prob needs a latent-variable model with observed= masks; "
+                         f"{type(model).__name__} is energy-based")
     optim = make_optimizer(config)
     loss = make_objective(config.objective, config.num_particles, config.free_bits,
                           cd_steps=config.cd_steps)
@@ -516,8 +539,11 @@ def _fit(model, train_sequences, valid_sequences, config, out_dir, resume, comm,
             beta = kl_beta(global_step, config)
             if annealer is not None:
                 annealer.beta = beta
+            kwargs = {}
+            if config.missing_prob > 0:  # appendix 6.10: missing steps inside the sequences
+                kwargs["observed"] = _missing_steps(mask, config, global_step, comm.rank)
             with pyro.validation_enabled(config.pyro_validation):
-                step_loss = svi.step(x, mask)
+                step_loss = svi.step(x, mask, **kwargs)
             if not math.isfinite(step_loss):
                 raise FloatingPointError(
                     f"non-finite loss {step_loss} at epoch {epoch}, step {global_step}; "

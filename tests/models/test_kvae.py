@@ -369,3 +369,21 @@ def test_bad_inputs_are_refused():
                 {"transition_noise": 0.0}, {"a_dim": 0}, {"control_dim": -1}):
         with pytest.raises(ValueError):
             KVAE(image_shape=(8, 8), conv_layers=2, **bad)
+
+
+def test_generated_codes_follow_the_lgssm_prior():
+    """K = 1: the codes of ``generate`` are draws of the LGSSM marginal p(a_{1:T}) (dense
+    mean 0 and covariance, compared entrywise within 5 standard errors)."""
+    torch.manual_seed(13)
+    m = identity_kvae(num_modes=1)
+    N, T = 20000, 3
+    x, params, a = m.generate(N, T, return_codes=True)
+    assert x.shape == (N, T, 2) and torch.equal(params, a)  # identity decoder
+    dense = dense_lgssm(m.init_loc, m.init_cov, m.A_modes[0].detach(), m.Q,
+                        m.C_modes[0].detach(), m.R, T)
+    flat = a.reshape(N, -1)
+    var = dense.cov_xx.diagonal()
+    assert ((flat.mean(0) - dense.mean_x).abs() < 5 * (var / N).sqrt()).all()
+    emp = torch.cov(flat.T)
+    se = ((dense.cov_xx ** 2 + var[:, None] * var[None, :]) / N).sqrt()
+    assert ((emp - dense.cov_xx).abs() < 5 * se).all()

@@ -364,3 +364,36 @@ def test_iwae_training_is_judged_by_its_own_bound(tmp_path, monitor):
     best = max(range(len(watched)), key=lambda i: (watched[i], -i))
     assert history.best_epoch == history[best]["epoch"]
     assert history.best_valid_elbo_per_step == watched[best]
+
+
+def test_training_with_missing_steps_passes_observed_masks(tmp_path, monkeypatch):
+    """Appendix 6.10: every update sees an ``observed`` mask with the configured drop rate, the
+    first steps kept, drawn reproducibly from (seed, update); without it nothing is passed."""
+    from pyro.infer import SVI
+
+    seen = []
+    original = SVI.step
+
+    def spy(self, *args, **kwargs):
+        seen.append((args[1].clone(), kwargs.get("observed")))
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(SVI, "step", spy)
+    train = [(torch.rand(30, 6) < 0.3).float() for _ in range(40)]
+    cfg = dict(batch_size=10, progress=False, patience=None, missing_prob=0.4, missing_keep_first=2)
+    fit(tiny_srnn(), train, None, TrainConfig(epochs=2, **cfg), tmp_path / "a")
+    first = [o.clone() for _, o in seen]
+    assert len(first) == 8 and all(o is not None for o in first)
+    dropped = torch.cat([~o[:, 2:] for o in first]).float().mean().item()
+    se = math.sqrt(0.4 * 0.6 / (80 * 28))
+    assert abs(dropped - 0.4) < 5 * se
+    assert all(bool(o[:, :2].all()) for o in first)
+    seen.clear()
+    fit(tiny_srnn(), train, None, TrainConfig(epochs=2, **cfg), tmp_path / "b")
+    assert all(torch.equal(a, o) for a, (_, o) in zip(first, seen))  # reproducible
+    seen.clear()
+    fit(tiny_srnn(), train, None, TrainConfig(epochs=1, batch_size=10, progress=False),
+        tmp_path / "c")
+    assert all(o is None for _, o in seen)
+    with pytest.raises(ValueError, match="missing_prob"):
+        TrainConfig(missing_prob=1.0).validate()
