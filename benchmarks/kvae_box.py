@@ -10,9 +10,12 @@
    (only the first and last 4 frames observed): impute the missing frames by generation,
    filtering and smoothing (:meth:`pyro_seq.models.KVAE.impute_frames`) and report the fraction
    of incorrectly imputed pixels on the missing frames (:func:`pyro_seq.tasks.pixel_error`).
-3. The AE-RNN baseline (:class:`pyro_seq.baselines.AERNN`: the same encoder and decoder,
-   deterministic, an LSTM on the codes) trained for the same number of epochs (Adam, its own
-   resumable checkpoint ``ae_rnn.pt``), imputing forward.
+3. Baselines, each trained for the same number of epochs: the AE-RNN
+   (:class:`pyro_seq.baselines.AERNN`: the same encoder and decoder, deterministic, an LSTM on
+   the codes; Adam, its own resumable checkpoint ``ae_rnn.pt``), imputing forward; and the
+   package's :class:`~pyro_seq.models.VAERNN` (MLPs on the flattened frames: GRU 50, z 8,
+   hidden 128; :func:`pyro_seq.train.fit` in ``<tag>/vaernn``), imputing by importance
+   sampling over whole paths with 16 particles (:func:`pyro_seq.tasks.impute`).
 4. Figures: the error-vs-p curves (Fig. 6.3a), the learnt a_t trajectories beside the true
    positions, and a strip of frames.
 
@@ -37,6 +40,7 @@ from common import RESULTS, ROOT, write_result
 PROBS = [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9]
 METHODS = ("generation", "filtering", "smoothing")
 BASELINE = "ae_rnn"
+BASELINES = (BASELINE, "vaernn")
 
 
 def parse_args(argv=None):
@@ -74,8 +78,8 @@ def make_masks(num, T, generator):
     return schemes
 
 
-def imputation_errors(model, baseline, videos, generator, batch=100):
-    from pyro_seq.tasks import pixel_error
+def imputation_errors(model, baseline, vaernn, videos, generator, batch=100):
+    from pyro_seq.tasks import impute, pixel_error
 
     x = videos.frames.flatten(2).to(next(model.parameters()).dtype)
     N, T, _ = x.shape
@@ -89,8 +93,12 @@ def imputation_errors(model, baseline, videos, generator, batch=100):
         probs = torch.cat([baseline.impute_frames(x[i:i + batch], observed[i:i + batch])[0]
                            for i in range(0, N, batch)])
         row[BASELINE] = pixel_error(probs, x, (~observed)[..., None])
+        probs = torch.cat([impute(vaernn, x[i:i + batch], observed[i:i + batch],
+                                  method="importance", num_particles=16).probs
+                           for i in range(0, N, batch)])
+        row["vaernn"] = pixel_error(probs, x, (~observed)[..., None])
         out[name] = row
-        print(f"  {name:>6}: " + "  ".join(f"{m} {row[m]:.4f}" for m in METHODS + (BASELINE,)),
+        print(f"  {name:>6}: " + "  ".join(f"{m} {row[m]:.4f}" for m in METHODS + BASELINES),
               flush=True)
     return out
 
@@ -132,6 +140,22 @@ def train_baseline(train, args, out_dir, image_shape):
     return model, history, time.time() - t0
 
 
+def train_vaernn(train, valid, args, out_dir):
+    """The package's VAE-RNN on the flattened frames, by :func:`pyro_seq.train.fit` (resumable)."""
+    from pyro_seq.models import VAERNN
+    from pyro_seq.train import TrainConfig, fit
+
+    torch.manual_seed(args.seed)
+    model = VAERNN(train.frames[0, 0].numel(), d_dim=50, z_dim=8, hidden_dim=128)
+    config = TrainConfig(epochs=args.epochs, batch_size=args.batch_size, lr=1e-3, patience=None,
+                         seed=args.seed, num_threads=args.threads, progress=not args.smoke,
+                         valid_batch_size=100)
+    t0 = time.time()
+    fit(model, train.as_sequences(), valid.as_sequences(), config, out_dir / "vaernn")
+    model.eval()
+    return model, time.time() - t0
+
+
 def figures(model, videos, errors, out_prefix):
     import matplotlib
 
@@ -141,9 +165,10 @@ def figures(model, videos, errors, out_prefix):
     from pyro_seq.train.plots import plot_video
 
     fig, ax = plt.subplots(figsize=(5, 3.6), layout="constrained")
-    for method in METHODS + (BASELINE,):
+    labels = {"ae_rnn": "AE-RNN", "vaernn": "VAE-RNN"}
+    for method in METHODS + BASELINES:
         ax.plot(PROBS, [errors[f"p={p}"][method] for p in PROBS], marker="o",
-                label="AE-RNN" if method == BASELINE else f"KVAE {method}")
+                label=labels.get(method, f"KVAE {method}"))
     ax.set_xlabel("drop probability p")
     ax.set_ylabel("fraction of incorrect pixels")
     ax.set_title("KVAE imputation on box (thesis Fig. 6.3a)")
@@ -210,13 +235,16 @@ def main(argv=None):
     print(f"test ELBO {test_elbo['per_step']:.3f} nats per frame "
           f"({test_elbo['per_step'] * test.frames.shape[1]:.2f} per sequence)")
     baseline, baseline_history, baseline_seconds = train_baseline(train, args, out_dir, (H, W))
+    vaernn, vaernn_seconds = train_vaernn(train, valid, args, out_dir)
     t2 = time.time()
     with torch.no_grad():
-        errors = imputation_errors(model, baseline, test, torch.Generator().manual_seed(args.seed))
+        errors = imputation_errors(model, baseline, vaernn, test,
+                                   torch.Generator().manual_seed(args.seed))
     impute_seconds = time.time() - t2
     ordered = all(errors[f"p={p}"]["smoothing"] <= errors[f"p={p}"]["filtering"]
                   <= errors[f"p={p}"]["generation"] for p in PROBS)
     below_baseline = all(errors[f"p={p}"]["smoothing"] < errors[f"p={p}"][BASELINE] for p in PROBS)
+    below_vaernn = all(errors[f"p={p}"]["smoothing"] < errors[f"p={p}"]["vaernn"] for p in PROBS)
     epochs = [r for r in history if "seconds" in r] if isinstance(history, list) else []
     payload = {
         "env": args.env, "settings": vars(args), "test_elbo_per_frame": test_elbo["per_step"],
@@ -224,9 +252,11 @@ def main(argv=None):
         "imputation_pixel_error": errors,
         "smoothing_lt_filtering_lt_generation_at_every_p": ordered,
         "kvae_smoothing_below_ae_rnn_at_every_p": below_baseline,
+        "kvae_smoothing_below_vaernn_at_every_p": below_vaernn,
         "ae_rnn_train_loss_per_frame": baseline_history,
         "seconds": {"simulation": sim_seconds, "training": train_seconds,
-                    "ae_rnn_training": baseline_seconds, "imputation": impute_seconds},
+                    "ae_rnn_training": baseline_seconds, "vaernn_training": vaernn_seconds,
+                    "imputation": impute_seconds},
         "seconds_per_epoch": [r["seconds"] for r in epochs],
         "thesis": "Fig. 6.3a: smoothing < filtering < generation at every p (curves, no table)",
     }

@@ -29,7 +29,7 @@ def test_box_imputation_benchmark_smoke(tmp_path):
     errors = result["imputation_pixel_error"]
     assert set(errors) == {f"p={p}" for p in (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)} | {"middle"}
     for row in errors.values():
-        assert set(row) == {"generation", "filtering", "smoothing", "ae_rnn"}
+        assert set(row) == {"generation", "filtering", "smoothing", "ae_rnn", "vaernn"}
         assert all(0.0 <= v <= 1.0 for v in row.values())
     assert math.isfinite(result["test_elbo_per_frame"]) and "machine" in result
     for name in ("fig_imputation.png", "fig_encodings.png", "fig_positions.png", "fig_frames.png"):
