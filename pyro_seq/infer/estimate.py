@@ -134,7 +134,10 @@ def estimate_log_likelihood(model, guide, data, method="iwae", num_particles=100
     :param float ess_threshold: SMC ESS threshold (fraction of :math:`K` in ``[0, 1]``).
     :param int max_plate_nesting: plates of the programs (1 for the sequence models).
     :returns: :class:`LikelihoodEstimate` (``per_sequence`` float64 ``(N,)``, ``nats_per_step``,
-        ``method``, ``num_particles``, ...). Computed without gradients.
+        ``method``, ``num_particles``, ...). Computed without gradients, with the programs'
+        modules (``.owner`` of a :class:`~pyro_seq.models.base.StepProgram`) in ``eval()`` mode
+        and restored after: training-only terms, such as the KVAE's reconstruction weight, are
+        off.
     """
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
@@ -142,6 +145,30 @@ def estimate_log_likelihood(model, guide, data, method="iwae", num_particles=100
     batch_size = positive_int("batch_size", batch_size, optional=True)
     particles_per_pass = positive_int("particles_per_pass", particles_per_pass, optional=True)
     estimates, lengths = [], []
+    owners = {id(o): o for o in (getattr(model, "owner", None), getattr(guide, "owner", None))
+              if isinstance(o, torch.nn.Module)}
+    modes = {k: o.training for k, o in owners.items()}
+    for o in owners.values():
+        o.eval()
+    try:
+        _estimate(model, guide, data, method, num_particles, batch_size, particles_per_pass,
+                  resample, resampling, ess_threshold, max_plate_nesting, estimates, lengths)
+    finally:
+        for k, o in owners.items():
+            o.train(modes[k])
+    per_sequence = torch.cat(estimates)
+    lengths = torch.cat(lengths).long()
+    total = float(per_sequence.sum())
+    num_steps = int(lengths.sum())
+    return LikelihoodEstimate(per_sequence=per_sequence, lengths=lengths, total=total,
+                              num_steps=num_steps, nats_per_step=total / num_steps, method=method,
+                              num_particles=num_particles)
+
+
+def _estimate(model, guide, data, method, num_particles, batch_size, particles_per_pass, resample,
+              resampling, ess_threshold, max_plate_nesting, estimates, lengths):
+    """The estimation loop of :func:`estimate_log_likelihood`; appends to ``estimates`` and
+    ``lengths``."""
     with torch.no_grad():
         for x, mask in _batches(data, batch_size, getattr(model, "device", None)):
             if method == "iwae":
@@ -158,10 +185,3 @@ def estimate_log_likelihood(model, guide, data, method="iwae", num_particles=100
                     "sequences; every site must lie in the batch plate to give one per sequence")
             estimates.append(log_z.double().cpu())
             lengths.append(mask.sum(-1).cpu())
-    per_sequence = torch.cat(estimates)
-    lengths = torch.cat(lengths).long()
-    total = float(per_sequence.sum())
-    num_steps = int(lengths.sum())
-    return LikelihoodEstimate(per_sequence=per_sequence, lengths=lengths, total=total,
-                              num_steps=num_steps, nats_per_step=total / num_steps, method=method,
-                              num_particles=num_particles)

@@ -184,6 +184,11 @@ class StepProgram:
         return f"{type(self._owner).__name__}.{self.role}"
 
     @property
+    def owner(self):
+        """The :class:`SequenceModel` whose parameters and networks the program uses."""
+        return self._owner
+
+    @property
     def device(self):
         """The device of the owner's parameters, where ``x``, ``mask`` and ``observed`` must be.
 

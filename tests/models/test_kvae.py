@@ -387,3 +387,23 @@ def test_generated_codes_follow_the_lgssm_prior():
     emp = torch.cov(flat.T)
     se = ((dense.cov_xx ** 2 + var[:, None] * var[None, :]) / N).sqrt()
     assert ((emp - dense.cov_xx).abs() < 5 * se).all()
+
+
+def test_likelihood_estimates_run_in_eval_mode_and_restore_it():
+    """estimate_log_likelihood scores with weight 1 on log p(x|a) (eval mode) whatever the mode."""
+    from pyro_seq.infer import estimate_log_likelihood
+
+    torch.manual_seed(14)
+    m = small_kvae(reconstruction_weight=0.3)
+    x = (torch.rand(2, 4, 64) < 0.3).double()
+    values = {}
+    for mode in (True, False):
+        m.train(mode)
+        torch.manual_seed(0)
+        values[mode] = estimate_log_likelihood(m.model, m.guide, x, num_particles=3).total
+        assert m.training is mode
+    assert values[True] == values[False]
+    m.train()
+    torch.manual_seed(0)
+    weighted = -IWAE(3, max_plate_nesting=1).loss(m.model, m.guide, x)
+    assert weighted != pytest.approx(values[True], rel=1e-3)
