@@ -185,3 +185,13 @@ def test_missing_reader_names_the_extra(monkeypatch):
             image_navigation(1, 5, **QUIET)
     finally:
         navigation.load_source_images.cache_clear()
+
+
+def test_sources_are_block_means_of_the_photographs():
+    full = navigation.load_source_images(False, 1)
+    small = navigation.load_source_images(False, 4)
+    for f, s in zip(full, small):
+        assert s.shape == (f.shape[0] // 4, f.shape[1] // 4)
+        i, j = 7, 11
+        assert np.isclose(s[i, j], f[4 * i:4 * i + 4, 4 * j:4 * j + 4].mean(), atol=1e-6)
+    assert all(s.dtype == np.float32 and 0 <= s.min() and s.max() <= 1 for s in small)
