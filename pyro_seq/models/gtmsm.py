@@ -83,7 +83,10 @@ train a GTM-SM (:meth:`~pyro_seq.data.simulators.NavigationVideos.as_sequences` 
 ``tau``: a model attribute (``GTMSM(tau=256)``, the thesis' image navigation; change it with
 ``model.tau = ...``), the same for every sequence of a batch. Training sequences have ``T >
 tau`` steps (the thesis: 256 + 32); sequences whose real length is at most ``tau`` contribute
-nothing. :meth:`GTMSM.predict` takes its own ``tau``.
+nothing. :meth:`GTMSM.predict` takes its own ``tau``. The bound is over the ``T - tau``
+prediction steps, while :func:`pyro_seq.train.evaluate_bound` divides totals by every real step:
+its "per step" numbers for a GTM-SM are per step of the whole sequence (multiply by
+``T / (T - tau)`` for nats per predicted frame).
 """
 
 import math
