@@ -38,7 +38,7 @@ from pathlib import Path
 
 import torch
 
-from common import RESULTS, ROOT, write_result
+from common import ROOT, write_result
 
 MODELS = ("gtmsm", "srnn", "vrnn")
 
