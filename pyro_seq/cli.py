@@ -9,6 +9,7 @@ Examples::
     pyro-seq evaluate runs/srnn --objective iwae --particles 64
     pyro-seq sample runs/srnn --length 64
     pyro-seq train --model rtrbm --objective cd --cd-steps 1 --out runs/rtrbm
+    pyro-seq train --model gtmsm --data image_navigation --out runs/gtmsm   # actions packed in x
     pyro-seq evaluate runs/rtrbm --objective ais --particles 100
     pyro-seq train --model srnn --nproc 2 --threads 1 --out runs/srnn2   # data-parallel
     pyro-seq train --model srnn --device cuda --out runs/srnn_gpu        # on a GPU
@@ -28,16 +29,18 @@ from pathlib import Path
 
 import torch
 
-MODELS = ("dmm", "srnn", "vrnn", "vaernn", "storn", "vosp", "vrae", "rnn", "rtrbm", "kvae")
+MODELS = ("dmm", "srnn", "vrnn", "vaernn", "storn", "vosp", "vrae", "rnn", "rtrbm", "kvae",
+          "gtmsm")
 
 
 def build_model(name, obs_dim, options):
     """Construct a model by name with keyword ``options`` (see each model's docstring)."""
-    from pyro_seq.models import (DMM, KVAE, RTRBM, SRNN, STORN, VAERNN, VOSP, VRAE, VRNN,
+    from pyro_seq.models import (DMM, GTMSM, KVAE, RTRBM, SRNN, STORN, VAERNN, VOSP, VRAE, VRNN,
                                  RNNBaseline)
 
     classes = {"dmm": DMM, "srnn": SRNN, "vrnn": VRNN, "vaernn": VAERNN, "storn": STORN,
-               "vosp": VOSP, "vrae": VRAE, "rnn": RNNBaseline, "rtrbm": RTRBM, "kvae": KVAE}
+               "vosp": VOSP, "vrae": VRAE, "rnn": RNNBaseline, "rtrbm": RTRBM, "kvae": KVAE,
+               "gtmsm": GTMSM}
     if name not in classes:
         raise SystemExit(f"unknown model {name!r}; choose from {MODELS}")
     try:
@@ -51,9 +54,39 @@ def build_model(name, obs_dim, options):
             if math.prod(shape) != obs_dim:
                 raise ValueError(f"image_shape {shape} does not hold {obs_dim} values per step")
             return KVAE(tuple(shape), **options)
+        if name == "gtmsm":
+            return _build_gtmsm(GTMSM, obs_dim, options)
         return classes[name](obs_dim, **options)
     except (TypeError, ValueError) as e:
         raise SystemExit(f"pyro-seq: error: bad model option for {name}: {e}") from None
+
+
+def _build_gtmsm(cls, obs_dim, options):
+    """A GTM-SM for packed sequences ``(T, F + num_actions)`` (frames, then one-hot actions, as
+    ``load_dataset("image_navigation")`` gives them): the trainer passes ``(x, mask)`` only, so
+    the actions travel inside ``x`` (``pack_actions=True``). ``frame_shape`` defaults to a
+    square greyscale frame, or a square RGB one when ``F / 3`` is a square."""
+    options = dict(options)
+    if options.pop("pack_actions", True) is not True:
+        raise ValueError("the command line trains a GTM-SM on packed actions only "
+                         "(pack_actions=true)")
+    num_actions = options.get("num_actions", 5)
+    if not isinstance(num_actions, int) or not 0 < num_actions < obs_dim:
+        raise ValueError(f"num_actions={num_actions!r} does not fit {obs_dim} values per step")
+    F = obs_dim - num_actions
+    shape = options.pop("frame_shape", None)
+    if shape is None:
+        side, side3 = math.isqrt(F), math.isqrt(F // 3)
+        if side * side == F:
+            shape = [side, side]
+        elif F % 3 == 0 and 3 * side3 * side3 == F:
+            shape = [3, side3, side3]
+        else:
+            raise ValueError(f"{F} frame values per step (after {num_actions} action columns) "
+                             "are not a square frame; pass --model-option frame_shape=[H,W]")
+    if math.prod(shape) != F:
+        raise ValueError(f"frame_shape {shape} does not hold the {F} frame values per step")
+    return cls(tuple(shape), pack_actions=True, **options)
 
 
 def _parse_options(pairs):

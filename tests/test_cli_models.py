@@ -100,3 +100,37 @@ def test_kvae_trains_and_imputes_videos_from_the_command_line(tmp_path, capsys, 
     with pytest.raises(SystemExit, match="does not hold 1024 values"):
         main(["train", "--model", "kvae", "--data", "box:10", "--epochs", "1", "--quiet",
               "--out", str(tmp_path / "y"), "--model-option", "image_shape=[4,4]"])
+
+
+def test_gtmsm_trains_on_image_navigation_from_the_command_line(tmp_path, capsys, monkeypatch):
+    """pyro-seq train --model gtmsm --data image_navigation:N:T: actions packed in the features;
+    the test bound is over the prediction steps (T - tau per sequence)."""
+    pytest.importorskip("sklearn", reason="image_navigation needs the 'images' extra")
+    pytest.importorskip("PIL", reason="image_navigation needs the 'images' extra")
+    import json
+
+    from pyro_seq.cli import build_model
+    from pyro_seq.data import load_dataset
+
+    monkeypatch.setenv("PYRO_SEQ_CACHE", str(tmp_path / "cache"))
+    data = load_dataset("image_navigation:5:12", splits=("train",))
+    assert len(data["train"]) == 5 and data["train"][0].shape == (12, 64 + 5)
+    assert (data["train"][0][:, 64:].sum(-1) == 1).all()
+    out = tmp_path / "gtmsm"
+    opts = ["--model-option", "tau=8", "--model-option", "z_dim=3",
+            "--model-option", "hidden_dims=[8]", "--model-option", "wall_hidden=4"]
+    assert main(["train", "--model", "gtmsm", "--data", "image_navigation:5:12", "--epochs", "1",
+                 "--quiet", "--batch-size", "5", "--kl-anneal-steps", "0", "--out", str(out)]
+                + opts) == 0
+    result = json.loads((out / "test.json").read_text())
+    assert result["num_sequences"] == 1 and result["num_steps"] == 12
+    assert "test ELBO" in capsys.readouterr().out
+    assert main(["evaluate", str(out), "--objective", "iwae", "--particles", "2"]) == 0
+    m = build_model("gtmsm", 3 * 64 + 5, {"hidden_dims": [8]})
+    assert m.frame_shape == (3, 8, 8) and m.pack_actions
+    with pytest.raises(SystemExit, match="not a square frame"):
+        build_model("gtmsm", 50 + 5, {})
+    with pytest.raises(SystemExit, match="packed actions"):
+        build_model("gtmsm", 69, {"pack_actions": False})
+    with pytest.raises(ValueError, match="image_navigation:N:T"):
+        load_dataset("image_navigation:5:x")

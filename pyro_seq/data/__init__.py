@@ -11,7 +11,9 @@
 * Simulated student answers for collaborative filtering (2PL item response model, sparse
   storage, per-student CSR minibatches): :func:`simulate_students`, :class:`StudentResponses`.
 * Simulated videos of the KVAE experiments (ball in a box, with gravity, in a polygon, pong;
-  the torque-controlled pendulum): :mod:`pyro_seq.data.simulators` (pymunk: ``[sim]`` extra).
+  the torque-controlled pendulum): :mod:`pyro_seq.data.simulators` (pymunk: ``[sim]`` extra);
+  the GTM-SM's image navigation with actions, walls and obstacles:
+  :func:`~pyro_seq.data.simulators.image_navigation` (scikit-learn, Pillow: ``[images]`` extra).
 
 music21, mido and tqdm are imported only when a function that needs them is called.
 """

@@ -12,10 +12,14 @@ from .chorales import cache_dir, load_chorales
 from .japanese_vowels import load_japanese_vowels
 from .piano_roll import DEFAULT_SPLITS, load_piano_rolls
 
-__all__ = ["NAMED_PICKLES", "SIMULATED", "load_dataset"]
+__all__ = ["NAMED_PICKLES", "NAVIGATION", "SIMULATED", "load_dataset"]
 
 #: Simulated video environments (:mod:`pyro_seq.data.simulators`), loaded by name.
 SIMULATED = ("box", "box_gravity", "polygon", "pong", "pendulum")
+
+#: The image navigation environment of the GTM-SM (:func:`~pyro_seq.data.simulators.image_navigation`),
+#: loaded by name with the actions packed into the features.
+NAVIGATION = ("image_navigation", "image_navigation_obstacles", "image_navigation_colour")
 
 #: Boulanger-Lewandowski piano-roll sets known by name, and their usual file names.
 NAMED_PICKLES = {
@@ -51,6 +55,14 @@ def load_dataset(
             (:func:`~pyro_seq.data.simulators.simulate`, cached), flattened frames ``(T, H*W)``;
             ``"box:N"`` simulates ``N`` training sequences and ``N // 5`` (at least 1) each for
             validation and test instead of the thesis sizes;
+            a name of :data:`NAVIGATION`: the GTM-SM's image navigation
+            (:func:`~pyro_seq.data.simulators.image_navigation`; ``_obstacles``: with an
+            obstacle, ``_colour``: RGB frames), each step the flattened frame followed by the
+            one-hot action, ``(T, 64 + 5)`` (``(T, 192 + 5)`` in colour), which
+            :class:`~pyro_seq.models.GTMSM` reads with ``pack_actions=True``;
+            ``"image_navigation:N"`` gives ``N`` training sequences (and ``N // 5``, at least 1,
+            for validation and test), ``"image_navigation:N:T"`` also sets their length
+            (default 288 = 256 memorisation + 32 prediction steps);
             a name of :data:`NAMED_PICKLES` (``"jsb"``, ``"jsb_2x"``, ``"nottingham"``,
             ``"musedata"``, ``"piano_midi"``): that file looked up in the directories of
             ``$PYRO_SEQ_DATA`` (``os.pathsep``-separated) and then the cache directory
@@ -72,6 +84,8 @@ def load_dataset(
     env, _, count = key.partition(":")
     if env in SIMULATED and not os.path.exists(key):
         return _load_simulated(env, count, splits, **kwargs)
+    if env in NAVIGATION and not os.path.exists(key):
+        return _load_navigation(env, count, splits, **kwargs)
     if key == "chorales":
         return load_chorales(splits, **kwargs)
     if key == "japanese_vowels":
@@ -94,6 +108,29 @@ def load_dataset(
             f"{sorted(NAMED_PICKLES)}, and no such file"
         )
     return load_piano_rolls(key, splits)
+
+
+def _load_navigation(env: str, count: str, splits: Sequence[str], **kwargs):
+    from .simulators import image_navigation
+
+    sizes, n_steps = {}, {}
+    if count:
+        parts = count.split(":")
+        try:
+            values = [int(p) for p in parts]
+        except ValueError:
+            values = [0]
+        if len(values) > 2 or min(values) < 1:
+            raise ValueError(f"dataset {env}:{count}: expected {env}:N or {env}:N:T with "
+                             "positive ints")
+        n = values[0]
+        sizes = {"train": n, "valid": max(1, n // 5), "test": max(1, n // 5)}
+        if len(values) == 2:
+            n_steps = {"num_steps": values[1]}
+    flags = {"obstacles": env.endswith("_obstacles"), "colour": env.endswith("_colour")}
+    return {split: image_navigation(sizes.get(split), split=split, **flags, **n_steps,
+                                    **kwargs).as_sequences()
+            for split in splits}
 
 
 def _load_simulated(env: str, count: str, splits: Sequence[str], **kwargs):

@@ -353,7 +353,9 @@ class FIVO(LogZBound):
                 if check_reparam:
                     _check_reparameterized(guide_sites)
                 self._check_latents_proposed(model_sites, latent)
-                if layout is None:
+                if layout is None and (model_sites or guide_sites):
+                    # from the first step that has sites: a step without any (e.g. a GTM-SM
+                    # memorisation step) cannot tell the batch plate's subsampling scale
                     layout = (rank, keep, self._batch_scale(model_sites + guide_sites), K, B)
                 inc = self._step_log_weight(model_sites, guide_sites, layout)
                 incs.append(inc)

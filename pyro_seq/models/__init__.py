@@ -3,6 +3,7 @@
 from pyro_seq.models.base import SequenceModel, StepProgram, check_sequences
 from pyro_seq.models.collaborative_rbm import CollaborativeRBM
 from pyro_seq.models.dmm import DMM
+from pyro_seq.models.gtmsm import GTMSM
 from pyro_seq.models.kvae import KVAE
 from pyro_seq.models.linear_gaussian import LinearGaussianSequenceModel
 from pyro_seq.models.rnn_baseline import RNNBaseline
@@ -13,5 +14,5 @@ from pyro_seq.models.vaernn import VAERNN
 from pyro_seq.models.vrae import VRAE
 from pyro_seq.models.vrnn import VRNN
 
-__all__ = ["CollaborativeRBM", "DMM", "KVAE", "LinearGaussianSequenceModel", "RNNBaseline", "RTRBM", "SRNN", "SRTRBM", "STORN", "SequenceModel",
+__all__ = ["CollaborativeRBM", "DMM", "GTMSM", "KVAE", "LinearGaussianSequenceModel", "RNNBaseline", "RTRBM", "SRNN", "SRTRBM", "STORN", "SequenceModel",
            "StepProgram", "VAERNN", "VOSP", "VRAE", "VRNN", "check_sequences"]

@@ -1,7 +1,8 @@
-"""Reusable neural-network blocks (pure torch): MLPs, distribution heads, transitions, RNNs."""
+"""Reusable neural-network blocks (pure torch): MLPs, distribution heads, transitions, RNNs, the DND memory."""
 
 from pyro_seq.nn.conv import ConvEncoder, SubPixelDecoder
 from pyro_seq.nn.heads import BernoulliHead, GaussianHead, GaussianMLP
+from pyro_seq.nn.memory import DND, DNDRead
 from pyro_seq.nn.init import INIT_SCHEMES, bernoulli_output_layer, init_output_bias, init_weights
 from pyro_seq.nn.mlp import MLP, ClippedLeakyReLU, cat_broadcast, make_activation
 from pyro_seq.nn.recurrent import BackwardRNN, ForwardRNN, reverse_padded
@@ -14,6 +15,8 @@ __all__ = [
     "ClippedLeakyReLU",
     "Combiner",
     "ConvEncoder",
+    "DND",
+    "DNDRead",
     "ForwardRNN",
     "GatedTransition",
     "GaussianHead",

@@ -25,6 +25,12 @@ engine) and :mod:`~pyro_seq.data.simulators.render` (pixel coordinates and the b
 rasteriser); seeding, parallel generation, validation and the disk cache in
 :mod:`~pyro_seq.data.simulators.core`.
 
+The GTM-SM's environment (thesis Ch. 7) is :func:`image_navigation` (module
+:mod:`~pyro_seq.data.simulators.navigation`): an agent walking on a 32x32 image patch and
+seeing an 8x8 crop, with five actions, walls and optional obstacles; it returns a
+:class:`NavigationVideos` with ``frames``, ``actions`` and ``positions``, and needs the
+``[images]`` extra (scikit-learn's bundled photographs, read with Pillow).
+
 The four ball environments need the optional physics engine pymunk
 (``pip install pyro-seq[sim]``); this package imports without it and they raise an
 :class:`ImportError` naming the extra when called. The pendulum needs nothing extra.
@@ -45,10 +51,17 @@ from .core import (
     simulate_sequence,
     validate_videos,
 )
+from .navigation import (ACTIONS, NAVIGATION_SIZES, NavigationParams, NavigationVideos,
+                         image_navigation)
 from .pendulum_ode import PendulumParams, pendulum_energy
 from .render import render_capsules
 
 __all__ = [
+    "ACTIONS",
+    "NAVIGATION_SIZES",
+    "NavigationParams",
+    "NavigationVideos",
+    "image_navigation",
     "BOX_WALLS",
     "BallParams",
     "DEFAULT_SIZES",

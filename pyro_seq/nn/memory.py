@@ -1,0 +1,155 @@
+r"""Differentiable neural dictionary (DND; Pritzel et al. 2017; thesis sec. 7.2, 7.3).
+
+A DND is a memory of ``(key, value)`` pairs, one memory per sequence. :meth:`DND.write` appends
+pairs; :meth:`DND.read` returns, for each query, the ``k`` stored entries whose keys are
+nearest in Euclidean distance, with those distances and the entries' values. In the GTM-SM the
+keys are the agent's inferred positions ``s_t`` and the values the statistics of the frame
+encodings ``z_t`` (thesis eq. 7.1 and sec. 7.3.3).
+
+*Differentiable* means: the selection of the ``k`` neighbours is a discrete choice (no gradient
+flows through *which* entries are chosen), but the returned distances are computed in torch
+from the stored keys and the queries, and the returned values are the stored tensors, so
+gradients flow to queries, keys and values through everything a reader computes from them.
+
+Search. :meth:`DND.read` is *exact*: every query is compared with every key of its sequence
+(``O(n d)`` work and memory per query, ``n`` entries of dimension ``d``) and the entries are
+ordered by a stable sort of the squared distances. Tie rule: among entries at the same
+distance (bit-for-bit equal squared distances in the computation dtype), the one written
+earlier (the lower index) comes first. This is what a brute-force reference gives, and what the
+tests check. For the memories of the thesis (``n = 256`` positions of dimension 2 to 5, a few
+particles) this is cheaper than building any index.
+
+Scaling (not adopted here). For memories of many thousands of entries per sequence the exact
+search dominates. The DND of Pritzel et al. uses an approximate nearest-neighbour index for
+this: a kd-tree (Bentley 1975) per sequence, built at write time, suits low-dimensional keys
+such as positions (logarithmic queries); FAISS (IVF or HNSW indices, on CPU or GPU) suits
+high-dimensional keys. Either would replace only the *selection* step of :meth:`DND.read`:
+the index returns the ``k`` candidate indices, and the distances are then recomputed in torch
+from the gathered keys, exactly as here, so gradients are unchanged; the approximation can only
+change which entries are selected (and the tie rule becomes the index's). Appending to a
+kd-tree requires rebuilding (or a logarithmic forest of trees); FAISS indices support ``add``.
+"""
+
+from typing import NamedTuple, Optional
+
+import torch
+
+__all__ = ["DND", "DNDRead"]
+
+
+class DNDRead(NamedTuple):
+    """What :meth:`DND.read` returns; ``k' = min(k, n)``, ``lead`` = the queries' leading
+    dims (e.g. particles).
+
+    * ``distances``: ``(*lead, batch, k')`` Euclidean distances, ascending (gradient 0 where a
+      distance is exactly 0, instead of the infinite derivative of the square root);
+    * ``squared_distances``: ``(*lead, batch, k')``, the same squared (smooth everywhere);
+    * ``values``: ``(*lead, batch, k', *value_shape)``, the entries' values;
+    * ``keys``: ``(*lead, batch, k', key_dim)``, the entries' keys;
+    * ``indices``: int64 ``(*lead, batch, k')``, the entries' positions in write order.
+    """
+
+    distances: torch.Tensor
+    squared_distances: torch.Tensor
+    values: torch.Tensor
+    keys: torch.Tensor
+    indices: torch.Tensor
+
+
+class DND:
+    """A differentiable neural dictionary per sequence, exact k-nearest-neighbour reads.
+
+    :param int key_dim: size ``d`` of the keys.
+
+    Attributes ``keys`` ``(batch, n, d)`` and ``values`` ``(batch, n, *value_shape)`` (None
+    until the first write); ``len(dnd)`` is ``n``. A DND is a plain container of tensors (not
+    an :class:`torch.nn.Module`; it has no parameters): a model builds one per sequence pass.
+    """
+
+    def __init__(self, key_dim: int):
+        if isinstance(key_dim, bool) or not isinstance(key_dim, int) or key_dim < 1:
+            raise ValueError(f"key_dim must be a positive int, got {key_dim!r}")
+        self.key_dim = key_dim
+        self.keys: Optional[torch.Tensor] = None
+        self.values: Optional[torch.Tensor] = None
+
+    def __len__(self) -> int:
+        return 0 if self.keys is None else self.keys.shape[1]
+
+    def __repr__(self) -> str:
+        if self.keys is None:
+            return f"DND(key_dim={self.key_dim}, empty)"
+        return (f"DND(key_dim={self.key_dim}, batch={self.keys.shape[0]}, size={len(self)}, "
+                f"value_shape={tuple(self.values.shape[2:])})")
+
+    def write(self, keys: torch.Tensor, values: torch.Tensor) -> "DND":
+        """Append entries to every sequence's memory (differentiably: a concatenation).
+
+        :param keys: ``(batch, d)`` (one entry per sequence) or ``(batch, m, d)`` (``m``).
+        :param values: ``(batch, *value_shape)`` or ``(batch, m, *value_shape)``, matching.
+        :returns: ``self``.
+        :raises ValueError: shapes that disagree with each other or with earlier writes,
+            non-finite keys.
+        """
+        if not (torch.is_tensor(keys) and torch.is_tensor(values)):
+            raise ValueError("DND.write takes tensors keys and values")
+        if keys.dim() not in (2, 3) or keys.shape[-1] != self.key_dim:
+            raise ValueError(f"DND.write: keys must be (batch, {self.key_dim}) or "
+                             f"(batch, m, {self.key_dim}), got {tuple(keys.shape)}")
+        if keys.dim() == 2:
+            keys, values = keys.unsqueeze(1), values.unsqueeze(1)
+        if values.dim() < 2 or values.shape[:2] != keys.shape[:2]:
+            raise ValueError(f"DND.write: values {tuple(values.shape)} do not match keys "
+                             f"{tuple(keys.shape)} in (batch, m)")
+        if not bool(torch.isfinite(keys).all()):
+            raise ValueError("DND.write: keys must be finite")
+        if self.keys is None:
+            self.keys, self.values = keys, values
+            return self
+        if keys.shape[0] != self.keys.shape[0] or values.shape[2:] != self.values.shape[2:]:
+            raise ValueError(f"DND.write: batch {keys.shape[0]} and value shape "
+                             f"{tuple(values.shape[2:])} differ from the memory's "
+                             f"{self.keys.shape[0]} and {tuple(self.values.shape[2:])}")
+        self.keys = torch.cat([self.keys, keys], 1)
+        self.values = torch.cat([self.values, values], 1)
+        return self
+
+    def read(self, queries: torch.Tensor, k: int) -> DNDRead:
+        """The ``k`` nearest entries (Euclidean) of each query's sequence, exactly.
+
+        :param queries: ``(*lead, batch, d)``; ``lead`` is any shape (e.g. particles), and
+            ``batch`` must equal the memory's (or be 1, broadcast).
+        :param int k: neighbours wanted; ``min(k, n)`` are returned when the memory holds fewer.
+        :returns: :class:`DNDRead`, ordered by increasing distance, ties by write order.
+        :raises RuntimeError: the memory is empty.
+        :raises ValueError: a bad ``k`` or query shape, non-finite queries.
+        """
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise ValueError(f"k must be a positive int, got {k!r}")
+        if self.keys is None:
+            raise RuntimeError("DND.read: the memory is empty; write(keys, values) before reading")
+        if not torch.is_tensor(queries) or queries.dim() < 2 or queries.shape[-1] != self.key_dim:
+            raise ValueError(f"DND.read: queries must be (*lead, batch, {self.key_dim}), got "
+                             f"{tuple(getattr(queries, 'shape', ()))}")
+        batch = self.keys.shape[0]
+        if queries.shape[-2] not in (1, batch):
+            raise ValueError(f"DND.read: queries have batch {queries.shape[-2]}, the memory {batch}")
+        if not bool(torch.isfinite(queries).all()):
+            raise ValueError("DND.read: queries must be finite")
+        lead = queries.shape[:-2]
+        n, kk = len(self), min(k, len(self))
+        diff = queries.unsqueeze(-2) - self.keys            # (*lead, batch, n, d)
+        sq = diff.pow(2).sum(-1)                            # (*lead, batch, n)
+        order = torch.sort(sq.detach(), dim=-1, stable=True).indices[..., :kk]
+        sq_k = torch.gather(sq, -1, order)
+        positive = sq_k > 0
+        dist = torch.where(positive, torch.where(positive, sq_k, torch.ones_like(sq_k)).sqrt(),
+                           torch.zeros_like(sq_k))
+        full = lead + (batch,)
+        vshape = self.values.shape[2:]
+        flat_values = self.values.reshape(batch, n, -1).expand(full + (n, -1))
+        V = flat_values.shape[-1]
+        values = torch.gather(flat_values, -2, order.unsqueeze(-1).expand(full + (kk, V)))
+        keys = torch.gather(self.keys.expand(full + (n, self.key_dim)), -2,
+                            order.unsqueeze(-1).expand(full + (kk, self.key_dim)))
+        return DNDRead(dist, sq_k, values.reshape(full + (kk,) + vshape), keys, order)
