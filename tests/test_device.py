@@ -241,7 +241,10 @@ def _options(name):
             "vosp": dict(z_dim=2, rnn_dim=4, emission_dim=4),
             "vrae": dict(z_dim=2, encoder_dim=4, decoder_dim=4, emission_dim=4),
             "rnn": dict(d_dim=4, hidden_dim=4),
-            "rtrbm": dict(num_hidden=3)}[name]
+            "rtrbm": dict(num_hidden=3),
+            # 5 values per step read as 1x5 frames with the MLP encoder
+            "kvae": dict(image_shape=[1, 5], encoder="mlp", hidden_dims=[4], lstm_dim=4,
+                         z_dim=2)}[name]
 
 
 @pytest.mark.parametrize("device", DEVICES)
