@@ -340,9 +340,10 @@ def drop_frames(mask, prob, generator=None, keep_first=0):
 
 def pixel_error(probs, target, missing):
     """Fraction of incorrectly imputed pixels (thesis Fig. 6.3): ``probs > 1/2`` against the
-    binary ``target`` over the elements where ``missing`` (bool, broadcastable) is True.
+    binary ``target`` over the elements where ``missing`` (bool, broadcastable) is True; NaN
+    when nothing is missing.
 
-    :rtype: float (NaN when nothing is missing)
+    :rtype: float
     """
     missing = missing.expand(target.shape)
     if not bool(missing.any()):

@@ -258,7 +258,7 @@ SOURCES = [
            "M. Fraccaro, *Deep Latent Variable Models for Sequential Data*, PhD thesis, "
            "Technical University of Denmark, 2018 (seed 001). Chapter 5 is the SRNN paper, "
            "chapter 6 the KVAE paper, chapter 7 the GTM-SM paper.",
-           "chapter", {2: 13, 3: 20, 4: 27, 5: 12, 6: 11, 7: 4},
+           "chapter", {2: 13, 3: 20, 4: 27, 5: 12, 6: 13, 7: 4},
            (r"\bthesis\b", r"\bseed 001\b", r"\bFraccaro\b", r"\bSRNN\b")),
     Source("seed000", "seed 000",
            "R. Mittelman, B. Kuipers, S. Savarese, H. Lee, supplementary material for "

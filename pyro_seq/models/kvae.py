@@ -52,7 +52,7 @@ Training tricks of appendix 6.8, with their defaults:
 * ``reconstruction_weight=0.3``: ``log p(x | a)`` is scaled by 0.3 *while the module is in
   training mode* (``model.train()``); in ``eval()`` mode the sites carry weight 1, so the bounds
   reported by :mod:`pyro_seq.train.evaluate` are the true ELBO;
-* ``dynamics_warmup_epochs=5``: while :attr:`KVAE.dynamics_frozen` is True the dynamics network
+* ``dynamics_warmup_epochs=5``: while the attribute ``dynamics_frozen`` is True the dynamics network
   gets no gradient (the VAE and the matrices ``A^(k), B^(k), C^(k)`` learn first);
   :func:`pyro_seq.train.fit` calls :meth:`KVAE.training_epoch` at each epoch, which freezes it
   for the first ``dynamics_warmup_epochs`` epochs;

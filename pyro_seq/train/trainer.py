@@ -146,7 +146,7 @@ class TrainConfig:
     #: beta = 1 (the rate stays constant through annealing)
     schedule_during_annealing: bool = True
     free_bits: float = 0.0
-    #: training with missing data (thesis appendix 6.10): each real step of a training batch is
+    #: Training with missing data, thesis appendix 6.10. Each real step of a training batch is
     #: marked unobserved (``observed=``) with this probability, except the first
     #: ``missing_keep_first`` steps; drawn from ``(seed, update)``, so a resumed run sees the
     #: same masks. Validation and test bounds use complete sequences.

@@ -26,7 +26,7 @@ Time convention (thesis sec. 7.3): frame ``x_t`` is what the agent sees *after* 
 
 Images. Every sequence has its own environment: a ``32x32`` patch cut at a uniformly random
 offset from one of the two photographs bundled with scikit-learn
-(:func:`sklearn.datasets.load_sample_images`: ``china.jpg``, ``flower.jpg``, 427x640, shrunk
+(``sklearn.datasets.load_sample_images``: ``china.jpg``, ``flower.jpg``, 427x640, shrunk
 4x to 106x160 by default so that a patch holds structure; the thesis uses CelebA faces, which
 cannot be bundled). Nothing is downloaded: the files are part of
 the installed scikit-learn, and reading them needs Pillow; both are the ``[images]`` extra
@@ -48,15 +48,16 @@ import dataclasses
 import functools
 import hashlib
 import json
+import os
 import warnings
 from dataclasses import dataclass
-from typing import List, Optional, Tuple
+from typing import List, Optional, Tuple, Union
 
 import numpy as np
 import torch
 
 from ...validation import positive_int
-from .core import SPLITS, _cache_directory, _CacheArg, _cached_sizes, _write_cache
+from .core import SPLITS, _cache_directory, _cached_sizes, _write_cache
 
 __all__ = ["ACTIONS", "ACTION_MOVES", "NAVIGATION_SIZES", "NavigationParams", "NavigationVideos",
            "crop", "image_navigation", "load_source_images", "move", "validate_navigation"]
@@ -65,7 +66,7 @@ __all__ = ["ACTIONS", "ACTION_MOVES", "NAVIGATION_SIZES", "NavigationParams", "N
 ACTIONS = ("up", "down", "left", "right", "stay")
 #: Grid displacement ``(d_row, d_col)`` of each action, indexed as :data:`ACTIONS`.
 ACTION_MOVES = np.array([[-1, 0], [1, 0], [0, -1], [0, 1], [0, 0]], dtype=np.int64)
-#: Default number of sequences per split (ours: the thesis draws them procedurally).
+#: Default number of sequences per split, our choice (the thesis draws them procedurally).
 NAVIGATION_SIZES = {"train": 1000, "valid": 200, "test": 200}
 _CODE = 5  # seeding code, after the five environments of core.ENVIRONMENTS
 _FORMAT = 1  # bump when the output changes
@@ -232,7 +233,7 @@ def action_runs(rng: np.random.Generator, num_steps: int, repeat_rate: float,
 
 @functools.lru_cache(maxsize=4)
 def load_source_images(colour: bool, downsample: int = 1) -> Tuple[np.ndarray, ...]:
-    """The photographs of :func:`sklearn.datasets.load_sample_images` as float32 in ``[0, 1]``:
+    """The photographs of ``sklearn.datasets.load_sample_images`` as float32 in ``[0, 1]``:
     ``(3, H, W)`` RGB (``colour=True``) or ``(H, W)`` luma, shrunk by ``downsample`` (means of
     ``downsample x downsample`` blocks, the remainder rows and columns dropped); read once per
     process (cached, read-only arrays).
@@ -363,7 +364,7 @@ def image_navigation(
     colour: bool = False,
     *,
     split: str = "train",
-    cache: _CacheArg = True,
+    cache: Union[bool, str, os.PathLike] = True,
     progress: bool = True,
     **overrides,
 ) -> NavigationVideos:
