@@ -57,6 +57,10 @@ class SRNN(SequenceModel):
 
     time_parallel = True
     module_name = "srnn"
+    # d_{1:T} and its prior projection are the same in model and guide (eq. 5.1): a model
+    # replayed against the guide's trace takes them from the guide (see models.base)
+    shared_with_guide = ("d", "prior_context")
+    shared_with_guide_modules = ("deterministic", "prior")
 
     def __init__(self, obs_dim, d_dim=300, z_dim=100, hidden_dim=500, inference="smoothing",
                  residual=True, likelihood="bernoulli", activation="clipped_leaky_relu",
@@ -92,6 +96,10 @@ class SRNN(SequenceModel):
 
     def model_step(self, state, t, x, mask):
         loc_scale = prior_from_guide(state, t)
+        if loc_scale is None and isinstance(t, slice) and state.guide_record is not None:
+            # Res_q: the guide computed p(z_t | z_{t-1}, d_t) at every z_{t-1} of this history
+            history = [state["z"][..., 0, :]] + state.replayed["z"][:-1]
+            loc_scale = state.guide_record.steps_at("prior", history)
         if loc_scale is None:
             loc_scale = self.prior(state["z"], state.shared_at("prior_context", t))
         loc, scale = loc_scale
@@ -120,6 +128,8 @@ class SRNN(SequenceModel):
             loc = loc + prior[0]
             # a model step sharing this state (FIVO) reuses p(z_t | z_{t-1}) at the same z_{t-1}
             cache_guide_prior(state, t, z_prev, prior)
+            if state.guide_record is not None:  # and so does a time-parallel model run
+                state.guide_record.append("prior", z_prev, prior)
         z = pyro.sample(f"z_{t + 1}", dist.Normal(loc, scale).to_event(1).mask(mask[:, t]))
         state["guide_z"] = z
 
