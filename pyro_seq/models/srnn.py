@@ -101,7 +101,8 @@ class SRNN(SequenceModel):
             history = [state["z"][..., 0, :]] + state.replayed["z"][:-1]
             loc_scale = state.guide_record.steps_at("prior", history)
         if loc_scale is None:
-            loc_scale = self.prior(state["z"], state.shared_at("prior_context", t))
+            loc_scale = self.prior(state["z"], state.shared_at("prior_context", t),
+                                   self._step_weights(state, "prior", t))
         loc, scale = loc_scale
         z = self.sample_latent(state, "z", t, normal, (loc, scale), mask)
         self.observe(state, t, x, mask, cat_broadcast([z, state.shared_at("d", t)]))
@@ -120,11 +121,24 @@ class SRNN(SequenceModel):
             state.shared["prior_context"] = self.prior.project_context(d)
         state["guide_z"] = x.new_zeros(x.shape[0], self.z_dim)
 
+    def _step_weights(self, state, name, t):
+        """``getattr(self, name).step_weights()``, built once per sequence pass (kept in
+        ``state.shared``) for per-step calls; None for a time-parallel call (one product)."""
+        if isinstance(t, slice):
+            return None
+        key = f"{name}_step_weights"
+        weights = state.shared.get(key)
+        if weights is None:
+            weights = state.shared[key] = getattr(self, name).step_weights()
+        return weights
+
     def guide_step(self, state, t, x, mask):
         z_prev = state["guide_z"]
-        loc, scale = self.posterior(z_prev, state.shared_at("posterior_context", t))
+        loc, scale = self.posterior(z_prev, state.shared_at("posterior_context", t),
+                                    self._step_weights(state, "posterior", t))
         if self.residual:  # Res_q, eq. 5.12: residual to the prior mean at the guide's z_{t-1}
-            prior = self.prior(z_prev, state.shared_at("prior_context", t))
+            prior = self.prior(z_prev, state.shared_at("prior_context", t),
+                               self._step_weights(state, "prior", t))
             loc = loc + prior[0]
             # a model step sharing this state (FIVO) reuses p(z_t | z_{t-1}) at the same z_{t-1}
             cache_guide_prior(state, t, z_prev, prior)
