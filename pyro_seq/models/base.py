@@ -70,6 +70,7 @@ import pyro
 import pyro.distributions as dist
 import torch
 import torch.nn as nn
+from pyro.distributions.torch_distribution import MaskedDistribution
 from pyro.poutine.runtime import _PYRO_STACK
 
 from pyro_seq.distributions.scored_value import ScoredValue
@@ -232,6 +233,26 @@ def replayed_guide_record(owner, inputs):
     if not isinstance(record, GuideRecord) or not record.matches(owner, inputs):
         return None
     return record
+
+
+class _StepMasked(MaskedDistribution):
+    """``fn.mask(mask)`` that keeps itself when expanded to its own batch shape (see
+    :func:`masked`)."""
+
+    def expand(self, batch_shape, _instance=None):
+        if _instance is None and torch.Size(batch_shape) == self.batch_shape:
+            return self
+        return super().expand(batch_shape, _instance)
+
+
+def masked(fn, mask):
+    """``fn.mask(mask)`` for a per-step site: the same distribution, whose ``expand`` to the
+    batch shape it already has returns itself. Pyro's plates expand every site's distribution
+    to the plate shape; the stock ``MaskedDistribution`` then rebuilds itself and every layer
+    below it (e.g. ``Independent`` and ``Normal``) even when nothing changes, a fixed cost per
+    site of a per-step loop. Distributions are immutable, so keeping the object is equivalent.
+    """
+    return _StepMasked(fn, mask)
 
 
 def shift_right(x):
@@ -446,13 +467,13 @@ class SequenceModel(nn.Module):
         :returns: the value(s), ``(..., dim)`` or ``(..., T, dim)``.
         """
         if not isinstance(t, slice):
-            return pyro.sample(f"{name}_{t + 1}", make_dist(*params).mask(mask[:, t]))
+            return pyro.sample(f"{name}_{t + 1}", masked(make_dist(*params), mask[:, t]))
         expected = state.replayed[name]
         steps = time_steps(tuple(params))
         log_probs = make_dist(*params).log_prob(stack_time(expected)).unbind(-1)
         for i in pyro.markov(range(len(expected))):
             fn = ScoredValue(make_dist(*steps[i]), expected[i], log_probs[i])
-            value = pyro.sample(f"{name}_{i + 1}", fn.mask(mask[:, i]))
+            value = pyro.sample(f"{name}_{i + 1}", masked(fn, mask[:, i]))
             if value is not expected[i]:
                 raise RuntimeError(f"site {name}_{i + 1} did not take its replayed value")
         return stack_time(expected)
@@ -477,7 +498,7 @@ class SequenceModel(nn.Module):
         fn = self.likelihood(self.emitter(features))
         if seen is not None:
             fn = _observed_emission(fn, seen[:, t])
-        pyro.sample(f"x_{t + 1}", fn.mask(mask[:, t]), obs=x[:, t])
+        pyro.sample(f"x_{t + 1}", masked(fn, mask[:, t]), obs=x[:, t])
 
     def _observe_deferred(self, state, x, mask):
         features, state.deferred_features = state.deferred_features, None
@@ -498,7 +519,7 @@ class SequenceModel(nn.Module):
             if seen is not None:
                 fn = _observed_emission(fn, seen[:, t])
             fn = ScoredValue(fn, values[t], log_probs[t])
-            pyro.sample(f"x_{t + 1}", fn.mask(mask[:, t]), obs=values[t])
+            pyro.sample(f"x_{t + 1}", masked(fn, mask[:, t]), obs=values[t])
 
     def model_init(self, state, x, mask):
         raise NotImplementedError

@@ -26,7 +26,8 @@ import pyro
 import pyro.distributions as dist
 import torch
 
-from pyro_seq.models.base import SequenceModel, cache_guide_prior, normal, prior_from_guide, shift_right
+from pyro_seq.models.base import (SequenceModel, cache_guide_prior, masked, normal, prior_from_guide,
+                                  shift_right)
 from pyro_seq.models.emission import make_emission, stack_params
 from pyro_seq.nn import BackwardRNN, ForwardRNN, GaussianMLP, MLP, cat_broadcast
 
@@ -144,7 +145,7 @@ class SRNN(SequenceModel):
             cache_guide_prior(state, t, z_prev, prior)
             if state.guide_record is not None:  # and so does a time-parallel model run
                 state.guide_record.append("prior", z_prev, prior)
-        z = pyro.sample(f"z_{t + 1}", dist.Normal(loc, scale).to_event(1).mask(mask[:, t]))
+        z = pyro.sample(f"z_{t + 1}", masked(dist.Normal(loc, scale).to_event(1), mask[:, t]))
         state["guide_z"] = z
 
     @torch.no_grad()
