@@ -12,7 +12,6 @@ import json
 import sys
 from pathlib import Path
 
-import pyro
 import pytest
 import torch
 import torch.distributions.normal as torch_normal
