@@ -43,6 +43,21 @@ loop (tested); only the evaluation order of the networks differs. With any handl
 change sample values (``condition``, ``do``, enumeration, ...) the step-by-step loop runs.
 Models opt in with ``time_parallel = True``.
 
+Sharing with the guide: every Pyro ELBO runs the guide and then the model replayed against the
+guide's trace, whose ``_RETURN`` node holds the :class:`~pyro_seq.ops.SequenceState` the guide
+returned. A model that lists keys of ``state.shared`` in ``shared_with_guide`` (tensors that
+its ``init`` would compute identically, such as SRNN's deterministic states ``d_{1:T}``), and
+the submodules they depend on in ``shared_with_guide_modules``, takes those tensors from the
+guide's state instead of recomputing them, when it scores time-parallel and the guide ran on
+equal ``x``, ``mask`` and ``observed``, in the same grad mode, with parameters of those
+submodules still equal to their values then (a copy is kept by :class:`GuideRecord`; optimizers
+that write ``p.data`` do not bump version counters). A guide step may also leave per-step
+values in the record (:meth:`GuideRecord.append`), e.g. the prior a Res_q guide computes at its
+own ``z_{t-1}``, which the model reuses when its latent history is the guide's samples
+(:meth:`GuideRecord.steps_at`). The values and their gradients are those of recomputation; only
+the work is done once (the gradient of a shared tensor sums its uses in model and guide, as
+the gradients of two equal computations would).
+
 ``m.model`` and ``m.guide`` are :class:`StepProgram` objects: calling them runs the whole
 sequence (``init`` then ``step`` for every ``t`` inside ``pyro.markov``, the batch inside
 ``pyro.plate("sequences")``), so they work with :class:`pyro.infer.SVI` and every stock ELBO;
@@ -55,6 +70,7 @@ import pyro
 import pyro.distributions as dist
 import torch
 import torch.nn as nn
+from pyro.distributions.torch_distribution import MaskedDistribution
 from pyro.poutine.runtime import _PYRO_STACK
 
 from pyro_seq.distributions.scored_value import ScoredValue
@@ -90,14 +106,10 @@ def _value_preserving_messengers():
             MarkovMessenger, MaskMessenger, ScaleMessenger, SeedMessenger, TraceMessenger)
 
 
-def replayed_latents(names, num_steps):
-    """Values of the latent sites ``{name}_1..{name}_T`` fixed by an enclosing replay, or None.
-
-    Returns a dict ``name -> list of T tensors`` when exactly one
-    :class:`~pyro.poutine.replay_messenger.ReplayMessenger` on the handler stack holds every
-    site and every other active handler is known not to change sample values (messengers may
-    declare ``preserves_sample_values = True``); otherwise None.
-    """
+def _sole_replay():
+    """The one :class:`~pyro.poutine.replay_messenger.ReplayMessenger` on the handler stack
+    (with a trace) when every other active handler is known not to change sample values
+    (messengers may declare ``preserves_sample_values = True``); otherwise None."""
     from pyro.poutine.replay_messenger import ReplayMessenger
 
     safe = _value_preserving_messengers()
@@ -111,6 +123,20 @@ def replayed_latents(names, num_steps):
             return None
     if replay is None or replay.trace is None:
         return None
+    return replay
+
+
+def replayed_latents(names, num_steps):
+    """Values of the latent sites ``{name}_1..{name}_T`` fixed by an enclosing replay, or None.
+
+    Returns a dict ``name -> list of T tensors`` when exactly one
+    :class:`~pyro.poutine.replay_messenger.ReplayMessenger` on the handler stack holds every
+    site and every other active handler is known not to change sample values (messengers may
+    declare ``preserves_sample_values = True``); otherwise None.
+    """
+    replay = _sole_replay()
+    if replay is None:
+        return None
     nodes = replay.trace.nodes
     values = {}
     for name in names:
@@ -119,6 +145,114 @@ def replayed_latents(names, num_steps):
             return None
         values[name] = [site["value"] for site in sites]
     return values
+
+
+def _same_tensor(a, b):
+    """``a`` and ``b`` are both None, or tensors of equal shape, dtype, device and values."""
+    if a is None or b is None:
+        return a is None and b is None
+    if a is b:
+        return True
+    return (a.shape == b.shape and a.dtype == b.dtype and a.device == b.device
+            and bool(torch.equal(a, b)))
+
+
+class GuideRecord:
+    """What a full-sequence guide run leaves for the model replayed against its trace.
+
+    Created by :meth:`StepProgram.__call__` for the guide of a model with
+    ``shared_with_guide`` keys, kept in the returned state's ``guide_record``: the validated
+    inputs, the grad mode, a copy of the parameters of ``shared_with_guide_modules``, and
+    per-step values that guide steps :meth:`append`. See the module docstring.
+
+    :param SequenceModel owner: the model whose guide ran.
+    :param SequenceState state: the guide's state (its ``shared`` dict is what is shared).
+    :param tuple inputs: validated ``(x, mask, observed)`` (``observed`` may be None).
+    """
+
+    def __init__(self, owner, state, inputs):
+        self.owner, self.shared, self.inputs = owner, state.shared, inputs
+        self.grad_enabled = torch.is_grad_enabled()
+        self.parameters = self._parameters()
+        with torch.no_grad():
+            self.values = [p.detach().clone() for p in self.parameters]
+        self.requires_grad = [p.requires_grad for p in self.parameters]
+        self.steps = {}
+
+    def _parameters(self):
+        return [p for name in self.owner.shared_with_guide_modules
+                for p in getattr(self.owner, name).parameters()]
+
+    def append(self, key, z_prev, value):
+        """Record ``value`` (a tensor or tuple of tensors) computed at ``z_prev`` by the guide
+        step that runs next in the sequence, under ``key``."""
+        self.steps.setdefault(key, []).append((z_prev, value))
+
+    def matches(self, owner, inputs):
+        """The model ``owner`` on validated ``inputs`` may use what this guide run computed:
+        same model, equal inputs, same grad mode, equal parameters (see the class docs)."""
+        if owner is not self.owner or torch.is_grad_enabled() != self.grad_enabled:
+            return False
+        if not all(_same_tensor(a, b) for a, b in zip(inputs, self.inputs)):
+            return False
+        current = self._parameters()
+        if len(current) != len(self.values):
+            return False
+        with torch.no_grad():
+            return all(p.requires_grad == r and _same_tensor(p.detach(), v)
+                       for p, v, r in zip(current, self.values, self.requires_grad))
+
+    def steps_at(self, key, history):
+        """The per-step values under ``key``, stacked with time at dim -2, when the guide
+        computed step ``t``'s at ``history[t]`` for every ``t`` (identical objects, or equal
+        values for the initial state); otherwise None.
+
+        :param list history: the model's latent history ``z_{0:T-1}``, T tensors.
+        """
+        steps = self.steps.get(key)
+        if steps is None or len(steps) != len(history):
+            return None
+        for i, ((z_guide, _), z_model) in enumerate(zip(steps, history)):
+            if z_guide is not z_model and not (i == 0 and _same_tensor(z_guide, z_model)):
+                return None
+        values = [v for _, v in steps]
+        if torch.is_tensor(values[0]):
+            return stack_time(values)
+        return tuple(stack_time(list(v)) for v in zip(*values))
+
+
+def replayed_guide_record(owner, inputs):
+    """The :class:`GuideRecord` of ``owner``'s guide in the trace an enclosing replay holds
+    (its ``_RETURN`` node), when :meth:`GuideRecord.matches` holds; otherwise None."""
+    replay = _sole_replay()
+    if replay is None:
+        return None
+    node = replay.trace.nodes.get("_RETURN")
+    state = node.get("value") if node is not None else None
+    record = getattr(state, "guide_record", None)
+    if not isinstance(record, GuideRecord) or not record.matches(owner, inputs):
+        return None
+    return record
+
+
+class _StepMasked(MaskedDistribution):
+    """``fn.mask(mask)`` that keeps itself when expanded to its own batch shape (see
+    :func:`masked`)."""
+
+    def expand(self, batch_shape, _instance=None):
+        if _instance is None and torch.Size(batch_shape) == self.batch_shape:
+            return self
+        return super().expand(batch_shape, _instance)
+
+
+def masked(fn, mask):
+    """``fn.mask(mask)`` for a per-step site: the same distribution, whose ``expand`` to the
+    batch shape it already has returns itself. Pyro's plates expand every site's distribution
+    to the plate shape; the stock ``MaskedDistribution`` then rebuilds itself and every layer
+    below it (e.g. ``Independent`` and ``Normal``) even when nothing changes, a fixed cost per
+    site of a per-step loop. Distributions are immutable, so keeping the object is equivalent.
+    """
+    return _StepMasked(fn, mask)
 
 
 def shift_right(x):
@@ -280,11 +414,20 @@ class StepProgram:
         x, mask = self._validate(state, x, mask, observed, inputs)
         pyro.module(owner.module_name, owner)
         T = x.shape[1]
+        inputs = (x, mask, state.shared.get("observed"))
+        latents = None
+        if self.role == "model" and owner.time_parallel:
+            latents = replayed_latents(owner.latent_names, T)
+            if latents is not None and owner.shared_with_guide:
+                record = replayed_guide_record(owner, inputs)
+                if record is not None:  # the guide's tensors for the same inputs and weights
+                    state.guide_record = record
+                    state.shared.update({k: record.shared[k] for k in owner.shared_with_guide
+                                         if k in record.shared})
+        elif self.role == "guide" and owner.shared_with_guide:
+            state.guide_record = GuideRecord(owner, state, inputs)
         with self.plate(x, num_sequences):
             self._init(state, x, mask)
-            latents = None
-            if self.role == "model" and owner.time_parallel:
-                latents = replayed_latents(owner.latent_names, T)
             if latents is not None:  # every latent fixed by a replay: score all steps at once
                 state.replayed = latents
                 for name, values in latents.items():
@@ -323,6 +466,10 @@ class SequenceModel(nn.Module):
 
     time_parallel = False  #: the steps accept ``t = slice(None)`` (see the module docstring)
     latent_names = ("z",)  #: latent site prefixes; ``state[name]`` holds the previous value
+    #: keys of ``state.shared`` a time-parallel model run takes from its guide's run, and the
+    #: submodules they depend on (see "Sharing with the guide" in the module docstring)
+    shared_with_guide = ()
+    shared_with_guide_modules = ()
 
     def sample_latent(self, state, name, t, make_dist, params, mask):
         """Sample the latent site(s) ``f"{name}_{t+1}"`` from ``make_dist(*params)``.
@@ -334,13 +481,13 @@ class SequenceModel(nn.Module):
         :returns: the value(s), ``(..., dim)`` or ``(..., T, dim)``.
         """
         if not isinstance(t, slice):
-            return pyro.sample(f"{name}_{t + 1}", make_dist(*params).mask(mask[:, t]))
+            return pyro.sample(f"{name}_{t + 1}", masked(make_dist(*params), mask[:, t]))
         expected = state.replayed[name]
         steps = time_steps(tuple(params))
         log_probs = make_dist(*params).log_prob(stack_time(expected)).unbind(-1)
         for i in pyro.markov(range(len(expected))):
             fn = ScoredValue(make_dist(*steps[i]), expected[i], log_probs[i])
-            value = pyro.sample(f"{name}_{i + 1}", fn.mask(mask[:, i]))
+            value = pyro.sample(f"{name}_{i + 1}", masked(fn, mask[:, i]))
             if value is not expected[i]:
                 raise RuntimeError(f"site {name}_{i + 1} did not take its replayed value")
         return stack_time(expected)
@@ -365,7 +512,7 @@ class SequenceModel(nn.Module):
         fn = self.likelihood(self.emitter(features))
         if seen is not None:
             fn = _observed_emission(fn, seen[:, t])
-        pyro.sample(f"x_{t + 1}", fn.mask(mask[:, t]), obs=x[:, t])
+        pyro.sample(f"x_{t + 1}", masked(fn, mask[:, t]), obs=x[:, t])
 
     def _observe_deferred(self, state, x, mask):
         features, state.deferred_features = state.deferred_features, None
@@ -386,7 +533,7 @@ class SequenceModel(nn.Module):
             if seen is not None:
                 fn = _observed_emission(fn, seen[:, t])
             fn = ScoredValue(fn, values[t], log_probs[t])
-            pyro.sample(f"x_{t + 1}", fn.mask(mask[:, t]), obs=values[t])
+            pyro.sample(f"x_{t + 1}", masked(fn, mask[:, t]), obs=values[t])
 
     def model_init(self, state, x, mask):
         raise NotImplementedError

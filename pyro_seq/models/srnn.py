@@ -26,7 +26,8 @@ import pyro
 import pyro.distributions as dist
 import torch
 
-from pyro_seq.models.base import SequenceModel, cache_guide_prior, normal, prior_from_guide, shift_right
+from pyro_seq.models.base import (SequenceModel, cache_guide_prior, masked, normal, prior_from_guide,
+                                  shift_right)
 from pyro_seq.models.emission import make_emission, stack_params
 from pyro_seq.nn import BackwardRNN, ForwardRNN, GaussianMLP, MLP, cat_broadcast
 
@@ -57,6 +58,10 @@ class SRNN(SequenceModel):
 
     time_parallel = True
     module_name = "srnn"
+    # d_{1:T} and its prior projection are the same in model and guide (eq. 5.1): a model
+    # replayed against the guide's trace takes them from the guide (see models.base)
+    shared_with_guide = ("d", "prior_context")
+    shared_with_guide_modules = ("deterministic", "prior")
 
     def __init__(self, obs_dim, d_dim=300, z_dim=100, hidden_dim=500, inference="smoothing",
                  residual=True, likelihood="bernoulli", activation="clipped_leaky_relu",
@@ -92,8 +97,13 @@ class SRNN(SequenceModel):
 
     def model_step(self, state, t, x, mask):
         loc_scale = prior_from_guide(state, t)
+        if loc_scale is None and isinstance(t, slice) and state.guide_record is not None:
+            # Res_q: the guide computed p(z_t | z_{t-1}, d_t) at every z_{t-1} of this history
+            history = [state["z"][..., 0, :]] + state.replayed["z"][:-1]
+            loc_scale = state.guide_record.steps_at("prior", history)
         if loc_scale is None:
-            loc_scale = self.prior(state["z"], state.shared_at("prior_context", t))
+            loc_scale = self.prior(state["z"], state.shared_at("prior_context", t),
+                                   self._step_weights(state, "prior", t))
         loc, scale = loc_scale
         z = self.sample_latent(state, "z", t, normal, (loc, scale), mask)
         self.observe(state, t, x, mask, cat_broadcast([z, state.shared_at("d", t)]))
@@ -112,15 +122,30 @@ class SRNN(SequenceModel):
             state.shared["prior_context"] = self.prior.project_context(d)
         state["guide_z"] = x.new_zeros(x.shape[0], self.z_dim)
 
+    def _step_weights(self, state, name, t):
+        """``getattr(self, name).step_weights()``, built once per sequence pass (kept in
+        ``state.shared``) for per-step calls; None for a time-parallel call (one product)."""
+        if isinstance(t, slice):
+            return None
+        key = f"{name}_step_weights"
+        weights = state.shared.get(key)
+        if weights is None:
+            weights = state.shared[key] = getattr(self, name).step_weights()
+        return weights
+
     def guide_step(self, state, t, x, mask):
         z_prev = state["guide_z"]
-        loc, scale = self.posterior(z_prev, state.shared_at("posterior_context", t))
+        loc, scale = self.posterior(z_prev, state.shared_at("posterior_context", t),
+                                    self._step_weights(state, "posterior", t))
         if self.residual:  # Res_q, eq. 5.12: residual to the prior mean at the guide's z_{t-1}
-            prior = self.prior(z_prev, state.shared_at("prior_context", t))
+            prior = self.prior(z_prev, state.shared_at("prior_context", t),
+                               self._step_weights(state, "prior", t))
             loc = loc + prior[0]
             # a model step sharing this state (FIVO) reuses p(z_t | z_{t-1}) at the same z_{t-1}
             cache_guide_prior(state, t, z_prev, prior)
-        z = pyro.sample(f"z_{t + 1}", dist.Normal(loc, scale).to_event(1).mask(mask[:, t]))
+            if state.guide_record is not None:  # and so does a time-parallel model run
+                state.guide_record.append("prior", z_prev, prior)
+        z = pyro.sample(f"z_{t + 1}", masked(dist.Normal(loc, scale).to_event(1), mask[:, t]))
         state["guide_z"] = z
 
     @torch.no_grad()

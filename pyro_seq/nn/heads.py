@@ -41,11 +41,28 @@ class GaussianHead(nn.Module):
         self.min_scale = min_scale
         self.variance = variance
 
-    def forward(self, h):
-        raw = self.raw_scale(h)
+    def scale(self, raw):
+        """The standard deviation from the raw output ``r`` (see the class docstring)."""
         if self.variance == "log":
-            return self.loc(h), self.min_scale + torch.exp(0.5 * raw)
-        return self.loc(h), self.min_scale + softplus(raw)
+            return self.min_scale + torch.exp(0.5 * raw)
+        return self.min_scale + softplus(raw)
+
+    def forward(self, h):
+        return self.loc(h), self.scale(self.raw_scale(h))
+
+    def fused_weights(self):
+        """``(W, b)``: the weights ``(2 out_dim, in_dim)`` and biases ``(2 out_dim,)`` of the loc
+        and raw-scale layers stacked, so that one ``F.linear(h, W, b)`` gives ``[loc, r]``
+        (for :meth:`from_fused`; built once and used at many steps, it halves the number of
+        small matrix products of a recurrence)."""
+        return (torch.cat([self.loc.weight, self.raw_scale.weight]),
+                torch.cat([self.loc.bias, self.raw_scale.bias]))
+
+    def from_fused(self, out):
+        """``(loc, scale)`` from ``out = F.linear(h, *fused_weights())`` ``(..., 2 out_dim)``:
+        equal to ``forward(h)``."""
+        loc, raw = out.split(self.loc.out_features, dim=-1)
+        return loc, self.scale(raw)
 
 
 class BernoulliHead(nn.Linear):
@@ -65,6 +82,12 @@ class GaussianMLP(nn.Module):
 
     Shapes: ``project_context(c (..., T, c_dim)) -> (..., T, hidden)``;
     ``forward(z (..., z_dim), projected (..., hidden)) -> (loc, scale)``, each ``(..., out_dim)``.
+
+    A recurrence that calls :meth:`forward` at every step passes ``weights=step_weights()``,
+    computed once per sequence pass: the ``W_z`` block then is cut from the first layer once
+    (cutting it at every step makes every step's backward fill a gradient of the whole first
+    layer) and the two output layers run as one product (:meth:`GaussianHead.fused_weights`).
+    Results are the same.
     """
 
     def __init__(self, z_dim, context_dim, hidden_dim, out_dim, activation, min_scale,
@@ -78,6 +101,19 @@ class GaussianMLP(nn.Module):
     def project_context(self, context):
         return F.linear(context, self.first.weight[:, self.z_dim:], self.first.bias)
 
-    def forward(self, z, projected_context):
-        hidden = F.linear(z, self.first.weight[:, :self.z_dim]) + projected_context
-        return self.head(self.activation(hidden))
+    def step_weights(self):
+        """``(W_z, W_head, b_head)`` for :meth:`forward` at many steps of one sequence pass:
+        ``W_z (hidden, z_dim)`` the ``z`` block of the first layer, ``W_head, b_head`` the fused
+        output layers. Build them again after the parameters change (they are views and copies
+        made now, with their own autograd history)."""
+        return (self.first.weight[:, :self.z_dim],) + self.head.fused_weights()
+
+    def forward(self, z, projected_context, weights=None):
+        """``(loc, scale)`` of eq. 5.3 / 5.10 from ``z`` and the projected context of one step
+        (or of all steps, time at dim -2); ``weights`` from :meth:`step_weights` or None."""
+        if weights is None:
+            hidden = F.linear(z, self.first.weight[:, :self.z_dim]) + projected_context
+            return self.head(self.activation(hidden))
+        w_z, w_head, b_head = weights
+        hidden = F.linear(z, w_z) + projected_context
+        return self.head.from_fused(F.linear(self.activation(hidden), w_head, b_head))

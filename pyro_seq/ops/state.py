@@ -25,6 +25,9 @@ class SequenceState(dict):
         self.deferred_features = None
         #: latent values fixed by an enclosing replay (time-parallel scoring), name -> T tensors
         self.replayed = None
+        #: a :class:`~pyro_seq.models.base.GuideRecord`: written by a full-sequence guide run,
+        #: read by the model replayed against that guide's trace (None otherwise)
+        self.guide_record = None
         self._steps = {}
 
     def shared_at(self, key, t):
