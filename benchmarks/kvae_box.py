@@ -131,7 +131,7 @@ def train_baseline(train, args, out_dir, image_shape):
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 150.0)
             optim.step()
-            total += float(loss) * len(order[i:i + args.batch_size])
+            total += float(loss.detach()) * len(order[i:i + args.batch_size])
         history.append(total / len(x))
         out_dir.mkdir(parents=True, exist_ok=True)
         torch.save({"model": model.state_dict(), "optim": optim.state_dict(), "epoch": epoch + 1,
