@@ -20,8 +20,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from pyro_seq.nn import MLP
-from pyro_seq.nn.conv import ConvEncoder, SubPixelDecoder
+from pyro_seq.nn.conv import frame_networks
 
 __all__ = ["AERNN"]
 
@@ -45,15 +44,9 @@ class AERNN(nn.Module):
         for s in self.image_shape:
             D *= s
         self.obs_dim = D
-        if encoder == "conv":
-            body = ConvEncoder(image_shape, channels, conv_layers)
-            self.encoder = nn.Sequential(body, nn.Linear(body.out_dim, code_dim))
-            self.decoder = SubPixelDecoder(code_dim, image_shape, channels, conv_layers)
-        elif encoder == "mlp":
-            self.encoder = MLP(D, tuple(hidden_dims), code_dim, "relu")
-            self.decoder = MLP(code_dim, tuple(hidden_dims), D, "relu")
-        else:
-            raise ValueError(f"encoder must be 'conv' or 'mlp', got {encoder!r}")
+        body, features, self.decoder = frame_networks(encoder, self.image_shape, code_dim,
+                                                      channels, conv_layers, hidden_dims)
+        self.encoder = nn.Sequential(body, nn.Linear(features, code_dim))
         self.lstm = nn.LSTM(code_dim, lstm_dim, batch_first=True)
         self.predict = nn.Linear(lstm_dim, code_dim)
         self.c0 = nn.Parameter(torch.zeros(code_dim))

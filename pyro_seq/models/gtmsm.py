@@ -99,14 +99,14 @@ import torch.nn as nn
 from pyro_seq.models.base import StepProgram, SequenceModel
 from pyro_seq.models.emission import bernoulli_likelihood
 from pyro_seq.nn import MLP, GaussianHead
-from pyro_seq.nn.conv import ConvEncoder, SubPixelDecoder
+from pyro_seq.nn.conv import FRAME_NETWORKS, frame_networks
 from pyro_seq.nn.memory import DND
 from pyro_seq.validation import positive_int
 
 __all__ = ["GTMSM"]
 
 #: Frame encoders/decoders of :class:`GTMSM` (``encoder=``); the thesis found MLPs enough.
-ENCODERS = ("mlp", "conv")
+ENCODERS = FRAME_NETWORKS
 #: Pixel likelihoods of :class:`GTMSM` (``likelihood=``).
 LIKELIHOODS = ("gaussian", "bernoulli")
 
@@ -198,18 +198,8 @@ class GTMSM(SequenceModel):
         self.encoder_type = encoder
 
         Z = self.z_dim
-        if encoder == "conv":
-            self.encoder_body = ConvEncoder(frame_shape, channels, conv_layers)
-            enc_out = self.encoder_body.out_dim
-            self.decoder = SubPixelDecoder(Z, frame_shape, channels, conv_layers)
-        else:
-            hidden_dims = tuple(hidden_dims)
-            if not hidden_dims:
-                raise ValueError("hidden_dims must name at least one hidden layer")
-            self.encoder_body = MLP(frame_dim, hidden_dims[:-1], hidden_dims[-1], "relu",
-                                    activate_output=True)
-            enc_out = hidden_dims[-1]
-            self.decoder = MLP(Z, tuple(reversed(hidden_dims)), frame_dim, "relu")
+        self.encoder_body, enc_out, self.decoder = frame_networks(
+            encoder, frame_shape, Z, channels, conv_layers, hidden_dims)
         self.encoder_head = GaussianHead(enc_out, Z, min_scale)
         self.M = nn.Parameter(init_displacement_std * torch.randn(self.state_dim, num_actions))
         if walls:
@@ -344,21 +334,28 @@ class GTMSM(SequenceModel):
         state.shared["memory"], state.shared["actions"], state.shared["tau"] = dnd, actions, tau
         state["s"] = means[:, -1]
 
+    def _sample_position(self, state, key, t, mask):
+        """``s_t ~ p(s_t | s_{t-1}, a_t)`` (eq. 7.3; the guide's ``q(s_t | s_{t-1}, a_t)`` of eq.
+        7.2 is the same density) from ``state[key]``, which it then holds; the first prediction
+        step has the accumulated memorisation noise (:meth:`_first_scale`)."""
+        tau = state.shared["tau"]
+        s_prev = state[key]
+        scale = self._first_scale(tau, s_prev) if t == tau else s_prev.new_tensor(self.r)
+        loc = self.transition_mean(s_prev, state.shared_at("actions", t))
+        s = pyro.sample(f"s_{t + 1}", dist.Normal(loc, scale.expand(loc.shape)).to_event(1)
+                        .mask(mask[:, t]))
+        state[key] = s
+        return s
+
     def model_step(self, state, t, x, mask):
         tau = state.shared["tau"]
         if t < tau:  # memorisation: written by init
             return
-        a = state.shared_at("actions", t)
-        s_prev = state["s"]
-        scale = self._first_scale(tau, s_prev) if t == tau else s_prev.new_tensor(self.r)
-        loc = self.transition_mean(s_prev, a)
-        s = pyro.sample(f"s_{t + 1}", dist.Normal(loc, scale.expand(loc.shape)).to_event(1)
-                        .mask(mask[:, t]))
+        s = self._sample_position(state, "s", t, mask)
         z = pyro.sample(f"z_{t + 1}", self.memory_prior(s, state.shared["memory"]).mask(mask[:, t]))
         frames = x[..., :self.frame_dim]
         pyro.sample(f"x_{t + 1}", self.likelihood(self.decode(z)).mask(mask[:, t]),
                     obs=frames[:, t])
-        state["s"] = s
 
     def guide_init(self, state, x, mask):
         frames, actions = self._split(state, x)
@@ -372,15 +369,9 @@ class GTMSM(SequenceModel):
         tau = state.shared["tau"]
         if t < tau:
             return
-        a = state.shared_at("actions", t)
-        s_prev = state["guide_s"]
-        scale = self._first_scale(tau, s_prev) if t == tau else s_prev.new_tensor(self.r)
-        loc = self.transition_mean(s_prev, a)
-        s = pyro.sample(f"s_{t + 1}", dist.Normal(loc, scale.expand(loc.shape)).to_event(1)
-                        .mask(mask[:, t]))
+        self._sample_position(state, "guide_s", t, mask)
         q = dist.Normal(state.shared_at("q_loc", t - tau), state.shared_at("q_scale", t - tau))
         pyro.sample(f"z_{t + 1}", q.to_event(1).mask(mask[:, t]))
-        state["guide_s"] = s
 
     # ------------------------------------------------------------------ prediction
 

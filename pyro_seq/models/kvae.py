@@ -77,8 +77,8 @@ import torch.nn as nn
 from pyro_seq.distributions.scored_value import ScoredValue
 from pyro_seq.models.base import SequenceModel, stack_time
 from pyro_seq.models.emission import bernoulli_likelihood
-from pyro_seq.nn import MLP, GaussianHead
-from pyro_seq.nn.conv import ConvEncoder, SubPixelDecoder
+from pyro_seq.nn import GaussianHead
+from pyro_seq.nn.conv import FRAME_NETWORKS, frame_networks
 from pyro_seq.ops.kalman import (_mv, kalman_filter, kalman_predict, kalman_smoother,
                                  kalman_update, psd_sqrt)
 from pyro_seq.validation import positive_int
@@ -86,7 +86,7 @@ from pyro_seq.validation import positive_int
 __all__ = ["KVAE", "KVAEFilterResult"]
 
 #: Frame encoders/decoders of :class:`KVAE` (``encoder=``): convolutional (appendix 6.8) or MLP.
-ENCODERS = ("conv", "mlp")
+ENCODERS = FRAME_NETWORKS
 #: Pixel likelihoods of :class:`KVAE` (``likelihood=``).
 LIKELIHOODS = ("bernoulli", "gaussian")
 #: How :class:`KVAE` scores log p(a) (``prior_score=``): closed form, or eq. 6.8 at a smoother draw.
@@ -207,16 +207,8 @@ class KVAE(SequenceModel):
         self.dynamics_frozen = False
 
         A, S, K = self.a_dim, self.z_dim, self.num_modes
-        if encoder == "conv":
-            self.encoder_body = ConvEncoder(image_shape, channels, conv_layers)
-            enc_out = self.encoder_body.out_dim
-            self.emitter = SubPixelDecoder(A, image_shape, channels, conv_layers)
-        else:
-            hidden_dims = tuple(hidden_dims)
-            self.encoder_body = MLP(self.obs_dim, hidden_dims[:-1], hidden_dims[-1], "relu",
-                                    activate_output=True)
-            enc_out = hidden_dims[-1]
-            self.emitter = MLP(A, hidden_dims, self.obs_dim, "relu")
+        self.encoder_body, enc_out, self.emitter = frame_networks(
+            encoder, image_shape, A, channels, conv_layers, hidden_dims)
         self.encoder_head = GaussianHead(enc_out, A, min_scale)
         self.likelihood_name = likelihood
         self.binary_observations = likelihood == "bernoulli"

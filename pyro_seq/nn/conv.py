@@ -17,10 +17,14 @@ the convolutions and restored after.
 
 import math
 
-import torch
 import torch.nn as nn
 
-__all__ = ["ConvEncoder", "SubPixelDecoder"]
+from pyro_seq.nn.mlp import MLP
+
+__all__ = ["ConvEncoder", "FRAME_NETWORKS", "SubPixelDecoder", "frame_networks"]
+
+#: Kinds of :func:`frame_networks`: the convolutional pair (appendix 6.8) or MLPs.
+FRAME_NETWORKS = ("conv", "mlp")
 
 
 def _check_image_shape(image_shape, layers):
@@ -92,3 +96,27 @@ class SubPixelDecoder(nn.Module):
         h = self.project(a.reshape(-1, a.shape[-1])).reshape((-1,) + self.start)
         logits = self.out(self.ups(h))
         return logits.reshape(lead + (math.prod(self.image_shape),))
+
+
+def frame_networks(kind, image_shape, code_dim, channels=32, layers=3, hidden_dims=(128, 128)):
+    """The encoder body and the decoder of a per-frame VAE (KVAE, GTM-SM, their baselines).
+
+    ``"conv"``: :class:`ConvEncoder` and :class:`SubPixelDecoder` (``channels``, ``layers``);
+    ``"mlp"``: an MLP with hidden layers ``hidden_dims`` (ReLU, last layer activated) and a
+    decoder MLP with the same layers in reverse.
+
+    :returns: ``(body, feature_dim, decoder)``: ``body`` maps frames ``(..., C*H*W)`` to
+        features ``(..., feature_dim)`` (a distribution head or a linear code layer follows);
+        ``decoder`` maps codes ``(..., code_dim)`` to one output per pixel ``(..., C*H*W)``.
+    """
+    if kind == "conv":
+        body = ConvEncoder(image_shape, channels, layers)
+        return body, body.out_dim, SubPixelDecoder(code_dim, image_shape, channels, layers)
+    if kind != "mlp":
+        raise ValueError(f"encoder must be one of {FRAME_NETWORKS}, got {kind!r}")
+    hidden_dims = tuple(hidden_dims)
+    if not hidden_dims:
+        raise ValueError("hidden_dims must name at least one hidden layer")
+    D = math.prod(image_shape)
+    body = MLP(D, hidden_dims[:-1], hidden_dims[-1], "relu", activate_output=True)
+    return body, hidden_dims[-1], MLP(code_dim, tuple(reversed(hidden_dims)), D, "relu")

@@ -267,10 +267,14 @@ def _cache_directory(cache: _CacheArg) -> Optional[Path]:
     return Path(cache).expanduser()
 
 
-def _read_cache(path: Path, config: Dict[str, Any], check) -> Optional[Dict[str, np.ndarray]]:
+def _read_cache(path: Path, config: Dict[str, Any], check,
+                names: Sequence[str] = _ARRAYS) -> Optional[Dict[str, np.ndarray]]:
+    """The arrays ``names`` of a cache file, or None (with a warning) if it is unreadable, was
+    written for another configuration, or fails ``check`` (a function returning a problem or
+    None)."""
     try:
         with np.load(path, allow_pickle=False) as f:
-            arrays = {k: f[k] for k in _ARRAYS + ("config",) if k in f.files}
+            arrays = {k: f[k] for k in tuple(names) + ("config",) if k in f.files}
         stored = json.loads(bytes(arrays.pop("config")).decode())
     except Exception as e:  # unreadable, truncated, foreign: regenerate
         warnings.warn(f"ignoring unreadable simulator cache {path} ({type(e).__name__}: {e}); "

@@ -49,7 +49,6 @@ import functools
 import hashlib
 import json
 import os
-import warnings
 from dataclasses import dataclass
 from typing import List, Optional, Tuple, Union
 
@@ -57,7 +56,7 @@ import numpy as np
 import torch
 
 from ...validation import positive_int
-from .core import SPLITS, _cache_directory, _cached_sizes, _write_cache
+from .core import SPLITS, _cache_directory, _cached_sizes, _read_cache, _write_cache
 
 __all__ = ["ACTIONS", "ACTION_MOVES", "NAVIGATION_SIZES", "NavigationParams", "NavigationVideos",
            "crop", "image_navigation", "load_source_images", "move", "validate_navigation"]
@@ -262,23 +261,6 @@ def load_source_images(colour: bool, downsample: int = 1) -> Tuple[np.ndarray, .
     return tuple(out)
 
 
-def _read_cache(path, config, check):
-    """The arrays of a cache file, or None (with a warning) if unreadable or not this config."""
-    try:
-        with np.load(path, allow_pickle=False) as f:
-            arrays = {k: f[k] for k in _ARRAYS + ("config",) if k in f.files}
-        stored = json.loads(bytes(arrays.pop("config")).decode())
-    except Exception as e:  # unreadable, truncated, foreign: regenerate
-        warnings.warn(f"ignoring unreadable simulator cache {path} ({type(e).__name__}: {e}); "
-                      "regenerating it")
-        return None
-    problem = "its configuration differs" if stored != config else check(arrays)
-    if problem is not None:
-        warnings.warn(f"ignoring simulator cache {path}: {problem}; regenerating it")
-        return None
-    return arrays
-
-
 def _sources_fingerprint(sources) -> List[List[int]]:
     return [list(s.shape) for s in sources]
 
@@ -424,7 +406,7 @@ def image_navigation(
         sizes = _cached_sizes(directory, stem)
         for size in [s for s in sizes if s >= n] + [s for s in reversed(sizes) if s < n]:
             found = _read_cache(directory / f"{stem}-N{size}.npz", config,
-                                lambda a, size=size: check(a, min(size, n)))
+                                lambda a, size=size: check(a, min(size, n)), names=_ARRAYS)
             if found is not None and found["frames"].shape[0] == size:
                 arrays = found
                 break
