@@ -48,3 +48,34 @@ def data_file(name, override=None):
     if not path.exists():
         raise SystemExit(f"data file {path} not found; pass --data PATH")
     return path
+
+
+def timing_parser(description, repeats, batches_help, result_name, smoke_help, data_options):
+    """The argument parser of the alternating-epoch speed scripts (``dmm_speed.py``,
+    ``srnn_speed.py``): ``--repeats --batches --threads --seed --smoke --output`` plus
+    ``data_options``, a list of ``(flag, help)`` string options."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--repeats", type=int, default=repeats,
+                        help="timed epochs per variant (median)")
+    parser.add_argument("--batches", type=int, default=None, help=batches_help)
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    for flag, text in data_options:
+        parser.add_argument(flag, default=None, help=text)
+    parser.add_argument("--seed", type=int, default=0, help="seed of weights, noise, shuffles")
+    parser.add_argument("--smoke", action="store_true", help=smoke_help)
+    parser.add_argument("--output", default=None, help=f"result JSON (default benchmarks/results/"
+                        f"{result_name}.json; none in --smoke mode)")
+    return parser
+
+
+def parse_timing_args(parser, argv=None):
+    """Parse; ``--smoke`` means 1 repeat of 2 minibatches; counts must be >= 1."""
+    args = parser.parse_args(argv)
+    if args.smoke:
+        args.repeats = 1
+        args.batches = args.batches or 2
+    if args.repeats < 1 or (args.batches is not None and args.batches < 1) or args.threads < 1:
+        parser.error("--repeats, --batches and --threads must be >= 1")
+    return args

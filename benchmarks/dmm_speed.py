@@ -39,7 +39,6 @@ nothing unless ``--output`` is given).
     python benchmarks/dmm_speed.py --smoke
 """
 
-import argparse
 import math
 import statistics
 import sys
@@ -54,7 +53,7 @@ from pyro.infer import SVI, Trace_ELBO  # noqa: E402
 from pyro.optim import ClippedAdam  # noqa: E402
 
 import anchors  # noqa: E402
-from common import SHARED_DATA, write_result  # noqa: E402
+from common import SHARED_DATA, parse_timing_args, timing_parser, write_result  # noqa: E402
 from pyro_seq.data import SequenceLoader, load_piano_rolls, pad_sequences  # noqa: E402
 from pyro_seq.models import DMM  # noqa: E402
 
@@ -131,28 +130,13 @@ def check_same_function(anchor, example_dmm, indices):
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--repeats", type=int, default=5, help="timed epochs per variant (median)")
-    parser.add_argument("--batches", type=int, default=None,
-                        help="minibatches per epoch (default: all, 12 of 20 for 229 sequences)")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
-    parser.add_argument("--anchors", default=None,
-                        help="folder of the anchor files (default ../shared/anchors/pyro-1.9.2)")
-    parser.add_argument("--data-dir", default=None,
-                        help=f"folder holding jsb_chorales.pickle (default {SHARED_DATA})")
-    parser.add_argument("--seed", type=int, default=0, help="seed of weights, samples, shuffles")
-    parser.add_argument("--smoke", action="store_true",
-                        help="quick check of the script: 1 repeat of 2 minibatches, no result file "
-                             "unless --output")
-    parser.add_argument("--output", default=None, help="result JSON (default "
-                        "benchmarks/results/dmm_speed.json; none in --smoke mode)")
-    args = parser.parse_args(argv)
-    if args.smoke:
-        args.repeats = 1
-        args.batches = args.batches or 2
-    if args.repeats < 1 or (args.batches is not None and args.batches < 1) or args.threads < 1:
-        parser.error("--repeats, --batches and --threads must be >= 1")
-    return args
+    parser = timing_parser(
+        __doc__.split("\n\n")[0], 5,
+        "minibatches per epoch (default: all, 12 of 20 for 229 sequences)", "dmm_speed",
+        "quick check of the script: 1 repeat of 2 minibatches, no result file unless --output",
+        [("--anchors", "folder of the anchor files (default ../shared/anchors/pyro-1.9.2)"),
+         ("--data-dir", f"folder holding jsb_chorales.pickle (default {SHARED_DATA})")])
+    return parse_timing_args(parser, argv)
 
 
 def main(argv=None):

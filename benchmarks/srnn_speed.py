@@ -29,7 +29,6 @@ synthetic data, 1 repeat of 2 minibatches, a check that the script works (writes
     python benchmarks/srnn_speed.py --smoke
 """
 
-import argparse
 import contextlib
 import copy
 import math
@@ -47,7 +46,7 @@ from pyro.infer import SVI, Trace_ELBO  # noqa: E402
 from pyro.optim import Adam  # noqa: E402
 
 from baselines.plain_srnn import from_package  # noqa: E402
-from common import SHARED_DATA, write_result  # noqa: E402
+from common import SHARED_DATA, parse_timing_args, timing_parser, write_result  # noqa: E402
 from pyro_seq.data import SequenceLoader, load_piano_rolls  # noqa: E402
 from pyro_seq.models import SRNN  # noqa: E402
 
@@ -150,26 +149,13 @@ def synthetic_sequences(num, obs_dim=88, seed=0):
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--repeats", type=int, default=3, help="timed epochs per variant (median)")
-    parser.add_argument("--batches", type=int, default=None,
-                        help="minibatches per epoch (default: all, 17 of 16 for 272 windows)")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
-    parser.add_argument("--data", default=None,
-                        help=f"jsb_chorales_2x.pickle (default {SHARED_DATA})")
-    parser.add_argument("--seed", type=int, default=0, help="seed of weights, noise, shuffles")
-    parser.add_argument("--smoke", action="store_true",
-                        help="quick check of the script: tiny sizes, synthetic data, 1 repeat of "
-                             "2 minibatches, no result file unless --output")
-    parser.add_argument("--output", default=None, help="result JSON (default "
-                        "benchmarks/results/srnn_speed.json; none in --smoke mode)")
-    args = parser.parse_args(argv)
-    if args.smoke:
-        args.repeats = 1
-        args.batches = args.batches or 2
-    if args.repeats < 1 or (args.batches is not None and args.batches < 1) or args.threads < 1:
-        parser.error("--repeats, --batches and --threads must be >= 1")
-    return args
+    parser = timing_parser(
+        __doc__.split("\n\n")[0], 3,
+        "minibatches per epoch (default: all, 17 of 16 for 272 windows)", "srnn_speed",
+        "quick check of the script: tiny sizes, synthetic data, 1 repeat of 2 minibatches, no "
+        "result file unless --output",
+        [("--data", f"jsb_chorales_2x.pickle (default {SHARED_DATA})")])
+    return parse_timing_args(parser, argv)
 
 
 def main(argv=None):
