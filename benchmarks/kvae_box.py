@@ -49,6 +49,9 @@ def parse_args(argv=None):
     p.add_argument("--train", type=int, default=5000, help="training videos (thesis 5000)")
     p.add_argument("--test", type=int, default=1000, help="test videos (thesis 1000)")
     p.add_argument("--epochs", type=int, default=80)
+    p.add_argument("--baseline-epochs", type=int, default=None,
+                   help="epochs of the AE-RNN and VAE-RNN baselines (default: --epochs); a "
+                        "later call with more resumes them")
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--lr", type=float, default=0.007)
     p.add_argument("--warmup-epochs", type=int, default=5)
@@ -62,6 +65,8 @@ def parse_args(argv=None):
     if args.smoke:
         args.train, args.test, args.epochs, args.channels = 16, 8, 1, 4
         args.batch_size, args.warmup_epochs = 8, 0
+    if args.baseline_epochs is None:
+        args.baseline_epochs = args.epochs
     args.tag = args.tag or (f"{args.env}_smoke" if args.smoke else f"{args.env}_{args.train}")
     return args
 
@@ -120,7 +125,7 @@ def train_baseline(train, args, out_dir, image_shape):
         start, history = int(state["epoch"]), [float(v) for v in state["history"]]
     x = train.frames.flatten(2)
     t0 = time.time()
-    for epoch in tqdm(range(start, args.epochs), initial=start, total=args.epochs,
+    for epoch in tqdm(range(start, args.baseline_epochs), initial=start, total=args.baseline_epochs,
                       desc="AE-RNN epochs", disable=args.smoke):
         g = torch.Generator().manual_seed(args.seed * 1000 + epoch)
         order = torch.randperm(len(x), generator=g)
@@ -147,7 +152,8 @@ def train_vaernn(train, valid, args, out_dir):
 
     torch.manual_seed(args.seed)
     model = VAERNN(train.frames[0, 0].numel(), d_dim=50, z_dim=8, hidden_dim=128)
-    config = TrainConfig(epochs=args.epochs, batch_size=args.batch_size, lr=1e-3, patience=None,
+    config = TrainConfig(epochs=args.baseline_epochs, batch_size=args.batch_size, lr=1e-3,
+                         patience=None,
                          seed=args.seed, num_threads=args.threads, progress=not args.smoke,
                          valid_batch_size=100)
     t0 = time.time()
