@@ -8,7 +8,8 @@ its ``loss_and_grads`` sums the gradients of every parameter in Pyro's param sto
 bucketed all-reduce (one flat tensor, names in sorted order) and returns the summed loss (for
 contrastive divergence, whose value is a mean per visible element, the mean over all ranks'
 elements). Every rank then takes the same optimizer step, so the parameters stay identical
-without broadcasts.
+without broadcasts. Free bits (``TrainConfig.free_bits``) is refused with more than one process:
+it clamps each group's KL summed over the whole minibatch, which is no sum over sequences.
 A rank whose shard is empty (a last batch smaller than N) contributes zero gradients.
 
 The wrapper, not DDP: Pyro's parameters live in its global param store and are created lazily,

@@ -114,3 +114,16 @@ def test_cd_monitor_is_the_whole_batch_mean_not_the_sum_over_ranks(tmp_path):
     a, b = h1[0]["train_reconstruction_error"], h2[0]["train_reconstruction_error"]
     assert 0 < a < 1 and abs(a - b) <= 1e-9 * a, (a, b)
 
+
+def test_free_bits_is_refused_with_several_processes(tmp_path):
+    """Free bits clamps a group's KL summed over the whole minibatch (max(lambda S, sum KL)):
+    the sum over ranks of per-shard clamps is another objective, so fit refuses before
+    spawning or writing anything."""
+    with pytest.raises(ValueError, match="free_bits"):
+        TrainConfig(free_bits=0.5, world_size=2).validate()
+    TrainConfig(free_bits=0.5).validate()  # one process: fine
+    TrainConfig(world_size=2).validate()
+    with pytest.raises(ValueError, match="free bits"):
+        fit(SRNN(5, d_dim=4, z_dim=2, hidden_dim=4), _seqs(8, 0), [],
+            _config(free_bits=0.5, world_size=2), tmp_path / "run")
+    assert not (tmp_path / "run").exists()
