@@ -12,9 +12,10 @@ models at the sizes of the existing benchmarks:
 both on the 229 training sequences of the original-resolution JSB Chorales
 (``../shared/data/polyphonic/jsb_chorales.pickle``) with the training settings of those
 scripts (their ``CONFIG``; the schedules do not change the work per update), no validation set,
-no early stopping. A cell (model, N) is one ``fit`` call of ``--warmup`` + ``--epochs`` epochs;
-its throughput is the training sequences of the measured epochs divided by their summed
-``seconds`` from the training log (rank 0's clock: the minibatch loop of an epoch, which ends
+no early stopping. A cell (model, N) is one ``fit`` call of ``--warmup`` + ``--epochs`` epochs
+(default 1 + 6 for the SRNN, 1 + 15 for the DMM: 15 and 12 updates per epoch); its throughput
+is the training sequences of the measured epochs divided by their summed ``seconds`` from the
+training log (rank 0's clock: the minibatch loop of an epoch, which ends
 with the last all-reduce, so all ranks are done; validation, checkpoints and the spawn of the
 processes are outside it and are reported separately as the cell's wall time). The warm-up
 epochs (first allocations, lazy parameter creation, the optimizer's state) are excluded. Cells
@@ -25,7 +26,7 @@ repeat, the machine (CPU, cores, the cores this process may use), the load avera
 and the end (a measurement under load > 0.5 is not a measurement of this code), library versions
 and all settings.
 
-    python benchmarks/scaling.py                      # about 15 minutes on 2 quiet cores
+    python benchmarks/scaling.py                      # about 10 minutes on 2 quiet cores
     python benchmarks/scaling.py --smoke --output /tmp/scaling.json   # seconds, tiny data
 
 ``--smoke``: tiny synthetic data and tiny models, one repeat of 1 + 1 epochs, to check the
@@ -43,9 +44,9 @@ gradient into one tensor and all-reduces it with gloo after every update: 1.82 M
 values (7.3 MB) for the SRNN, 0.73 M (2.9 MB) for the DMM, copied into and out of the flat
 buffer, each rank sending and receiving about the buffer's size over gloo's loopback TCP
 transport (ring reduce-scatter, then all-gather). The script times that all-reduce alone
-(``allreduce_seconds_per_update``, and its share of the measured epoch): 9 ms for the SRNN's
-buffer and 3 ms for the DMM's with 2 processes on this machine (under load), against updates of
-several hundred milliseconds, about 1%. It is also a barrier, so every update waits for the
+(``allreduce_seconds_per_update``, and its share of the measured epoch): 8-9 ms for the SRNN's
+buffer and 3-7 ms for the DMM's with 2 processes on this machine (under load), against updates of
+several hundred milliseconds, about 1% or less. It is also a barrier, so every update waits for the
 slower rank (the shards are nearly even: both loop over the padded length, and the last
 batch of 229 = 14 x 16 + 5 gives 3 and 2 rows; a rank slowed by anything else holds both up).
 Each rank reads all the weight matrices at every time step; at these row counts a product does
@@ -252,7 +253,7 @@ def main(argv=None):
                         help="numbers of processes (the first must be 1 for the efficiency)")
     parser.add_argument("--epochs", type=int, nargs="+", default=None,
                         help="measured epochs per cell, one value or one per model "
-                             "(default: srnn 4, dmm 12)")
+                             "(default: srnn 6, dmm 15)")
     parser.add_argument("--warmup", type=int, default=1, help="epochs excluded per cell")
     parser.add_argument("--repeats", type=int, default=3, help="cells per (model, N)")
     parser.add_argument("--data", type=Path, default=SHARED_DATA / "jsb_chorales.pickle")
@@ -262,7 +263,7 @@ def main(argv=None):
     parser.add_argument("--smoke", action="store_true",
                         help="tiny synthetic data and models, 1 repeat of 1 + 1 epochs")
     args = parser.parse_args(argv)
-    defaults = {"srnn": 4, "dmm": 12}
+    defaults = {"srnn": 6, "dmm": 15}
     if args.smoke:
         args.epochs, args.warmup, args.repeats = [1], 1, 1
     epochs = args.epochs or [defaults[m] for m in args.models]
