@@ -14,7 +14,9 @@ stopping after 12 epochs without improvement) on the original-resolution JSB Cho
   ``a``; each rank trains on half of every minibatch with its own sampling stream and the
   gradients are summed, so ``b`` differs from ``a`` by the Monte Carlo draws of the ELBO's
   latent samples (and float rounding) only;
-* ``c``: 1 process, seed 1: the noise reference (other initial weights, batch order and draws).
+* ``c``: 1 process, seed 1: the noise reference (other initial weights, batch order and draws);
+* ``d`` (only with ``--runs a b c d``): 2 processes, seed 1, a second pair: ``d`` against ``c``
+  with ``|c - a|`` as the noise reference, by the same rule (``verdict_seed1``).
 
 The rule ("within noise"): over the epochs all three completed, with ``d_ab(e) = |a(e) - b(e)|``
 and ``d_ac(e) = |a(e) - c(e)|`` the differences of the per-epoch validation ELBO (nats per step),
@@ -55,7 +57,9 @@ RUNS = {  # name: (processes, seed, description)
     "a": (1, 0, "1 process, seed 0"),
     "b": (2, 0, "2 processes (--nproc 2), seed 0"),
     "c": (1, 1, "1 process, seed 1 (noise reference)"),
+    "d": (2, 1, "2 processes (--nproc 2), seed 1"),  # optional (--runs a b c d): a second pair
 }
+STYLES = {"a": ("C0", "-"), "b": ("C3", "--"), "c": ("C2", ":"), "d": ("C1", "-.")}
 
 
 def judge(a, b, c):
@@ -127,7 +131,7 @@ def _train(name, args, folder, done_epochs, total_epochs, started):
     return len(_read_log(folder) or [])
 
 
-def plot(curves, verdict, path):
+def plot(curves, verdict, path, cuts=None):
     import matplotlib
 
     matplotlib.use("Agg")
@@ -135,17 +139,19 @@ def plot(curves, verdict, path):
 
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 6.5), sharex=True,
                                       gridspec_kw={"height_ratios": [2, 1]})
-    styles = {"a": ("C0", "-"), "b": ("C3", "--"), "c": ("C2", ":")}
     for name, curve in curves.items():
-        color, ls = styles[name]
+        color, ls = STYLES[name]
         top.plot(range(1, len(curve) + 1), curve, color=color, ls=ls, lw=1.6,
                  label=f"{name}: {RUNS[name][2]}")
+        for epoch in (cuts or {}).get(name, []):  # the plateau schedule halved the rate here
+            top.plot([epoch], [curve[epoch - 1]], marker="v", color=color, ms=7, ls="none")
     top.set_ylabel("validation ELBO (nats / step)")
     top.set_title("SRNN on JSB Chorales: pyro-seq train --nproc 2 against 1 process")
     later = [v for c in curves.values() for v in c[2:]]
     if later:  # the first two epochs are far below the rest: keep the later range in view
         top.set_ylim(min(later) - 0.3, max(later) + 0.2)
-    top.legend()
+    top.legend(title="triangles: learning rate halved after that epoch" if cuts else None,
+               title_fontsize=8, fontsize=8)
     top.grid(alpha=0.3)
     n = verdict["epochs_compared"]
     a, b, c = (curves[k][:n] for k in "abc")
@@ -154,6 +160,10 @@ def plot(curves, verdict, path):
                 label="|a - b| (2 processes)")
     bottom.plot(epochs, [abs(x - y) for x, y in zip(a, c)], color="C2", ls=":",
                 label="|a - c| (other seed)")
+    if "d" in curves:
+        m = min(n, len(curves["d"]))
+        bottom.plot(range(1, m + 1), [abs(x - y) for x, y in zip(c[:m], curves["d"][:m])],
+                    color="C1", ls="-.", label="|c - d| (2 processes, seed 1)")
     bottom.set_yscale("log")
     bottom.set_xlabel("epoch")
     bottom.set_ylabel("|difference| (nats / step)")
@@ -171,6 +181,8 @@ def main(argv=None):
     parser.add_argument("--data", type=Path, default=SHARED_DATA / "jsb_chorales.pickle",
                         help="piano-roll pickle (default the shared original-resolution JSB)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per process")
+    parser.add_argument("--runs", nargs="+", default=["a", "b", "c"], choices=list(RUNS),
+                        help="a b c (default), or a b c d for the second pair")
     parser.add_argument("--model-option", action="append", metavar="KEY=VALUE",
                         help="passed to the CLI (a quick check with a small model); the "
                              "recorded result uses none")
@@ -182,8 +194,11 @@ def main(argv=None):
     if not args.data.exists():
         raise SystemExit(f"data file {args.data} not found; pass --data PATH")
     started = time.time()
-    done_epochs, total_epochs = 0, len(RUNS) * args.epochs
-    for name in RUNS:
+    if not {"a", "b", "c"} <= set(args.runs):
+        raise SystemExit("--runs must include a, b and c")
+    runs_wanted = [name for name in RUNS if name in args.runs]
+    done_epochs, total_epochs = 0, len(runs_wanted) * args.epochs
+    for name in runs_wanted:
         folder = args.work_dir / name
         if (folder / "test.json").exists():  # finished: the CLI writes it last
             print(f"[{name}] done already ({folder}), skipped", flush=True)
@@ -191,23 +206,27 @@ def main(argv=None):
             continue
         _train(name, args, folder, done_epochs, total_epochs, started)
         done_epochs += args.epochs
-    runs, curves = {}, {}
-    for name, (nproc, seed, what) in RUNS.items():
+    runs, curves, cuts = {}, {}, {}
+    for name in runs_wanted:
+        nproc, seed, what = RUNS[name]
         folder = args.work_dir / name
         rows = _read_log(folder)
         config = json.loads((folder / "config.json").read_text())
         test = json.loads((folder / "test.json").read_text())
         curves[name] = [row["valid_elbo_per_step"] for row in rows]
         seconds = [row["seconds"] for row in rows]
+        cuts[name] = [i for i in range(1, len(rows)) if rows[i]["lr"] < rows[i - 1]["lr"]]
         runs[name] = {
             "description": what, "nproc": nproc, "seed": seed, "folder": str(folder),
             "epochs_completed": len(rows), "valid_elbo_per_step": curves[name],
             "train_seconds_per_epoch": seconds,
             "train_seconds_per_epoch_median": sorted(seconds)[len(seconds) // 2],
             "test_elbo_per_step": test["per_step"],
+            "lr_halved_after_epochs": cuts[name],
             "train_config": config["train"], "model_options": config["model_options"],
         }
     verdict = judge(curves["a"], curves["b"], curves["c"])
+    verdict_seed1 = judge(curves["c"], curves["d"], curves["a"]) if "d" in curves else None
     result = {
         "benchmark": "nproc_curve",
         "question": "does pyro-seq train --nproc 2 give the 1-process validation curve within "
@@ -217,6 +236,9 @@ def main(argv=None):
         "rule": "within noise when max_e |a-b| <= max_e |a-c| and mean_e |a-b| <= mean_e |a-c| "
                 "(validation ELBO per step, epochs all three completed; c = seed 1)",
         "verdict": verdict, "runs": runs,
+        "verdict_seed1": verdict_seed1,
+        "verdict_seed1_rule": "d (2 processes, seed 1) against c, noise reference |c - a|"
+        if verdict_seed1 else None,
         "wall_seconds_this_invocation": time.time() - started,
     }
     print(f"max |a-b| {verdict['max_abs_diff_ab']:.4f} (epoch {verdict['epoch_of_max_ab']}) vs "
@@ -225,8 +247,14 @@ def main(argv=None):
           f"a/b/c {verdict['best_valid']['a']:.4f}/{verdict['best_valid']['b']:.4f}/"
           f"{verdict['best_valid']['c']:.4f}: "
           f"{'within noise' if verdict['within_noise'] else 'NOT within noise'}")
+    if verdict_seed1:
+        v = verdict_seed1
+        print(f"seed 1 pair: max |c-d| {v['max_abs_diff_ab']:.4f} vs max |c-a| "
+              f"{v['max_abs_diff_ac']:.4f}; mean {v['mean_abs_diff_ab']:.4f} vs "
+              f"{v['mean_abs_diff_ac']:.4f}: "
+              f"{'within noise' if v['within_noise'] else 'NOT within noise'}")
     write_result("nproc_curve", result, path=args.output)
-    plot(curves, verdict, args.output.with_suffix(".png"))
+    plot(curves, verdict, args.output.with_suffix(".png"), cuts)
     return result
 
 
