@@ -16,7 +16,8 @@ stopping after 12 epochs without improvement) on the original-resolution JSB Cho
   latent samples (and float rounding) only;
 * ``c``: 1 process, seed 1: the noise reference (other initial weights, batch order and draws);
 * ``d`` (only with ``--runs a b c d``): 2 processes, seed 1, a second pair: ``d`` against ``c``
-  with ``|c - a|`` as the noise reference, by the same rule (``verdict_seed1``).
+  with ``|c - a|`` as the noise reference, by the same rule (``verdict_seed1``); the JSON then
+  also lists the differences of every pair of runs (``pairwise``).
 
 The rule ("within noise"): over the epochs all three completed, with ``d_ab(e) = |a(e) - b(e)|``
 and ``d_ac(e) = |a(e) - c(e)|`` the differences of the per-epoch validation ELBO (nats per step),
@@ -227,6 +228,13 @@ def main(argv=None):
         }
     verdict = judge(curves["a"], curves["b"], curves["c"])
     verdict_seed1 = judge(curves["c"], curves["d"], curves["a"]) if "d" in curves else None
+    pairwise = {}  # every pair of runs, for the spread beyond the rule's one noise pair
+    for i, x in enumerate(runs_wanted):
+        for y in runs_wanted[i + 1:]:
+            n = min(len(curves[x]), len(curves[y]))
+            diff = [abs(p - q) for p, q in zip(curves[x][:n], curves[y][:n])]
+            pairwise[f"{x}-{y}"] = {"max_abs_diff": max(diff), "mean_abs_diff": sum(diff) / n,
+                                    "best_diff": abs(max(curves[x]) - max(curves[y]))}
     result = {
         "benchmark": "nproc_curve",
         "question": "does pyro-seq train --nproc 2 give the 1-process validation curve within "
@@ -236,7 +244,7 @@ def main(argv=None):
         "rule": "within noise when max_e |a-b| <= max_e |a-c| and mean_e |a-b| <= mean_e |a-c| "
                 "(validation ELBO per step, epochs all three completed; c = seed 1)",
         "verdict": verdict, "runs": runs,
-        "verdict_seed1": verdict_seed1,
+        "verdict_seed1": verdict_seed1, "pairwise": pairwise,
         "verdict_seed1_rule": "d (2 processes, seed 1) against c, noise reference |c - a|"
         if verdict_seed1 else None,
         "wall_seconds_this_invocation": time.time() - started,
