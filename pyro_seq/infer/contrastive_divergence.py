@@ -113,8 +113,14 @@ class ContrastiveDivergence(ELBO):
     :param str monitor: ``"reconstruction"`` or ``"pseudo_likelihood"`` (module docstring).
 
     Attributes after each step: ``last_negatives``, a dict of site name to the negative samples
-    :math:`v'` that the update used (detached).
+    :math:`v'` that the update used (detached); ``last_monitor_count``, the number of visible
+    elements the returned monitor is the mean over (data-parallel training,
+    :class:`pyro_seq.train.distributed.AllReduceGradients`, weights the ranks' means by it).
     """
+
+    #: the value of ``loss``/``loss_and_grads`` is a mean over ``last_monitor_count`` elements,
+    #: not a sum over sequences
+    returns_mean = True
 
     def __init__(self, k=1, persistent=False, num_chains=None, monitor="reconstruction"):
         if not isinstance(k, int) or isinstance(k, bool) or k < 1:
@@ -130,6 +136,7 @@ class ContrastiveDivergence(ELBO):
         self.k, self.persistent, self.num_chains, self.monitor = k, persistent, num_chains, monitor
         self.chains = {}
         self.last_negatives = {}
+        self.last_monitor_count = 0.0
 
     # ------------------------------------------------------------------ tracing
     def _get_trace(self, model, guide, args, kwargs):
@@ -197,6 +204,7 @@ class ContrastiveDivergence(ELBO):
                 weight = _row_weights(site, mask, event_dims, per_row)
                 total += float((per_row * weight).sum())
                 count += float(weight.sum()) * base.num_visible
+        self.last_monitor_count = count
         return total / max(count, 1.0)
 
     # ------------------------------------------------------------------ ELBO interface

@@ -5,8 +5,11 @@ Every rank holds the same model (the parent's, pickled to each process), the sam
 The objectives of this package sum over the sequences of a batch, so the full batch's gradient
 is the **sum** of the ranks' gradients: :class:`AllReduceGradients` wraps the objective, and after
 its ``loss_and_grads`` sums the gradients of every parameter in Pyro's param store with one
-bucketed all-reduce (one flat tensor, names in sorted order) and returns the summed loss. Every
-rank then takes the same optimizer step, so the parameters stay identical without broadcasts.
+bucketed all-reduce (one flat tensor, names in sorted order) and returns the summed loss (for
+contrastive divergence, whose value is a mean per visible element, the mean over all ranks'
+elements). Every rank then takes the same optimizer step, so the parameters stay identical
+without broadcasts. Free bits (``TrainConfig.free_bits``) is refused with more than one process:
+it clamps each group's KL summed over the whole minibatch, which is no sum over sequences.
 A rank whose shard is empty (a last batch smaller than N) contributes zero gradients.
 
 The wrapper, not DDP: Pyro's parameters live in its global param store and are created lazily,
@@ -113,7 +116,10 @@ class AllReduceGradients:
 
     Every parameter of Pyro's param store is touched with ``pyro.param`` inside the step, so
     ``SVI.step`` hands the optimizer the same set of parameters on every rank (a rank that saw
-    an empty shard included). The loss returned is the sum over ranks.
+    an empty shard included). The loss returned is the sum over ranks; for an objective whose
+    value is a mean (``returns_mean``, e.g. the monitor of
+    :class:`~pyro_seq.infer.ContrastiveDivergence`, a mean over ``last_monitor_count``
+    elements) it is the mean over all ranks' elements, as one process would report it.
     """
 
     def __init__(self, loss, comm):
@@ -123,14 +129,17 @@ class AllReduceGradients:
         return getattr(self.loss, name)
 
     def loss_and_grads(self, model, guide, x, mask, *args, **kwargs):
-        value = 0.0
+        value, weight = 0.0, 0.0
+        mean = getattr(self.loss, "returns_mean", False)
         if x.shape[0] > 0:
             value = self.loss.loss_and_grads(model, guide, x, mask, *args, **kwargs)
+            weight = float(self.loss.last_monitor_count) if mean else 1.0
         store = pyro.get_param_store()
         names = sorted(store.keys())
         params = [pyro.param(name).unconstrained() for name in names]
+        tail = [float(value) * weight if mean else float(value), weight]
         flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
-                          for p in params] + [torch.tensor([float(value)], dtype=params[0].dtype,
+                          for p in params] + [torch.tensor(tail, dtype=params[0].dtype,
                                                            device=params[0].device)])
         dist.all_reduce(flat)
         offset = 0
@@ -142,7 +151,9 @@ class AllReduceGradients:
             else:
                 p.grad.copy_(grad)
             offset += n
-        return float(flat[-1])
+        if mean:  # the ranks' means weighted by their element counts
+            return float(flat[-2]) / max(float(flat[-1]), 1.0)
+        return float(flat[-2])
 
 
 def free_port():

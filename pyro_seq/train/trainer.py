@@ -216,6 +216,13 @@ class TrainConfig:
             raise ValueError(f"world_size must be a positive int, got {self.world_size!r}")
         if self.dist_timeout <= 0:
             raise ValueError(f"dist_timeout must be positive, got {self.dist_timeout}")
+        if self.world_size > 1 and self.free_bits > 0:
+            # data-parallel ranks sum their gradients, which is the whole batch's gradient only
+            # for objectives that sum over sequences; free bits clamps a KL summed over the batch
+            raise ValueError(
+                f"free_bits={self.free_bits} with world_size={self.world_size}: free bits clamps "
+                "each group's KL summed over the whole minibatch, and each rank would clamp its "
+                "own shard instead (a different objective); train with free bits in one process")
         device = parse_device(self.device, "device")
         if device.type == "cuda" and self.world_size > 1:
             last = rank_device(device, self.world_size - 1)

@@ -95,3 +95,35 @@ def test_cli_nproc(tiny_pickle, tmp_path, capsys):
                  "--model-option", "d_dim=4", "--model-option", "hidden_dim=4"]) == 0
     assert "test ELBO" in capsys.readouterr().out
     assert load_checkpoint(out / "checkpoint.pt")["extra"]["world_size"] == 2
+
+
+def test_cd_monitor_is_the_whole_batch_mean_not_the_sum_over_ranks(tmp_path):
+    """Contrastive divergence returns a *mean* per visible element (its monitor), not a sum over
+    sequences: two ranks must report the mean over both shards' elements. One update (one batch
+    of all 8 sequences, uneven lengths): the monitor is computed before the step from the same
+    initial weights on both runs, so the values agree to rounding."""
+    from pyro_seq.models import RTRBM
+
+    g = torch.Generator().manual_seed(5)
+    train = [(torch.rand(3 + 2 * i, 5, generator=g) < 0.3).double() for i in range(8)]
+    one, two = RTRBM(5, 3).double(), RTRBM(5, 3).double()
+    two.load_state_dict(one.state_dict())
+    cfg = dict(objective="cd", batch_size=8, init="none")
+    h1 = fit(one, train, [], _config(**cfg), tmp_path / "one")
+    h2 = fit(two, train, [], _config(world_size=2, **cfg), tmp_path / "two")
+    a, b = h1[0]["train_reconstruction_error"], h2[0]["train_reconstruction_error"]
+    assert 0 < a < 1 and abs(a - b) <= 1e-9 * a, (a, b)
+
+
+def test_free_bits_is_refused_with_several_processes(tmp_path):
+    """Free bits clamps a group's KL summed over the whole minibatch (max(lambda S, sum KL)):
+    the sum over ranks of per-shard clamps is another objective, so fit refuses before
+    spawning or writing anything."""
+    with pytest.raises(ValueError, match="free_bits"):
+        TrainConfig(free_bits=0.5, world_size=2).validate()
+    TrainConfig(free_bits=0.5).validate()  # one process: fine
+    TrainConfig(world_size=2).validate()
+    with pytest.raises(ValueError, match="free bits"):
+        fit(SRNN(5, d_dim=4, z_dim=2, hidden_dim=4), _seqs(8, 0), [],
+            _config(free_bits=0.5, world_size=2), tmp_path / "run")
+    assert not (tmp_path / "run").exists()
