@@ -78,6 +78,7 @@ import csv
 import functools
 import json
 import math
+import os
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -676,6 +677,9 @@ def _worker(rank, world_size, port, model, train_sequences, valid_sequences, con
     # torch.multiprocessing hands every rank the parent's tensors in one shared-memory storage:
     # without a private copy the ranks would all step the same parameters
     model = copy.deepcopy(model)
+    if not config.num_threads and parse_device(config.device).type == "cpu":
+        # N processes with torch's default thread count each would oversubscribe the cores
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
     device = rank_device(parse_device(config.device), rank)
     comm = init_process_group(rank, world_size, port, config.dist_backend, config.dist_timeout,
                               device=device)

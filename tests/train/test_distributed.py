@@ -127,3 +127,18 @@ def test_free_bits_is_refused_with_several_processes(tmp_path):
         fit(SRNN(5, d_dim=4, z_dim=2, hidden_dim=4), _seqs(8, 0), [],
             _config(free_bits=0.5, world_size=2), tmp_path / "run")
     assert not (tmp_path / "run").exists()
+
+
+def test_shards_are_cut_to_their_own_longest_sequence():
+    """Rows rank::N, then the padding beyond the shard's longest sequence is dropped (it scores
+    exactly 0); an empty shard stays empty."""
+    from pyro_seq.train.distributed import ProcessGroup
+
+    lengths = torch.tensor([9, 3, 7, 2, 4])
+    mask = torch.arange(9) < lengths[:, None]
+    x = torch.randn(5, 9, 2)
+    for rank, (rows, longest) in enumerate((([0, 2, 4], 9), ([1, 3], 3))):
+        xs, ms = ProcessGroup(rank, 2).shard(x, mask)
+        assert torch.equal(xs, x[rows, :longest]) and torch.equal(ms, mask[rows, :longest])
+    xs, ms = ProcessGroup(5, 6).shard(x, mask)
+    assert xs.shape[0] == 0 and ms.shape[0] == 0
