@@ -44,9 +44,10 @@ class AERNN(nn.Module):
         for s in self.image_shape:
             D *= s
         self.obs_dim = D
-        body, features, self.decoder = frame_networks(encoder, self.image_shape, code_dim,
-                                                      channels, conv_layers, hidden_dims)
+        body, features, decoder = frame_networks(encoder, self.image_shape, code_dim, channels,
+                                                 conv_layers, hidden_dims)
         self.encoder = nn.Sequential(body, nn.Linear(features, code_dim))
+        self.decoder = decoder  # after the encoder: the parameter order optimizer states keep
         self.lstm = nn.LSTM(code_dim, lstm_dim, batch_first=True)
         self.predict = nn.Linear(lstm_dim, code_dim)
         self.c0 = nn.Parameter(torch.zeros(code_dim))
