@@ -125,7 +125,7 @@ def test_forecast_scores_a_binary_target_under_the_mixture():
 def test_bad_arguments():
     m = lg_model("prior")
     x = lg_data(m)
-    with pytest.raises(ValueError, match="method must be 'iterative' or 'importance'"):
+    with pytest.raises(ValueError, match="method must be 'iterative', 'importance', 'smoothing'"):
         impute(m, x, torch.ones(1, 6, dtype=torch.bool), method="gibbs")
     with pytest.raises(ValueError, match="equal length"):
         forecast(m, x, 2, mask=torch.tensor([[True] * 5 + [False]]))
