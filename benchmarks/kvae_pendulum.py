@@ -16,15 +16,17 @@ Bernoulli likelihood, so only the ordering is comparable. JSON in
 
 import argparse
 import copy
+import json
 import math
 import time
+from pathlib import Path
 
 import pyro
 import torch
 from pyro.infer import SVI, Trace_ELBO
 from pyro.optim import ClippedAdam
 
-from common import write_result
+from common import ROOT, write_result
 
 THESIS = {"kvae_cnn": 810.08, "kvae_mlp": 807.02, "dvbf": 798.56, "dmm": 784.70}
 
@@ -35,17 +37,23 @@ def batches(n, size, epoch, seed):
     return [order[i:i + size] for i in range(0, n, size)]
 
 
-def elbo_per_sequence(model, x, u, num_particles=1):
+def elbo_per_sequence(model, x, u, num_particles=1, chunk=50):
+    """Mean over sequences of the ELBO (8 samples) or of IWAE(K), in chunks of ``chunk``
+    sequences (IWAE(64) of all 500 at once with the conv networks took more memory than the
+    machine had)."""
     from pyro_seq.infer import IWAE
 
     model.eval()
-    kw = {} if u is None else {"inputs": u}
+    if num_particles == 1:
+        loss = Trace_ELBO(num_particles=8, vectorize_particles=True, max_plate_nesting=1)
+    else:
+        loss = IWAE(num_particles, max_plate_nesting=1)
+    total = 0.0
     with torch.no_grad():
-        if num_particles == 1:
-            loss = Trace_ELBO(num_particles=8, vectorize_particles=True, max_plate_nesting=1)
-        else:
-            loss = IWAE(num_particles, max_plate_nesting=1)
-        return -loss.loss(model.model, model.guide, x, **kw) / x.shape[0]
+        for i in range(0, x.shape[0], chunk):
+            kw = {} if u is None else {"inputs": u[i:i + chunk]}
+            total -= loss.loss(model.model, model.guide, x[i:i + chunk], **kw)
+    return total / x.shape[0]
 
 
 def train(name, model, data, args):
@@ -108,11 +116,21 @@ def main(argv=None):
         "dmm": lambda: DMM(256, z_dim=3, transition_dim=64, emission_dim=128, rnn_dim=128),
     }
     results = {}
+    work = Path("/tmp/kvae_pendulum_smoke" if args.smoke else ROOT / "benchmarks" / "checkpoints"
+                / "kvae_pendulum")
+    work.mkdir(parents=True, exist_ok=True)
     for name in args.models.split(","):
+        done = work / f"{name}.json"
+        if done.exists() and not args.smoke:  # resumable: a finished model is not retrained
+            results[name] = json.loads(done.read_text())
+            print(f"{name}: read {done}")
+            continue
         torch.manual_seed(args.seed)
         model = builders[name]()
         d = data if name.startswith("kvae") else {k: (v[0], None) for k, v in data.items()}
         results[name] = train(name, model, d, args)
+        torch.save(model.state_dict(), work / f"{name}.pt")
+        done.write_text(json.dumps(results[name]))
         print(f"{name}: test ELBO {results[name]['test_elbo']:.2f}, IWAE(64) "
               f"{results[name]['test_iwae64']:.2f} per sequence "
               f"({results[name]['train_seconds']:.0f} s)", flush=True)
