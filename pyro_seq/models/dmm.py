@@ -34,7 +34,8 @@ import pyro.distributions as dist
 import torch
 import torch.nn as nn
 
-from pyro_seq.models.base import SequenceModel, cache_guide_prior, normal, prior_from_guide
+from pyro_seq.models.base import (SequenceModel, cache_guide_prior, masked, normal,
+                                  prior_from_guide)
 from pyro_seq.models.emission import make_emission, stack_params
 from pyro_seq.nn import MLP, BackwardRNN, Combiner, GatedTransition
 
@@ -115,7 +116,7 @@ class DMM(SequenceModel):
             loc = loc + prior[0]
             # a model step sharing this state (FIVO) reuses p(z_t | z_{t-1}) at the same z_{t-1}
             cache_guide_prior(state, t, z_prev, prior)
-        z = pyro.sample(f"z_{t + 1}", dist.Normal(loc, scale).to_event(1).mask(mask[:, t]))
+        z = pyro.sample(f"z_{t + 1}", masked(dist.Normal(loc, scale).to_event(1), mask[:, t]))
         state["guide_z"] = z
 
     @torch.no_grad()

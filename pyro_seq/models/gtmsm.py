@@ -96,7 +96,7 @@ import pyro.distributions as dist
 import torch
 import torch.nn as nn
 
-from pyro_seq.models.base import StepProgram, SequenceModel
+from pyro_seq.models.base import SequenceModel, StepProgram, masked
 from pyro_seq.models.emission import bernoulli_likelihood
 from pyro_seq.nn import MLP, GaussianHead
 from pyro_seq.nn.conv import FRAME_NETWORKS, frame_networks
@@ -342,8 +342,8 @@ class GTMSM(SequenceModel):
         s_prev = state[key]
         scale = self._first_scale(tau, s_prev) if t == tau else s_prev.new_tensor(self.r)
         loc = self.transition_mean(s_prev, state.shared_at("actions", t))
-        s = pyro.sample(f"s_{t + 1}", dist.Normal(loc, scale.expand(loc.shape)).to_event(1)
-                        .mask(mask[:, t]))
+        s = pyro.sample(f"s_{t + 1}", masked(dist.Normal(loc, scale.expand(loc.shape)).to_event(1),
+                               mask[:, t]))
         state[key] = s
         return s
 
@@ -352,9 +352,9 @@ class GTMSM(SequenceModel):
         if t < tau:  # memorisation: written by init
             return
         s = self._sample_position(state, "s", t, mask)
-        z = pyro.sample(f"z_{t + 1}", self.memory_prior(s, state.shared["memory"]).mask(mask[:, t]))
+        z = pyro.sample(f"z_{t + 1}", masked(self.memory_prior(s, state.shared["memory"]), mask[:, t]))
         frames = x[..., :self.frame_dim]
-        pyro.sample(f"x_{t + 1}", self.likelihood(self.decode(z)).mask(mask[:, t]),
+        pyro.sample(f"x_{t + 1}", masked(self.likelihood(self.decode(z)), mask[:, t]),
                     obs=frames[:, t])
 
     def guide_init(self, state, x, mask):
@@ -371,7 +371,7 @@ class GTMSM(SequenceModel):
             return
         self._sample_position(state, "guide_s", t, mask)
         q = dist.Normal(state.shared_at("q_loc", t - tau), state.shared_at("q_scale", t - tau))
-        pyro.sample(f"z_{t + 1}", q.to_event(1).mask(mask[:, t]))
+        pyro.sample(f"z_{t + 1}", masked(q.to_event(1), mask[:, t]))
 
     # ------------------------------------------------------------------ prediction
 

@@ -75,7 +75,7 @@ import torch
 import torch.nn as nn
 
 from pyro_seq.distributions.scored_value import ScoredValue
-from pyro_seq.models.base import SequenceModel, stack_time
+from pyro_seq.models.base import SequenceModel, masked, stack_time
 from pyro_seq.models.emission import bernoulli_likelihood
 from pyro_seq.nn import GaussianHead
 from pyro_seq.nn.conv import FRAME_NETWORKS, frame_networks
@@ -331,7 +331,7 @@ class KVAE(SequenceModel):
                                                         (state["d"], state["c"]), t, u_t)
         ok = self._step_observed(state, t, mask)
         fn = dist.MultivariateNormal(step.loc, scale_tril=step.scale_tril)  # p(a_t | a_{<t})
-        a = pyro.sample(f"a_{t + 1}", fn.mask(ok))
+        a = pyro.sample(f"a_{t + 1}", masked(fn, ok))
         state["m"], state["P"], state["a"] = self._absorb(step, m_pred, P_pred, a, ok)
         state["d"], state["c"] = d, c
         self.observe(state, t, x, mask, a)
@@ -435,7 +435,7 @@ class KVAE(SequenceModel):
         loc = state.shared_at("q_loc", t)
         scale = state.shared_at("q_scale", t)
         ok = self._step_observed(state, t, mask)
-        pyro.sample(f"a_{t + 1}", dist.Normal(loc, scale).to_event(1).mask(ok))
+        pyro.sample(f"a_{t + 1}", masked(dist.Normal(loc, scale).to_event(1), ok))
 
     # ------------------------------------------------------------------ imputation (thesis 6.4)
 

@@ -47,7 +47,7 @@ import torch
 import torch.nn as nn
 
 from pyro_seq.distributions.wiener import wiener_transition
-from pyro_seq.models.base import SequenceModel, normal
+from pyro_seq.models.base import SequenceModel, masked, normal
 from pyro_seq.models.emission import make_emission, stack_params
 from pyro_seq.models.base import shift_right  # u_t = x_{t-1}, x_0 = 0
 from pyro_seq.nn import GaussianHead, cat_broadcast
@@ -188,7 +188,7 @@ class STORN(SequenceModel):
 
     def guide_step(self, state, t, x, mask):
         loc, scale = state.shared_at("q_loc", t), state.shared_at("q_scale", t)
-        pyro.sample(f"z_{t + 1}", normal(loc, scale).mask(mask[:, t]))
+        pyro.sample(f"z_{t + 1}", masked(normal(loc, scale), mask[:, t]))
 
     @torch.no_grad()
     def generate(self, num_sequences, num_steps):

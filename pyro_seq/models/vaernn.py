@@ -34,7 +34,7 @@ import pyro.distributions as dist
 import torch
 import torch.nn as nn
 
-from pyro_seq.models.base import SequenceModel, normal
+from pyro_seq.models.base import SequenceModel, masked, normal
 from pyro_seq.models.emission import make_emission, stack_params
 from pyro_seq.models.base import shift_right
 from pyro_seq.nn import ForwardRNN, GaussianHead, cat_broadcast, make_activation
@@ -127,7 +127,7 @@ class VAERNN(SequenceModel):
 
     def guide_step(self, state, t, x, mask):
         loc, scale = state.shared_at("post_loc", t), state.shared_at("post_scale", t)
-        pyro.sample(f"z_{t + 1}", dist.Normal(loc, scale).to_event(1).mask(mask[:, t]))
+        pyro.sample(f"z_{t + 1}", masked(dist.Normal(loc, scale).to_event(1), mask[:, t]))
 
     @torch.no_grad()
     def generate(self, num_sequences, num_steps):

@@ -41,7 +41,7 @@ import pyro
 import torch
 
 from pyro_seq.distributions.wiener import kl_diagonal_normal_wiener
-from pyro_seq.models.base import SequenceModel, normal
+from pyro_seq.models.base import SequenceModel, masked, normal
 from pyro_seq.models.emission import make_emission, stack_params
 from pyro_seq.models.storn import StepRNN, latent_prior
 from pyro_seq.nn import GaussianHead, reverse_padded
@@ -122,7 +122,7 @@ class VRAE(SequenceModel):
 
     def guide_step(self, state, t, x, mask):
         loc, scale = state.shared_at("q_loc", t), state.shared_at("q_scale", t)
-        pyro.sample(f"z_{t + 1}", normal(loc, scale).mask(mask[:, t]))
+        pyro.sample(f"z_{t + 1}", masked(normal(loc, scale), mask[:, t]))
 
     def kl_divergence(self, x, mask=None):
         r"""The KL term of :math:`\mathcal{L}_{\mathrm{VRAE}}` in closed form, per sequence.

@@ -61,7 +61,7 @@ import pyro
 import torch
 import torch.nn as nn
 
-from pyro_seq.models.base import SequenceModel, normal
+from pyro_seq.models.base import SequenceModel, masked, normal
 from pyro_seq.models.emission import make_emission, stack_params
 from pyro_seq.nn import GaussianMLP
 from pyro_seq.nn import MLP, BackwardRNN, GaussianHead, cat_broadcast
@@ -243,7 +243,7 @@ class VRNN(SequenceModel):
     def guide_step(self, state, t, x, mask):
         hidden = self._read_hidden(state, "guide_")
         loc, scale = self.posterior(hidden[0], state.shared_at("posterior_context", t))
-        z = pyro.sample(f"z_{t + 1}", normal(loc, scale).mask(mask[:, t]))
+        z = pyro.sample(f"z_{t + 1}", masked(normal(loc, scale), mask[:, t]))
         if t + 1 < x.shape[1]:
             phi_z = self.phi_z(z)
             nxt = self._next_hidden(state, t, phi_z, hidden)
