@@ -79,3 +79,17 @@ def parse_timing_args(parser, argv=None):
     if args.repeats < 1 or (args.batches is not None and args.batches < 1) or args.threads < 1:
         parser.error("--repeats, --batches and --threads must be >= 1")
     return args
+
+
+def finish_timing(name, result, record, args):
+    """End of a speed script: refuse non-finite training losses, then write ``result`` to
+    ``benchmarks/results/<name>.json`` (or ``--output``; nothing in ``--smoke`` mode without it)."""
+    import math
+
+    if not all(math.isfinite(x) for v in record.values() for x in v["loss_per_step"]):
+        raise SystemExit("a training loss was not finite")
+    if args.smoke and args.output is None:
+        print("smoke run: no result file written (pass --output PATH to keep one)")
+    else:
+        write_result(name, result, path=args.output)
+    return result

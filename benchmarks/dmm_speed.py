@@ -39,7 +39,6 @@ nothing unless ``--output`` is given).
     python benchmarks/dmm_speed.py --smoke
 """
 
-import math
 import statistics
 import sys
 import time
@@ -53,7 +52,7 @@ from pyro.infer import SVI, Trace_ELBO  # noqa: E402
 from pyro.optim import ClippedAdam  # noqa: E402
 
 import anchors  # noqa: E402
-from common import SHARED_DATA, parse_timing_args, timing_parser, write_result  # noqa: E402
+from common import SHARED_DATA, finish_timing, parse_timing_args, timing_parser  # noqa: E402
 from pyro_seq.data import SequenceLoader, load_piano_rolls, pad_sequences  # noqa: E402
 from pyro_seq.models import DMM  # noqa: E402
 
@@ -229,13 +228,7 @@ def main(argv=None):
         "ratio_like_for_like_validation": like_on,
         "target_ratio": TARGET_RATIO,
     }
-    if not all(math.isfinite(x) for v in record.values() for x in v["loss_per_step"]):
-        raise SystemExit("a training loss was not finite")
-    if args.smoke and args.output is None:
-        print("smoke run: no result file written (pass --output PATH to keep one)")
-    else:
-        write_result("dmm_speed", result, path=args.output)
-    return result
+    return finish_timing("dmm_speed", result, record, args)
 
 
 if __name__ == "__main__":

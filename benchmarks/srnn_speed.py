@@ -31,7 +31,6 @@ synthetic data, 1 repeat of 2 minibatches, a check that the script works (writes
 
 import contextlib
 import copy
-import math
 import statistics
 import sys
 import time
@@ -46,7 +45,7 @@ from pyro.infer import SVI, Trace_ELBO  # noqa: E402
 from pyro.optim import Adam  # noqa: E402
 
 from baselines.plain_srnn import from_package  # noqa: E402
-from common import SHARED_DATA, parse_timing_args, timing_parser, write_result  # noqa: E402
+from common import SHARED_DATA, finish_timing, parse_timing_args, timing_parser  # noqa: E402
 from pyro_seq.data import SequenceLoader, load_piano_rolls  # noqa: E402
 from pyro_seq.models import SRNN  # noqa: E402
 
@@ -229,13 +228,7 @@ def main(argv=None):
         "ratio_pyro_seq_to_plain": ratio, "cpu_ratio_pyro_seq_to_plain": cpu_ratio,
         "target_ratio": TARGET_RATIO,
     }
-    if not all(math.isfinite(x) for v in record.values() for x in v["loss_per_step"]):
-        raise SystemExit("a training loss was not finite")
-    if args.smoke and args.output is None:
-        print("smoke run: no result file written (pass --output PATH to keep one)")
-    else:
-        write_result("srnn_speed", result, path=args.output)
-    return result
+    return finish_timing("srnn_speed", result, record, args)
 
 
 if __name__ == "__main__":
