@@ -162,7 +162,7 @@ def train_vaernn(train, valid, args, out_dir):
     return model, time.time() - t0
 
 
-def figures(model, videos, errors, out_prefix):
+def figures(model, videos, errors, out_prefix, env="box"):
     import matplotlib
 
     matplotlib.use("Agg")
@@ -177,7 +177,7 @@ def figures(model, videos, errors, out_prefix):
                 label=labels.get(method, f"KVAE {method}"))
     ax.set_xlabel("drop probability p")
     ax.set_ylabel("fraction of incorrect pixels")
-    ax.set_title("KVAE imputation on box (thesis Fig. 6.3a)")
+    ax.set_title(f"KVAE imputation on {env} (thesis Fig. 6.3a)")
     ax.legend()
     fig.savefig(f"{out_prefix}_imputation.png", dpi=120)
     plt.close(fig)
@@ -206,6 +206,14 @@ def figures(model, videos, errors, out_prefix):
     frames = torch.cat([x[0].reshape(-1, H, W), probs[0].detach().reshape(-1, H, W)], -1)
     plot_video(frames, f"{out_prefix}_frames.png", positions=None,
                title="truth | smoothing at p = 0.8")
+    # Generation (appendix 6.9 videos, Fig. 6.5): the first 4 frames observed, then the
+    # filter's predictions only; truth beside the generated frames, trajectory coloured by time.
+    observed = torch.zeros(1, x.shape[1], dtype=torch.bool)
+    observed[:, :4] = True
+    probs, _ = model.impute_frames(x[:1], observed, "generation")
+    frames = torch.cat([x[0].reshape(-1, H, W), probs[0].detach().reshape(-1, H, W)], -1)
+    plot_video(frames, f"{out_prefix}_generation.png", positions=None,
+               title=f"{env}: truth | generated after 4 frames")
 
 
 def main(argv=None):
@@ -268,7 +276,7 @@ def main(argv=None):
     }
     prefix = smoke_dir / "fig" if args.smoke else RESULTS / f"kvae_{args.tag}"
     with torch.no_grad():
-        figures(model, test, errors, str(prefix))
+        figures(model, test, errors, str(prefix), args.env)
     write_result(f"kvae_{args.tag}", payload,
                  path=smoke_dir / "result.json" if args.smoke else None)
     print(json.dumps({"ordered": ordered, "below_ae_rnn": below_baseline,
