@@ -5,7 +5,7 @@ machines)."""
 from pyro_seq.distributions.linear_gaussian_ssm import LGSSMForecast, LinearGaussianSSM
 from pyro_seq.distributions.mixture import DiagonalNormalMixture
 from pyro_seq.distributions.rbm import RBM, AISResult, EnergyBasedDistribution
-from pyro_seq.distributions.scored_value import ScoredValue
+from pyro_seq.distributions.scored_value import PresampledValue, ScoredValue
 from pyro_seq.distributions.sparse_rbm import SparseRBM
 from pyro_seq.distributions.wiener import (
     WienerProcess,
@@ -14,5 +14,5 @@ from pyro_seq.distributions.wiener import (
     wiener_transition,
 )
 
-__all__ = ["AISResult", "DiagonalNormalMixture", "EnergyBasedDistribution", "LGSSMForecast", "LinearGaussianSSM", "RBM", "ScoredValue", "SparseRBM",
+__all__ = ["AISResult", "DiagonalNormalMixture", "EnergyBasedDistribution", "LGSSMForecast", "LinearGaussianSSM", "PresampledValue", "RBM", "ScoredValue", "SparseRBM",
            "WienerProcess", "kl_diagonal_normal_wiener", "wiener_increments", "wiener_transition"]

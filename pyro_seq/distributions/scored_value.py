@@ -4,6 +4,8 @@ Used by time-parallel scoring (:mod:`pyro_seq.models.base`): when all latent val
 sequence are known, the log-densities of every step are computed by one batched call, and each
 per-step site carries a :class:`ScoredValue` that returns its slice for that very value
 (identity, not equality, is checked) and defers everything else to the per-step distribution.
+:class:`PresampledValue` is the same for a guide site whose value was drawn ahead, in a batch:
+its draw *is* that value.
 """
 
 import torch
@@ -64,6 +66,44 @@ class ScoredValue(TorchDistribution):
                            self.log_prob_value.expand(batch_shape))
 
 
+class PresampledValue(ScoredValue):
+    """A :class:`ScoredValue` whose draw is its value: a guide site whose reparameterised sample
+    was computed ahead for every step at once (e.g. by :func:`pyro_seq.nn.combiner_scan`).
+
+    ``rsample()`` returns ``value`` itself (with its autograd graph) and ``sample()`` its
+    detached copy; draws with a ``sample_shape`` and expansion to another batch shape are
+    refused, since they would need values that were not drawn.
+    """
+
+    def sample(self, sample_shape=()):
+        self._check_shape(sample_shape)
+        return self.value.detach()
+
+    def rsample(self, sample_shape=()):
+        self._check_shape(sample_shape)
+        return self.value
+
+    def _check_shape(self, sample_shape):
+        if tuple(sample_shape) != ():
+            raise RuntimeError("PresampledValue holds one draw; sample_shape must be ()")
+
+    def expand(self, batch_shape, _instance=None):
+        if torch.Size(batch_shape) == self.batch_shape:
+            return self
+        raise RuntimeError(f"PresampledValue of batch shape {tuple(self.batch_shape)} cannot be "
+                           f"expanded to {tuple(batch_shape)}: its value was drawn for its own shape")
+
+
 @register_kl(Distribution, ScoredValue)
 def _kl_scored_value(p, q):
     return kl_divergence(p, q.base)
+
+
+@register_kl(ScoredValue, Distribution)
+def _kl_from_scored_value(p, q):
+    return kl_divergence(p.base, q)
+
+
+@register_kl(ScoredValue, ScoredValue)
+def _kl_scored_values(p, q):
+    return kl_divergence(p.base, q.base)

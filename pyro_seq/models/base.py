@@ -73,7 +73,7 @@ import torch.nn as nn
 from pyro.distributions.torch_distribution import MaskedDistribution
 from pyro.poutine.runtime import _PYRO_STACK
 
-from pyro_seq.distributions.scored_value import ScoredValue
+from pyro_seq.distributions.scored_value import PresampledValue, ScoredValue
 from pyro_seq.models.emission import ObservedElements
 from pyro_seq.ops.state import SequenceState
 from pyro_seq.validation import (module_device, positive_int, prepare_sequences, validate_inputs,
@@ -124,6 +124,26 @@ def _sole_replay():
     if replay is None or replay.trace is None:
         return None
     return replay
+
+
+def plain_guide_stack(plate):
+    """True when the handlers around a full guide run leave its sample values to the guide and
+    its batch shape to ``plate``: every active messenger is known not to change sample values
+    (as for :func:`_sole_replay`; no replay, condition, enumeration, ...) and the only plate is
+    ``plate`` (no particle plate). Then a guide may draw all its steps ahead
+    (:meth:`SequenceModel.guide_scan`)."""
+    from pyro.poutine.indep_messenger import IndepMessenger
+    from pyro.poutine.replay_messenger import ReplayMessenger
+
+    safe = _value_preserving_messengers()
+    for messenger in _PYRO_STACK:
+        if isinstance(messenger, IndepMessenger):
+            if messenger is not plate:
+                return False
+        elif isinstance(messenger, ReplayMessenger) or not (
+                isinstance(messenger, safe) or getattr(messenger, "preserves_sample_values", False)):
+            return False
+    return True
 
 
 def replayed_latents(names, num_steps):
@@ -434,7 +454,8 @@ class StepProgram:
                     history = [state[name]] + values[:-1]     # z_{0:T-1}
                     state[name] = stack_time(history)
                 self._step(state, slice(None), x, mask)
-            else:
+            elif not (self.role == "guide" and type(owner).guide_scan is not SequenceModel.guide_scan
+                      and plain_guide_stack(self._plate) and owner.guide_scan(state, x, mask)):
                 if self.role == "model":
                     state.deferred_features = []
                 for t in pyro.markov(range(T)):
@@ -483,14 +504,40 @@ class SequenceModel(nn.Module):
         if not isinstance(t, slice):
             return pyro.sample(f"{name}_{t + 1}", masked(make_dist(*params), mask[:, t]))
         expected = state.replayed[name]
-        steps = time_steps(tuple(params))
-        log_probs = make_dist(*params).log_prob(stack_time(expected)).unbind(-1)
-        for i in pyro.markov(range(len(expected))):
-            fn = ScoredValue(make_dist(*steps[i]), expected[i], log_probs[i])
-            value = pyro.sample(f"{name}_{i + 1}", masked(fn, mask[:, i]))
-            if value is not expected[i]:
-                raise RuntimeError(f"site {name}_{i + 1} did not take its replayed value")
+        self._emit_steps(name, make_dist, params, expected, mask, ScoredValue, "replayed")
         return stack_time(expected)
+
+    def sample_presampled(self, name, make_dist, params, values, mask):
+        """Emit the guide sites ``f"{name}_{t+1}"`` for every step at once, with values drawn
+        ahead (reparameterised) by the caller: the site distributions are ``make_dist`` at the
+        per-step slices of ``params`` and each site returns its slice of ``values``
+        (:class:`~pyro_seq.distributions.PresampledValue`, log-densities computed in one batch).
+        For :meth:`guide_scan`, which runs only under :func:`plain_guide_stack`.
+
+        :param tuple params: tensors ``(..., T, dim)``; ``values`` ``(..., T, dim)``.
+        """
+        self._emit_steps(name, make_dist, params, list(values.unbind(-2)), mask,
+                         PresampledValue, "drawn")
+        return values
+
+    @staticmethod
+    def _emit_steps(name, make_dist, params, values, mask, wrapper, what):
+        """One site per step from batched ``params`` (time at dim -2), each taking its value from
+        the list ``values`` with its log-density sliced from one batched evaluation."""
+        steps = time_steps(tuple(params))
+        log_probs = make_dist(*params).log_prob(stack_time(values)).unbind(-1)
+        for i in pyro.markov(range(len(values))):
+            fn = wrapper(make_dist(*steps[i]), values[i], log_probs[i])
+            value = pyro.sample(f"{name}_{i + 1}", masked(fn, mask[:, i]))
+            if value is not values[i]:
+                raise RuntimeError(f"site {name}_{i + 1} did not take its {what} value")
+
+    def guide_scan(self, state, x, mask):
+        """Optionally run every guide step at once, after ``guide_init``: return True when done
+        (all latent sites emitted, e.g. by :meth:`sample_presampled`, and ``state`` as the step
+        loop leaves it), False to let the step loop run. Called only for a full-sequence guide
+        run under :func:`plain_guide_stack`; the default does nothing."""
+        return False
 
     def observe(self, state, t, x, mask, features):
         """Observe ``x_t`` (site ``f"x_{t+1}"``) from emission ``features`` ``(..., F)``.

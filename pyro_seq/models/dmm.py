@@ -37,7 +37,7 @@ import torch.nn as nn
 from pyro_seq.models.base import (SequenceModel, cache_guide_prior, masked, normal,
                                   prior_from_guide)
 from pyro_seq.models.emission import make_emission, stack_params
-from pyro_seq.nn import MLP, BackwardRNN, Combiner, GatedTransition
+from pyro_seq.nn import MLP, BackwardRNN, Combiner, GatedTransition, combiner_scan
 
 
 class DMM(SequenceModel):
@@ -118,6 +118,28 @@ class DMM(SequenceModel):
             cache_guide_prior(state, t, z_prev, prior)
         z = pyro.sample(f"z_{t + 1}", masked(dist.Normal(loc, scale).to_event(1), mask[:, t]))
         state["guide_z"] = z
+
+    def guide_scan(self, state, x, mask):
+        """Every guide step at once (the full-sequence guide under plain handlers, e.g. inside
+        ``Trace_ELBO``): the noise of all steps is drawn first, then
+        :func:`~pyro_seq.nn.combiner_scan.combiner_scan` runs the combiner recursion of
+        :meth:`guide_step` as one autograd node and the sites ``z_1..z_T`` are emitted with those
+        values. The values equal the step loop's for the same seed (the noise is drawn in the
+        same order and shapes). Res_q (``residual=True``) keeps the step loop."""
+        if self.residual:
+            return False
+        a = state.shared["a"]
+        z0 = state["guide_z"]
+        # one standard-normal draw per step, as each step's Normal.rsample() makes: the same
+        # random stream, hence the same values as the step loop for the same seed
+        eps = torch.stack([a.new_empty(z0.shape).normal_() for _ in range(a.shape[-2])], -2)
+        c = self.combiner
+        loc, scale, z = combiner_scan(z0, a, eps, c.z_to_hidden.weight, c.z_to_hidden.bias,
+                                      state.shared["combiner_w"], state.shared["combiner_b"],
+                                      c.min_scale)
+        self.sample_presampled("z", normal, (loc, scale), z, mask)
+        state["guide_z"] = z[:, -1]
+        return True
 
     @torch.no_grad()
     def generate(self, num_sequences, num_steps):

@@ -1,5 +1,6 @@
 """Reusable neural-network blocks (pure torch): MLPs, distribution heads, transitions, RNNs, the DND memory."""
 
+from pyro_seq.nn.combiner_scan import combiner_scan
 from pyro_seq.nn.conv import ConvEncoder, SubPixelDecoder
 from pyro_seq.nn.heads import BernoulliHead, GaussianHead, GaussianMLP
 from pyro_seq.nn.memory import DND, DNDRead
@@ -26,6 +27,7 @@ __all__ = [
     "SubPixelDecoder",
     "bernoulli_output_layer",
     "cat_broadcast",
+    "combiner_scan",
     "init_output_bias",
     "init_weights",
     "make_activation",

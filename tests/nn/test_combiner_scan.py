@@ -1,0 +1,167 @@
+"""The DMM guide's fused recursion (:func:`pyro_seq.nn.combiner_scan`) and its use by the DMM
+guide: values and gradients against the per-step loop, and the fall-backs to the loop."""
+
+import pyro
+import pyro.poutine as poutine
+import pytest
+import torch
+from pyro.infer import Trace_ELBO, TraceMeanField_ELBO
+
+from pyro_seq.distributions import PresampledValue
+from pyro_seq.infer import IWAE
+from pyro_seq.models import DMM
+from pyro_seq.nn import Combiner, combiner_scan
+
+
+def _inputs(B=3, T=5, Z=4, H=6, seed=0, dtype=torch.float64):
+    torch.manual_seed(seed)
+    comb = Combiner(Z, H, min_scale=1e-3).to(dtype)
+    z0 = torch.randn(B, Z, dtype=dtype, requires_grad=True)
+    a = torch.randn(B, T, H, dtype=dtype, requires_grad=True)
+    eps = torch.randn(B, T, Z, dtype=dtype)
+    return comb, z0, a, eps
+
+
+def _loop(comb, z0, a, eps):
+    """The reference: Combiner step by step, z_t = loc_t + eps_t * scale_t."""
+    z_prev, out = z0, []
+    for t in range(a.shape[1]):
+        loc, scale = comb(z_prev, a[:, t])
+        z_prev = loc + eps[:, t] * scale
+        out.append((loc, scale, z_prev))
+    return tuple(torch.stack(v, 1) for v in zip(*out))
+
+
+def test_values_equal_the_combiner_loop():
+    comb, z0, a, eps = _inputs()
+    w_h, b_h = comb.stacked_heads()
+    fused = combiner_scan(z0, a, eps, comb.z_to_hidden.weight, comb.z_to_hidden.bias, w_h, b_h,
+                          comb.min_scale)
+    for got, want in zip(fused, _loop(comb, z0, a, eps)):
+        assert torch.allclose(got, want, rtol=0, atol=1e-13)
+
+
+def test_gradients_equal_autograd_of_the_loop():
+    comb, z0, a, eps = _inputs(seed=1)
+    w = torch.randn(3, 5, 4, 3, dtype=torch.float64)  # a loss using loc, scale and z
+
+    def loss(outputs):
+        return sum((w[..., i] * v.sin()).sum() for i, v in enumerate(outputs))
+
+    params = [z0, a] + list(comb.parameters())
+    g_loop = torch.autograd.grad(loss(_loop(comb, z0, a, eps)), params)
+    w_h, b_h = comb.stacked_heads()
+    fused = combiner_scan(z0, a, eps, comb.z_to_hidden.weight, comb.z_to_hidden.bias, w_h, b_h,
+                          comb.min_scale)
+    g_fused = torch.autograd.grad(loss(fused), params)
+    for got, want in zip(g_fused, g_loop):
+        assert torch.allclose(got, want, rtol=1e-10, atol=1e-12)
+
+
+def test_gradcheck():
+    comb, z0, a, eps = _inputs(B=2, T=3, Z=2, H=3, seed=2)
+    w_h, b_h = comb.stacked_heads()
+    args = (z0, a, comb.z_to_hidden.weight.detach().requires_grad_(),
+            comb.z_to_hidden.bias.detach().requires_grad_(), w_h.detach().requires_grad_(),
+            b_h.detach().requires_grad_())
+    assert torch.autograd.gradcheck(
+        lambda z0, a, wz, bz, wh, bh: combiner_scan(z0, a, eps, wz, bz, wh, bh, 1e-3), args)
+
+
+def test_shape_errors():
+    comb, z0, a, eps = _inputs()
+    w_h, b_h = comb.stacked_heads()
+    with pytest.raises(ValueError, match="inconsistent shapes"):
+        combiner_scan(z0[:2], a, eps, comb.z_to_hidden.weight, comb.z_to_hidden.bias, w_h, b_h,
+                      1e-3)
+
+
+def test_presampled_value_draws_its_value_and_refuses_other_shapes():
+    base = pyro.distributions.Normal(torch.zeros(3, 2), 1.0).to_event(1)
+    value = torch.randn(3, 2, requires_grad=True)
+    d = PresampledValue(base, value, base.log_prob(value))
+    assert d.rsample() is value
+    assert torch.equal(d.sample(), value.detach()) and not d.sample().requires_grad
+    assert d.log_prob(value) is d.log_prob_value
+    assert d.expand((3,)) is d
+    with pytest.raises(RuntimeError, match="sample_shape"):
+        d.rsample((2,))
+    with pytest.raises(RuntimeError, match="cannot be expanded"):
+        d.expand((4, 3))
+    q = pyro.distributions.Normal(torch.ones(3, 2), 2.0).to_event(1)
+    kl = torch.distributions.kl_divergence(d, q)
+    assert torch.allclose(kl, torch.distributions.kl_divergence(base, q))
+
+
+def _dmm(inference="smoothing", residual=False):
+    return DMM(6, z_dim=3, transition_dim=8, emission_dim=8, rnn_dim=8, inference=inference,
+               residual=residual).double()
+
+
+def _batch():
+    g = torch.Generator().manual_seed(0)
+    x = (torch.rand(3, 7, 6, generator=g) < 0.3).double()
+    mask = torch.arange(7) < torch.tensor([7, 5, 2]).unsqueeze(-1)
+    return x * mask.unsqueeze(-1), mask
+
+
+def _without_scan(monkeypatch):
+    monkeypatch.setattr(DMM, "guide_scan", lambda self, state, x, mask: False)
+
+
+@pytest.mark.parametrize("inference", ["smoothing", "filtering"])
+@pytest.mark.parametrize("elbo", [Trace_ELBO, TraceMeanField_ELBO])
+def test_dmm_guide_scan_gives_the_step_loops_loss_and_gradients(inference, elbo, monkeypatch):
+    """Same seed: the fused guide draws the same values, so the loss and every parameter
+    gradient equal those of the step loop (float64)."""
+    x, mask = _batch()
+    m = _dmm(inference)
+    results = []
+    for fused in (True, False):
+        if not fused:
+            _without_scan(monkeypatch)
+        pyro.set_rng_seed(3)
+        m.zero_grad()
+        guide_tr = poutine.trace(m.guide).get_trace(x, mask)
+        assert all(isinstance(guide_tr.nodes[f"z_{t}"]["fn"].base_dist, PresampledValue) == fused
+                   for t in range(1, 8))
+        pyro.set_rng_seed(3)
+        loss = elbo().differentiable_loss(m.model, m.guide, x, mask)
+        loss.backward()
+        results.append((loss.detach(), [p.grad.clone() for p in m.parameters()]))
+    (l1, g1), (l2, g2) = results
+    assert torch.allclose(l1, l2, rtol=1e-12)
+    for a, b in zip(g1, g2):
+        assert torch.allclose(a, b, rtol=1e-9, atol=1e-12)
+
+
+def test_dmm_guide_scan_falls_back_to_the_loop():
+    """Under a replay, a condition, a particle plate or with Res_q the step loop runs."""
+    x, mask = _batch()
+    m = _dmm()
+
+    def fused_sites(fn):
+        tr = poutine.trace(fn).get_trace(x, mask)
+        return [isinstance(tr.nodes[f"z_{t}"]["fn"].base_dist, PresampledValue)
+                for t in range(1, 8)]
+
+    assert all(fused_sites(m.guide))
+    zs = {f"z_{t}": torch.zeros(3, 3, dtype=torch.float64) for t in range(1, 8)}
+    assert not any(fused_sites(poutine.condition(m.guide, data=zs)))
+    ref = poutine.trace(m.guide).get_trace(x, mask)
+    assert not any(fused_sites(poutine.replay(m.guide, trace=ref)))
+
+    def particles(*args):
+        with pyro.plate("num_particles_vectorized", 2, dim=-2):
+            return m.guide(*args)
+
+    assert not any(fused_sites(particles))
+    assert not any(fused_sites(_dmm(residual=True).guide))
+
+
+def test_dmm_iwae_vectorized_uses_the_loop_and_trains():
+    x, mask = _batch()
+    m = _dmm()
+    loss = IWAE(num_particles=3).differentiable_loss(m.model, m.guide, x, mask)
+    loss.backward()
+    assert torch.isfinite(loss) and all(torch.isfinite(p.grad).all() for p in m.parameters())
