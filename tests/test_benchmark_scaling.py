@@ -65,23 +65,42 @@ def test_scaling_smoke_without_output_writes_nothing(monkeypatch, tmp_path):
     assert written == []
 
 
-def test_nproc_curve_rule():
-    a = [-11.0, -10.0, -9.0, -8.5]
-    b = [-11.1, -10.05, -9.1, -8.45]  # |a-b| max 0.1, mean 0.075
-    c = [-11.5, -10.2, -9.0, -8.6]  # |a-c| max 0.5, mean 0.2
-    v = nproc_curve.judge(a, b, c)
-    assert v["epochs_compared"] == 4 and v["within_noise"]
-    assert v["max_abs_diff_ab"] == pytest.approx(0.1) and v["epoch_of_max_ab"] in (1, 3)
-    assert v["mean_abs_diff_ab"] == pytest.approx(0.075)
-    assert v["max_abs_diff_ac"] == pytest.approx(0.5) and v["epoch_of_max_ac"] == 1
-    assert v["best_valid"] == {"a": -8.5, "b": -8.45, "c": -8.6}
-    assert v["best_diff_ab"] == pytest.approx(0.05) and v["best_diff_ac"] == pytest.approx(0.1)
-    assert v["last_diff_ab"] == pytest.approx(0.05)
-    # two processes further from a than the other seed, in the max: not within noise
-    assert not nproc_curve.judge(a, [-12.0] + b[1:], c)["within_noise"]
-    # small max but a larger mean difference: not within noise either
-    assert not nproc_curve.judge(a, [x - 0.3 for x in a], c)["within_noise"]
-    # only the epochs all three completed are compared (a run may stop early)
-    assert nproc_curve.judge(a, b[:2], c)["epochs_compared"] == 2
+def test_nproc_curve_permutation_test_is_exact():
+    # two groups of two: 6 splits; the observed split has the largest gap, as does its mirror
+    gap, p = nproc_curve.permutation_test([0.0, 0.1], [1.0, 1.1], lambda a, b: abs(
+        sum(a) / len(a) - sum(b) / len(b)))
+    assert gap == pytest.approx(1.0) and p == pytest.approx(2 / 6)
+    # interleaved groups: the smallest gap, every split at least as large
+    gap, p = nproc_curve.permutation_test([0.0, 1.1], [0.1, 1.0], lambda a, b: abs(
+        sum(a) / len(a) - sum(b) / len(b)))
+    assert gap == pytest.approx(0.0) and p == pytest.approx(1.0)
     with pytest.raises(ValueError):
-        nproc_curve.judge(a, [], c)
+        nproc_curve.permutation_test([], [1.0], lambda a, b: 0.0)
+
+
+def test_nproc_curve_rule():
+    base = [-11.0, -10.0, -9.0, -8.5]
+    noise = [0.05, -0.04, 0.02, -0.03]
+    # runs a..h: 1 process a c e g, 2 processes b d f h; per-seed offsets, no process effect
+    curves = {k: [v + noise[i // 2] * (1 + 0.1 * e) for e, v in enumerate(base)]
+              for i, k in enumerate("abcdefgh")}
+    v = nproc_curve.judge(curves)
+    assert v["epochs_compared"] == 4 and v["splits"] == 70
+    assert v["runs_1_process"] == list("aceg") and v["runs_2_processes"] == list("bdfh")
+    assert v["curve_gap"] == pytest.approx(0.0, abs=1e-12) and v["p_curve"] == 1.0
+    assert v["within_noise"]
+    # hand check of the statistic: shift every 2-process run by 0.2 -> gap 0.2, the largest of
+    # all 70 splits (only it and its mirror reach it): p = 2/70, not within noise
+    shifted = {k: [x - 0.2 for x in c] if nproc_curve.RUNS[k][0] == 2 else c
+               for k, c in curves.items()}
+    v = nproc_curve.judge(shifted)
+    assert v["curve_gap"] == pytest.approx(0.2) and v["p_curve"] == pytest.approx(2 / 70)
+    assert not v["within_noise"]
+    assert v["best_valid_2_processes"]["mean"] == pytest.approx(
+        v["best_valid_1_process"]["mean"] - 0.2)
+    # only the epochs every run completed (or --compare-epochs) are compared
+    short = dict(curves, b=curves["b"][:2])
+    assert nproc_curve.judge(short)["epochs_compared"] == 2
+    assert nproc_curve.judge(curves, compare_epochs=3)["epochs_compared"] == 3
+    with pytest.raises(ValueError):
+        nproc_curve.judge(dict(curves, b=[]))
