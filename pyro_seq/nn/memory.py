@@ -185,8 +185,11 @@ def nearest_earlier(keys: torch.Tensor, k: int) -> EarlierRead:
     Slot for slot what ``DND(d).write(keys[:, :i], ...).read(keys[:, i], k)`` returns (same
     neighbours, order and tie rule: ties by write order), padded to ``k`` slots: entry 0 has no
     neighbour (every slot padding), entry ``i < k`` has ``i``. The selection is done without
-    gradient on all ``n x n`` pairs (``O(batch n^2 d)`` memory, transient); the distances are
-    then recomputed differentiably for the ``n k`` selected pairs only.
+    gradient on all ``n x n`` pairs by :func:`torch.cdist` in its exact mode (differences, not
+    the matrix-product expansion; ``O(batch n^2)`` memory); the distances are then recomputed
+    differentiably, as :meth:`DND.read` computes them, for the ``n k`` selected pairs only.
+    Equal keys are at distance exactly 0 either way; two entries whose distances differ only by
+    rounding may be ordered differently from :meth:`DND.read`.
 
     :param keys: ``(batch, n, d)``.
     :param int k: neighbours per entry.
@@ -203,10 +206,10 @@ def nearest_earlier(keys: torch.Tensor, k: int) -> EarlierRead:
     batch, n, d = keys.shape
     kk = min(k, n)
     with torch.no_grad():
-        sq = (keys.unsqueeze(2) - keys.unsqueeze(1)).pow(2).sum(-1)    # [b, i, j]: |key_i - key_j|^2
+        dist = torch.cdist(keys, keys, compute_mode="donot_use_mm_for_euclid_dist")  # [b, i, j]
         later = torch.ones(n, n, dtype=torch.bool, device=keys.device).triu()  # j >= i
-        sq = sq.masked_fill(later, float("inf"))
-        order = torch.sort(sq, dim=-1, stable=True).indices[..., :kk]  # (batch, n, kk)
+        dist = dist.masked_fill(later, float("inf"))
+        order = torch.sort(dist, dim=-1, stable=True).indices[..., :kk]  # (batch, n, kk)
     slots = torch.arange(kk, device=keys.device)
     valid = slots < torch.arange(n, device=keys.device).unsqueeze(-1)   # (n, kk): j < i
     order = torch.where(valid, order, torch.zeros_like(order))
