@@ -439,8 +439,10 @@ def make_parser():
                    help="data-parallel processes (torch.distributed: gloo on CPU, nccl on CUDA); "
                         "each takes a shard of every minibatch")
     p.add_argument("--z-dim", type=int, default=None, help="latent size")
-    p.add_argument("--inference", choices=("smoothing", "filtering"), default=None,
-                   help="inference network (thesis Fig. 4.2)")
+    p.add_argument("--inference", choices=("smoothing", "filtering", "prior", "landmark"),
+                   default=None,
+                   help="inference network: smoothing or filtering (DMM, SRNN, VRNN; thesis Fig. "
+                        "4.2), prior or landmark (GTM-SM; thesis appendix 7.10)")
     p.add_argument("--model-option", action="append", metavar="KEY=VALUE",
                    help="further model constructor option (JSON value), repeatable")
     p.add_argument("--seed", type=int, default=0)

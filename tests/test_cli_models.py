@@ -126,6 +126,14 @@ def test_gtmsm_trains_on_image_navigation_from_the_command_line(tmp_path, capsys
     assert result["num_sequences"] == 1 and result["num_steps"] == 12
     assert "test ELBO" in capsys.readouterr().out
     assert main(["evaluate", str(out), "--objective", "iwae", "--particles", "2"]) == 0
+    landmark = tmp_path / "gtmsm_landmark"  # the inference network of thesis appendix 7.10
+    assert main(["train", "--model", "gtmsm", "--data", "image_navigation:5:12", "--epochs", "1",
+                 "--quiet", "--batch-size", "5", "--inference", "landmark", "--out",
+                 str(landmark)] + opts) == 0
+    config = json.loads((landmark / "config.json").read_text())
+    assert config["model_options"]["inference"] == "landmark"
+    with pytest.raises(SystemExit, match="inference must be one of"):
+        build_model("gtmsm", 69, {"inference": "smoothing"})
     m = build_model("gtmsm", 3 * 64 + 5, {"hidden_dims": [8]})
     assert m.frame_shape == (3, 8, 8) and m.pack_actions
     with pytest.raises(SystemExit, match="not a square frame"):

@@ -279,6 +279,19 @@ fig.savefig(OUT / "states_vs_positions.png", dpi=110)
 plt.close(fig)
 show_inline(OUT / "states_vs_positions.png")
 
+# %% [markdown]
+# **When the actions are not enough: landmarks.** Here the guide infers $s_t$ from the actions
+# only (the prior transition, thesis eq. 7.2), which works because $\sigma_d$ can learn the
+# fixed walls. With an obstacle at a random place in every environment
+# (`image_navigation(obstacles=True)`, thesis 7.10.1) a blocked move looks like any other move
+# to the transition. `GTMSM(inference="landmark")` is the inference network of thesis appendix
+# 7.10: a *reversed* DND keyed by frame codes returns the states stored where the agent saw a
+# similar frame, and $q(s_t \mid s_{t-1}, a_t, z_t, m)$ moves the prior mean toward them,
+# $\mu_q = \mu_p + \sum_k \beta_k (\mu_k - \mu_p)$, with learnt weights $\beta_k \in [0, 1]$ of
+# the code distances and a learnt correction of the log-variance. Seeing the same frame again
+# after a blocked move then keeps the state where it was. Training is unchanged (`loss=` as
+# above); the bound gains a KL term for the states.
+
 # %%
 (OUT / "metrics.json").write_text(json.dumps(metrics, indent=1))
 print(json.dumps(metrics, indent=1))

@@ -38,15 +38,14 @@ Memory, the past encoder (thesis 7.3.3). During the memorisation phase the model
 samples (the thesis' choice; samples would add noise). The thesis approximates the filtering
 posterior of ``s_t`` by ``p*(s_t) = int p(s_t | s_{t-1}, a_t) p*(s_{t-1}) ds_{t-1}``, the prior
 marginal given the actions only: *no frame is used to infer s during memorisation* (7.3.2-7.3.3;
-the landmark inference network of appendix 7.10 that does use frames is not implemented here).
-Its moments are propagated as ``E[s_t] = f(E[s_{t-1}], a_t)`` (the noise-free transition) and
+``inference="landmark"``, below, uses the frames as in thesis appendix 7.10). Its moments are propagated as ``E[s_t] = f(E[s_{t-1}], a_t)`` (the noise-free transition) and
 ``Var[s_t] = t r^2 I`` from ``s_0 = 0``: exact for the linear transition, a linearisation of
 the wall network otherwise (with ``r = 1e-3`` the difference is of order ``r^2``). Because
 these statistics are deterministic functions of ``x_{1:tau}`` and ``a_{1:tau}``, ``init``
 computes the whole memorisation phase and writes the ``tau`` entries in one batched append;
 the steps ``t <= tau`` sample nothing.
 
-Inference (thesis eq. 7.2)::
+Inference (``inference="prior"``, the default; thesis eq. 7.2)::
 
     q(z, s | x, a) = prod_{t > tau} q_phi(z_t | x_t) p_theta(s_t | s_{t-1}, a_t)           (7.2)
 
@@ -63,6 +62,54 @@ samples ``s_t`` from the same transition and ``z_t`` from the encoder. The ``s``
 with the KL to the mixture estimated by the sample (it has no closed form). Memorisation steps
 contribute nothing; padded steps (``mask``) neither.
 
+Landmark inference (``inference="landmark"``, thesis appendix 7.10 and Fig. 7.5). When the
+transition cannot know where the agent really went (obstacles at random places, sec. 7.10.1),
+the states are inferred with the frames too::
+
+    q(z, s | x, a, v) = prod_{t > tau} q_phi(z_t | x_t) q_phi(s_t | s_{t-1}, a_t, z_t, m)
+
+with ``q_phi(s_t | ...) = N(mu_q, diag sigma_q^2)`` merging the statistics ``(mu_p,
+sigma_p^2)`` of the prior ``p(s_t | s_{t-1}, a_t)`` with those ``(mu_k, sigma_k^2)`` of ``K'``
+states retrieved from a *reversed* DND, whose keys are frame encodings and whose values are the
+states' means and variances, queried with the current frame's encoding at ``z``-space distances
+``delta^(k)`` (:meth:`GTMSM.landmark_merge`)::
+
+    mu_q = mu_p + sum_k beta_k (mu_k - mu_p),        beta_k = sigmoid(g(delta^(k))) in [0, 1]
+    log sigma_q^2 = log sigma_p^2 + NN(delta^(1:K'), sigma^2_(1:K'), sigma_p^2)
+
+Our reading of what the appendix leaves open:
+
+* the memory's frame encodings (keys) and the query are the encoder means ``mu_phi(x_t)``, the
+  sufficient statistics the thesis stores (7.3; it names them by the variable ``z``), not a
+  sample of ``z_t``: the query is then the same in both phases, and a repeated frame is at
+  distance exactly 0;
+* memorisation (``t <= tau``): the reversed DND grows, ``m_{1:t-1}`` at step ``t`` (the
+  ``q*`` of the appendix); each step merges the prior statistics propagated from the last
+  step's, ``(f(E[s_{t-1}], a_t), Var[s_{t-1}] + r^2)``, then writes ``(mu_phi(x_t), (E[s_t],
+  Var[s_t]))`` (:meth:`GTMSM.landmark_path`). At ``t = 1`` it is empty and the statistics are
+  the prior's; with ``beta = 0`` and ``NN = 0`` they are those of ``p*`` above. The model's
+  memory is keyed by these means (the past encoder is the landmark network), and its first
+  prediction step is ``N(f(E[s_tau], a_{tau+1}), Var[s_tau] + r^2)``;
+* prediction (``t > tau``): the guide samples ``s_t`` from the merge of ``(f(s_{t-1}, a_t),
+  r^2)`` (at ``t = tau + 1``: the model's first-step statistics) with the reads of the
+  reversed DND of the ``tau`` memorised steps (it does not grow further: the memory ``m`` of
+  the model is fixed after ``tau``). The reads need only ``mu_phi(x_t)`` and are done for all
+  steps at once in ``guide_init``; per particle only ``mu_p = f(s_{t-1}, a_t)`` changes.
+
+The bound gains the states' KL term of the appendix (the ``s`` sites' ``log p - log q`` is no
+longer 0)::
+
+    F = sum_{t > tau} E[log p(x_t | z_t)] - E_{q*(s_t)}[KL(q(z_t | x_t) || p(z_t | s_t, m))]
+                      - E_{q*(s_{t-1})}[KL(q(s_t | s_{t-1}, a_t, z_t, m) || p(s_t | s_{t-1}, a_t))]
+
+``beta``'s output bias starts at -9 (``beta_k ~= 1e-4``) and ``NN``'s output layer at 0, so a
+new landmark GTM-SM starts close to the prior-only one: with ``r = 1e-3`` moving the mean of
+``q(s_t | ...)`` by ``u`` away from the transition's costs about ``(u / r)^2 / 2`` nats of KL per
+dimension, and a larger start (e.g. -3, ``beta_k ~= 0.05`` toward arbitrary entries) made the
+initial bound of a ``tau = 256`` model some 100 times the prior-only one (ours, 4 sequences). The ``beta_k`` are not normalised (as
+in the thesis): two retrieved entries that both match with ``beta ~= 1`` move the mean past
+them, which training has to avoid (or use ``landmark_neighbours=1``).
+
 Objectives. ``Trace_ELBO``, ``TraceMeanField_ELBO`` (it falls back to the sampled KL for the
 mixture), :class:`~pyro_seq.infer.IWAE` and :class:`~pyro_seq.infer.FIVO` train it through
 ``loss=`` alone: the states are in ``state`` per particle (``state["s"]``, the guide's
@@ -70,7 +117,9 @@ mixture), :class:`~pyro_seq.infer.IWAE` and :class:`~pyro_seq.infer.FIVO` train 
 since its keys are means), so FIVO's resampling is consistent. With the prior as proposal for
 ``s`` the FIVO weights are ``p(x_t | z_t) p(z_t | s_t, m) / q(z_t | x_t)``: resampling selects
 positions whose memory explains the frame, which is what the landmark network of appendix 7.10
-learns to do.
+learns to do; with ``inference="landmark"`` the weights also hold ``p(s_t | s_{t-1}, a_t) /
+q(s_t | s_{t-1}, a_t, z_t, m)`` (the landmark reads are in ``state.shared``, the same for
+every particle).
 
 Actions. Either ``inputs=`` (``pack_actions=False``, the default): an int64 tensor ``(batch,
 T)`` of action indices ``0..num_actions-1`` (turned into one-hot vectors here) or a float tensor
@@ -90,6 +139,7 @@ its "per step" numbers for a GTM-SM are per step of the whole sequence (multiply
 """
 
 import math
+from typing import NamedTuple, Optional
 
 import pyro
 import pyro.distributions as dist
@@ -98,17 +148,39 @@ import torch.nn as nn
 
 from pyro_seq.models.base import SequenceModel, StepProgram, masked
 from pyro_seq.models.emission import bernoulli_likelihood
-from pyro_seq.nn import MLP, GaussianHead
+from pyro_seq.nn import MLP, GaussianHead, cat_broadcast
 from pyro_seq.nn.conv import FRAME_NETWORKS, frame_networks
-from pyro_seq.nn.memory import DND
+from pyro_seq.nn.memory import DND, nearest_earlier
 from pyro_seq.validation import positive_int
 
-__all__ = ["GTMSM"]
+__all__ = ["GTMSM", "GTMSMMemory"]
 
 #: Frame encoders/decoders of :class:`GTMSM` (``encoder=``); the thesis found MLPs enough.
 ENCODERS = FRAME_NETWORKS
 #: Pixel likelihoods of :class:`GTMSM` (``likelihood=``).
 LIKELIHOODS = ("gaussian", "bernoulli")
+#: Inference networks for the states of :class:`GTMSM` (``inference=``): the prior transition
+#: (thesis eq. 7.2) or the landmark network of thesis appendix 7.10.
+INFERENCES = ("prior", "landmark")
+
+
+class GTMSMMemory(NamedTuple):
+    """What the past encoder (:meth:`GTMSM.memorise`) computes from the memorisation phase.
+
+    * ``memory``: the :class:`~pyro_seq.nn.DND` of the generative model, keys ``key(E[s_t])``
+      ``(batch, tau, key_dim)``, values ``stack([mu_phi(x_t), sigma_phi(x_t)])`` ``(batch, tau,
+      2, z_dim)``;
+    * ``reversed``: the reversed DND of the landmark network (thesis appendix 7.10), keys
+      ``mu_phi(x_t)`` ``(batch, tau, z_dim)``, values ``stack([E[s_t], Var[s_t]])`` ``(batch,
+      tau, 2, state_dim)``; None with ``inference="prior"``;
+    * ``means``, ``variances``: ``E[s_t]`` and the diagonal ``Var[s_t]``, ``(batch, tau,
+      state_dim)``.
+    """
+
+    memory: DND
+    reversed: Optional[DND]
+    means: torch.Tensor
+    variances: torch.Tensor
 
 
 class _ActionProgram(StepProgram):
@@ -127,6 +199,11 @@ class _ActionProgram(StepProgram):
 
 class GTMSM(SequenceModel):
     r"""GTM-SM as a Pyro model/guide pair (equations in the module docstring).
+
+    Two inference networks for the states (``inference=``): the prior transition of thesis
+    eq. 7.2 (default), or the landmark network of thesis appendix 7.10, which also infers the
+    positions from the frames through a reversed DND (needed where the transition cannot tell
+    where the agent went, e.g. the obstacles of sec. 7.10.1).
 
     :param tuple frame_shape: ``(H, W)`` or ``(C, H, W)`` of the frames (``(8, 8)``); frames
         travel flattened, ``F = prod(frame_shape)`` values per step.
@@ -151,6 +228,15 @@ class GTMSM(SequenceModel):
     :param float min_scale: floor of the encoder's standard deviations (1e-3).
     :param bool pack_actions: actions are the last ``num_actions`` columns of ``x`` (True) or
         ``inputs=`` (False, default).
+    :param str inference: the states' inference network: ``"prior"`` (default; the prior
+        transition, thesis eq. 7.2, with ``p*`` in the past encoder, sec. 7.3.3) or
+        ``"landmark"`` (thesis appendix 7.10: a posterior ``q(s_t | s_{t-1}, a_t, z_t, m)`` that
+        merges the prior's statistics with those of the states retrieved from a reversed DND
+        keyed by frame encodings, in the memorisation phase and the prediction phase; see
+        "Landmark inference" in the module docstring and :meth:`landmark_merge`).
+    :param int landmark_neighbours: ``K'``, entries read from the reversed DND (5; the thesis
+        gives no value, this is its ``K`` of 7.7.1). Only with ``inference="landmark"``.
+    :param int landmark_hidden: hidden units of the landmark networks ``beta`` and ``NN`` (32).
     """
 
     module_name = "gtmsm"
@@ -160,7 +246,8 @@ class GTMSM(SequenceModel):
                  num_neighbours=5, delta=1e-4, transition_noise=1e-3, walls=True, rotation=False,
                  wall_hidden=32, init_displacement_std=0.5, encoder="mlp", hidden_dims=(256, 256),
                  channels=32, conv_layers=2, likelihood="gaussian", pixel_var=0.01,
-                 min_scale=1e-3, pack_actions=False):
+                 min_scale=1e-3, pack_actions=False, inference="prior", landmark_neighbours=5,
+                 landmark_hidden=32):
         frame_shape = tuple(frame_shape)
         if len(frame_shape) not in (2, 3):
             raise ValueError(f"frame_shape must be (H, W) or (C, H, W), got {frame_shape!r}")
@@ -190,6 +277,11 @@ class GTMSM(SequenceModel):
             raise ValueError(f"encoder must be one of {ENCODERS}, got {encoder!r}")
         if likelihood not in LIKELIHOODS:
             raise ValueError(f"likelihood must be one of {LIKELIHOODS}, got {likelihood!r}")
+        if not isinstance(inference, str) or inference not in INFERENCES:
+            raise ValueError(f"inference must be one of {INFERENCES}, got {inference!r}")
+        self.inference = inference
+        self.landmark_neighbours = positive_int("landmark_neighbours", landmark_neighbours)
+        landmark_hidden = positive_int("landmark_hidden", landmark_hidden)
         self.delta, self.r = float(delta), float(transition_noise)
         self.walls, self.rotation = walls, rotation
         self.key_dim = 4 if rotation else self.state_dim
@@ -207,6 +299,19 @@ class GTMSM(SequenceModel):
             nn.init.constant_(self.wall_net[-1].bias, 3.0)
         else:
             self.wall_net = None
+        if inference == "landmark":
+            K, S = self.landmark_neighbours, self.state_dim
+            # beta_k = sigmoid(beta_net(delta_k)); output bias -9: beta ~= 1e-4 at first, so the
+            # guide starts close to the prior-only one (module docstring)
+            self.landmark_beta = MLP(1, (landmark_hidden,), 1, "relu")
+            nn.init.constant_(self.landmark_beta[-1].bias, -9.0)
+            # log sigma_q^2 - log sigma_p^2 = NN(delta^(1:K'), sigma^2_(1:K'), sigma_p^2); its
+            # output layer starts at 0 (sigma_q = sigma_p at first)
+            self.landmark_var = MLP(K * (2 + S) + S, (landmark_hidden,), S, "relu")
+            nn.init.zeros_(self.landmark_var[-1].weight)
+            nn.init.zeros_(self.landmark_var[-1].bias)
+        else:
+            self.landmark_beta = self.landmark_var = None
         self.register_buffer("s0", torch.zeros(self.state_dim))
         self.model = _ActionProgram(self, "model")
         self.guide = _ActionProgram(self, "guide")
@@ -299,17 +404,154 @@ class GTMSM(SequenceModel):
             out.append(s)
         return torch.stack(out, 1)
 
+    def landmark_weights(self, distances, valid):
+        """``beta_k = sigmoid(g(delta^(k)))`` of :meth:`landmark_merge`, 0 at empty slots:
+        ``distances (..., K')``, bool ``valid (..., K')`` -> ``(..., K')``."""
+        if self.landmark_beta is None:
+            raise RuntimeError("the landmark network needs GTMSM(inference='landmark')")
+        w = valid.to(distances.dtype)
+        return torch.sigmoid(self.landmark_beta((distances * w).unsqueeze(-1))).squeeze(-1) * w
+
+    def landmark_merge(self, mu_p, var_p, distances, mu_k, var_k, valid, beta=None):
+        r"""The landmark posterior's statistics (thesis appendix 7.10)::
+
+            mu_q = mu_p + sum_k beta_k (mu_k - mu_p),       beta_k = sigmoid(g(delta^(k)))
+            sigma_q^2 = sigma_p^2 exp(NN(delta^(1:K'), sigma^2_(1:K'), sigma_p^2))
+
+        i.e. ``log sigma_q^2 = log sigma_p^2 + NN(...)``, as in the thesis. ``beta_k`` in
+        ``[0, 1]`` is a network ``g`` (``landmark_beta``: one hidden layer, then a sigmoid) of the
+        ``z``-space distance alone; ``NN`` (``landmark_var``, one hidden layer, one output per
+        state dimension) reads ``[delta^(1:K'), log(sigma_k^2 / sigma_p^2), log(sigma_p^2 / r^2),
+        valid^(1:K')]`` (the thesis' inputs, on log scales, and which slots hold a neighbour).
+        The ``beta_k`` are not normalised: as written in the thesis, ``sum_k beta_k`` may exceed
+        1 (the mean then moves past the retrieved means); ``g`` learns where that hurts.
+
+        Slots that hold no neighbour (``valid`` False: the reversed memory has fewer than ``K'``
+        entries) get ``beta_k = 0`` and are zeroed in ``NN``'s input; with no neighbour at all
+        (an empty memory, ``t = 1``) ``NN`` is not applied and the result is the prior's
+        statistics exactly: ``(mu_p, sigma_p^2)``.
+
+        :param mu_p: ``(..., state_dim)``, the prior's mean ``f(s_{t-1}, a_t)``.
+        :param var_p: ``(..., state_dim)``, the prior's (diagonal, positive) variance.
+        :param distances: ``(..., K')`` ``delta^(k)``, distances in ``z``-space.
+        :param mu_k: ``(..., K', state_dim)``, retrieved means.
+        :param var_k: ``(..., K', state_dim)``, retrieved (positive) variances.
+        :param valid: bool ``(..., K')``.
+        :param beta: ``(..., K')``, :meth:`landmark_weights` of ``distances`` when already
+            computed (they depend on the distances only: the memorisation phase computes them
+            for all steps at once).
+        :returns: ``(mu_q, var_q)``, each of the broadcast shape ``(..., state_dim)``. ``var_q``
+            does not depend on ``mu_p``: pass ``var_p`` without the particle dims of ``mu_p`` and
+            ``NN`` runs once per sequence (``var_q`` is then an expanded view).
+        """
+        if beta is None:
+            beta = self.landmark_weights(distances, valid)
+        w = valid.to(mu_p.dtype)
+        distances = distances * w
+        mu_q = mu_p + (beta.unsqueeze(-1) * (mu_k - mu_p.unsqueeze(-2))).sum(-2)
+        log_var_p = var_p.log()
+        ratio = (var_k.log() - log_var_p.unsqueeze(-2)) * w.unsqueeze(-1)
+        features = cat_broadcast([distances, ratio.flatten(-2),
+                                  log_var_p - 2 * math.log(self.r), w])
+        correction = self.landmark_var(features) * valid.any(-1, keepdim=True).to(mu_p.dtype)
+        var_q = var_p * torch.exp(correction)
+        return mu_q, var_q.expand(torch.broadcast_shapes(mu_q.shape, var_q.shape))
+
+    def landmark_path(self, actions, codes):
+        r"""The memorisation phase with the landmark network (thesis appendix 7.10): Gaussian
+        statistics ``(E[s_t], Var[s_t])`` of ``q*(s_t)``, ``t = 1..n``, propagated as the
+        prior-only past encoder propagates ``p*`` (module docstring) and merged at every step
+        with the states retrieved from the reversed DND of the steps before::
+
+            mu_p = f(E[s_{t-1}], a_t),   sigma_p^2 = Var[s_{t-1}] + r^2,   (E[s_0], Var[s_0]) = (0, 0)
+            (E[s_t], Var[s_t]) = landmark_merge(mu_p, sigma_p^2, reads of mu_phi(x_t) in m_{1:t-1})
+
+        where the reversed DND ``m_{1:t-1}`` holds ``(key mu_phi(x_i), value (E[s_i], Var[s_i]))``
+        for ``i < t``. At ``t = 1`` it is empty and the statistics are the prior's, ``(f(0,
+        a_1), r^2)``; with ``beta = 0`` and ``NN = 0`` throughout they are ``p*``'s, ``(E[s_t],
+        t r^2)``. The neighbours depend on the keys only and are found for all steps at once
+        (:func:`~pyro_seq.nn.memory.nearest_earlier`, the same reads as a DND written step by
+        step); the values are gathered step by step.
+
+        :param actions: ``(batch, n, num_actions)``.
+        :param codes: ``(batch, n, z_dim)``, the encoder means ``mu_phi(x_t)``.
+        :returns: ``(means, variances)``, each ``(batch, n, state_dim)``.
+        """
+        batch, n = codes.shape[:2]
+        K, S = self.landmark_neighbours, self.state_dim
+        near = nearest_earlier(codes, K)
+        beta = self.landmark_weights(near.distances, near.valid)  # (batch, n, K'), all at once
+        mean = self.s0.expand(batch, S)
+        var = torch.zeros_like(mean)
+        means, variances = [], []
+        for t in range(n):
+            mu_p = self.transition_mean(mean, actions[:, t])
+            var_p = var + self.r ** 2
+            if t == 0:  # empty memory: placeholders that no valid slot reads
+                mu_k = mu_p.new_zeros(batch, K, S)
+                var_k = mu_p.new_ones(batch, K, S)
+            else:
+                idx = near.indices[:, t].unsqueeze(-1).expand(batch, K, S)
+                mu_k = torch.gather(torch.stack(means, 1), 1, idx)
+                var_k = torch.gather(torch.stack(variances, 1), 1, idx)
+            mean, var = self.landmark_merge(mu_p, var_p, near.distances[:, t], mu_k, var_k,
+                                            near.valid[:, t], beta[:, t])
+            means.append(mean)
+            variances.append(var)
+        return torch.stack(means, 1), torch.stack(variances, 1)
+
+    def memorise(self, frames, actions, codes=None):
+        """The past encoder (thesis 7.3.3; with ``inference="landmark"`` the states inferred by
+        the landmark network, thesis appendix 7.10).
+
+        :param frames: ``(batch, n, F)``; ``actions``: ``(batch, n, num_actions)``.
+        :param codes: ``(loc, scale)`` of ``q(z_t | x_t)`` for these frames, each ``(batch, n,
+            z_dim)``, when already computed (default: encode ``frames``).
+        :returns: :class:`GTMSMMemory`.
+        """
+        loc, scale = self.encode(frames) if codes is None else codes
+        if self.inference == "landmark":
+            means, variances = self.landmark_path(actions, loc)
+            rev = DND(self.z_dim).write(loc, torch.stack([means, variances], -2))
+        else:
+            means, rev = self.mean_path(actions), None
+            steps = torch.arange(1, means.shape[1] + 1, dtype=means.dtype, device=means.device)
+            variances = (steps * self.r ** 2).unsqueeze(-1).expand(means.shape)
+        dnd = DND(self.key_dim).write(self.key(means), torch.stack([loc, scale], -2))
+        return GTMSMMemory(dnd, rev, means, variances)
+
     def write_memory(self, frames, actions):
         """The past encoder (thesis 7.3.3): a :class:`~pyro_seq.nn.DND` holding, for each of the
         ``n`` steps of ``frames (batch, n, F)`` and ``actions (batch, n, num_actions)``, the key
-        ``key(E[s_t])`` and the value ``stack([mu_phi(x_t), sigma_phi(x_t)])`` ``(2, z_dim)``.
+        ``key(E[s_t])`` and the value ``stack([mu_phi(x_t), sigma_phi(x_t)])`` ``(2, z_dim)``
+        (the ``memory`` and ``means`` of :meth:`memorise`).
 
         :returns: ``(dnd, means)``: the memory and ``E[s_{1:n}]`` ``(batch, n, state_dim)``.
         """
-        means = self.mean_path(actions)
-        loc, scale = self.encode(frames)
-        dnd = DND(self.key_dim).write(self.key(means), torch.stack([loc, scale], -2))
-        return dnd, means
+        memory = self.memorise(frames, actions)
+        return memory.memory, memory.means
+
+    def read_landmarks(self, reversed_memory, codes):
+        """Reads of the reversed DND for the prediction phase (thesis appendix 7.10), padded to
+        ``K'`` slots when it holds fewer entries.
+
+        :param reversed_memory: the ``reversed`` DND of a :class:`GTMSMMemory`.
+        :param codes: ``(*lead, batch, z_dim)`` queries ``mu_phi(x_t)``.
+        :returns: ``(distances (*lead, batch, K'), mu_k (*lead, batch, K', state_dim), var_k
+            (same), valid (*lead, batch, K'))``, the arguments of :meth:`landmark_merge`.
+        """
+        K = self.landmark_neighbours
+        read = reversed_memory.read(codes, K)
+        d, mu_k, var_k = read.distances, read.values[..., 0, :], read.values[..., 1, :]
+        valid = torch.ones_like(d, dtype=torch.bool)
+        kk = d.shape[-1]
+        if kk < K:
+            pad = K - kk
+            d = nn.functional.pad(d, (0, pad))
+            valid = nn.functional.pad(valid, (0, pad), value=False)
+            mu_k = nn.functional.pad(mu_k, (0, 0, 0, pad))
+            var_k = nn.functional.pad(var_k, (0, 0, 0, pad), value=1.0)
+        return d, mu_k, var_k, valid
 
     def memory_prior(self, s, dnd):
         r"""``p(z_t | s_t, m)``: the mixture of the module docstring from the ``K`` nearest
@@ -330,20 +572,33 @@ class GTMSM(SequenceModel):
     def model_init(self, state, x, mask):
         frames, actions = self._split(state, x)
         tau = self.check_tau(x.shape[1])
-        dnd, means = self.write_memory(frames[:, :tau], actions[:, :tau])
-        state.shared["memory"], state.shared["actions"], state.shared["tau"] = dnd, actions, tau
-        state["s"] = means[:, -1]
+        memory = self.memorise(frames[:, :tau], actions[:, :tau])
+        state.shared["memory"], state.shared["actions"] = memory.memory, actions
+        state.shared["tau"] = tau
+        if self.inference == "landmark":
+            state.shared["s_tau_var"] = memory.variances[:, -1]
+        state["s"] = memory.means[:, -1]
 
-    def _sample_position(self, state, key, t, mask):
-        """``s_t ~ p(s_t | s_{t-1}, a_t)`` (eq. 7.3; the guide's ``q(s_t | s_{t-1}, a_t)`` of eq.
-        7.2 is the same density) from ``state[key]``, which it then holds; the first prediction
-        step has the accumulated memorisation noise (:meth:`_first_scale`)."""
+    def _position_prior(self, state, key, t):
+        """``(loc, scale)`` of ``p(s_t | s_{t-1}, a_t)`` (eq. 7.3) at ``s_{t-1} = state[key]``:
+        ``loc (..., batch, state_dim)``, ``scale`` broadcastable to it. The first prediction step
+        has the accumulated memorisation noise: ``sqrt(tau + 1) r`` (:meth:`_first_scale`), or
+        ``sqrt(Var[s_tau] + r^2)`` with the landmark past encoder."""
         tau = state.shared["tau"]
         s_prev = state[key]
-        scale = self._first_scale(tau, s_prev) if t == tau else s_prev.new_tensor(self.r)
         loc = self.transition_mean(s_prev, state.shared_at("actions", t))
+        if t != tau:
+            scale = s_prev.new_tensor(self.r)
+        elif "s_tau_var" in state.shared:
+            scale = (state.shared["s_tau_var"] + self.r ** 2).sqrt()
+        else:
+            scale = self._first_scale(tau, s_prev)
+        return loc, scale
+
+    def _sample_position(self, state, key, t, mask, loc, scale):
+        """``s_t ~ N(loc, diag scale^2)`` at site ``s_{t+1}``, stored in ``state[key]``."""
         s = pyro.sample(f"s_{t + 1}", masked(dist.Normal(loc, scale.expand(loc.shape)).to_event(1),
-                               mask[:, t]))
+                                             mask[:, t]))
         state[key] = s
         return s
 
@@ -351,7 +606,7 @@ class GTMSM(SequenceModel):
         tau = state.shared["tau"]
         if t < tau:  # memorisation: written by init
             return
-        s = self._sample_position(state, "s", t, mask)
+        s = self._sample_position(state, "s", t, mask, *self._position_prior(state, "s", t))
         z = pyro.sample(f"z_{t + 1}", masked(self.memory_prior(s, state.shared["memory"]), mask[:, t]))
         frames = x[..., :self.frame_dim]
         pyro.sample(f"x_{t + 1}", masked(self.likelihood(self.decode(z)), mask[:, t]),
@@ -360,16 +615,33 @@ class GTMSM(SequenceModel):
     def guide_init(self, state, x, mask):
         frames, actions = self._split(state, x)
         tau = self.check_tau(x.shape[1])
-        loc, scale = self.encode(frames[:, tau:])
-        state.shared["q_loc"], state.shared["q_scale"] = loc, scale
         state.shared["actions"], state.shared["tau"] = actions, tau
-        state["guide_s"] = self.mean_path(actions[:, :tau])[:, -1]
+        if self.inference == "landmark":
+            loc, scale = self.encode(frames)
+            memory = self.memorise(frames[:, :tau], actions[:, :tau],
+                                   codes=(loc[:, :tau], scale[:, :tau]))
+            loc, scale = loc[:, tau:], scale[:, tau:]
+            # the reversed DND read with every prediction-phase code at once: (T - tau, batch, .)
+            reads = self.read_landmarks(memory.reversed, loc.transpose(0, 1))
+            reads = reads + (self.landmark_weights(reads[0], reads[3]),)
+            state.shared["landmarks"] = list(zip(*(r.unbind(0) for r in reads)))
+            state.shared["s_tau_var"] = memory.variances[:, -1]
+            state["guide_s"] = memory.means[:, -1]
+        else:
+            loc, scale = self.encode(frames[:, tau:])
+            state["guide_s"] = self.mean_path(actions[:, :tau])[:, -1]
+        state.shared["q_loc"], state.shared["q_scale"] = loc, scale
 
     def guide_step(self, state, t, x, mask):
         tau = state.shared["tau"]
         if t < tau:
             return
-        self._sample_position(state, "guide_s", t, mask)
+        loc, scale = self._position_prior(state, "guide_s", t)
+        if self.inference == "landmark":  # q(s_t | s_{t-1}, a_t, z_t, m), thesis appendix 7.10
+            var_p = scale.pow(2).expand(loc.shape[-2:])  # (batch, state_dim): NN once per sequence
+            loc, var = self.landmark_merge(loc, var_p, *state.shared["landmarks"][t - tau])
+            scale = var.sqrt()
+        self._sample_position(state, "guide_s", t, mask, loc, scale)
         q = dist.Normal(state.shared_at("q_loc", t - tau), state.shared_at("q_scale", t - tau))
         pyro.sample(f"z_{t + 1}", masked(q.to_event(1), mask[:, t]))
 
@@ -381,7 +653,9 @@ class GTMSM(SequenceModel):
         the frames of the steps ``t > tau`` from the actions only.
 
         The states follow the noise-free transition ``E[s_t] = f(E[s_{t-1}], a_t)`` (or, with
-        ``sample_states=True``, one ancestral sample of eq. 7.3 from ``p*(s_tau)``), the
+        ``sample_states=True``, one ancestral sample of eq. 7.3 from ``p*(s_tau)``; with
+        ``inference="landmark"`` the memorised states are the landmark network's and the start
+        is ``N(E[s_tau], Var[s_tau])``), the
         encodings are the means of the memory prior, ``E[z_t | s_t, m] = sum_k w_k mu^(k)``, and
         the frames are decoded from them (Gaussian: the pixel means; Bernoulli: probabilities).
 
@@ -401,13 +675,18 @@ class GTMSM(SequenceModel):
             raise ValueError(f"actions of shape {tuple(actions.shape)} do not match frames "
                              f"{tuple(frames.shape)}")
         tau = self.check_tau(frames.shape[1], tau)
-        dnd, means = self.write_memory(frames[:, :tau], actions[:, :tau])
+        memory = self.memorise(frames[:, :tau], actions[:, :tau])
+        dnd, means = memory.memory, memory.means
         s = means[:, -1]
+        if self.inference == "landmark":
+            first_scale = (memory.variances[:, -1] + self.r ** 2).sqrt()
+        else:
+            first_scale = self.r * math.sqrt(tau + 1)
         states, zs = [], []
         for i, a in enumerate(actions[:, tau:].unbind(1)):
             loc = self.transition_mean(s, a)
             if sample_states:
-                scale = self.r * math.sqrt(tau + 1) if i == 0 else self.r
+                scale = first_scale if i == 0 else self.r
                 loc = loc + scale * torch.randn_like(loc)
             s = loc
             prior = self.memory_prior(s, dnd)

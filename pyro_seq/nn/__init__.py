@@ -3,7 +3,7 @@
 from pyro_seq.nn.combiner_scan import combiner_scan
 from pyro_seq.nn.conv import ConvEncoder, SubPixelDecoder
 from pyro_seq.nn.heads import BernoulliHead, GaussianHead, GaussianMLP
-from pyro_seq.nn.memory import DND, DNDRead
+from pyro_seq.nn.memory import DND, DNDRead, EarlierRead, nearest_earlier
 from pyro_seq.nn.init import INIT_SCHEMES, bernoulli_output_layer, init_output_bias, init_weights
 from pyro_seq.nn.mlp import MLP, ClippedLeakyReLU, cat_broadcast, make_activation
 from pyro_seq.nn.recurrent import BackwardRNN, ForwardRNN, reverse_padded
@@ -18,6 +18,7 @@ __all__ = [
     "ConvEncoder",
     "DND",
     "DNDRead",
+    "EarlierRead",
     "ForwardRNN",
     "GatedTransition",
     "GaussianHead",
@@ -31,6 +32,7 @@ __all__ = [
     "init_output_bias",
     "init_weights",
     "make_activation",
+    "nearest_earlier",
     "ragged_relu_rnn",
     "reverse_padded",
 ]

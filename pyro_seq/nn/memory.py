@@ -28,13 +28,20 @@ the index returns the ``k`` candidate indices, and the distances are then recomp
 from the gathered keys, exactly as here, so gradients are unchanged; the approximation can only
 change which entries are selected (and the tie rule becomes the index's). Appending to a
 kd-tree requires rebuilding (or a logarithmic forest of trees); FAISS indices support ``add``.
+
+Reads during writing. :func:`nearest_earlier` gives, for every entry of a sequence of keys, the
+read that entry's query would get from a DND holding only the entries written before it (the
+same neighbours, order and tie rule as :meth:`DND.read`), for all entries at once. A reader that
+writes one entry per step and reads before each write (the reversed DND of the GTM-SM's landmark
+inference network, thesis appendix 7.10) needs only the keys to know its neighbours: the values,
+which may depend on earlier reads, are then gathered step by step.
 """
 
 from typing import NamedTuple, Optional
 
 import torch
 
-__all__ = ["DND", "DNDRead"]
+__all__ = ["DND", "DNDRead", "EarlierRead", "nearest_earlier"]
 
 
 class DNDRead(NamedTuple):
@@ -153,3 +160,70 @@ class DND:
         keys = torch.gather(self.keys.expand(full + (n, self.key_dim)), -2,
                             order.unsqueeze(-1).expand(full + (kk, self.key_dim)))
         return DNDRead(dist, sq_k, values.reshape(full + (kk,) + vshape), keys, order)
+
+
+class EarlierRead(NamedTuple):
+    """What :func:`nearest_earlier` returns for keys ``(batch, n, d)``: ``k`` slots per entry.
+
+    * ``distances``: ``(batch, n, k)`` Euclidean distances, ascending over the valid slots
+      (0 at padding; gradient 0 where a distance is exactly 0, as :class:`DNDRead`);
+    * ``squared_distances``: ``(batch, n, k)``, the same squared;
+    * ``indices``: int64 ``(batch, n, k)``, the neighbours' positions (0 at padding);
+    * ``valid``: bool ``(batch, n, k)``: slot ``j`` of entry ``i`` holds a neighbour iff
+      ``j < i`` (entry ``i`` has ``i`` earlier entries, so ``min(k, i)`` valid slots, first).
+    """
+
+    distances: torch.Tensor
+    squared_distances: torch.Tensor
+    indices: torch.Tensor
+    valid: torch.Tensor
+
+
+def nearest_earlier(keys: torch.Tensor, k: int) -> EarlierRead:
+    """For every entry ``i`` of ``keys``, its ``k`` nearest among the entries ``0..i-1``.
+
+    Slot for slot what ``DND(d).write(keys[:, :i], ...).read(keys[:, i], k)`` returns (same
+    neighbours, order and tie rule: ties by write order), padded to ``k`` slots: entry 0 has no
+    neighbour (every slot padding), entry ``i < k`` has ``i``. The selection is done without
+    gradient on all ``n x n`` pairs by :func:`torch.cdist` in its exact mode (differences, not
+    the matrix-product expansion; ``O(batch n^2)`` memory); the distances are then recomputed
+    differentiably, as :meth:`DND.read` computes them, for the ``n k`` selected pairs only.
+    Equal keys are at distance exactly 0 either way; two entries whose distances differ only by
+    rounding may be ordered differently from :meth:`DND.read`.
+
+    :param keys: ``(batch, n, d)``.
+    :param int k: neighbours per entry.
+    :returns: :class:`EarlierRead`.
+    :raises ValueError: a bad ``k``, keys not 3-D or not finite.
+    """
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ValueError(f"k must be a positive int, got {k!r}")
+    if not torch.is_tensor(keys) or keys.dim() != 3:
+        raise ValueError(f"nearest_earlier: keys must be (batch, n, d), got "
+                         f"{tuple(getattr(keys, 'shape', ()))}")
+    if not bool(torch.isfinite(keys).all()):
+        raise ValueError("nearest_earlier: keys must be finite")
+    batch, n, d = keys.shape
+    kk = min(k, n)
+    with torch.no_grad():
+        dist = torch.cdist(keys, keys, compute_mode="donot_use_mm_for_euclid_dist")  # [b, i, j]
+        later = torch.ones(n, n, dtype=torch.bool, device=keys.device).triu()  # j >= i
+        dist = dist.masked_fill(later, float("inf"))
+        order = torch.sort(dist, dim=-1, stable=True).indices[..., :kk]  # (batch, n, kk)
+    slots = torch.arange(kk, device=keys.device)
+    valid = slots < torch.arange(n, device=keys.device).unsqueeze(-1)   # (n, kk): j < i
+    order = torch.where(valid, order, torch.zeros_like(order))
+    chosen = torch.gather(keys, 1, order.reshape(batch, n * kk, 1).expand(batch, n * kk, d))
+    chosen = chosen.reshape(batch, n, kk, d)
+    sq_k = (keys.unsqueeze(2) - chosen).pow(2).sum(-1)
+    valid = valid.expand(batch, n, kk)
+    sq_k = torch.where(valid, sq_k, torch.zeros_like(sq_k))
+    positive = sq_k > 0
+    dist = torch.where(positive, torch.where(positive, sq_k, torch.ones_like(sq_k)).sqrt(),
+                       torch.zeros_like(sq_k))
+    if kk < k:  # fewer entries than slots: pad
+        pad = (0, k - kk)
+        dist, sq_k = (torch.nn.functional.pad(v, pad) for v in (dist, sq_k))
+        order = torch.nn.functional.pad(order, pad)
+        valid = torch.nn.functional.pad(valid, pad, value=False)
+    return EarlierRead(dist, sq_k, order, valid)

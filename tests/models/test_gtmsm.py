@@ -303,3 +303,256 @@ def test_bad_input_raises_clear_errors():
     m.tau = 0
     with pytest.raises(ValueError, match="tau must be"):
         m.model(x, None, inputs=a)
+
+
+# ---------------------------------------------------------------------------------------------
+# Landmark inference network (thesis appendix 7.10)
+# ---------------------------------------------------------------------------------------------
+
+def landmark(**kw):
+    opts = dict(inference="landmark", landmark_neighbours=2)
+    opts.update(kw)
+    return small(**opts)
+
+
+def set_linear(layer, weight, bias):
+    with torch.no_grad():
+        layer.weight.copy_(torch.as_tensor(weight, dtype=layer.weight.dtype))
+        layer.bias.copy_(torch.as_tensor(bias, dtype=layer.bias.dtype))
+
+
+def randomise_landmark_nets(m, seed=7):
+    """Nonzero weights everywhere (NN's output layer starts at 0), so no term is trivially 0."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in itertools.chain(m.landmark_beta.parameters(), m.landmark_var.parameters()):
+            p.copy_(0.5 * torch.randn(p.shape, generator=g, dtype=torch.float64))
+
+
+def test_landmark_merge_equals_the_appendix_formula_by_hand():
+    """mu_q = mu_p + sum_k beta_k (mu_k - mu_p), log sigma_q^2 = log sigma_p^2 + NN(...), with
+    one-hidden-unit networks set to known functions:
+    beta(delta) = sigmoid(4 relu(1 - delta) - 2) and NN = (-2, -1) relu(1 - delta^(1))."""
+    m = landmark(landmark_hidden=1)
+    set_linear(m.landmark_beta[0], [[-1.0]], [1.0])
+    set_linear(m.landmark_beta[2], [[4.0]], [-2.0])
+    n_in = m.landmark_var[0].in_features
+    assert n_in == 2 * (2 + 2) + 2  # delta (K'), log-variance ratios (K' S), prior (S), valid (K')
+    w = [[0.0] * n_in]
+    w[0][0] = -1.0  # feature 0 is delta^(1)
+    set_linear(m.landmark_var[0], w, [1.0])
+    set_linear(m.landmark_var[2], [[-2.0], [-1.0]], [0.0, 0.0])
+    t = lambda v: torch.tensor(v, dtype=torch.float64)  # noqa: E731
+    mu_p, var_p = t([[1.0, -1.0]]), t([[0.04, 0.09]])                   # 1 sequence, S = 2
+    delta = t([[0.5, 2.0]])                                           # K' = 2
+    mu_k = t([[[2.0, 0.0], [-3.0, 5.0]]])
+    var_k = t([[[0.01, 0.01], [1.0, 1.0]]])
+    valid = torch.ones(1, 2, dtype=torch.bool)
+    mu_q, var_q = m.landmark_merge(mu_p, var_p, delta, mu_k, var_k, valid)
+    sig = lambda v: 1.0 / (1.0 + math.exp(-v))  # noqa: E731
+    b1, b2 = sig(4 * 0.5 - 2), sig(4 * 0.0 - 2)  # beta(0.5) = 1/2, beta(2) = sigmoid(-2)
+    expected_mu = [1.0 + b1 * (2.0 - 1.0) + b2 * (-3.0 - 1.0),
+                   -1.0 + b1 * (0.0 + 1.0) + b2 * (5.0 + 1.0)]
+    expected_var = [0.04 * math.exp(-2 * 0.5), 0.09 * math.exp(-1 * 0.5)]
+    assert torch.allclose(mu_q, t([expected_mu]), rtol=0, atol=1e-14)
+    assert torch.allclose(var_q, t([expected_var]), rtol=1e-14, atol=0)
+    # the second slot empty (a memory of one entry): beta_2 = 0, the same NN (it reads delta^(1))
+    mu_q, var_q = m.landmark_merge(mu_p, var_p, delta, mu_k, var_k, t([[1, 0]]).bool())
+    assert torch.allclose(mu_q, t([[1.0 + b1, -1.0 + b1]]), rtol=0, atol=1e-14)
+    assert torch.allclose(var_q, t([expected_var]), rtol=1e-14, atol=0)
+
+
+def test_landmark_merge_broadcasts_over_particles_like_one_call_per_particle():
+    m = landmark(landmark_neighbours=3)
+    randomise_landmark_nets(m)
+    torch.manual_seed(8)
+    P, B, K, S = 4, 2, 3, 2
+    mu_p = torch.randn(P, B, S, dtype=torch.float64)
+    var_p = torch.rand(B, S, dtype=torch.float64) + 0.1
+    delta = torch.rand(B, K, dtype=torch.float64)
+    mu_k, var_k = torch.randn(B, K, S, dtype=torch.float64), torch.rand(B, K, S).double() + 0.1
+    valid = torch.tensor([[True, True, True], [True, False, False]])
+    mu_q, var_q = m.landmark_merge(mu_p, var_p, delta, mu_k, var_k, valid)
+    assert mu_q.shape == var_q.shape == (P, B, S)
+    for p, b in itertools.product(range(P), range(B)):
+        one = m.landmark_merge(mu_p[p, b:b + 1], var_p[b:b + 1], delta[b:b + 1], mu_k[b:b + 1],
+                               var_k[b:b + 1], valid[b:b + 1])
+        assert torch.allclose(mu_q[p, b], one[0][0], rtol=1e-13, atol=1e-14)
+        assert torch.allclose(var_q[p, b], one[1][0], rtol=1e-13, atol=0)
+
+
+def test_landmark_posterior_with_an_empty_memory_is_the_prior():
+    """No valid neighbour (t = 1): (mu_p, sigma_p^2) exactly, whatever the networks, no NaN in
+    values or gradients (also with zero placeholders where no entry was stored)."""
+    m = landmark()
+    randomise_landmark_nets(m)
+    mu_p = torch.randn(3, 2, 2, dtype=torch.float64, requires_grad=True)
+    var_p = (torch.rand(2, 2, dtype=torch.float64) + 0.1).requires_grad_(True)
+    mu_k, var_k = torch.zeros(2, 2, 2, dtype=torch.float64), torch.ones(2, 2, 2).double()
+    none = torch.zeros(2, 2, dtype=torch.bool)
+    mu_q, var_q = m.landmark_merge(mu_p, var_p, torch.zeros(2, 2).double(), mu_k, var_k, none)
+    assert torch.equal(mu_q, mu_p) and torch.equal(var_q, var_p.expand(3, 2, 2))
+    (mu_q.sum() + var_q.sum()).backward()
+    assert torch.equal(mu_p.grad, torch.ones_like(mu_p))
+    assert torch.equal(var_p.grad, torch.full_like(var_p, 3.0))
+    # the first memorisation step reads an empty reversed DND: the prior-only statistics
+    a = nn.functional.one_hot(torch.randint(0, 5, (2, 4)), 5).double()
+    codes = torch.randn(2, 4, 2, dtype=torch.float64)
+    means, variances = m.landmark_path(a, codes)
+    assert torch.equal(means[:, 0], m.transition_mean(m.s0.expand(2, 2), a[:, 0]))
+    assert torch.equal(variances[:, 0], torch.full((2, 2), m.r ** 2, dtype=torch.float64))
+    assert torch.isfinite(means).all() and torch.isfinite(variances).all()
+
+
+def test_landmark_memorisation_is_a_reversed_dnd_written_and_read_step_by_step():
+    """landmark_path against the appendix read literally: at each step query the reversed DND
+    (keys mu_phi(x_i), values (E[s_i], Var[s_i]), i < t) with mu_phi(x_t), merge with the prior
+    statistics (f(E[s_{t-1}], a_t), Var[s_{t-1}] + r^2), write the step's entry."""
+    K = 3
+    m = landmark(landmark_neighbours=K, walls=True)
+    randomise_landmark_nets(m)
+    torch.manual_seed(9)
+    B, n = 2, 7
+    a = nn.functional.one_hot(torch.randint(0, 5, (B, n)), 5).double()
+    codes = torch.randint(0, 2, (B, n, 2)).double()  # repeated codes: exact matches and ties
+    means, variances = m.landmark_path(a, codes)
+    rev = DND(2)
+    mean, var = m.s0.expand(B, 2), torch.zeros(B, 2, dtype=torch.float64)
+    for t in range(n):
+        mu_p, var_p = m.transition_mean(mean, a[:, t]), var + m.r ** 2
+        if t == 0:
+            mean, var = mu_p, var_p
+        else:
+            d, mu_k, var_k, valid = m.read_landmarks(rev, codes[:, t])
+            assert int(valid.sum(-1)[0]) == min(K, t)
+            mean, var = m.landmark_merge(mu_p, var_p, d, mu_k, var_k, valid)
+        rev.write(codes[:, t], torch.stack([mean, var], -2))
+        assert torch.allclose(means[:, t], mean, rtol=1e-12, atol=1e-14)
+        assert torch.allclose(variances[:, t], var, rtol=1e-12, atol=0)
+    memory = m.memorise(torch.rand(B, n, 4, dtype=torch.float64), a)
+    assert memory.reversed.values.shape == (B, n, 2, 2)
+    assert torch.equal(memory.memory.keys, memory.means)
+
+
+def test_landmark_without_landmark_weight_is_the_prior_only_gtmsm():
+    """beta = 0 (output bias -1e4: sigmoid underflows to 0) and NN = 0 (its initial output
+    layer): the landmark GTM-SM's bound is the prior-only one, sample for sample."""
+    prior = small(walls=True)
+    lm = small(walls=True, inference="landmark", landmark_neighbours=2)
+    lm.load_state_dict(prior.state_dict(), strict=False)
+    with torch.no_grad():
+        lm.landmark_beta[-1].bias.fill_(-1e4)
+    x = torch.rand(2, 7, 4, dtype=torch.float64)
+    a = torch.randint(0, 5, (2, 7))
+    for make in (Trace_ELBO, lambda: IWAE(num_particles=3), lambda: FIVO(num_particles=3)):
+        pyro.set_rng_seed(3)  # a new objective per run: the first run guesses plate nesting
+        l1 = make().loss(prior.model, prior.guide, x, None, inputs=a)
+        pyro.set_rng_seed(3)
+        l2 = make().loss(lm.model, lm.guide, x, None, inputs=a)
+        assert math.isclose(l1, l2, rel_tol=1e-9)
+
+
+def obstacle_sequence(num_steps, seed):
+    """One image-navigation sequence with an obstacle (thesis sec. 7.10.1) on a random 32x32
+    image (no photographs needed): frames (T, 64), actions (T,), positions (T, 2)."""
+    import numpy as np
+
+    from pyro_seq.data.simulators.navigation import NavigationParams, navigation_sequence
+
+    image = np.random.default_rng(seed).random((32, 32)).astype(np.float32)
+    params = NavigationParams(obstacles=True, repeat_rate=2.0)
+    seq = navigation_sequence(params, (image,), num_steps, seed, "train", 0)
+    return (torch.from_numpy(seq["frames"]).double().reshape(num_steps, 64),
+            torch.from_numpy(seq["actions"]), torch.from_numpy(seq["positions"]).double())
+
+
+def exact_match_landmark_model(tau):
+    """Frames are their own codes, M the true displacement, beta(delta) = sigmoid(60 relu(1 -
+    1000 delta) - 30): ~1 - 1e-13 for a frame seen before (delta = 0), ~1e-13 for any other
+    (crops of a random image are far apart); K' = 1 (two exact matches would both get beta ~ 1)."""
+    m = GTMSM(frame_shape=(8, 8), z_dim=64, tau=tau, walls=False, hidden_dims=(4,),
+              inference="landmark", landmark_neighbours=1, landmark_hidden=1).double()
+    m.encoder_body, m.encoder_head, m.decoder = nn.Identity(), IdentityEncoder(0.05), nn.Identity()
+    with torch.no_grad():
+        m.M.copy_(TRUE_M)
+    set_linear(m.landmark_beta[0], [[-1000.0]], [1.0])
+    set_linear(m.landmark_beta[2], [[60.0]], [-30.0])
+    return m
+
+
+def test_obstacles_landmarks_recover_the_positions_the_transition_cannot_sec_7_10_1():
+    """Thesis sec. 7.10.1 and Fig. 7.6: a move into the obstacle (or a wall) does nothing, so
+    x_t = x_{t-1}; the prior transition moves the state anyway, the landmark network finds
+    x_{t-1} in the reversed DND and keeps the stored position. With the true M the landmark
+    memorisation tracks the true positions relative to the first step at every step, in the
+    memorisation phase and in the guide's prediction-phase posterior means."""
+    T, tau = 60, 40
+    for seed in range(20):  # a sequence whose memorisation phase has blocked moves
+        frames, actions, positions = obstacle_sequence(T, seed)
+        moved = (positions[1:tau] != positions[:tau - 1]).any(-1)
+        blocked = (~moved & (actions[1:tau] != 4)).sum()
+        if blocked >= 3:
+            break
+    assert blocked >= 3
+    m = exact_match_landmark_model(tau)
+    a = nn.functional.one_hot(actions, 5).double()
+    memory = m.memorise(frames[None, :tau], a[None, :tau])
+    truth = positions[:tau] - positions[0]
+    assert torch.allclose(memory.means[0] - memory.means[0, :1], truth, rtol=0, atol=1e-9)
+    prior_means = m.mean_path(a[None, :tau])[0]
+    assert (prior_means - prior_means[:1] - truth).abs().max() >= 1.0  # the prior gets lost
+    # prediction phase: where x_t was seen during memorisation, q(s_t | ...) is centred on the
+    # stored state whatever s_{t-1}; elsewhere on f(s_{t-1}, a_t)
+    pyro.set_rng_seed(0)
+    trace = poutine.trace(m.guide).get_trace(frames[None], None, inputs=actions[None])
+    seen = {tuple(f.tolist()): i for i, f in reversed(list(enumerate(frames[:tau])))}
+    prev, hits = memory.means[0, -1], 0
+    for t in range(tau, T):
+        node = trace.nodes[f"s_{t + 1}"]
+        loc = node["fn"].base_dist.base_dist.loc[0]
+        i = seen.get(tuple(frames[t].tolist()))
+        expected = memory.means[0, i] if i is not None else prev + TRUE_M @ a[t]
+        assert torch.allclose(loc, expected, rtol=0, atol=1e-9)
+        hits += i is not None
+        prev = node["value"][0]
+    assert hits >= 5
+    out = m.predict(frames[None], actions[None])
+    assert torch.equal(out["memory_states"], memory.means)
+
+
+@pytest.mark.parametrize("loss", [Trace_ELBO(), TraceMeanField_ELBO(), IWAE(num_particles=3),
+                                  FIVO(num_particles=3)],
+                         ids=["trace", "meanfield", "iwae", "fivo"])
+def test_landmark_svi_step_is_finite_and_every_parameter_has_a_gradient(loss):
+    m = landmark(walls=True)
+    randomise_landmark_nets(m)  # NN's zero output layer would leave its hidden layer at 0
+    x = torch.rand(3, 7, 4, dtype=torch.float64)
+    a = torch.randint(0, 5, (3, 7))
+    mask = torch.ones(3, 7, dtype=torch.bool)
+    mask[2, 5:] = False
+    pyro.set_rng_seed(0)
+    value = loss.loss_and_grads(m.model, m.guide, x, mask, inputs=a)
+    assert math.isfinite(value)
+    _check_grads(m)
+    silent = [n for n, p in m.named_parameters() if n.startswith("landmark") and
+              not bool((p.grad != 0).any())]
+    assert not silent, f"landmark parameters with a zero gradient: {silent}"
+    m.zero_grad()
+    svi = SVI(m.model, m.guide, Adam({"lr": 1e-3}), loss=loss)
+    assert math.isfinite(svi.step(x, mask, inputs=a))
+    assert all(torch.isfinite(p).all() for p in m.parameters())
+
+
+def test_landmark_options_are_validated():
+    with pytest.raises(ValueError, match=r"inference must be one of \('prior', 'landmark'\), "
+                                         r"got 'smoothing'"):
+        GTMSM(inference="smoothing")
+    with pytest.raises(ValueError, match="inference must be one of"):
+        GTMSM(inference=None)
+    with pytest.raises(ValueError, match="landmark_neighbours"):
+        GTMSM(inference="landmark", landmark_neighbours=0)
+    m = small()
+    assert m.inference == "prior" and m.landmark_beta is None and m.landmark_var is None
+    with pytest.raises(RuntimeError, match="inference='landmark'"):
+        m.landmark_merge(*(torch.zeros(1, 2),) * 2, torch.zeros(1, 1), *(torch.zeros(1, 1, 2),) * 2,
+                         torch.ones(1, 1, dtype=torch.bool))

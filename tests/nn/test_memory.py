@@ -1,5 +1,6 @@
 """pyro_seq.nn.DND: exact k-NN reads against a brute-force reference (ties included), k larger
-than the memory, batching over sequences and particles, gradients and errors."""
+than the memory, batching over sequences and particles, gradients and errors; nearest_earlier
+against a DND written and read step by step."""
 
 import itertools
 import math
@@ -7,7 +8,7 @@ import math
 import pytest
 import torch
 
-from pyro_seq.nn import DND
+from pyro_seq.nn import DND, nearest_earlier
 
 
 def brute_force(keys, values, query, k):
@@ -97,3 +98,45 @@ def test_errors():
         dnd.read(torch.zeros(3, 2), k=1)
     with pytest.raises(ValueError, match="finite"):
         dnd.read(torch.full((2, 2), float("inf")), k=1)
+
+
+@pytest.mark.parametrize("k", [1, 3, 20])
+def test_nearest_earlier_is_a_dnd_written_and_read_step_by_step(k):
+    """Entry i's slots are what DND(keys[:, :i]).read(keys[:, i], k) returns (ties by write
+    order included), padded to k slots with valid=False; entry 0 has no neighbour."""
+    torch.manual_seed(1)
+    B, n, d = 3, 12, 2
+    keys = torch.randint(0, 3, (B, n, d)).double()  # a 3x3 grid: many exact ties and repeats
+    out = nearest_earlier(keys, k)
+    assert out.distances.shape == out.indices.shape == out.valid.shape == (B, n, k)
+    assert not out.valid[:, 0].any()
+    ties = 0
+    for i in range(1, n):
+        read = DND(d).write(keys[:, :i], torch.zeros(B, i, 1)).read(keys[:, i], k)
+        kk = min(k, i)
+        assert out.valid[:, i].sum(-1).tolist() == [kk] * B
+        assert out.valid[:, i, :kk].all()
+        assert torch.equal(out.indices[:, i, :kk], read.indices)
+        assert torch.allclose(out.distances[:, i, :kk], read.distances, rtol=0, atol=1e-12)
+        assert torch.allclose(out.squared_distances[:, i, :kk], read.squared_distances,
+                              rtol=0, atol=1e-12)
+        ties += sum(len(set(r)) < len(r) for r in read.squared_distances.tolist())
+    padding = ~out.valid
+    assert (out.distances[padding] == 0).all() and (out.indices[padding] == 0).all()
+    assert k == 1 or ties > 3  # the tie rule was exercised (a tie needs two slots to show)
+
+
+def test_nearest_earlier_gradients_are_finite_at_zero_distance_and_skip_padding():
+    keys = torch.tensor([[[0.0, 0.0], [0.0, 0.0], [3.0, 4.0]]], requires_grad=True)
+    out = nearest_earlier(keys, 2)
+    assert out.distances[0].tolist() == [[0.0, 0.0], [0.0, 0.0], [5.0, 5.0]]
+    assert out.valid[0].tolist() == [[False, False], [True, False], [True, True]]
+    out.distances.sum().backward()
+    assert torch.isfinite(keys.grad).all()
+    # only entry 2's two reads (to the two keys at the origin) have a gradient: d|k2 - k|/dk2
+    # = (k2 - k) / 5 twice; each origin key gets -(3, 4)/5
+    assert torch.allclose(keys.grad[0], torch.tensor([[-0.6, -0.8], [-0.6, -0.8], [1.2, 1.6]]))
+    with pytest.raises(ValueError, match="k must be"):
+        nearest_earlier(keys, 0)
+    with pytest.raises(ValueError, match="batch, n, d"):
+        nearest_earlier(torch.zeros(3, 2), 1)
