@@ -51,6 +51,8 @@ def parse_args(argv=None):
     p.add_argument("--pred", type=int, default=32, help="prediction steps in training (32)")
     p.add_argument("--test-pred", type=int, default=256, help="prediction steps in testing (256)")
     p.add_argument("--epochs", type=int, default=50)
+    p.add_argument("--baseline-epochs", type=int, default=None,
+                   help="epochs of the SRNN and VRNN baselines (default: --epochs)")
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--particles", type=int, default=32, help="K of the baselines' imputation")
@@ -64,6 +66,8 @@ def parse_args(argv=None):
     if args.smoke:
         args.train, args.test, args.tau, args.pred, args.test_pred = 8, 2, 12, 4, 6
         args.epochs, args.batch_size, args.particles = 1, 4, 2
+    if args.baseline_epochs is None:
+        args.baseline_epochs = args.epochs
     args.models = [m for m in args.models.split(",") if m]
     unknown = set(args.models) - set(MODELS)
     if unknown:
@@ -105,6 +109,101 @@ def predict_frames(name, model, test, args):
         return torch.cat(out)
 
 
+def _r2(pred, target):
+    """Coefficient of determination per coordinate, pooled over the leading dims."""
+    pred, target = pred.reshape(-1, target.shape[-1]), target.reshape(-1, target.shape[-1])
+    resid = (target - pred).pow(2).sum(0)
+    return (1 - resid / (target - target.mean(0)).pow(2).sum(0)).tolist()
+
+
+def analyse_gtmsm(args, test, folder, model):
+    """How well GTM-SM's states map to the true positions (thesis 7.4.1, Fig. 7.2c): per test
+    sequence a linear map (with offset) from the memorised state means to the true positions is
+    fitted by least squares on the memorisation phase and applied to the predicted states.
+    Reports its R^2 on the memorisation phase (fit) and on the prediction phase (held out), the
+    position error per prediction step (grid units), and the learnt displacements ``M``."""
+    state = torch.load(folder / "best.pt", weights_only=True)
+    model.load_state_dict(state)
+    model.eval()
+    x = torch.stack(test.as_sequences())
+    with torch.no_grad():
+        out = model.predict(x[..., :64], test.actions, tau=args.tau)
+    pos = test.positions.to(out["states"].dtype)
+    mem, pred = out["memory_states"], out["states"]
+    ones = lambda v: torch.cat([v, torch.ones(v.shape[:-1] + (1,), dtype=v.dtype)], -1)  # noqa
+    fit_mem, fit_pred = [], []
+    for n in range(x.shape[0]):
+        w = torch.linalg.lstsq(ones(mem[n]), pos[n, :args.tau]).solution
+        fit_mem.append(ones(mem[n]) @ w)
+        fit_pred.append(ones(pred[n]) @ w)
+    fit_mem, fit_pred = torch.stack(fit_mem), torch.stack(fit_pred)
+    err = (fit_pred - pos[:, args.tau:]).pow(2).sum(-1).sqrt()  # (N, test_pred)
+    return {"r2_memorisation": _r2(fit_mem, pos[:, :args.tau]),
+            "r2_prediction": _r2(fit_pred, pos[:, args.tau:]),
+            "position_error_per_step": err.mean(0).tolist(),
+            "M": model.M.detach().tolist(),
+            "example_states": mem[0].tolist(), "example_positions": pos[0].tolist(),
+            "example_frames": out["frames"][0].tolist()}
+
+
+def figures(results, analysis, test, args, prefix):
+    """Error-vs-horizon curves (Fig. 7.2d's measure), learnt states beside the true positions
+    (Fig. 7.2b/c) and strips of true and predicted frames (Fig. 7.2d)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = {"gtmsm": "GTM-SM", "srnn": "SRNN", "vrnn": "VRNN",
+             "mean_memorised_frame": "mean memorised frame"}
+    fig, ax = plt.subplots(figsize=(6, 3.6), layout="constrained")
+    for key, value in results.items():
+        curve = value if isinstance(value, list) else value["frame_error_per_step"]
+        ax.plot(range(1, len(curve) + 1), curve, label=names.get(key, key),
+                ls=":" if key == "mean_memorised_frame" else "-")
+    if args.test_pred > 200:
+        ax.axvline(200, color="grey", lw=0.8, ls="--")
+    ax.set_xlabel("prediction step (t - tau)")
+    ax.set_ylabel("mean |pixel error|")
+    ax.set_title("image navigation: long-term prediction (thesis Fig. 7.2d)")
+    ax.legend()
+    fig.savefig(f"{prefix}_error.png", dpi=120)
+    plt.close(fig)
+    if analysis:
+        states = torch.tensor(analysis["example_states"])
+        pos = torch.tensor(analysis["example_positions"])[:args.tau]
+        fig, (left, right) = plt.subplots(1, 2, figsize=(9, 4), layout="constrained")
+        left.scatter(pos[:, 1], pos[:, 0], c=range(len(pos)), cmap="viridis", s=12)
+        left.invert_yaxis()
+        left.set_title("true positions, memorisation (Fig. 7.2b)")
+        sc = right.scatter(states[:, 0], states[:, 1], c=range(len(states)), cmap="viridis", s=12)
+        right.set_title("learnt states s_t (Fig. 7.2c)")
+        fig.colorbar(sc, ax=right, label="time step")
+        fig.savefig(f"{prefix}_states.png", dpi=120)
+        plt.close(fig)
+    shown = [s for s in (0, 1, 2, 3, 199, 200, 201, 202) if s < args.test_pred]
+    rows = [("truth", test.frames.flatten(2)[0, args.tau:])]
+    rows += [(names.get(k, k), torch.tensor(v["example_frames"])) for k, v in results.items()
+             if isinstance(v, dict) and "example_frames" in v]
+    if "gtmsm" in results and analysis.get("example_frames") is None and \
+            "example_frames" not in results["gtmsm"]:
+        pass
+    side = int(round(rows[0][1].shape[-1] ** 0.5))
+    fig, axes = plt.subplots(len(rows), len(shown), figsize=(1.2 * len(shown), 1.3 * len(rows)),
+                             layout="constrained", squeeze=False)
+    for i, (label, frames) in enumerate(rows):
+        for j, step in enumerate(shown):
+            ax = axes[i, j]
+            ax.imshow(frames[step].reshape(side, side).clamp(0, 1), cmap="gray", vmin=0, vmax=1)
+            ax.set_xticks([])
+            ax.set_yticks([])
+            if i == 0:
+                ax.set_title(f"t = tau+{step + 1}", fontsize=7)
+        axes[i, 0].set_ylabel(label, fontsize=8)
+    fig.savefig(f"{prefix}_frames.png", dpi=120)
+    plt.close(fig)
+
+
 def main(argv=None):
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -132,7 +231,8 @@ def main(argv=None):
             continue
         torch.manual_seed(args.seed)
         model = build(name, args)
-        config = TrainConfig(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
+        epochs = args.epochs if name == "gtmsm" else args.baseline_epochs
+        config = TrainConfig(epochs=epochs, batch_size=args.batch_size, lr=args.lr,
                              clip_norm=50.0, lr_schedule="plateau", patience=None,
                              seed=args.seed, progress=not args.smoke, init="none")
         start = time.time()
@@ -143,13 +243,21 @@ def main(argv=None):
         done[name] = {"frame_error_per_step": errors.mean(0).tolist(),
                       "mean_frame_error": float(errors.mean()),
                       "train_seconds_this_call": seconds,
+                      "example_frames": frames[0].tolist(),
                       "history": [dict(row) for row in history]}
         results[name] = done[name]
         done_path.write_text(json.dumps(done))
         print(f"{name}: mean frame error {done[name]['mean_frame_error']:.4f} over "
               f"{args.test_pred} prediction steps", flush=True)
+    analysis = {}
+    if "gtmsm" in args.models:
+        analysis = analyse_gtmsm(args, test, ckpt / "gtmsm", build("gtmsm", args))
+        done["gtmsm"].setdefault("example_frames", analysis.pop("example_frames"))
+    prefix = Path(args.smoke_dir) / "gtmsm_smoke" if args.smoke else ROOT / "benchmarks" / \
+        "results" / f"gtmsm_{args.tag}"
+    figures(results, analysis, test, args, str(prefix))
     payload = {"settings": {k: v for k, v in vars(args).items()},
-               "simulation_seconds": sim_seconds, "results": results,
+               "simulation_seconds": sim_seconds, "results": results, "gtmsm_states": analysis,
                "metric": "mean |pixel error| per prediction step, test split"}
     path = Path(args.smoke_dir) / f"gtmsm_{args.tag}.json" if args.smoke else None
     write_result(f"gtmsm_{args.tag}", payload, path)

@@ -228,10 +228,16 @@ def test_one_svi_step_every_parameter_has_a_finite_gradient(loss):
     a = torch.randint(0, 5, (3, 6))
     mask = torch.ones(3, 6, dtype=torch.bool)
     mask[2, 5:] = False
-    svi = SVI(m.model, m.guide, Adam({"lr": 1e-3}), loss=loss)
-    value = svi.step(x, mask, inputs=a)
+    pyro.set_rng_seed(0)
+    # check the gradients before an optimizer step (SVI.step zeroes them afterwards)
+    value = loss.loss_and_grads(m.model, m.guide, x, mask, inputs=a)
     assert math.isfinite(value)
     _check_grads(m)
+    silent = [n for n, p in m.named_parameters() if not bool((p.grad != 0).any())]
+    assert not silent, f"parameters with a zero gradient: {silent}"
+    m.zero_grad()
+    svi = SVI(m.model, m.guide, Adam({"lr": 1e-3}), loss=loss)
+    assert math.isfinite(svi.step(x, mask, inputs=a))
 
 
 def test_packed_actions_conv_colour_and_rotation_variants_train():
