@@ -195,3 +195,24 @@ def test_sources_are_block_means_of_the_photographs():
         i, j = 7, 11
         assert np.isclose(s[i, j], f[4 * i:4 * i + 4, 4 * j:4 * j + 4].mean(), atol=1e-6)
     assert all(s.dtype == np.float32 and 0 <= s.min() and s.max() <= 1 for s in small)
+
+
+def test_start_at_the_centre_or_at_random():
+    """Default start: the centre cell (4, 4), so positions[0] is the centre moved by the first
+    action; start="random" draws the same images and actions from another start cell."""
+    centre = image_navigation(12, 30, **QUIET)
+    rand = image_navigation(12, 30, start="random", **QUIET)
+    assert torch.equal(centre.images, rand.images) and torch.equal(centre.actions, rand.actions)
+    first = torch.tensor(4) + torch.from_numpy(ACTION_MOVES)[centre.actions[:, 0]]
+    assert torch.equal(centre.positions[:, 0], first)
+    starts = rand.positions[:, 0] - torch.from_numpy(ACTION_MOVES)[rand.actions[:, 0]]
+    assert not bool((starts == 4).all())  # some random starts are elsewhere
+    # with an obstacle over the centre, the start is the nearest free cell (never blocked)
+    obst = image_navigation(30, 5, obstacles=True, **QUIET)
+    for n in range(30):
+        r0, c0 = obst.obstacles[n].tolist()
+        if r0 <= 4 < r0 + 2 and c0 <= 4 < c0 + 2:
+            p = obst.positions[n, 0]
+            assert not (r0 <= p[0] < r0 + 2 and c0 <= p[1] < c0 + 2)
+    with pytest.raises(ValueError, match="start must be 'centre' or 'random'"):
+        image_navigation(2, 5, start="corner", **QUIET)

@@ -68,7 +68,7 @@ ACTION_MOVES = np.array([[-1, 0], [1, 0], [0, -1], [0, 1], [0, 0]], dtype=np.int
 #: Default number of sequences per split, our choice (the thesis draws them procedurally).
 NAVIGATION_SIZES = {"train": 1000, "valid": 200, "test": 200}
 _CODE = 5  # seeding code, after the five environments of core.ENVIRONMENTS
-_FORMAT = 1  # bump when the output changes
+_FORMAT = 2  # bump when the output changes (2: start at the centre by default)
 _ARRAYS = ("frames", "actions", "positions", "images", "obstacles")
 
 
@@ -90,6 +90,15 @@ class NavigationParams:
             patches are cut (4, ours: at full size a 32x32 patch of the 427x640 photographs is
             nearly uniform, pixel standard deviation 0.07-0.11; shrunk 4x, 0.14-0.18, so that
             the crops tell positions apart).
+        start: where each sequence starts: ``"centre"`` (default: the middle cell, or with an
+            obstacle there the free cell nearest to it, first in row-major order among equals)
+            or ``"random"`` (a uniformly drawn free cell). The thesis does not say; we start at
+            the centre because the GTM-SM's wall network (eq. 7.3) sees the *absolute* state
+            ``s_{t-1} + M a_t`` with a fixed ``s_0``: the walls sit at the same states in every
+            sequence only when every sequence starts at the same cell (thesis 7.10.1 makes the
+            same point for obstacles at random places, which "a prior transition model" cannot
+            capture). Both choices draw the same random numbers, so the images and actions are
+            the same.
     """
 
     image_size: int = 32
@@ -101,6 +110,7 @@ class NavigationParams:
     obstacle_size: int = 2
     obstacle_value: float = 0.5
     downsample: int = 4
+    start: str = "centre"
 
     @property
     def stride(self) -> int:
@@ -120,6 +130,8 @@ class NavigationParams:
             raise ValueError("obstacle_size must be smaller than grid_size")
         if not 0.0 <= self.obstacle_value <= 1.0:
             raise ValueError("obstacle_value must be in [0, 1]")
+        if self.start not in ("centre", "random"):
+            raise ValueError(f"start must be 'centre' or 'random', got {self.start!r}")
 
 
 @dataclass(frozen=True, eq=False)
@@ -291,8 +303,11 @@ def navigation_sequence(params: NavigationParams, sources, num_steps: int, seed:
         lo_c, hi_c = st * c0 + 2, st * (c0 + k - 1) + 6
         image[..., lo_r:hi_r, lo_c:hi_c] = params.obstacle_value
         obstacle = np.array([r0, c0], dtype=np.int64)
-    free = np.argwhere(~blocked)
+    free = np.argwhere(~blocked)  # row-major
     pos = tuple(int(v) for v in free[int(rng.integers(len(free)))])
+    if params.start == "centre":  # the same draws as "random", then the centre-most free cell
+        distance = np.abs(free - (G // 2)).sum(-1)
+        pos = tuple(int(v) for v in free[int(np.argmin(distance))])
     actions, _ = action_runs(rng, num_steps, params.repeat_rate)
     positions = np.empty((num_steps, 2), dtype=np.int64)
     frames = np.empty((num_steps,) + image.shape[:-2] + (params.crop_size,) * 2, dtype=np.float32)
