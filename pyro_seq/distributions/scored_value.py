@@ -17,7 +17,13 @@ from torch.distributions.distribution import Distribution
 class ScoredValue(TorchDistribution):
     """``base`` with ``log_prob(value) = log_prob_value`` precomputed for one ``value`` object.
 
-    :param base: the per-step distribution (sampling, support, shapes, other values).
+    :param base: the per-step distribution (sampling, support, shapes, other values), or a
+        ``like`` distribution and a zero-argument function that builds it (``(like, make)``):
+        then ``base`` is built on first use only, and ``like`` (e.g. the first step's
+        distribution) gives the batch and event shapes and ``has_rsample``. Scoring the known
+        value needs no ``base``, so a site scored inside an ELBO never builds it (building a
+        torch distribution per step, with its argument checks and broadcasting, costs about
+        as much as the batched evaluation it replaces).
     :param torch.Tensor value: the value whose log-density is known.
     :param torch.Tensor log_prob_value: ``base.log_prob(value)``, shape ``base.batch_shape``
         (up to broadcasting), computed elsewhere (e.g. as a slice of a batched evaluation).
@@ -26,8 +32,20 @@ class ScoredValue(TorchDistribution):
     arg_constraints = {}
 
     def __init__(self, base, value, log_prob_value):
-        self.base, self.value, self.log_prob_value = base, value, log_prob_value
-        super().__init__(base.batch_shape, base.event_shape, validate_args=False)
+        if isinstance(base, tuple):
+            like, self._make_base = base
+            self._base = None
+        else:
+            like, self._base, self._make_base = base, base, None
+        self._has_rsample = like.has_rsample
+        self.value, self.log_prob_value = value, log_prob_value
+        super().__init__(like.batch_shape, like.event_shape, validate_args=False)
+
+    @property
+    def base(self):
+        if self._base is None:
+            self._base = self._make_base()
+        return self._base
 
     @property
     def support(self):
@@ -35,7 +53,7 @@ class ScoredValue(TorchDistribution):
 
     @property
     def has_rsample(self):
-        return self.base.has_rsample
+        return self._has_rsample
 
     def sample(self, sample_shape=()):
         return self.base.sample(sample_shape)

@@ -66,6 +66,8 @@ their ``init``/``step`` methods expose the same code one step at a time to parti
 apart.
 """
 
+import functools
+
 import pyro
 import pyro.distributions as dist
 import torch
@@ -526,8 +528,9 @@ class SequenceModel(nn.Module):
         the list ``values`` with its log-density sliced from one batched evaluation."""
         steps = time_steps(tuple(params))
         log_probs = make_dist(*params).log_prob(stack_time(values)).unbind(-1)
+        like = make_dist(*steps[0])  # shapes of every step; the others are built if used
         for i in pyro.markov(range(len(values))):
-            fn = wrapper(make_dist(*steps[i]), values[i], log_probs[i])
+            fn = wrapper((like, functools.partial(make_dist, *steps[i])), values[i], log_probs[i])
             value = pyro.sample(f"{name}_{i + 1}", masked(fn, mask[:, i]))
             if value is not values[i]:
                 raise RuntimeError(f"site {name}_{i + 1} did not take its {what} value")
@@ -575,11 +578,14 @@ class SequenceModel(nn.Module):
         else:
             log_probs = _observed_emission(fn_all, seen).log_prob(x).unbind(-1)
         values = x.unbind(1)
+        like = self.likelihood(steps[0]) if seen is None else None
         for t in pyro.markov(range(x.shape[1])):
-            fn = self.likelihood(steps[t])
-            if seen is not None:
-                fn = _observed_emission(fn, seen[:, t])
-            fn = ScoredValue(fn, values[t], log_probs[t])
+            if seen is None:  # shapes from step 0; a step's distribution is built if used
+                fn = ScoredValue((like, functools.partial(self.likelihood, steps[t])),
+                                 values[t], log_probs[t])
+            else:
+                fn = ScoredValue(_observed_emission(self.likelihood(steps[t]), seen[:, t]),
+                                 values[t], log_probs[t])
             pyro.sample(f"x_{t + 1}", masked(fn, mask[:, t]), obs=values[t])
 
     def model_init(self, state, x, mask):

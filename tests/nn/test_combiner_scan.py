@@ -165,3 +165,22 @@ def test_dmm_iwae_vectorized_uses_the_loop_and_trains():
     loss = IWAE(num_particles=3).differentiable_loss(m.model, m.guide, x, mask)
     loss.backward()
     assert torch.isfinite(loss) and all(torch.isfinite(p.grad).all() for p in m.parameters())
+
+
+def test_scored_value_builds_its_distribution_only_when_used():
+    like = pyro.distributions.Normal(torch.zeros(3, 2), 1.0).to_event(1)
+    built = []
+
+    def make():
+        built.append(1)
+        return pyro.distributions.Normal(torch.ones(3, 2), 2.0).to_event(1)
+
+    from pyro_seq.distributions import ScoredValue
+
+    value = torch.randn(3, 2)
+    d = ScoredValue((like, make), value, torch.zeros(3))
+    assert d.batch_shape == (3,) and d.event_shape == (2,) and d.has_rsample
+    assert d.log_prob(value) is d.log_prob_value and built == []
+    other = torch.randn(3, 2)
+    assert torch.allclose(d.log_prob(other), make().log_prob(other)) and len(built) == 2
+    assert torch.equal(d.mean, torch.ones(3, 2)) and len(built) == 2  # built once, then kept
