@@ -300,6 +300,30 @@ def prior_from_guide(state, t):
     return None
 
 
+def on_real_steps(fn, inputs, mask):
+    """``fn(inputs)`` evaluated on the real steps only, for time-parallel scoring.
+
+    ``fn`` maps rows ``(N, F)`` to a tensor or a tuple of tensors ``(N, F')`` (a network of
+    the model applied step-wise: a transition, an emission network). It runs on the rows of
+    ``inputs (..., B, T, F)`` where ``mask (B, T)`` is True; the outputs are laid out as
+    ``(..., B, T, F')``, and each padded step gets the outputs of the first real row (finite
+    values for its masked-out site, which gets no gradient). On a ragged minibatch this skips
+    the padding (about 45% of the cells of a random JSB minibatch of 20).
+    """
+    lead = inputs.shape[:-1]
+    real = mask.expand(lead).reshape(-1)
+    index = real.nonzero().squeeze(-1)
+    if index.numel() == real.numel():
+        return fn(inputs)
+    out = fn(inputs.reshape(-1, inputs.shape[-1]).index_select(0, index))
+    rows = torch.where(real, real.long().cumsum(0) - 1, 0)  # packed row of every cell
+
+    def unpack(v):
+        return v.index_select(0, rows).view(*lead, v.shape[-1])
+
+    return unpack(out) if torch.is_tensor(out) else tuple(unpack(v) for v in out)
+
+
 def stack_time(values):
     """Stack per-step tensors ``(..., F)`` into ``(..., T, F)`` after broadcasting them."""
     shape = torch.broadcast_shapes(*(v.shape for v in values))
@@ -553,7 +577,7 @@ class SequenceModel(nn.Module):
         """
         seen = state.shared.get("observed")
         if isinstance(t, slice):
-            self._emit_observations(self.emitter(features), x, mask, seen)
+            self._emit_observations(on_real_steps(self.emitter, features, mask), x, mask, seen)
             return
         deferred = getattr(state, "deferred_features", None)
         if deferred is not None:

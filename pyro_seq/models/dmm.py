@@ -35,7 +35,7 @@ import torch
 import torch.nn as nn
 
 from pyro_seq.models.base import (SequenceModel, cache_guide_prior, masked, normal,
-                                  prior_from_guide)
+                                  on_real_steps, prior_from_guide)
 from pyro_seq.models.emission import make_emission, stack_params
 from pyro_seq.nn import MLP, BackwardRNN, Combiner, GatedTransition, combiner_scan
 
@@ -92,7 +92,10 @@ class DMM(SequenceModel):
     def model_step(self, state, t, x, mask):
         loc_scale = prior_from_guide(state, t) if self.residual else None
         if loc_scale is None:
-            loc_scale = self.transition(state["z"])
+            if isinstance(t, slice):  # time-parallel scoring: the real steps only
+                loc_scale = on_real_steps(self.transition, state["z"], mask)
+            else:
+                loc_scale = self.transition(state["z"])
         loc, scale = loc_scale
         z = self.sample_latent(state, "z", t, normal, (loc, scale), mask)
         self.observe(state, t, x, mask, z)
