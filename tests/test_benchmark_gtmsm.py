@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -32,5 +33,53 @@ def test_gtmsm_navigation_benchmark_smoke(tmp_path):
         row = result["results"][name]
         errors = row if name == "mean_memorised_frame" else row["frame_error_per_step"]
         assert len(errors) == 6 and all(0.0 <= e < 10.0 for e in errors), name
+    states = result["gtmsm_states"]
+    assert len(states["r2_memorisation"]) == 2 and len(states["r2_prediction"]) == 2
+    assert len(states["position_error_per_step"]) == 6
+    assert torch.tensor(states["M"]).shape == (2, 5)
+    for figure in ("error", "states", "frames"):
+        assert (tmp_path / f"gtmsm_smoke_{figure}.png").stat().st_size > 0
     out = run("--smoke-dir", str(tmp_path))
     assert out.count("evaluated before, skipped") == 3
+
+
+def test_gtmsm_learning_r2_is_one_for_states_that_are_an_affine_map_of_positions():
+    """The diagnostic of benchmarks/gtmsm_learning.py: with M and walls that make the states an
+    affine map of the positions (oracle M in grid units on a walk without walls), R^2 is 1; a
+    model whose M ignores the direction of the moves gets far less."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import gtmsm_learning
+
+    from pyro_seq.models import GTMSM
+
+    # a walk on an unbounded grid (no walls), with the actions that produced it
+    from pyro_seq.data.simulators.navigation import ACTION_MOVES
+
+    g = torch.Generator().manual_seed(0)
+    actions = torch.randint(0, 5, (6, 40), generator=g)
+    positions = 4 + torch.from_numpy(ACTION_MOVES)[actions].cumsum(1)
+    frames = torch.rand(6, 40, 64, generator=g)
+    m = GTMSM(tau=40, walls=False, transition_noise=1e-6)
+    with torch.no_grad():
+        m.M.copy_(torch.tensor([[-1.0, 1, 0, 0, 0], [0, 0, -1, 1, 0]]))
+    per_seq, pooled = gtmsm_learning.state_r2(m, frames, actions, positions, 40)
+    assert per_seq == pytest.approx(1.0, abs=1e-6) and pooled == pytest.approx([1.0, 1.0], abs=1e-6)
+    with torch.no_grad():  # displacements that ignore the direction: states count moves only
+        m.M.copy_(torch.tensor([[1.0, 1, 0, 0, 0], [0, 0, 1, 1, 0]]))
+    per_seq, _ = gtmsm_learning.state_r2(m, frames, actions, positions, 40)
+    assert per_seq < 0.8
+
+
+def test_gtmsm_learning_smoke_resumes(tmp_path):
+    pytest.importorskip("sklearn", reason="image_navigation needs the 'images' extra")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [str(ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "gtmsm_learning.py"), "--smoke",
+           "--smoke-dir", str(tmp_path)]
+    for _ in range(2):  # the second call finds the finished run and trains nothing more
+        proc = subprocess.run(cmd, cwd=ROOT / "benchmarks", env=env, capture_output=True,
+                              text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    log = json.loads((tmp_path / "log.json").read_text())
+    assert [r["epoch"] for r in log] == [1, 2]
+    assert all(len(r["M"]) == 2 and len(r["r2_pooled"]) == 2 for r in log)

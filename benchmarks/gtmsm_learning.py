@@ -1,0 +1,136 @@
+"""Does the GTM-SM learn states that map to positions? R^2 and ``M`` after every epoch.
+
+The GTM-SM's long-term predictions need its states ``s_t`` to track the agent's position
+(thesis 7.4.1, Fig. 7.2c): ``M`` must learn the displacement of each action (``up = -down``,
+``left = -right``, ``stay = 0`` up to a linear map) and the wall network where the walls are.
+This script trains :class:`pyro_seq.models.GTMSM` with ``SVI`` and ``Trace_ELBO`` on the image
+navigation training sequences (thesis sizes: 1000 sequences of 256 + 32 steps, batch 16,
+ClippedAdam with clipping at 50) and after every epoch reports, on ``--valid`` validation
+sequences, how well the memorised state means map to the true positions: the R^2 of a linear
+map with offset fitted per sequence by least squares (mean over sequences) and of one map
+pooled over all sequences, and ``M`` itself. ``--lr-m`` gives ``M`` its own learning rate (the
+thesis uses one rate, 1e-3 annealed linearly to 5e-5 over its first 50,000 updates; this is a
+diagnostic).
+
+Resumable (model and optimizer state in ``benchmarks/checkpoints/gtmsm_learning_<tag>/``),
+progress with tqdm, JSON in ``benchmarks/results/gtmsm_learning_<tag>.json`` after every epoch::
+
+    python benchmarks/gtmsm_learning.py --epochs 80 --lr-m 1e-2 --tag lrm1e-2
+    python benchmarks/gtmsm_learning.py --smoke      # seconds: tiny sizes, nothing recorded
+"""
+
+import argparse
+import json
+import math
+import time
+from pathlib import Path
+
+import torch
+
+from common import ROOT, write_result
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--train", type=int, default=1000)
+    p.add_argument("--valid", type=int, default=20)
+    p.add_argument("--tau", type=int, default=256)
+    p.add_argument("--pred", type=int, default=32)
+    p.add_argument("--epochs", type=int, default=40)
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--lr-m", type=float, default=None, help="learning rate of M (default --lr)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--tag", default=None)
+    p.add_argument("--smoke", action="store_true", help="tiny sizes, results to --smoke-dir")
+    p.add_argument("--smoke-dir", default="/tmp/gtmsm_learning_smoke", help="where --smoke writes")
+    args = p.parse_args(argv)
+    if args.smoke:
+        args.train, args.valid, args.tau, args.pred, args.epochs, args.batch_size = 8, 3, 12, 4, 2, 4
+    args.lr_m = args.lr if args.lr_m is None else args.lr_m
+    args.tag = args.tag or ("smoke" if args.smoke else f"lrm{args.lr_m:g}")
+    return args
+
+
+def state_r2(model, frames, actions, positions, tau):
+    """R^2 of linear maps (with offset) from memorised state means to true positions:
+    ``(per-sequence fit, mean over sequences; one pooled fit, per coordinate)``."""
+    with torch.no_grad():
+        _, means = model.write_memory(frames[:, :tau], model.one_hot(actions[:, :tau]))
+    pos = positions[:, :tau].to(means.dtype)
+    ones = torch.ones(means.shape[:-1] + (1,), dtype=means.dtype)
+    X = torch.cat([means, ones], -1)
+    per = []
+    for n in range(X.shape[0]):
+        w = torch.linalg.lstsq(X[n], pos[n]).solution
+        resid = (pos[n] - X[n] @ w).pow(2).sum()
+        per.append(float(1 - resid / (pos[n] - pos[n].mean(0)).pow(2).sum().clamp_min(1e-12)))
+    Xf, Yf = X.reshape(-1, X.shape[-1]), pos.reshape(-1, 2)
+    w = torch.linalg.lstsq(Xf, Yf).solution
+    pooled = 1 - (Yf - Xf @ w).pow(2).sum(0) / (Yf - Yf.mean(0)).pow(2).sum(0)
+    return sum(per) / len(per), pooled.tolist()
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    torch.set_num_threads(1)
+    import pyro
+    from pyro.infer import SVI, Trace_ELBO
+    from pyro.optim import ClippedAdam
+    from tqdm.auto import tqdm
+
+    from pyro_seq.data.simulators import image_navigation
+    from pyro_seq.models import GTMSM
+
+    sim = dict(cache=not args.smoke, progress=False, seed=args.seed)
+    train = image_navigation(args.train, args.tau + args.pred, split="train", **sim)
+    valid = image_navigation(args.valid, args.tau + args.pred, split="valid", **sim)
+    x, a = train.frames.flatten(2), train.actions
+    pyro.clear_param_store()
+    pyro.set_rng_seed(args.seed)
+    small = dict(hidden_dims=(16,), z_dim=4, wall_hidden=4) if args.smoke else {}
+    model = GTMSM(tau=args.tau, **small)
+    optim = ClippedAdam(lambda module, name: {"lr": args.lr_m if name == "M" else args.lr,
+                                              "clip_norm": 50.0})
+    svi = SVI(model.model, model.guide, optim, Trace_ELBO())
+    folder = Path(args.smoke_dir) if args.smoke else \
+        ROOT / "benchmarks" / "checkpoints" / f"gtmsm_learning_{args.tag}"
+    folder.mkdir(parents=True, exist_ok=True)
+    path, log, start = folder / "checkpoint.pt", [], 0
+    if path.exists():
+        saved = torch.load(path, weights_only=True)
+        model.load_state_dict(saved["model"])
+        optim.set_state(saved["optim"])  # consumed when each parameter is first stepped
+        start, log = int(saved["epoch"]), json.loads((folder / "log.json").read_text())
+    order_gen = torch.Generator().manual_seed(args.seed)
+    for _ in range(start):  # the same shuffles as an uninterrupted run
+        torch.randperm(args.train, generator=order_gen)
+    t0 = time.time() - (log[-1]["seconds"] if log else 0.0)
+    bar = tqdm(range(start, args.epochs), initial=start, total=args.epochs, desc="GTM-SM epochs",
+               disable=args.smoke)
+    for epoch in bar:
+        order = torch.randperm(args.train, generator=order_gen)
+        total = 0.0
+        for i in range(0, args.train, args.batch_size):
+            idx = order[i:i + args.batch_size]
+            total += svi.step(x[idx], None, inputs=a[idx])
+        per_seq, pooled = state_r2(model, valid.frames.flatten(2), valid.actions,
+                                   valid.positions, args.tau)
+        row = {"epoch": epoch + 1, "updates": (epoch + 1) * -(-args.train // args.batch_size),
+               "loss_per_sequence": total / args.train, "r2_per_sequence": per_seq,
+               "r2_pooled": pooled, "M": model.M.detach().tolist(),
+               "seconds": time.time() - t0}
+        if not (math.isfinite(row["loss_per_sequence"]) and math.isfinite(per_seq)):
+            raise SystemExit(f"non-finite value at epoch {epoch + 1}: {row}")
+        log.append(row)
+        bar.set_postfix(r2=f"{per_seq:.3f}", loss=f"{row['loss_per_sequence']:.0f}")
+        torch.save({"model": model.state_dict(), "optim": optim.get_state(), "epoch": epoch + 1},
+                   path)
+        (folder / "log.json").write_text(json.dumps(log))
+        if not args.smoke:
+            write_result(f"gtmsm_learning_{args.tag}", {"settings": vars(args), "epochs": log})
+    return log
+
+
+if __name__ == "__main__":
+    main()
