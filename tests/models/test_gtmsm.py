@@ -219,25 +219,32 @@ def _check_grads(m):
     assert not bad, f"parameters without a finite gradient: {bad}"
 
 
-@pytest.mark.parametrize("loss", [Trace_ELBO(), TraceMeanField_ELBO(), IWAE(num_particles=3),
-                                  FIVO(num_particles=3)],
-                         ids=["trace", "meanfield", "iwae", "fivo"])
-def test_one_svi_step_every_parameter_has_a_finite_gradient(loss):
-    m = small(walls=True)
-    x = torch.rand(3, 6, 4, dtype=torch.float64)
-    a = torch.randint(0, 5, (3, 6))
-    mask = torch.ones(3, 6, dtype=torch.bool)
+def _svi_step_with_gradients(m, loss, T, silent_prefix=""):
+    """Gradients of one loss evaluation (finite for every parameter, nonzero for every one whose
+    name starts with ``silent_prefix``), checked before an optimizer step (``SVI.step`` zeroes
+    them afterwards), then one SVI step: finite loss and parameters."""
+    x = torch.rand(3, T, 4, dtype=torch.float64)
+    a = torch.randint(0, 5, (3, T))
+    mask = torch.ones(3, T, dtype=torch.bool)
     mask[2, 5:] = False
     pyro.set_rng_seed(0)
-    # check the gradients before an optimizer step (SVI.step zeroes them afterwards)
     value = loss.loss_and_grads(m.model, m.guide, x, mask, inputs=a)
     assert math.isfinite(value)
     _check_grads(m)
-    silent = [n for n, p in m.named_parameters() if not bool((p.grad != 0).any())]
+    silent = [n for n, p in m.named_parameters() if n.startswith(silent_prefix) and
+              not bool((p.grad != 0).any())]
     assert not silent, f"parameters with a zero gradient: {silent}"
     m.zero_grad()
     svi = SVI(m.model, m.guide, Adam({"lr": 1e-3}), loss=loss)
     assert math.isfinite(svi.step(x, mask, inputs=a))
+    assert all(torch.isfinite(p).all() for p in m.parameters())
+
+
+@pytest.mark.parametrize("loss", [Trace_ELBO(), TraceMeanField_ELBO(), IWAE(num_particles=3),
+                                  FIVO(num_particles=3)],
+                         ids=["trace", "meanfield", "iwae", "fivo"])
+def test_one_svi_step_every_parameter_has_a_finite_gradient(loss):
+    _svi_step_with_gradients(small(walls=True), loss, T=6)
 
 
 def test_packed_actions_conv_colour_and_rotation_variants_train():
@@ -532,21 +539,7 @@ def test_obstacles_landmarks_recover_the_positions_the_transition_cannot_sec_7_1
 def test_landmark_svi_step_is_finite_and_every_parameter_has_a_gradient(loss):
     m = landmark(walls=True)
     randomise_landmark_nets(m)  # NN's zero output layer would leave its hidden layer at 0
-    x = torch.rand(3, 7, 4, dtype=torch.float64)
-    a = torch.randint(0, 5, (3, 7))
-    mask = torch.ones(3, 7, dtype=torch.bool)
-    mask[2, 5:] = False
-    pyro.set_rng_seed(0)
-    value = loss.loss_and_grads(m.model, m.guide, x, mask, inputs=a)
-    assert math.isfinite(value)
-    _check_grads(m)
-    silent = [n for n, p in m.named_parameters() if n.startswith("landmark") and
-              not bool((p.grad != 0).any())]
-    assert not silent, f"landmark parameters with a zero gradient: {silent}"
-    m.zero_grad()
-    svi = SVI(m.model, m.guide, Adam({"lr": 1e-3}), loss=loss)
-    assert math.isfinite(svi.step(x, mask, inputs=a))
-    assert all(torch.isfinite(p).all() for p in m.parameters())
+    _svi_step_with_gradients(m, loss, T=7, silent_prefix="landmark")
 
 
 def test_landmark_options_are_validated():
