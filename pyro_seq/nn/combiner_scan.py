@@ -92,7 +92,7 @@ def combiner_scan(z0, a, eps, w_z, b_z, w_h, b_h, min_scale):
     :param eps: ``(B, T, Z)`` standard-normal noise (no gradient).
     :param w_z: ``(H, Z)``, ``b_z`` ``(H,)``: the ``z_{t-1} -> hidden`` layer.
     :param w_h: ``(2Z, H)``, ``b_h`` ``(2Z,)``: the loc and scale heads stacked
-        (:meth:`Combiner.stacked_heads`).
+        (:meth:`pyro_seq.nn.Combiner.stacked_heads`).
     :param float min_scale: floor added to the softplus scale.
     :returns: ``(loc, scale, z)``, each ``(B, T, Z)``; ``z = loc + scale * eps``.
     """
