@@ -40,6 +40,8 @@ def parse_args(argv=None):
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--lr-m", type=float, default=None, help="learning rate of M (default --lr)")
+    p.add_argument("--init-displacement-std", type=float, default=0.5,
+                   help="std of M's initial entries (the model's default 0.5)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--tag", default=None)
     p.add_argument("--smoke", action="store_true", help="tiny sizes, results to --smoke-dir")
@@ -48,7 +50,8 @@ def parse_args(argv=None):
     if args.smoke:
         args.train, args.valid, args.tau, args.pred, args.epochs, args.batch_size = 8, 3, 12, 4, 2, 4
     args.lr_m = args.lr if args.lr_m is None else args.lr_m
-    args.tag = args.tag or ("smoke" if args.smoke else f"lrm{args.lr_m:g}")
+    init = "" if args.init_displacement_std == 0.5 else f"_init{args.init_displacement_std:g}"
+    args.tag = args.tag or ("smoke" if args.smoke else f"lrm{args.lr_m:g}{init}")
     return args
 
 
@@ -89,7 +92,7 @@ def main(argv=None):
     pyro.clear_param_store()
     pyro.set_rng_seed(args.seed)
     small = dict(hidden_dims=(16,), z_dim=4, wall_hidden=4) if args.smoke else {}
-    model = GTMSM(tau=args.tau, **small)
+    model = GTMSM(tau=args.tau, init_displacement_std=args.init_displacement_std, **small)
     optim = ClippedAdam(lambda module, name: {"lr": args.lr_m if name == "M" else args.lr,
                                               "clip_norm": 50.0})
     svi = SVI(model.model, model.guide, optim, Trace_ELBO())
