@@ -58,6 +58,14 @@ own ``z_{t-1}``, which the model reuses when its latent history is the guide's s
 the work is done once (the gradient of a shared tensor sums its uses in model and guide, as
 the gradients of two equal computations would).
 
+Scanned guides: a model may also define :meth:`SequenceModel.guide_scan`, which runs every
+guide step at once after ``guide_init`` (the DMM's combiner recursion as one autograd node,
+:func:`pyro_seq.nn.combiner_scan`). The full-sequence guide uses it only when the handlers
+around it cannot change its sample values or add batch dimensions (:func:`plain_guide_stack`:
+inside ``Trace_ELBO`` and the trainer; not under a replay, a condition or a particle plate) and
+emits the same per-step sites (:meth:`SequenceModel.sample_presampled`); the step loop serves
+everything else, so particle methods never see the difference.
+
 ``m.model`` and ``m.guide`` are :class:`StepProgram` objects: calling them runs the whole
 sequence (``init`` then ``step`` for every ``t`` inside ``pyro.markov``, the batch inside
 ``pyro.plate("sequences")``), so they work with :class:`pyro.infer.SVI` and every stock ELBO;
@@ -480,8 +488,7 @@ class StepProgram:
                     history = [state[name]] + values[:-1]     # z_{0:T-1}
                     state[name] = stack_time(history)
                 self._step(state, slice(None), x, mask)
-            elif not (self.role == "guide" and type(owner).guide_scan is not SequenceModel.guide_scan
-                      and plain_guide_stack(self._plate) and owner.guide_scan(state, x, mask)):
+            elif not self._scanned_guide(state, x, mask):
                 if self.role == "model":
                     state.deferred_features = []
                 for t in pyro.markov(range(T)):
@@ -489,6 +496,14 @@ class StepProgram:
                 if state.deferred_features:
                     owner._observe_deferred(state, x, mask)
         return state
+
+
+    def _scanned_guide(self, state, x, mask):
+        """Whether the guide ran every step at once (:meth:`SequenceModel.guide_scan`): only a
+        model that defines it, only under :func:`plain_guide_stack`, only if it accepts."""
+        owner = self._owner
+        return (self.role == "guide" and type(owner).guide_scan is not SequenceModel.guide_scan
+                and plain_guide_stack(self._plate) and owner.guide_scan(state, x, mask))
 
 
 class SequenceModel(nn.Module):
