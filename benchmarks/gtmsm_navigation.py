@@ -185,9 +185,6 @@ def figures(results, analysis, test, args, prefix):
     rows = [("truth", test.frames.flatten(2)[0, args.tau:])]
     rows += [(names.get(k, k), torch.tensor(v["example_frames"])) for k, v in results.items()
              if isinstance(v, dict) and "example_frames" in v]
-    if "gtmsm" in results and analysis.get("example_frames") is None and \
-            "example_frames" not in results["gtmsm"]:
-        pass
     side = int(round(rows[0][1].shape[-1] ** 0.5))
     fig, axes = plt.subplots(len(rows), len(shown), figsize=(1.2 * len(shown), 1.3 * len(rows)),
                              layout="constrained", squeeze=False)

@@ -61,6 +61,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from statistics import mean, stdev
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -102,20 +103,14 @@ def permutation_test(group1, group2, statistic):
     return observed, count / total
 
 
-def _mean(values):
-    return sum(values) / len(values)
-
-
 def _sd(values):
-    if len(values) < 2:
-        return 0.0
-    m = _mean(values)
-    return (sum((v - m) ** 2 for v in values) / (len(values) - 1)) ** 0.5
+    """Sample standard deviation (n - 1), 0 for a single value."""
+    return stdev(values) if len(values) > 1 else 0.0
 
 
 def curve_gap(g1, g2):
     """``mean_e |mean of g1 at e - mean of g2 at e|`` for curves of equal length."""
-    return _mean([abs(_mean(a) - _mean(b)) for a, b in zip(zip(*g1), zip(*g2))])
+    return mean([abs(mean(a) - mean(b)) for a, b in zip(zip(*g1), zip(*g2))])
 
 
 def judge(curves, compare_epochs=None):
@@ -131,15 +126,15 @@ def judge(curves, compare_epochs=None):
     two = [curves[k][:n] for k in sorted(curves) if RUNS[k][0] == 2]
     gap, p_curve = permutation_test(one, two, curve_gap)
     best1, best2 = [max(c) for c in one], [max(c) for c in two]
-    best_gap, p_best = permutation_test(best1, best2, lambda a, b: abs(_mean(a) - _mean(b)))
-    spread = _mean([_sd(col) for col in zip(*one)]) if len(one) > 1 else None
+    best_gap, p_best = permutation_test(best1, best2, lambda a, b: abs(mean(a) - mean(b)))
+    spread = mean([_sd(col) for col in zip(*one)]) if len(one) > 1 else None
     return {
         "epochs_compared": n, "runs_1_process": [k for k in sorted(curves) if RUNS[k][0] == 1],
         "runs_2_processes": [k for k in sorted(curves) if RUNS[k][0] == 2],
         "curve_gap": gap, "p_curve": p_curve,
         "seed_spread_1_process": spread,
-        "best_valid_1_process": {"mean": _mean(best1), "sd": _sd(best1), "values": best1},
-        "best_valid_2_processes": {"mean": _mean(best2), "sd": _sd(best2), "values": best2},
+        "best_valid_1_process": {"mean": mean(best1), "sd": _sd(best1), "values": best1},
+        "best_valid_2_processes": {"mean": mean(best2), "sd": _sd(best2), "values": best2},
         "best_gap": best_gap, "p_best": p_best,
         "splits": math.comb(len(one) + len(two), len(one)),
         "within_noise": p_curve >= LEVEL,
@@ -220,7 +215,7 @@ def plot(curves, verdict, path, cuts=None):
     one = [curves[k][:n] for k in verdict["runs_1_process"]]
     two = [curves[k][:n] for k in verdict["runs_2_processes"]]
     epochs = range(1, n + 1)
-    bottom.plot(epochs, [abs(_mean(a) - _mean(b)) for a, b in zip(zip(*one), zip(*two))],
+    bottom.plot(epochs, [abs(mean(a) - mean(b)) for a, b in zip(zip(*one), zip(*two))],
                 color="C3", label="|mean 1 process - mean 2 processes|")
     if len(one) > 1:
         bottom.plot(epochs, [_sd(col) for col in zip(*one)], color="C0", ls=":",
@@ -322,7 +317,8 @@ def main(argv=None):
           f"{v['p_curve']:.3f} over {v['splits']} splits; best valid "
           f"{v['best_valid_1_process']['mean']:.4f} +- {v['best_valid_1_process']['sd']:.4f} vs "
           f"{v['best_valid_2_processes']['mean']:.4f} +- {v['best_valid_2_processes']['sd']:.4f}"
-          f" (p = {v['p_best']:.3f}): {'within noise' if v['within_noise'] else 'NOT within noise'}")
+          f" (p = {v['p_best']:.3f}): "
+          f"{'within noise' if v['within_noise'] else 'NOT within noise'}")
     write_result("nproc_curve", result, path=args.output)
     plot(curves, verdict, args.output.with_suffix(".png"), cuts)
     return result

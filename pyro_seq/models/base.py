@@ -497,7 +497,6 @@ class StepProgram:
                     owner._observe_deferred(state, x, mask)
         return state
 
-
     def _scanned_guide(self, state, x, mask):
         """Whether the guide ran every step at once (:meth:`SequenceModel.guide_scan`): only a
         model that defines it, only under :func:`plain_guide_stack`, only if it accepts."""
@@ -617,14 +616,14 @@ class SequenceModel(nn.Module):
         else:
             log_probs = _observed_emission(fn_all, seen).log_prob(x).unbind(-1)
         values = x.unbind(1)
-        like = self.likelihood(steps[0]) if seen is None else None
+
+        def step_fn(t):
+            fn = self.likelihood(steps[t])
+            return fn if seen is None else _observed_emission(fn, seen[:, t])
+
+        like = step_fn(0)  # shapes of every step; the others are built if used
         for t in pyro.markov(range(x.shape[1])):
-            if seen is None:  # shapes from step 0; a step's distribution is built if used
-                fn = ScoredValue((like, functools.partial(self.likelihood, steps[t])),
-                                 values[t], log_probs[t])
-            else:
-                fn = ScoredValue(_observed_emission(self.likelihood(steps[t]), seen[:, t]),
-                                 values[t], log_probs[t])
+            fn = ScoredValue((like, functools.partial(step_fn, t)), values[t], log_probs[t])
             pyro.sample(f"x_{t + 1}", masked(fn, mask[:, t]), obs=values[t])
 
     def model_init(self, state, x, mask):

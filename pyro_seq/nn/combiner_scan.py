@@ -50,12 +50,8 @@ class _CombinerScan(torch.autograd.Function):
     def backward(ctx, g_loc, g_scale, g_z):
         z0, a, eps, w_z, w_h, g, raw, z = ctx.saved_tensors
         B, T, Z = eps.shape
-        zeros = None
-        if g_loc is None or g_scale is None or g_z is None:
-            zeros = z.new_zeros(B, T, Z)
-        g_loc = zeros if g_loc is None else g_loc
-        g_scale = zeros if g_scale is None else g_scale
-        g_z = zeros if g_z is None else g_z
+        g_loc, g_scale, g_z = (torch.zeros_like(z) if v is None else v
+                               for v in (g_loc, g_scale, g_z))  # outputs that got no gradient
         # everything that does not depend on the carried gradient, for all steps at once
         sig = torch.sigmoid(raw)
         d_out = torch.cat([g_loc + g_z, (g_scale + g_z * eps) * sig], -1)  # (B, T, 2Z)
