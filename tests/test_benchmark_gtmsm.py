@@ -58,12 +58,12 @@ def test_gtmsm_learning_r2_is_one_for_states_that_are_an_affine_map_of_positions
     g = torch.Generator().manual_seed(0)
     actions = torch.randint(0, 5, (6, 40), generator=g)
     positions = 4 + torch.from_numpy(ACTION_MOVES)[actions].cumsum(1)
-    frames = torch.rand(6, 40, 64, generator=g)
-    m = GTMSM(tau=40, walls=False, transition_noise=1e-6)
+    frames = torch.rand(6, 40, 64, generator=g, dtype=torch.float64)
+    m = GTMSM(tau=40, walls=False, transition_noise=1e-6).double()
     with torch.no_grad():
         m.M.copy_(torch.tensor([[-1.0, 1, 0, 0, 0], [0, 0, -1, 1, 0]]))
     per_seq, pooled = gtmsm_learning.state_r2(m, frames, actions, positions, 40)
-    assert per_seq == pytest.approx(1.0, abs=1e-6) and pooled == pytest.approx([1.0, 1.0], abs=1e-6)
+    assert per_seq == pytest.approx(1.0, abs=1e-9) and pooled == pytest.approx([1.0, 1.0], abs=1e-9)
     with torch.no_grad():  # displacements that ignore the direction: states count moves only
         m.M.copy_(torch.tensor([[1.0, 1, 0, 0, 0], [0, 0, 1, 1, 0]]))
     per_seq, _ = gtmsm_learning.state_r2(m, frames, actions, positions, 40)
