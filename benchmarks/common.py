@@ -31,6 +31,24 @@ def machine_info():
             "date": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
 
 
+def device_info(device):
+    """The device a run used: its name (the CPU model on a CPU run), memory, CUDA and cuDNN
+    versions, and the peak memory the process allocated on it."""
+    device = torch.device(device)
+    info = {"device": str(device), "cuda_available": torch.cuda.is_available(),
+            "torch_cuda": torch.version.cuda}
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        info.update(device_name=torch.cuda.get_device_name(device),
+                    device_memory_gib=round(props.total_memory / 2 ** 30, 1),
+                    cudnn=torch.backends.cudnn.version(),
+                    max_memory_allocated_mib=round(torch.cuda.max_memory_allocated(device)
+                                                   / 2 ** 20, 1))
+    else:
+        info["device_name"] = machine_info()["cpu"]
+    return info
+
+
 def write_result(name, payload, path=None):
     """Write ``payload`` (plus machine facts) to ``benchmarks/results/<name>.json``, or to
     ``path`` when given (e.g. a smoke run that must not replace the recorded result)."""

@@ -49,7 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import pyro  # noqa: E402
 import torch  # noqa: E402
 
-from common import RESULTS, SHARED_DATA, machine_info  # noqa: E402
+from common import RESULTS, SHARED_DATA, device_info, machine_info  # noqa: E402
 
 LGSSM_TOLERANCE = 1e-9
 RESUME_TOLERANCE = 1e-5
@@ -430,21 +430,6 @@ def check_timing(device, data_spec, smoke, epochs):
 
 
 # --------------------------------------------------------------------------- main
-def device_info(device):
-    info = {"device": str(device), "cuda_available": torch.cuda.is_available(),
-            "torch_cuda": torch.version.cuda}
-    if device.type == "cuda":
-        props = torch.cuda.get_device_properties(device)
-        info.update(device_name=torch.cuda.get_device_name(device),
-                    device_memory_gib=round(props.total_memory / 2 ** 30, 1),
-                    cudnn=torch.backends.cudnn.version(),
-                    max_memory_allocated_mib=round(torch.cuda.max_memory_allocated(device)
-                                                   / 2 ** 20, 1))
-    else:
-        info["device_name"] = machine_info()["cpu"]
-    return info
-
-
 def run_section(results, name, fn):
     print(f"{name}:", flush=True)
     start = time.perf_counter()

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from common import ROOT, write_result
+from common import ROOT, device_info, write_result
 
 
 def parse_args(argv=None):
@@ -43,6 +43,9 @@ def parse_args(argv=None):
     p.add_argument("--init-displacement-std", type=float, default=0.5,
                    help="std of M's initial entries (the model's default 0.5)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (named in the JSON)")
+    p.add_argument("--time-limit", type=float, default=None,
+                   help="stop after the epoch that passes this many seconds of this call")
     p.add_argument("--tag", default=None)
     p.add_argument("--smoke", action="store_true", help="tiny sizes, results to --smoke-dir")
     p.add_argument("--smoke-dir", default="/tmp/gtmsm_learning_smoke", help="where --smoke writes")
@@ -60,6 +63,7 @@ def state_r2(model, frames, actions, positions, tau):
     ``(per-sequence fit, mean over sequences; one pooled fit, per coordinate)``."""
     with torch.no_grad():
         _, means = model.write_memory(frames[:, :tau], model.one_hot(actions[:, :tau]))
+    means = means.cpu()
     pos = positions[:, :tau].to(means.dtype)
     ones = torch.ones(means.shape[:-1] + (1,), dtype=means.dtype)
     X = torch.cat([means, ones], -1)
@@ -84,15 +88,19 @@ def main(argv=None):
 
     from pyro_seq.data.simulators import image_navigation
     from pyro_seq.models import GTMSM
+    from pyro_seq.validation import parse_device
 
+    device = parse_device(args.device, "--device")
     sim = dict(cache=not args.smoke, progress=False, seed=args.seed)
     train = image_navigation(args.train, args.tau + args.pred, split="train", **sim)
     valid = image_navigation(args.valid, args.tau + args.pred, split="valid", **sim)
-    x, a = train.frames.flatten(2), train.actions
+    x, a = train.frames.flatten(2).to(device), train.actions.to(device)
+    vx, va = valid.frames.flatten(2).to(device), valid.actions.to(device)
     pyro.clear_param_store()
     pyro.set_rng_seed(args.seed)
     small = dict(hidden_dims=(16,), z_dim=4, wall_hidden=4) if args.smoke else {}
-    model = GTMSM(tau=args.tau, init_displacement_std=args.init_displacement_std, **small)
+    model = GTMSM(tau=args.tau, init_displacement_std=args.init_displacement_std,
+                  **small).to(device)
     optim = ClippedAdam(lambda module, name: {"lr": args.lr_m if name == "M" else args.lr,
                                               "clip_norm": 50.0})
     svi = SVI(model.model, model.guide, optim, Trace_ELBO())
@@ -101,7 +109,7 @@ def main(argv=None):
     folder.mkdir(parents=True, exist_ok=True)
     path, log, start = folder / "checkpoint.pt", [], 0
     if path.exists():
-        saved = torch.load(path, weights_only=True)
+        saved = torch.load(path, weights_only=True, map_location=device)
         model.load_state_dict(saved["model"])
         optim.set_state(saved["optim"])  # consumed when each parameter is first stepped
         start, log = int(saved["epoch"]), json.loads((folder / "log.json").read_text())
@@ -109,20 +117,22 @@ def main(argv=None):
     for _ in range(start):  # the same shuffles as an uninterrupted run
         torch.randperm(args.train, generator=order_gen)
     t0 = time.time() - (log[-1]["seconds"] if log else 0.0)
+    call_start = time.time()
     bar = tqdm(range(start, args.epochs), initial=start, total=args.epochs, desc="GTM-SM epochs",
                disable=args.smoke)
     for epoch in bar:
         order = torch.randperm(args.train, generator=order_gen)
         total = 0.0
         for i in range(0, args.train, args.batch_size):
-            idx = order[i:i + args.batch_size]
+            idx = order[i:i + args.batch_size].to(device)
             total += svi.step(x[idx], None, inputs=a[idx])
-        per_seq, pooled = state_r2(model, valid.frames.flatten(2), valid.actions,
-                                   valid.positions, args.tau)
+        train_seconds = time.time() - t0
+        per_seq, pooled = state_r2(model, vx, va, valid.positions, args.tau)
         row = {"epoch": epoch + 1, "updates": (epoch + 1) * -(-args.train // args.batch_size),
                "loss_per_sequence": total / args.train, "r2_per_sequence": per_seq,
                "r2_pooled": pooled, "M": model.M.detach().tolist(),
-               "seconds": time.time() - t0}
+               "seconds": time.time() - t0, "seconds_training_epoch": train_seconds
+               - (log[-1]["seconds"] if log else 0.0)}
         if not (math.isfinite(row["loss_per_sequence"]) and math.isfinite(per_seq)):
             raise SystemExit(f"non-finite value at epoch {epoch + 1}: {row}")
         log.append(row)
@@ -131,25 +141,28 @@ def main(argv=None):
                    path)
         (folder / "log.json").write_text(json.dumps(log))
         if not args.smoke:
-            write_result(f"gtmsm_learning_{args.tag}", {"settings": vars(args), "epochs": log})
-    oracle = oracle_check(model, valid, args) if log else None
+            write_result(f"gtmsm_learning_{args.tag}", {"settings": vars(args), "epochs": log,
+                                                         "device_info": device_info(device)})
+        if args.time_limit is not None and time.time() - call_start > args.time_limit:
+            break
+    oracle = oracle_check(model, valid, args, vx, va) if log else None
     if not args.smoke and oracle is not None:
         write_result(f"gtmsm_learning_{args.tag}", {"settings": vars(args), "epochs": log,
-                                                     "oracle_check": oracle})
+                                                     "oracle_check": oracle,
+                                                     "device_info": device_info(device)})
     return log
 
 
-def oracle_check(model, valid, args, repeats=3):
+def oracle_check(model, valid, args, x, a, repeats=3):
     """Is the true structure better under the objective? The validation ELBO (nats per
     sequence, mean of ``repeats`` single-sample estimates with the same seeds) of the trained
     model, and of the same model with ``M`` set to the true displacements in grid units and the
     wall network set by hand to block moves beyond the 9 x 9 grid (states = position - centre,
     sequences start at the centre cell). A higher oracle ELBO means the objective prefers the
-    true states, so failing to find them is a matter of optimisation."""
+    true states, so failing to find them is a matter of optimisation. ``x``, ``a``: the
+    validation frames and actions on the model's device."""
     import pyro
     from pyro.infer import Trace_ELBO
-
-    x, a = valid.frames.flatten(2), valid.actions
 
     def elbo():
         pyro.set_rng_seed(args.seed)

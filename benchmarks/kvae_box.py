@@ -35,7 +35,7 @@ from pathlib import Path
 
 import torch
 
-from common import RESULTS, ROOT, write_result
+from common import RESULTS, ROOT, device_info, write_result
 
 PROBS = [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9]
 METHODS = ("generation", "filtering", "smoothing")
@@ -58,6 +58,10 @@ def parse_args(argv=None):
     p.add_argument("--channels", type=int, default=32)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (named in the JSON)")
+    p.add_argument("--time-limit", type=float, default=None,
+                   help="seconds of KVAE training at most (fit's time_limit; the epochs done "
+                        "are in the JSON)")
     p.add_argument("--tag", default=None)
     p.add_argument("--smoke", action="store_true", help="tiny sizes, results to --smoke-dir")
     p.add_argument("--smoke-dir", default="/tmp/kvae_smoke", help="where --smoke writes")
@@ -86,10 +90,12 @@ def make_masks(num, T, generator):
 def imputation_errors(model, baseline, vaernn, videos, generator, batch=100):
     from pyro_seq.tasks import impute, pixel_error
 
-    x = videos.frames.flatten(2).to(next(model.parameters()).dtype)
+    first = next(model.parameters())
+    x = videos.frames.flatten(2).to(first.device, first.dtype)
     N, T, _ = x.shape
     out = {}
     for name, observed in make_masks(N, T, generator).items():
+        observed = observed.to(x.device)
         row = {}
         for method in METHODS:
             probs = torch.cat([model.impute_frames(x[i:i + batch], observed[i:i + batch], method)[0]
@@ -115,20 +121,20 @@ def train_baseline(train, args, out_dir, image_shape):
     from pyro_seq.baselines import AERNN
 
     torch.manual_seed(args.seed)
-    model = AERNN(image_shape, channels=args.channels)
+    model = AERNN(image_shape, channels=args.channels).to(args.device)
     optim = torch.optim.Adam(model.parameters(), lr=1e-3)
     path, start, history = out_dir / "ae_rnn.pt", 0, []
     if path.exists():
-        state = torch.load(path, weights_only=True)
+        state = torch.load(path, weights_only=True, map_location=args.device)
         model.load_state_dict(state["model"])
         optim.load_state_dict(state["optim"])
         start, history = int(state["epoch"]), [float(v) for v in state["history"]]
-    x = train.frames.flatten(2)
+    x = train.frames.flatten(2).to(args.device)
     t0 = time.time()
     for epoch in tqdm(range(start, args.baseline_epochs), initial=start, total=args.baseline_epochs,
                       desc="AE-RNN epochs", disable=args.smoke):
         g = torch.Generator().manual_seed(args.seed * 1000 + epoch)
-        order = torch.randperm(len(x), generator=g)
+        order = torch.randperm(len(x), generator=g).to(x.device)
         total = 0.0
         for i in range(0, len(x), args.batch_size):
             loss = model.loss(x[order[i:i + args.batch_size]])
@@ -153,7 +159,7 @@ def train_vaernn(train, valid, args, out_dir):
     torch.manual_seed(args.seed)
     model = VAERNN(train.frames[0, 0].numel(), d_dim=50, z_dim=8, hidden_dim=128)
     config = TrainConfig(epochs=args.baseline_epochs, batch_size=args.batch_size, lr=1e-3,
-                         patience=None,
+                         patience=None, device=args.device,
                          seed=args.seed, num_threads=args.threads, progress=not args.smoke,
                          valid_batch_size=100)
     t0 = time.time()
@@ -182,8 +188,9 @@ def figures(model, videos, errors, out_prefix, env="box"):
     fig.savefig(f"{out_prefix}_imputation.png", dpi=120)
     plt.close(fig)
 
-    x = videos.frames.flatten(2)[:4].to(next(model.parameters()).dtype)
-    a = model.encode(x)[0].detach()
+    first = next(model.parameters())
+    x = videos.frames.flatten(2)[:4].to(first.device, first.dtype)
+    a = model.encode(x)[0].detach().cpu()
     pos = videos.positions[:4]
     fig, axes = plt.subplots(1, 4, figsize=(12, 3.2), layout="constrained")
     for i, ax in enumerate(axes):
@@ -200,18 +207,18 @@ def figures(model, videos, errors, out_prefix, env="box"):
     fig.savefig(f"{out_prefix}_positions.png", dpi=120)
     plt.close(fig)
     g = torch.Generator().manual_seed(1)
-    observed = make_masks(1, x.shape[1], g)["p=0.8"]
+    observed = make_masks(1, x.shape[1], g)["p=0.8"].to(x.device)
     probs, _ = model.impute_frames(x[:1], observed, "smoothing")
     H, W = model.image_shape[-2:]
-    frames = torch.cat([x[0].reshape(-1, H, W), probs[0].detach().reshape(-1, H, W)], -1)
+    frames = torch.cat([x[0].reshape(-1, H, W), probs[0].detach().reshape(-1, H, W)], -1).cpu()
     plot_video(frames, f"{out_prefix}_frames.png", positions=None,
                title="truth | smoothing at p = 0.8")
     # Generation (appendix 6.9 videos, Fig. 6.5): the first 4 frames observed, then the
     # filter's predictions only; truth beside the generated frames, trajectory coloured by time.
-    observed = torch.zeros(1, x.shape[1], dtype=torch.bool)
+    observed = torch.zeros(1, x.shape[1], dtype=torch.bool, device=x.device)
     observed[:, :4] = True
     probs, _ = model.impute_frames(x[:1], observed, "generation")
-    frames = torch.cat([x[0].reshape(-1, H, W), probs[0].detach().reshape(-1, H, W)], -1)
+    frames = torch.cat([x[0].reshape(-1, H, W), probs[0].detach().reshape(-1, H, W)], -1).cpu()
     plot_video(frames, f"{out_prefix}_generation.png", positions=None,
                title=f"{env}: truth | generated after 4 frames")
 
@@ -222,7 +229,9 @@ def main(argv=None):
     from pyro_seq.data.simulators import simulate
     from pyro_seq.models import KVAE
     from pyro_seq.train import TrainConfig, evaluate_bound, fit
+    from pyro_seq.validation import parse_device
 
+    device = parse_device(args.device, "--device")
     t0 = time.time()
     cache = False if args.smoke else True
     sim = dict(cache=cache, progress=not args.smoke, num_workers=1 if args.smoke else None)
@@ -238,7 +247,8 @@ def main(argv=None):
                          clip_norm=150.0, lr_schedule="exponential", lr_decay_after=1,
                          lr_decay_factor=(1 / 0.85) ** (1 / decay_every), patience=None,
                          init="none", seed=args.seed, num_threads=args.threads,
-                         progress=not args.smoke, valid_batch_size=100)
+                         progress=not args.smoke, valid_batch_size=100, device=args.device,
+                         time_limit=args.time_limit)
     smoke_dir = Path(args.smoke_dir)
     out_dir = smoke_dir / "run" if args.smoke else ROOT / "benchmarks" / "checkpoints" / args.tag
     t1 = time.time()
@@ -272,6 +282,7 @@ def main(argv=None):
                     "ae_rnn_training": baseline_seconds, "vaernn_training": vaernn_seconds,
                     "imputation": impute_seconds},
         "seconds_per_epoch": [r["seconds"] for r in epochs],
+        "epochs_trained": len(epochs), "device_info": device_info(device),
         "thesis": "Fig. 6.3a: smoothing < filtering < generation at every p (curves, no table)",
     }
     prefix = smoke_dir / "fig" if args.smoke else RESULTS / f"kvae_{args.tag}"
