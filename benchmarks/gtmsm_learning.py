@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 
 from common import ROOT, device_info, write_result
+from pyro_seq.data.simulators.navigation import ACTIONS
 
 
 def parse_args(argv=None):
@@ -42,6 +43,17 @@ def parse_args(argv=None):
     p.add_argument("--lr-m", type=float, default=None, help="learning rate of M (default --lr)")
     p.add_argument("--init-displacement-std", type=float, default=0.5,
                    help="std of M's initial entries (the model's default 0.5)")
+    p.add_argument("--blocked-as-stay", action="store_true",
+                   help="diagnostic: record every move that a wall blocked as 'stay', so that "
+                        "the data hold no wall effect and s_t = s_{t-1} + M a_t is exact")
+    p.add_argument("--no-walls", action="store_true",
+                   help="the linear transition (GTMSM(walls=False)), no wall network")
+    p.add_argument("--delta-start", type=float, default=None,
+                   help="curriculum on the mixture kernel: delta of w_k ~ 1 / (d_k^2 + delta) "
+                        "starts here and falls geometrically to the model's 1e-4 over "
+                        "--delta-epochs epochs (a wide kernel mixes the K neighbours' frames, so "
+                        "that states of nearby positions must be near)")
+    p.add_argument("--delta-epochs", type=int, default=10)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (named in the JSON)")
     p.add_argument("--time-limit", type=float, default=None,
@@ -54,8 +66,38 @@ def parse_args(argv=None):
         args.train, args.valid, args.tau, args.pred, args.epochs, args.batch_size = 8, 3, 12, 4, 2, 4
     args.lr_m = args.lr if args.lr_m is None else args.lr_m
     init = "" if args.init_displacement_std == 0.5 else f"_init{args.init_displacement_std:g}"
+    init += ("_nohits" if args.blocked_as_stay else "") + ("_nowalls" if args.no_walls else "")
+    init += "" if args.delta_start is None else f"_delta{args.delta_start:g}x{args.delta_epochs}"
     args.tag = args.tag or ("smoke" if args.smoke else f"lrm{args.lr_m:g}{init}")
     return args
+
+
+def blocked_as_stay(videos):
+    """The actions of ``videos`` with every move that a wall blocked replaced by "stay" (4).
+
+    Sequences start at the centre cell and ``positions[:, t]`` is the position after
+    ``actions[:, t]`` (:mod:`pyro_seq.data.simulators.navigation`), so a move was blocked where
+    the position did not change. The result makes the transition exactly linear, ``p_t =
+    p_{t-1} + D a_t`` with ``D`` the true displacements: a diagnostic that removes the walls'
+    effect from the data without changing frames or positions.
+    """
+    params = videos.params
+    if params.start != "centre" or params.obstacles:
+        raise ValueError("blocked_as_stay needs sequences that start at the centre, no obstacles")
+    pos = videos.positions
+    centre = torch.full_like(pos[:, :1], (params.grid_size - 1) // 2)
+    previous = torch.cat([centre, pos[:, :-1]], 1)
+    stay = len(ACTIONS) - 1
+    blocked = (pos == previous).all(-1) & (videos.actions != stay)
+    return torch.where(blocked, torch.full_like(videos.actions, stay), videos.actions)
+
+
+def delta_at(epoch, start, epochs, final):
+    """The kernel's ``delta`` in ``epoch`` (0-based) of the curriculum: ``start`` at epoch 0,
+    geometric to ``final`` at ``epochs`` and after (``start=None``: ``final`` throughout)."""
+    if start is None or epoch >= epochs:
+        return final
+    return start * (final / start) ** (epoch / epochs)
 
 
 def state_r2(model, frames, actions, positions, tau):
@@ -94,13 +136,16 @@ def main(argv=None):
     sim = dict(cache=not args.smoke, progress=False, seed=args.seed)
     train = image_navigation(args.train, args.tau + args.pred, split="train", **sim)
     valid = image_navigation(args.valid, args.tau + args.pred, split="valid", **sim)
-    x, a = train.frames.flatten(2).to(device), train.actions.to(device)
-    vx, va = valid.frames.flatten(2).to(device), valid.actions.to(device)
+    train_actions, valid_actions = train.actions, valid.actions
+    if args.blocked_as_stay:
+        train_actions, valid_actions = blocked_as_stay(train), blocked_as_stay(valid)
+    x, a = train.frames.flatten(2).to(device), train_actions.to(device)
+    vx, va = valid.frames.flatten(2).to(device), valid_actions.to(device)
     pyro.clear_param_store()
     pyro.set_rng_seed(args.seed)
     small = dict(hidden_dims=(16,), z_dim=4, wall_hidden=4) if args.smoke else {}
     model = GTMSM(tau=args.tau, init_displacement_std=args.init_displacement_std,
-                  **small).to(device)
+                  walls=not args.no_walls, **small).to(device)
     optim = ClippedAdam(lambda module, name: {"lr": args.lr_m if name == "M" else args.lr,
                                               "clip_norm": 50.0})
     svi = SVI(model.model, model.guide, optim, Trace_ELBO())
@@ -120,7 +165,9 @@ def main(argv=None):
     call_start = time.time()
     bar = tqdm(range(start, args.epochs), initial=start, total=args.epochs, desc="GTM-SM epochs",
                disable=args.smoke)
+    final_delta = model.delta
     for epoch in bar:
+        model.delta = delta_at(epoch, args.delta_start, args.delta_epochs, final_delta)
         order = torch.randperm(args.train, generator=order_gen)
         total = 0.0
         for i in range(0, args.train, args.batch_size):
@@ -130,7 +177,7 @@ def main(argv=None):
         per_seq, pooled = state_r2(model, vx, va, valid.positions, args.tau)
         row = {"epoch": epoch + 1, "updates": (epoch + 1) * -(-args.train // args.batch_size),
                "loss_per_sequence": total / args.train, "r2_per_sequence": per_seq,
-               "r2_pooled": pooled, "M": model.M.detach().tolist(),
+               "r2_pooled": pooled, "M": model.M.detach().tolist(), "delta": model.delta,
                "seconds": time.time() - t0, "seconds_training_epoch": train_seconds
                - (log[-1]["seconds"] if log else 0.0)}
         if not (math.isfinite(row["loss_per_sequence"]) and math.isfinite(per_seq)):
@@ -145,6 +192,7 @@ def main(argv=None):
                                                          "device_info": device_info(device)})
         if args.time_limit is not None and time.time() - call_start > args.time_limit:
             break
+    model.delta = final_delta  # the oracle check and the saved model use the model's delta
     oracle = oracle_check(model, valid, args, vx, va) if log else None
     if not args.smoke and oracle is not None:
         write_result(f"gtmsm_learning_{args.tag}", {"settings": vars(args), "epochs": log,
@@ -175,11 +223,12 @@ def oracle_check(model, valid, args, x, a, repeats=3):
     half = (valid.params.grid_size - 1) / 2 + 0.5  # beyond the last cell's centre
     with torch.no_grad():
         model.M.copy_(torch.tensor([[-1.0, 1, 0, 0, 0], [0, 0, -1, 1, 0]]))
-        first, last = model.wall_net[0], model.wall_net[-1]
-        first.weight.zero_(), first.bias.zero_(), last.weight.zero_()
-        for k, (i, sign) in enumerate(((0, 1.0), (0, -1.0), (1, 1.0), (1, -1.0))):
-            first.weight[k, i], first.bias[k] = sign, -half  # relu(|s_i| - half) per side
-        last.weight[0, :4], last.bias[0] = -100.0, 10.0  # sigmoid: ~1 inside, ~0 beyond
+        if model.wall_net is not None:
+            first, last = model.wall_net[0], model.wall_net[-1]
+            first.weight.zero_(), first.bias.zero_(), last.weight.zero_()
+            for k, (i, sign) in enumerate(((0, 1.0), (0, -1.0), (1, 1.0), (1, -1.0))):
+                first.weight[k, i], first.bias[k] = sign, -half  # relu(|s_i| - half) per side
+            last.weight[0, :4], last.bias[0] = -100.0, 10.0  # sigmoid: ~1 inside, ~0 beyond
     oracle = elbo()
     model.load_state_dict(saved)
     return {"valid_elbo_learnt": learnt, "valid_elbo_oracle_M_and_walls": oracle,

@@ -11,7 +11,13 @@ Adam, keeps the weights of its best validation ELBO, and is scored on the test s
 The thesis's numbers (810.08 KVAE-CNN, 807.02 KVAE-MLP, 784.70 DMM) are positive because
 Karl et al.'s frames are grey-level with a Gaussian likelihood; our frames are binary with a
 Bernoulli likelihood, so only the ordering is comparable. JSON in
-``benchmarks/results/kvae_pendulum.json``; ``--smoke`` runs tiny sizes in seconds.
+``benchmarks/results/<tag>.json`` (default ``kvae_pendulum``); ``--smoke`` runs tiny sizes in
+seconds. The recorded comparison (``docs/benchmarks.rst``)::
+
+    python benchmarks/kvae_pendulum.py --epochs 300 --models kvae_mlp,dmm \
+        --reconstruction-weight 0.3 --tag kvae_pendulum_300
+    python benchmarks/kvae_pendulum.py --epochs 300 --models kvae_mlp \
+        --reconstruction-weight 1 --tag kvae_pendulum_300_w1
 """
 
 import argparse

@@ -69,6 +69,9 @@ VARIANTS = {
     # the same without any initialisation: on JSB the output-bias start fitted the training set
     # faster (epoch 10: 6.99 against the recipe's 8.95 nats/step) and over-fitted more
     "candidate_noinit": TrainConfig(**COMMON, init="none", schedule_during_annealing=True),
+    # the defaults with the plateau schedule halving after 2 epochs without improvement instead
+    # of 4: on JSB the defaults over-fitted in the 4 epochs before each halving (epochs 47-50)
+    "plateau1": TrainConfig(**COMMON, plateau_patience=1),
     # benchmarks/jsb_srnn.py, tuned on JSB-2x
     "recipe": TrainConfig(**COMMON, lr_schedule="exponential", lr_decay_after=50,
                           lr_decay_factor=1.15, patience=None, init="none"),

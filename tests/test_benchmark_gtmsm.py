@@ -83,3 +83,39 @@ def test_gtmsm_learning_smoke_resumes(tmp_path):
     log = json.loads((tmp_path / "log.json").read_text())
     assert [r["epoch"] for r in log] == [1, 2]
     assert all(len(r["M"]) == 2 and len(r["r2_pooled"]) == 2 for r in log)
+
+
+def test_blocked_as_stay_makes_the_walk_exactly_linear():
+    """gtmsm_learning.blocked_as_stay: with the blocked moves recorded as "stay", every position
+    is the centre plus the cumulative sum of the true displacements of the actions (the walls'
+    effect is gone); the frames and positions are untouched, and only blocked moves changed."""
+    pytest.importorskip("sklearn", reason="image_navigation needs the 'images' extra")
+    pytest.importorskip("PIL", reason="image_navigation needs the 'images' extra")
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import gtmsm_learning
+
+    from pyro_seq.data.simulators import image_navigation
+    from pyro_seq.data.simulators.navigation import ACTION_MOVES
+
+    videos = image_navigation(12, 120, cache=False, progress=False)
+    moves = torch.from_numpy(ACTION_MOVES)
+    walked = 4 + moves[videos.actions].cumsum(1)
+    assert not torch.equal(walked, videos.positions)  # the raw actions hit walls
+    actions = gtmsm_learning.blocked_as_stay(videos)
+    assert torch.equal(4 + moves[actions].cumsum(1), videos.positions)
+    changed = actions != videos.actions
+    assert changed.any() and (actions[changed] == 4).all()
+    with pytest.raises(ValueError, match="centre"):
+        gtmsm_learning.blocked_as_stay(image_navigation(2, 20, start="random", cache=False,
+                                                        progress=False))
+
+
+def test_delta_curriculum_is_geometric_from_start_to_final():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import gtmsm_learning
+
+    at = gtmsm_learning.delta_at
+    assert at(0, 1.0, 10, 1e-4) == 1.0
+    assert at(5, 1.0, 10, 1e-4) == pytest.approx(1e-2, rel=1e-12)  # the geometric midpoint
+    assert at(10, 1.0, 10, 1e-4) == at(37, 1.0, 10, 1e-4) == 1e-4
+    assert at(3, None, 10, 1e-4) == 1e-4
