@@ -20,7 +20,7 @@ import torch  # noqa: E402
 
 from common import ROOT, data_file, write_result  # noqa: E402
 from pyro_seq.data import load_piano_rolls  # noqa: E402
-from pyro_seq.train import TrainConfig, evaluate_bound, fit  # noqa: E402
+from pyro_seq.train import evaluate_bound, fit  # noqa: E402
 
 
 def run(name, data_name, build_model, model_settings, config, target, reference, argv=None,
