@@ -72,6 +72,10 @@ VARIANTS = {
     # the defaults with the plateau schedule halving after 2 epochs without improvement instead
     # of 4: on JSB the defaults over-fitted in the 4 epochs before each halving (epochs 47-50)
     "plateau1": TrainConfig(**COMMON, plateau_patience=1),
+    # the defaults, and when the plateau schedule halves the rate the weights of the best
+    # validation epoch come back (TrainConfig.plateau_restore_best): the lower rate continues
+    # from the best point, not from the over-fitted epochs that triggered the halving
+    "restore": TrainConfig(**COMMON, plateau_restore_best=True),
     # benchmarks/jsb_srnn.py, tuned on JSB-2x
     "recipe": TrainConfig(**COMMON, lr_schedule="exponential", lr_decay_after=50,
                           lr_decay_factor=1.15, patience=None, init="none"),

@@ -136,6 +136,10 @@ class TrainConfig:
     plateau_min_lr: float = 1e-5
     plateau_cooldown: int = 0
     plateau_threshold: float = 1e-3
+    #: when the plateau schedule lowers the rate, put the weights of the best validation epoch
+    #: back into the model (the optimizer's moments stay), so that the lower rate continues
+    #: from the best point rather than from the epochs that did not improve on it
+    plateau_restore_best: bool = False
     lrd: float = 1.0
     lr_decay_after: Optional[int] = None
     lr_decay_factor: float = 1.0
@@ -200,6 +204,9 @@ class TrainConfig:
                 raise ValueError("plateau_patience and plateau_cooldown must be >= 0")
             if self.plateau_min_lr < 0 or self.plateau_threshold < 0:
                 raise ValueError("plateau_min_lr and plateau_threshold must be >= 0")
+        elif self.plateau_restore_best:
+            raise ValueError("plateau_restore_best belongs to lr_schedule='plateau', got "
+                             f"lr_schedule={self.lr_schedule!r}")
         if self.patience is not None and self.patience < 1:
             raise ValueError(f"patience must be None (no early stopping) or >= 1, got {self.patience}")
         if not 0.0 <= self.missing_prob < 1.0:
@@ -493,7 +500,7 @@ def _fit(model, train_sequences, valid_sequences, config, out_dir, resume, comm,
         svi.loss_and_grads = AllReduceGradients(loss, comm).loss_and_grads
 
     history, start_epoch, global_step = [], 0, 0
-    best, bad_epochs = -math.inf, 0
+    best, bad_epochs, best_state = -math.inf, 0, None
     ckpt_path = out_dir / "checkpoint.pt"
     fresh = not (resume and ckpt_path.exists())
     if fresh:
@@ -513,6 +520,8 @@ def _fit(model, train_sequences, valid_sequences, config, out_dir, resume, comm,
         global_step = payload["global_step"]
         best = payload["extra"].get("best_valid", -math.inf)
         bad_epochs = payload["extra"].get("bad_epochs", 0)
+        if config.plateau_restore_best and (out_dir / "best.pt").exists():
+            best_state = load_weights(out_dir / "best.pt")
         if comm.world_size > 1:  # every rank continues its own random stream
             torch.set_rng_state(payload["extra"]["rng_states"][comm.rank])
             cuda_states = payload["extra"].get("cuda_rng_states")
@@ -585,6 +594,8 @@ def _fit(model, train_sequences, valid_sequences, config, out_dir, resume, comm,
             row["valid_bound_per_step"] = watched
             improved = watched > best
             best = max(best, watched)
+            if improved and config.plateau_restore_best:  # every rank keeps its own copy
+                best_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
             # while the KL weight still rises the objective changes under the validation bound:
             # best.pt tracks the best epoch, but the schedule and early stopping wait for beta = 1
             annealing = (annealer is not None and row["beta"] < 1.0
@@ -594,9 +605,14 @@ def _fit(model, train_sequences, valid_sequences, config, out_dir, resume, comm,
             if config.lr_schedule == "plateau" and not annealing:
                 optim.step(watched)  # each scheduler: reduce the rate on a plateau
                 new_lr = _current_lr(optim, lr)
+                back_to_best = (new_lr < lr and config.plateau_restore_best
+                                and best_state is not None)
+                if back_to_best:  # in place: the param store and the optimizer hold these
+                    model.load_state_dict(best_state)
                 if new_lr < lr and main:
                     bar.write(f"epoch {epoch + 1}: validation plateau, learning rate "
-                              f"{lr:.3g} -> {new_lr:.3g}")
+                              f"{lr:.3g} -> {new_lr:.3g}"
+                              + (", weights of the best epoch restored" if back_to_best else ""))
         else:
             improved = True
         history.append(row)

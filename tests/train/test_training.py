@@ -80,6 +80,44 @@ def test_plateau_rule_factor_patience_threshold_and_min_lr(tmp_path, monkeypatch
     assert history.stop_reason == "epochs"
 
 
+def test_plateau_restore_best_continues_from_the_best_epoch(tmp_path, monkeypatch):
+    """plateau_restore_best: at the epoch where the rate is halved the weights go back to those
+    of the best epoch so far (the checkpoint of that epoch equals best.pt), in the model and in
+    Pyro's param store; without it the weights of that epoch stay (they differ from best.pt)."""
+    original = trainer_module.save_checkpoint
+
+    def run(restore, folder):
+        curve = iter([-5.0, -4.0, -4.5, -3.0])
+        monkeypatch.setattr(trainer_module, "evaluate_bound",
+                            lambda *a, **k: {"per_step": next(curve), "kl_per_step": 0.0})
+        saved = {}
+
+        def keep(path, *, model, epoch, **kw):  # the weights of every epoch's checkpoint
+            saved[epoch] = {k: v.detach().clone() for k, v in model.state_dict().items()}
+            return original(path, model=model, epoch=epoch, **kw)
+
+        monkeypatch.setattr(trainer_module, "save_checkpoint", keep)
+        model = tiny_srnn()
+        cfg = TrainConfig(epochs=4, batch_size=4, lr=0.01, plateau_patience=0, patience=None,
+                          plateau_restore_best=restore, progress=False)
+        history = fit(model, toy_sequences(8), toy_sequences(3, seed=1), cfg, folder)
+        return model, history, saved
+
+    model, history, saved = run(True, tmp_path / "restore")
+    assert [row["lr"] for row in history] == [0.01, 0.01, 0.01, 0.005]  # halved after epoch 3
+    for name, value in saved[3].items():  # epoch 3 ended on epoch 2's (the best) weights
+        assert torch.equal(value, saved[2][name]), name
+    assert any(not torch.equal(v, saved[3][k]) for k, v in saved[4].items())  # then trained on
+    assert history.best_epoch == 4
+    store = pyro.get_param_store()
+    for name, p in model.named_parameters():
+        assert torch.equal(store[f"{model.module_name}$$${name}"], p), name
+    _, _, saved = run(False, tmp_path / "plain")
+    assert any(not torch.equal(v, saved[2][k]) for k, v in saved[3].items())
+    with pytest.raises(ValueError, match="plateau_restore_best belongs to"):
+        TrainConfig(lr_schedule="constant", plateau_restore_best=True).validate()
+
+
 def test_stopping_restores_the_best_weights_into_model_and_param_store(tmp_path, monkeypatch):
     curve = iter([-5.0, -4.0, -4.5, -4.6, -4.7, -4.8])
     monkeypatch.setattr(trainer_module, "evaluate_bound",
