@@ -30,14 +30,18 @@ def _assert_same_state(a, b):
         assert (torch.equal(p, b[name]) if torch.is_tensor(p) else p == b[name]), name
 
 
-def test_resume_gives_the_same_parameters_as_an_uninterrupted_run(tmp_path):
+@pytest.mark.parametrize("restore_best", [False, True])
+def test_resume_gives_the_same_parameters_as_an_uninterrupted_run(tmp_path, restore_best):
+    """Also with plateau_restore_best, whose copy of the best weights comes back from best.pt
+    on resuming."""
     train, valid = toy_sequences(12), toy_sequences(4, seed=1)
     # plateau schedule (the default) with a threshold no epoch can beat. KL annealing ends in
     # epoch 2 (3 updates per epoch, 4 annealing updates), the scheduler's first reading; every
     # later epoch is a bad one, so the rate halves after epoch 4 (patience 1) and the result
     # depends on the scheduler's bad-epoch count, which the checkpoint must carry over
     cfg = dict(batch_size=5, lr=0.01, kl_start=0.2, kl_anneal_steps=4, progress=False,
-               plateau_patience=1, plateau_threshold=10.0, schedule_during_annealing=False)
+               plateau_patience=1, plateau_threshold=10.0, schedule_during_annealing=False,
+               plateau_restore_best=restore_best)
     straight = tiny_srnn()
     expected = fit(straight, train, valid, TrainConfig(epochs=5, **cfg), tmp_path / "a")
     assert [row["lr"] for row in expected] == [0.01, 0.01, 0.01, 0.01, 0.005]
