@@ -54,7 +54,12 @@ def load_dataset(
             a name of :data:`SIMULATED` (``"box"``, ..., ``"pendulum"``): simulated videos
             (:func:`~pyro_seq.data.simulators.simulate`, cached), flattened frames ``(T, H*W)``;
             ``"box:N"`` simulates ``N`` training sequences and ``N // 5`` (at least 1) each for
-            validation and test instead of the thesis sizes;
+            validation and test instead of the thesis sizes. ``"pendulum"`` gives the frames
+            only, without the torques: a model trained on it (``pyro-seq train --data
+            pendulum``) treats the pendulum as uncontrolled. A KVAE with the torques as
+            controls takes them as ``inputs=`` through the Python API
+            (:func:`~pyro_seq.data.simulators.pendulum`'s ``controls``; see
+            ``benchmarks/kvae_pendulum.py``);
             a name of :data:`NAVIGATION`: the GTM-SM's image navigation
             (:func:`~pyro_seq.data.simulators.image_navigation`; ``_obstacles``: with an
             obstacle, ``_colour``: RGB frames), each step the flattened frame followed by the
