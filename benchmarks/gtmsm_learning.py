@@ -54,6 +54,9 @@ def parse_args(argv=None):
                         "--delta-epochs epochs (a wide kernel mixes the K neighbours' frames, so "
                         "that states of nearby positions must be near)")
     p.add_argument("--delta-epochs", type=int, default=10)
+    p.add_argument("--init-inverse-pairs", action="store_true",
+                   help="diagnostic: start M as [u, -u, l, -l, 0] with u, l random orthogonal of "
+                        "length --init-displacement-std (is a 2-D start kept?)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (named in the JSON)")
     p.add_argument("--time-limit", type=float, default=None,
@@ -68,6 +71,7 @@ def parse_args(argv=None):
     init = "" if args.init_displacement_std == 0.5 else f"_init{args.init_displacement_std:g}"
     init += ("_nohits" if args.blocked_as_stay else "") + ("_nowalls" if args.no_walls else "")
     init += "" if args.delta_start is None else f"_delta{args.delta_start:g}x{args.delta_epochs}"
+    init += "_pairs" if args.init_inverse_pairs else ""
     args.tag = args.tag or ("smoke" if args.smoke else f"lrm{args.lr_m:g}{init}")
     return args
 
@@ -90,6 +94,15 @@ def blocked_as_stay(videos):
     stay = len(ACTIONS) - 1
     blocked = (pos == previous).all(-1) & (videos.actions != stay)
     return torch.where(blocked, torch.full_like(videos.actions, stay), videos.actions)
+
+
+def inverse_pairs(length, generator):
+    """``M = [u, -u, l, -l, 0]`` (columns up, down, left, right, stay) with ``u`` and ``l``
+    orthogonal of norm ``length`` in a random orientation: a 2-D start in which inverse actions
+    are opposite, whatever the true axes."""
+    q, _ = torch.linalg.qr(torch.randn(2, 2, generator=generator))
+    u, l = length * q[:, 0], length * q[:, 1]
+    return torch.stack([u, -u, l, -l, torch.zeros(2)], 1)
 
 
 def delta_at(epoch, start, epochs, final):
@@ -146,6 +159,10 @@ def main(argv=None):
     small = dict(hidden_dims=(16,), z_dim=4, wall_hidden=4) if args.smoke else {}
     model = GTMSM(tau=args.tau, init_displacement_std=args.init_displacement_std,
                   walls=not args.no_walls, **small).to(device)
+    if args.init_inverse_pairs:  # a resumed run then loads its own M
+        with torch.no_grad():
+            model.M.copy_(inverse_pairs(args.init_displacement_std,
+                                        torch.Generator().manual_seed(args.seed)))
     optim = ClippedAdam(lambda module, name: {"lr": args.lr_m if name == "M" else args.lr,
                                               "clip_norm": 50.0})
     svi = SVI(model.model, model.guide, optim, Trace_ELBO())

@@ -119,3 +119,14 @@ def test_delta_curriculum_is_geometric_from_start_to_final():
     assert at(5, 1.0, 10, 1e-4) == pytest.approx(1e-2, rel=1e-12)  # the geometric midpoint
     assert at(10, 1.0, 10, 1e-4) == at(37, 1.0, 10, 1e-4) == 1e-4
     assert at(3, None, 10, 1e-4) == 1e-4
+
+
+def test_inverse_pairs_start_is_two_dimensional_with_opposite_inverse_actions():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import gtmsm_learning
+
+    M = gtmsm_learning.inverse_pairs(0.5, torch.Generator().manual_seed(3))
+    u, l = M[:, 0], M[:, 2]
+    assert torch.equal(M[:, 1], -u) and torch.equal(M[:, 3], -l) and torch.equal(M[:, 4], torch.zeros(2))
+    assert float(u.norm()) == pytest.approx(0.5, rel=1e-6) and float(l.norm()) == pytest.approx(0.5, rel=1e-6)
+    assert float(u @ l) == pytest.approx(0.0, abs=1e-6)
