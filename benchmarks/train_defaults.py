@@ -7,12 +7,17 @@ same SRNN (GRU 300, z 100, MLPs 500, smoothing + Res_q; batch 16, KL annealing f
 1000 updates, clip 10) with one configuration for every dataset:
 
 * ``defaults``: the defaults of :class:`pyro_seq.train.TrainConfig` (plateau schedule on the
-  validation ELBO, factor 0.5, patience 3; early stopping after 12 epochs without improvement
-  with the best weights restored; SRNN initialisation and output bias from note frequencies),
-  at most 90 epochs;
-* ``candidate``: the defaults with the output bias as the only initialisation and the plateau
-  schedule and early stopping active during KL annealing (``schedule_during_annealing``);
+  validation ELBO, factor 0.5, patience 3, the best weights restored at each reduction; early
+  stopping after 12 epochs without improvement with the best weights restored; output bias from
+  note frequencies; the schedule and early stopping active during KL annealing), at most 90
+  epochs;
+* ``candidate``: the defaults before ``plateau_restore_best`` (the halved rate continues from
+  the last weights);
 * ``candidate_noinit``: the same with no initialisation at all (``init="none"``);
+* ``plateau1``: ``candidate`` with ``plateau_patience=1``;
+* ``restore``: ``candidate`` with ``plateau_restore_best=True``, the defaults since 2026-11-26;
+* ``srnn_init_wait``: the defaults before 2026-11-26 (SRNN initialisation, the schedule waiting
+  for the end of KL annealing);
 * ``recipe`` (``--variants recipe``): the tuned recipe for comparison (exponential schedule,
   no early stopping, no initialisation), 90 epochs.
 
@@ -56,7 +61,8 @@ COMMON = dict(epochs=90, batch_size=16, lr=1e-3, clip_norm=10.0, kl_start=0.2,
               kl_anneal_steps=1000, valid_batch_size=80, seed=0)
 VARIANTS = {
     # nothing but the settings shared by every dataset: schedule, stopping, init are defaults
-    # (since 2026-11-26 those of "candidate" below: results under "candidate")
+    # (since 2026-11-26 those of "restore" below, results under "restore"; before that those of
+    # "candidate", results under "candidate")
     "defaults": TrainConfig(**COMMON),
     # the defaults before 2026-11-26 (recorded as "defaults" in train_defaults_full*.json until
     # then): SRNN initialisation, schedule and early stopping waiting for the end of annealing
@@ -65,16 +71,19 @@ VARIANTS = {
     # weights fit the 229 JSB chorales faster and generalise worse), and the plateau schedule
     # and early stopping active from epoch 1 (waiting for beta = 1 kept the full rate through
     # 67 annealing epochs, over-fitting)
-    "candidate": TrainConfig(**COMMON, init="bias", schedule_during_annealing=True),
+    "candidate": TrainConfig(**COMMON, init="bias", schedule_during_annealing=True,
+                             plateau_restore_best=False),
     # the same without any initialisation: on JSB the output-bias start fitted the training set
     # faster (epoch 10: 6.99 against the recipe's 8.95 nats/step) and over-fitted more
-    "candidate_noinit": TrainConfig(**COMMON, init="none", schedule_during_annealing=True),
+    "candidate_noinit": TrainConfig(**COMMON, init="none", schedule_during_annealing=True,
+                                    plateau_restore_best=False),
     # the defaults with the plateau schedule halving after 2 epochs without improvement instead
     # of 4: on JSB the defaults over-fitted in the 4 epochs before each halving (epochs 47-50)
-    "plateau1": TrainConfig(**COMMON, plateau_patience=1),
-    # the defaults, and when the plateau schedule halves the rate the weights of the best
+    "plateau1": TrainConfig(**COMMON, plateau_patience=1, plateau_restore_best=False),
+    # "candidate", and when the plateau schedule halves the rate the weights of the best
     # validation epoch come back (TrainConfig.plateau_restore_best): the lower rate continues
-    # from the best point, not from the over-fitted epochs that triggered the halving
+    # from the best point, not from the over-fitted epochs that triggered the halving (the
+    # defaults since 2026-11-26)
     "restore": TrainConfig(**COMMON, plateau_restore_best=True),
     # benchmarks/jsb_srnn.py, tuned on JSB-2x
     "recipe": TrainConfig(**COMMON, lr_schedule="exponential", lr_decay_after=50,

@@ -194,6 +194,7 @@ def cmd_train(args):
         missing_prob=args.missing_prob,
         chunk_length=args.chunk_length, patience=args.patience or None, seed=args.seed,
         init=args.init, schedule_during_annealing=args.schedule_during_annealing,
+        plateau_restore_best=args.plateau_restore_best,
         time_limit=args.time_limit, num_threads=args.threads,
         progress=not args.quiet, world_size=args.nproc, device=args.device)
     try:
@@ -404,6 +405,10 @@ def make_parser():
     p.add_argument("--plateau-patience", type=int, default=defaults.plateau_patience,
                    help="epochs without validation improvement tolerated before the rate is "
                         f"reduced (default {defaults.plateau_patience})")
+    p.add_argument("--plateau-restore-best", action=argparse.BooleanOptionalAction,
+                   default=defaults.plateau_restore_best,
+                   help="when the plateau schedule lowers the rate, go back to the weights of "
+                        "the best validation epoch (default on)")
     p.add_argument("--plateau-min-lr", type=float, default=defaults.plateau_min_lr,
                    help=f"lowest rate of the plateau schedule (default {defaults.plateau_min_lr:g})")
     p.add_argument("--lrd", type=float, default=defaults.lrd,
