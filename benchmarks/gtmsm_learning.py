@@ -54,6 +54,9 @@ def parse_args(argv=None):
                         "--delta-epochs epochs (a wide kernel mixes the K neighbours' frames, so "
                         "that states of nearby positions must be near)")
     p.add_argument("--delta-epochs", type=int, default=10)
+    p.add_argument("--repeat-rate", type=float, default=None,
+                   help="mean extra repetitions of an action in the data (the simulator's 3.0; "
+                        "fewer repetitions push into the walls less often)")
     p.add_argument("--init-inverse-pairs", action="store_true",
                    help="diagnostic: start M as [u, -u, l, -l, 0] with u, l random orthogonal of "
                         "length --init-displacement-std (is a 2-D start kept?)")
@@ -72,6 +75,7 @@ def parse_args(argv=None):
     init += ("_nohits" if args.blocked_as_stay else "") + ("_nowalls" if args.no_walls else "")
     init += "" if args.delta_start is None else f"_delta{args.delta_start:g}x{args.delta_epochs}"
     init += "_pairs" if args.init_inverse_pairs else ""
+    init += "" if args.repeat_rate is None else f"_repeat{args.repeat_rate:g}"
     args.tag = args.tag or ("smoke" if args.smoke else f"lrm{args.lr_m:g}{init}")
     return args
 
@@ -147,6 +151,8 @@ def main(argv=None):
 
     device = parse_device(args.device, "--device")
     sim = dict(cache=not args.smoke, progress=False, seed=args.seed)
+    if args.repeat_rate is not None:
+        sim["repeat_rate"] = args.repeat_rate
     train = image_navigation(args.train, args.tau + args.pred, split="train", **sim)
     valid = image_navigation(args.valid, args.tau + args.pred, split="valid", **sim)
     train_actions, valid_actions = train.actions, valid.actions
