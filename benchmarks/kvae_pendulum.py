@@ -89,7 +89,8 @@ def train(name, model, data, args):
             print(f"{name}: time limit after epoch {epoch + 1}", flush=True)
             break
     model.load_state_dict(best_state)
-    return {"history": history, "epochs_trained": len(history), "best_valid_elbo": best, "train_seconds": time.time() - start,
+    return {"history": history, "epochs_trained": len(history), "best_valid_elbo": best,
+            "train_seconds": time.time() - start,
             "test_elbo": elbo_per_sequence(model, *data["test"]),
             "test_iwae64": elbo_per_sequence(model, *data["test"], num_particles=64),
             "num_parameters": sum(p.numel() for p in model.parameters())}

@@ -504,6 +504,8 @@ def _fit(model, train_sequences, valid_sequences, config, out_dir, resume, comm,
 
     history, start_epoch, global_step = [], 0, 0
     best, bad_epochs, best_state = -math.inf, 0, None
+    # only the plateau schedule lowers the rate on a plateau: other schedules keep no copy
+    restore_best = config.plateau_restore_best and config.lr_schedule == "plateau"
     ckpt_path = out_dir / "checkpoint.pt"
     fresh = not (resume and ckpt_path.exists())
     if fresh:
@@ -523,7 +525,7 @@ def _fit(model, train_sequences, valid_sequences, config, out_dir, resume, comm,
         global_step = payload["global_step"]
         best = payload["extra"].get("best_valid", -math.inf)
         bad_epochs = payload["extra"].get("bad_epochs", 0)
-        if config.plateau_restore_best and (out_dir / "best.pt").exists():
+        if restore_best and (out_dir / "best.pt").exists():
             best_state = load_weights(out_dir / "best.pt")
         if comm.world_size > 1:  # every rank continues its own random stream
             torch.set_rng_state(payload["extra"]["rng_states"][comm.rank])
@@ -597,7 +599,7 @@ def _fit(model, train_sequences, valid_sequences, config, out_dir, resume, comm,
             row["valid_bound_per_step"] = watched
             improved = watched > best
             best = max(best, watched)
-            if improved and config.plateau_restore_best:  # every rank keeps its own copy
+            if improved and restore_best:  # every rank keeps its own copy
                 best_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
             # while the KL weight still rises the objective changes under the validation bound:
             # best.pt tracks the best epoch, but the schedule and early stopping wait for beta = 1
@@ -608,8 +610,7 @@ def _fit(model, train_sequences, valid_sequences, config, out_dir, resume, comm,
             if config.lr_schedule == "plateau" and not annealing:
                 optim.step(watched)  # each scheduler: reduce the rate on a plateau
                 new_lr = _current_lr(optim, lr)
-                back_to_best = (new_lr < lr and config.plateau_restore_best
-                                and best_state is not None)
+                back_to_best = new_lr < lr and restore_best and best_state is not None
                 if back_to_best:  # in place: the param store and the optimizer hold these
                     model.load_state_dict(best_state)
                 if new_lr < lr and main:
