@@ -54,12 +54,21 @@ def parse_args(argv=None):
                         "--delta-epochs epochs (a wide kernel mixes the K neighbours' frames, so "
                         "that states of nearby positions must be near)")
     p.add_argument("--delta-epochs", type=int, default=10)
+    p.add_argument("--neighbours-start", type=int, default=None,
+                   help="curriculum on K, the memory entries of the mixture prior: K starts here "
+                        "(e.g. --tau: every entry, so that matching frames far away in state "
+                        "space still pull their states together) and falls geometrically to the "
+                        "model's 5 over --neighbours-epochs epochs")
+    p.add_argument("--neighbours-epochs", type=int, default=10)
     p.add_argument("--repeat-rate", type=float, default=None,
                    help="mean extra repetitions of an action in the data (the simulator's 3.0; "
                         "fewer repetitions push into the walls less often)")
     p.add_argument("--init-inverse-pairs", action="store_true",
                    help="diagnostic: start M as [u, -u, l, -l, 0] with u, l random orthogonal of "
                         "length --init-displacement-std (is a 2-D start kept?)")
+    p.add_argument("--conformal", action="store_true",
+                   help="GTMSM(displacements='conformal'): M = alpha Q^T with orthonormal rows, "
+                        "so the state axes cannot collapse onto one line")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (named in the JSON)")
     p.add_argument("--time-limit", type=float, default=None,
@@ -75,7 +84,10 @@ def parse_args(argv=None):
     init += ("_nohits" if args.blocked_as_stay else "") + ("_nowalls" if args.no_walls else "")
     init += "" if args.delta_start is None else f"_delta{args.delta_start:g}x{args.delta_epochs}"
     init += "_pairs" if args.init_inverse_pairs else ""
+    init += "" if args.neighbours_start is None else \
+        f"_k{args.neighbours_start}x{args.neighbours_epochs}"
     init += "" if args.repeat_rate is None else f"_repeat{args.repeat_rate:g}"
+    init += "_conformal" if args.conformal else ""
     args.tag = args.tag or ("smoke" if args.smoke else f"lrm{args.lr_m:g}{init}")
     return args
 
@@ -115,6 +127,11 @@ def delta_at(epoch, start, epochs, final):
     if start is None or epoch >= epochs:
         return final
     return start * (final / start) ** (epoch / epochs)
+
+
+def neighbours_at(epoch, start, epochs, final):
+    """``K`` in ``epoch`` of the curriculum: :func:`delta_at` rounded to an int."""
+    return int(round(delta_at(epoch, start, epochs, final)))
 
 
 def state_r2(model, frames, actions, positions, tau):
@@ -164,12 +181,13 @@ def main(argv=None):
     pyro.set_rng_seed(args.seed)
     small = dict(hidden_dims=(16,), z_dim=4, wall_hidden=4) if args.smoke else {}
     model = GTMSM(tau=args.tau, init_displacement_std=args.init_displacement_std,
-                  walls=not args.no_walls, **small).to(device)
+                  walls=not args.no_walls,
+                  displacements="conformal" if args.conformal else "free", **small).to(device)
     if args.init_inverse_pairs:  # a resumed run then loads its own M
-        with torch.no_grad():
-            model.M.copy_(inverse_pairs(args.init_displacement_std,
-                                        torch.Generator().manual_seed(args.seed)))
-    optim = ClippedAdam(lambda module, name: {"lr": args.lr_m if name == "M" else args.lr,
+        model.set_displacement_matrix(inverse_pairs(args.init_displacement_std,
+                                                    torch.Generator().manual_seed(args.seed)))
+    m_names = ("M", "M_direction", "M_log_scale")
+    optim = ClippedAdam(lambda module, name: {"lr": args.lr_m if name in m_names else args.lr,
                                               "clip_norm": 50.0})
     svi = SVI(model.model, model.guide, optim, Trace_ELBO())
     folder = Path(args.smoke_dir) if args.smoke else \
@@ -188,9 +206,11 @@ def main(argv=None):
     call_start = time.time()
     bar = tqdm(range(start, args.epochs), initial=start, total=args.epochs, desc="GTM-SM epochs",
                disable=args.smoke)
-    final_delta = model.delta
+    final_delta, final_k = model.delta, model.num_neighbours
     for epoch in bar:
         model.delta = delta_at(epoch, args.delta_start, args.delta_epochs, final_delta)
+        model.num_neighbours = neighbours_at(epoch, args.neighbours_start,
+                                             args.neighbours_epochs, final_k)
         order = torch.randperm(args.train, generator=order_gen)
         total, epoch_start = 0.0, time.time()
         for i in range(0, args.train, args.batch_size):
@@ -200,7 +220,8 @@ def main(argv=None):
         per_seq, pooled = state_r2(model, vx, va, valid.positions, args.tau)
         row = {"epoch": epoch + 1, "updates": (epoch + 1) * -(-args.train // args.batch_size),
                "loss_per_sequence": total / args.train, "r2_per_sequence": per_seq,
-               "r2_pooled": pooled, "M": model.M.detach().tolist(), "delta": model.delta,
+               "r2_pooled": pooled, "M": model.displacement_matrix().detach().tolist(), "delta": model.delta,
+               "num_neighbours": model.num_neighbours,
                "seconds": time.time() - t0, "seconds_training_epoch": epoch_seconds}
         if not (math.isfinite(row["loss_per_sequence"]) and math.isfinite(per_seq)):
             raise SystemExit(f"non-finite value at epoch {epoch + 1}: {row}")
@@ -214,7 +235,8 @@ def main(argv=None):
                                                          "device_info": device_info(device)})
         if args.time_limit is not None and time.time() - call_start > args.time_limit:
             break
-    model.delta = final_delta  # the oracle check and the saved model use the model's delta
+    # the oracle check and the saved model use the model's delta and K
+    model.delta, model.num_neighbours = final_delta, final_k
     oracle = oracle_check(model, valid, args, vx, va) if log else None
     if not args.smoke and oracle is not None:
         write_result(f"gtmsm_learning_{args.tag}", {"settings": vars(args), "epochs": log,
@@ -244,7 +266,7 @@ def oracle_check(model, valid, args, x, a, repeats=3):
     learnt = elbo()
     half = (valid.params.grid_size - 1) / 2 + 0.5  # beyond the last cell's centre
     with torch.no_grad():
-        model.M.copy_(torch.tensor([[-1.0, 1, 0, 0, 0], [0, 0, -1, 1, 0]]))
+        model.set_displacement_matrix(torch.tensor([[-1.0, 1, 0, 0, 0], [0, 0, -1, 1, 0]]))
         if model.wall_net is not None:
             first, last = model.wall_net[0], model.wall_net[-1]
             first.weight.zero_(), first.bias.zero_(), last.weight.zero_()

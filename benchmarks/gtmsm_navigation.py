@@ -141,7 +141,7 @@ def analyse_gtmsm(args, test, folder, model):
     return {"r2_memorisation": _r2(fit_mem, pos[:, :args.tau]),
             "r2_prediction": _r2(fit_pred, pos[:, args.tau:]),
             "position_error_per_step": err.mean(0).tolist(),
-            "M": model.M.detach().tolist(),
+            "M": model.displacement_matrix().detach().tolist(),
             "example_states": mem[0].tolist(), "example_positions": pos[0].tolist(),
             "example_frames": out["frames"][0].tolist()}
 

@@ -140,7 +140,7 @@ oracle = GTMSM(tau=TAU, z_dim=64, hidden_dims=(4,)).double()
 oracle.encoder_body, oracle.encoder_head, oracle.decoder = nn.Identity(), IdentityCode(), nn.Identity()
 oracle.wall_net = GridWalls()
 with torch.no_grad():
-    oracle.M.copy_(torch.tensor([[-1.0, 1, 0, 0, 0], [0, 0, -1, 1, 0]]))
+    oracle.set_displacement_matrix(torch.tensor([[-1.0, 1, 0, 0, 0], [0, 0, -1, 1, 0]]))
 frames = train.frames.flatten(2)
 errors, visited = [], []
 for b in range(frames.shape[0]):

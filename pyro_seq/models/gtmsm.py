@@ -162,6 +162,21 @@ LIKELIHOODS = ("gaussian", "bernoulli")
 #: Inference networks for the states of :class:`GTMSM` (``inference=``): the prior transition
 #: (thesis eq. 7.2) or the landmark network of thesis appendix 7.10.
 INFERENCES = ("prior", "landmark")
+#: Parametrisations of the displacement matrix ``M`` of :class:`GTMSM` (``displacements=``).
+DISPLACEMENTS = ("free", "conformal")
+
+
+def conformal_matrix(direction, log_scale):
+    r"""``M = exp(log_scale) Q^T`` with ``Q`` the orthonormal factor of ``direction^T = Q R``
+    (signs fixed by ``diag R >= 0``, so ``Q`` is Gram-Schmidt's and varies smoothly):
+    ``(S, A)`` with orthogonal rows of equal norm, ``M M^T = exp(2 log_scale) I``.
+
+    :param direction: ``(S, A)`` with ``S <= A`` and full row rank.
+    :param log_scale: scalar tensor.
+    """
+    q, r = torch.linalg.qr(direction.T)
+    sign = torch.where(torch.diagonal(r) >= 0, 1.0, -1.0).to(q.dtype)
+    return log_scale.exp() * (q * sign).T
 
 
 class GTMSMMemory(NamedTuple):
@@ -219,6 +234,15 @@ class GTMSM(SequenceModel):
     :param int wall_hidden: hidden units of ``sigma_d`` (32); its output bias starts at 3, so
         ``sigma_d ~= 0.95`` (nearly linear) at initialisation.
     :param float init_displacement_std: ``M ~ N(0, std^2)`` at initialisation (0.5).
+    :param str displacements: how ``M`` is parametrised. ``"free"`` (default, the thesis): any
+        ``state_dim x num_actions`` matrix. ``"conformal"`` (ours): ``M = alpha Q^T`` with
+        ``Q^T Q = I`` (:func:`conformal_matrix`), so that ``M`` maps the actions onto the states
+        by a rotation and one scale ``alpha > 0``: the state axes cannot collapse onto one line
+        (``M`` has rank ``state_dim``), which the free ``M`` does when trained on image
+        navigation (see :meth:`displacement_matrix`). The true displacements of a grid with
+        square cells (up = -down, left = -right, orthogonal and of equal length, stay = 0) are
+        conformal. Starts at ``alpha = init_displacement_std sqrt(num_actions)`` (the expected
+        row norm of the free start) and a random ``Q``. Not with ``rotation=True``.
     :param str encoder: ``"mlp"`` (default) or ``"conv"`` (:mod:`pyro_seq.nn.conv`).
     :param tuple hidden_dims: MLP hidden layers ((256, 256)).
     :param int channels: conv filters (32); ``conv_layers`` (2): 8x8 frames become 2x2 maps.
@@ -247,7 +271,7 @@ class GTMSM(SequenceModel):
                  wall_hidden=32, init_displacement_std=0.5, encoder="mlp", hidden_dims=(256, 256),
                  channels=32, conv_layers=2, likelihood="gaussian", pixel_var=0.01,
                  min_scale=1e-3, pack_actions=False, inference="prior", landmark_neighbours=5,
-                 landmark_hidden=32):
+                 landmark_hidden=32, displacements="free"):
         frame_shape = tuple(frame_shape)
         if len(frame_shape) not in (2, 3):
             raise ValueError(f"frame_shape must be (H, W) or (C, H, W), got {frame_shape!r}")
@@ -273,6 +297,18 @@ class GTMSM(SequenceModel):
                 raise ValueError(f"{name} must be True or False, got {flag!r}")
         if rotation and self.state_dim != 3:
             raise ValueError(f"rotation=True (eq. 7.4) needs state_dim=3, got {state_dim}")
+        if not isinstance(displacements, str) or displacements not in DISPLACEMENTS:
+            raise ValueError(f"displacements must be one of {DISPLACEMENTS}, got "
+                             f"{displacements!r}")
+        if displacements == "conformal" and (rotation or self.state_dim > num_actions):
+            raise ValueError("displacements='conformal' needs rotation=False and state_dim <= "
+                             f"num_actions, got rotation={rotation}, state_dim={self.state_dim}, "
+                             f"num_actions={num_actions}")
+        std = init_displacement_std
+        if isinstance(std, bool) or not isinstance(std, (int, float)) or not (
+                std > 0 and math.isfinite(std)):
+            raise ValueError(f"init_displacement_std must be a positive finite number, got {std!r}")
+        self.displacements = displacements
         if encoder not in ENCODERS:
             raise ValueError(f"encoder must be one of {ENCODERS}, got {encoder!r}")
         if likelihood not in LIKELIHOODS:
@@ -293,7 +329,13 @@ class GTMSM(SequenceModel):
         self.encoder_body, enc_out, self.decoder = frame_networks(
             encoder, frame_shape, Z, channels, conv_layers, hidden_dims)
         self.encoder_head = GaussianHead(enc_out, Z, min_scale)
-        self.M = nn.Parameter(init_displacement_std * torch.randn(self.state_dim, num_actions))
+        start = init_displacement_std * torch.randn(self.state_dim, num_actions)
+        if displacements == "free":
+            self.M = nn.Parameter(start)
+        else:
+            self.M_direction = nn.Parameter(start)
+            self.M_log_scale = nn.Parameter(
+                torch.tensor(math.log(init_displacement_std * math.sqrt(num_actions))))
         if walls:
             self.wall_net = MLP(self.state_dim, (wall_hidden,), 1, "relu")
             nn.init.constant_(self.wall_net[-1].bias, 3.0)
@@ -331,7 +373,7 @@ class GTMSM(SequenceModel):
             b, t = (int(i) for i in bad.nonzero()[0])
             raise ValueError(f"action index {int(actions[b, t])} at sequence {b}, step {t} is "
                              f"outside 0..{self.num_actions - 1}")
-        dtype = self.M.dtype
+        dtype = self.s0.dtype
         return nn.functional.one_hot(actions.long(), self.num_actions).to(dtype)
 
     def check_tau(self, num_steps, tau=None):
@@ -367,10 +409,52 @@ class GTMSM(SequenceModel):
             return bernoulli_likelihood(params)
         return dist.Normal(params, self.pixel_scale).to_event(1)
 
-    def displacement(self, s_prev, a):
+    def displacement_matrix(self):
+        r"""``M`` of eq. 7.3, ``(state_dim, num_actions)``: the parameter ``M`` (``displacements=
+        "free"``) or ``exp(M_log_scale) Q^T`` from ``M_direction`` (``"conformal"``).
+
+        Why the conformal form exists: the objective depends on a free ``M`` only through
+        distances between states, ``s_t - s_i = M (c_t - c_i)`` with ``c`` the counts of each
+        action (no walls, noise aside), so its gradient is ``sum g_ti M (c_t - c_i) (c_t -
+        c_i)^T = M G``: every row of ``M`` is driven by the same ``num_actions x num_actions``
+        matrix ``G``, as in a power iteration, and the rows align with its leading eigenvector.
+        Trained on image navigation, a free ``M`` settles with all moves on one axis
+        (``benchmarks/gtmsm_learning.py``); a conformal one cannot.
+        """
+        if self.displacements == "free":
+            return self.M
+        return conformal_matrix(self.M_direction, self.M_log_scale)
+
+    @torch.no_grad()
+    def set_displacement_matrix(self, M):
+        """Set ``M`` (``(state_dim, num_actions)``), e.g. to the true displacements.
+
+        :raises ValueError: wrong shape; with ``displacements="conformal"``, an ``M`` whose rows
+            are not orthogonal with equal norms (relative tolerance 1e-5).
+        """
+        M = torch.as_tensor(M, dtype=self.s0.dtype, device=self.s0.device)
+        if M.shape != (self.state_dim, self.num_actions):
+            raise ValueError(f"M must be ({self.state_dim}, {self.num_actions}), got "
+                             f"{tuple(M.shape)}")
+        if self.displacements == "free":
+            self.M.copy_(M)
+            return
+        gram = M @ M.T
+        scale2 = torch.diagonal(gram).mean()
+        if not (scale2 > 0 and torch.allclose(gram, scale2 * torch.eye(self.state_dim,
+                                                                       dtype=M.dtype,
+                                                                       device=M.device),
+                                              rtol=0, atol=1e-5 * float(scale2))):
+            raise ValueError("a conformal M needs orthogonal rows of equal norm (M M^T = "
+                             f"alpha^2 I), got M M^T = {gram.tolist()}")
+        self.M_direction.copy_(M)
+        self.M_log_scale.copy_(0.5 * scale2.log())
+
+    def displacement(self, s_prev, a, M=None):
         """``M a_t`` (eq. 7.3), turned by ``R(s^{(3)}_{t-1})`` with ``rotation=True`` (eq. 7.4):
-        ``(..., state_dim)`` from ``s_prev (..., state_dim)`` and ``a (..., num_actions)``."""
-        d = a @ self.M.T
+        ``(..., state_dim)`` from ``s_prev (..., state_dim)`` and ``a (..., num_actions)``.
+        ``M``: :meth:`displacement_matrix` (computed here when None; loops pass it once)."""
+        d = a @ (self.displacement_matrix() if M is None else M).T
         if self.rotation:
             d = d.expand(torch.broadcast_shapes(d.shape, s_prev.shape))
             c, s = torch.cos(s_prev[..., 2]), torch.sin(s_prev[..., 2])
@@ -378,11 +462,11 @@ class GTMSM(SequenceModel):
                              d[..., 2]], -1)
         return d
 
-    def transition_mean(self, s_prev, a):
+    def transition_mean(self, s_prev, a, M=None):
         """``f(s_{t-1}, a_t) = s_{t-1} + d_t sigma_d(s_{t-1} + d_t)`` (eq. 7.3; without walls
-        ``s_{t-1} + d_t``), ``d_t`` from :meth:`displacement`. Shapes broadcast:
+        ``s_{t-1} + d_t``), ``d_t`` from :meth:`displacement` (``M`` as there). Shapes broadcast:
         ``(..., state_dim)``."""
-        d = self.displacement(s_prev, a)
+        d = self.displacement(s_prev, a, M)
         if self.wall_net is not None:
             d = d * torch.sigmoid(self.wall_net(s_prev + d))
         return s_prev + d
@@ -398,9 +482,9 @@ class GTMSM(SequenceModel):
         """``E[s_t] = f(E[s_{t-1}], a_t)`` for every step of ``actions (batch, n,
         num_actions)``, from ``s_start`` (default ``s_0 = 0``): ``(batch, n, state_dim)``."""
         s = self.s0.expand(actions.shape[:1] + (self.state_dim,)) if s_start is None else s_start
-        out = []
+        out, M = [], self.displacement_matrix()
         for a in actions.unbind(1):
-            s = self.transition_mean(s, a)
+            s = self.transition_mean(s, a, M)
             out.append(s)
         return torch.stack(out, 1)
 
@@ -483,9 +567,9 @@ class GTMSM(SequenceModel):
         beta = self.landmark_weights(near.distances, near.valid)  # (batch, n, K'), all at once
         mean = self.s0.expand(batch, S)
         var = torch.zeros_like(mean)
-        means, variances = [], []
+        means, variances, M = [], [], self.displacement_matrix()
         for t in range(n):
-            mu_p = self.transition_mean(mean, actions[:, t])
+            mu_p = self.transition_mean(mean, actions[:, t], M)
             var_p = var + self.r ** 2
             if t == 0:  # empty memory: placeholders that no valid slot reads
                 mu_k = mu_p.new_zeros(batch, K, S)
@@ -574,7 +658,7 @@ class GTMSM(SequenceModel):
         tau = self.check_tau(x.shape[1])
         memory = self.memorise(frames[:, :tau], actions[:, :tau])
         state.shared["memory"], state.shared["actions"] = memory.memory, actions
-        state.shared["tau"] = tau
+        state.shared["tau"], state.shared["M"] = tau, self.displacement_matrix()
         if self.inference == "landmark":
             state.shared["s_tau_var"] = memory.variances[:, -1]
         state["s"] = memory.means[:, -1]
@@ -586,7 +670,7 @@ class GTMSM(SequenceModel):
         ``sqrt(Var[s_tau] + r^2)`` with the landmark past encoder."""
         tau = state.shared["tau"]
         s_prev = state[key]
-        loc = self.transition_mean(s_prev, state.shared_at("actions", t))
+        loc = self.transition_mean(s_prev, state.shared_at("actions", t), state.shared["M"])
         if t != tau:
             scale = s_prev.new_tensor(self.r)
         elif "s_tau_var" in state.shared:
@@ -616,6 +700,7 @@ class GTMSM(SequenceModel):
         frames, actions = self._split(state, x)
         tau = self.check_tau(x.shape[1])
         state.shared["actions"], state.shared["tau"] = actions, tau
+        state.shared["M"] = self.displacement_matrix()
         if self.inference == "landmark":
             loc, scale = self.encode(frames)
             memory = self.memorise(frames[:, :tau], actions[:, :tau],
@@ -668,7 +753,7 @@ class GTMSM(SequenceModel):
         """
         if not actions.is_floating_point():
             actions = self.one_hot(actions)
-        frames = frames.to(self.M.dtype)
+        frames = frames.to(self.s0.dtype)
         if frames.dim() != 3 or frames.shape[-1] != self.frame_dim:
             raise ValueError(f"frames must be (batch, T, {self.frame_dim}), got {tuple(frames.shape)}")
         if actions.shape != frames.shape[:2] + (self.num_actions,):
@@ -682,9 +767,9 @@ class GTMSM(SequenceModel):
             first_scale = (memory.variances[:, -1] + self.r ** 2).sqrt()
         else:
             first_scale = self.r * math.sqrt(tau + 1)
-        states, zs = [], []
+        states, zs, M = [], [], self.displacement_matrix()
         for i, a in enumerate(actions[:, tau:].unbind(1)):
-            loc = self.transition_mean(s, a)
+            loc = self.transition_mean(s, a, M)
             if sample_states:
                 scale = first_scale if i == 0 else self.r
                 loc = loc + scale * torch.randn_like(loc)

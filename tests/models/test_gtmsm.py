@@ -555,3 +555,97 @@ def test_landmark_options_are_validated():
     with pytest.raises(RuntimeError, match="inference='landmark'"):
         m.landmark_merge(*(torch.zeros(1, 2),) * 2, torch.zeros(1, 1), *(torch.zeros(1, 1, 2),) * 2,
                          torch.ones(1, 1, dtype=torch.bool))
+
+
+# ---------------------------------------------------------------------------------------------
+# Conformal displacement matrix (ours): M = alpha Q^T, Q^T Q = I
+# ---------------------------------------------------------------------------------------------
+
+def test_conformal_matrix_is_gram_schmidt_of_the_rows_times_the_scale():
+    g = torch.Generator().manual_seed(0)
+    direction = torch.randn(2, 5, generator=g, dtype=torch.float64)
+    log_scale = torch.tensor(0.3, dtype=torch.float64)
+    r1, r2 = direction
+    q1 = r1 / r1.norm()
+    q2 = r2 - (r2 @ q1) * q1
+    q2 = q2 / q2.norm()
+    hand = math.exp(0.3) * torch.stack([q1, q2])
+    from pyro_seq.models.gtmsm import conformal_matrix
+    M = conformal_matrix(direction, log_scale)
+    assert torch.allclose(M, hand, rtol=0, atol=1e-12)
+    assert torch.allclose(M @ M.T, math.exp(0.6) * torch.eye(2, dtype=torch.float64), atol=1e-12)
+
+
+def test_conformal_model_starts_conformal_and_sets_the_true_displacements_exactly():
+    m = small(displacements="conformal", init_displacement_std=0.5)
+    M = m.displacement_matrix()
+    alpha2 = 0.25 * 5  # (init_displacement_std sqrt(num_actions))^2
+    assert torch.allclose(M @ M.T, alpha2 * torch.eye(2, dtype=torch.float64), atol=1e-12)
+    m.set_displacement_matrix(TRUE_M)
+    assert torch.allclose(m.displacement_matrix(), TRUE_M, rtol=0, atol=1e-12)
+    assert m.displacement_matrix().requires_grad  # still a function of the parameters
+    with pytest.raises(ValueError, match="orthogonal rows of equal norm"):
+        m.set_displacement_matrix(torch.tensor([[1.0, 1, 0, 0, 0], [0, 0, 1, 1, 0.5]]))
+    with pytest.raises(ValueError, match="orthogonal rows of equal norm"):
+        m.set_displacement_matrix(torch.tensor([[1.0, 1, 0, 0, 0], [1.0, 0, 0, 0, 0]]))
+    with pytest.raises(ValueError, match=r"M must be \(2, 5\)"):
+        m.set_displacement_matrix(torch.zeros(5, 2))
+    free = small()
+    free.set_displacement_matrix(TRUE_M + 0.5)  # a free M takes anything of its shape
+    assert torch.equal(free.M.detach(), TRUE_M + 0.5)
+
+
+def test_conformal_and_free_models_with_the_same_M_have_the_same_elbo_and_predictions():
+    free, conf = small(walls=True), small(walls=True, displacements="conformal")
+    M = 0.7 * torch.tensor([[0.6, -0.6, 0.8, -0.8, 0.0], [0.8, -0.8, -0.6, 0.6, 0.0]],
+                           dtype=torch.float64)  # rotated true displacements
+    free.load_state_dict({k: v for k, v in conf.state_dict().items()
+                          if not k.startswith("M_")} | {"M": M})
+    conf.set_displacement_matrix(M)
+    x = torch.rand(2, 7, 4, dtype=torch.float64)
+    a = torch.randint(0, 5, (2, 7))
+    losses = []
+    for m in (free, conf):
+        pyro.set_rng_seed(3)
+        losses.append(Trace_ELBO().loss(m.model, m.guide, x, None, inputs=a))
+    assert math.isclose(losses[0], losses[1], rel_tol=1e-12)
+    p_free, p_conf = free.predict(x, a), conf.predict(x, a)
+    assert torch.allclose(p_free["states"], p_conf["states"], rtol=0, atol=1e-12)
+    assert torch.allclose(p_free["frames"], p_conf["frames"], rtol=0, atol=1e-12)
+
+
+def test_conformal_svi_step_keeps_M_conformal_and_moves_both_its_parameters():
+    m = small(walls=True, displacements="conformal")
+    _svi_step_with_gradients(m, Trace_ELBO(), T=6, silent_prefix="M_")
+    M = m.displacement_matrix().detach()
+    assert torch.allclose(M @ M.T, M.pow(2).sum(1).mean() * torch.eye(2, dtype=torch.float64),
+                          atol=1e-12)
+
+
+def test_free_M_gradient_of_a_distance_loss_is_M_times_a_symmetric_matrix():
+    """The claim of :meth:`GTMSM.displacement_matrix`: with ``s = M c`` (linear, no noise) any
+    loss of the pairwise squared distances has ``dL/dM = M G``, ``G = sum_ij 2 (dL/dd_ij^2)
+    (c_i - c_j)(c_i - c_j)^T``, so every row of ``M`` is driven by the same ``G``."""
+    g = torch.Generator().manual_seed(1)
+    M = torch.randn(2, 5, generator=g, dtype=torch.float64, requires_grad=True)
+    c = torch.randint(0, 4, (12, 5), generator=g).to(torch.float64)  # action counts
+    s = c @ M.T
+    d2 = (s[:, None] - s[None]).pow(2).sum(-1)
+    loss = torch.log(1.0 / (d2 + 1e-2)).sum() + torch.sin(d2).sum()  # any function of the d^2
+    loss.backward()
+    dd2 = (-1.0 / (d2 + 1e-2) + torch.cos(d2)).detach()  # dL / d d2_ij
+    diff = c[:, None] - c[None]
+    G = 2 * torch.einsum("ij,ija,ijb->ab", dd2, diff, diff)
+    assert torch.allclose(M.grad, M.detach() @ G, rtol=1e-10, atol=1e-10)
+    assert torch.allclose(G, G.T)
+
+
+def test_conformal_options_are_validated():
+    with pytest.raises(ValueError, match="displacements must be one of"):
+        GTMSM(displacements="orthogonal")
+    with pytest.raises(ValueError, match="needs rotation=False"):
+        GTMSM(state_dim=3, rotation=True, displacements="conformal")
+    with pytest.raises(ValueError, match="state_dim <= num_actions"):
+        GTMSM(state_dim=6, displacements="conformal")
+    with pytest.raises(ValueError, match="init_displacement_std"):
+        GTMSM(init_displacement_std=0.0)
