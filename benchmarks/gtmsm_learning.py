@@ -30,6 +30,9 @@ import torch
 from common import ROOT, device_info, write_result
 from pyro_seq.data.simulators.navigation import ACTIONS
 
+#: The true displacements in grid units, columns up, down, left, right, stay on (row, column).
+TRUE_M = torch.tensor([[-1.0, 1, 0, 0, 0], [0, 0, -1, 1, 0]])
+
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -41,6 +44,8 @@ def parse_args(argv=None):
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--lr-m", type=float, default=None, help="learning rate of M (default --lr)")
+    p.add_argument("--lr-walls", type=float, default=None,
+                   help="learning rate of the wall network (default --lr)")
     p.add_argument("--init-displacement-std", type=float, default=0.5,
                    help="std of M's initial entries (the model's default 0.5)")
     p.add_argument("--blocked-as-stay", action="store_true",
@@ -66,6 +71,9 @@ def parse_args(argv=None):
     p.add_argument("--init-inverse-pairs", action="store_true",
                    help="diagnostic: start M as [u, -u, l, -l, 0] with u, l random orthogonal of "
                         "length --init-displacement-std (is a 2-D start kept?)")
+    p.add_argument("--init-true-m", action="store_true",
+                   help="diagnostic: start M at the true displacements in grid units (with "
+                        "--lr-m 0 it stays there: can the wall network learn the walls?)")
     p.add_argument("--conformal", action="store_true",
                    help="GTMSM(displacements='conformal'): M = alpha Q^T with orthonormal rows, "
                         "so the state axes cannot collapse onto one line")
@@ -80,15 +88,18 @@ def parse_args(argv=None):
     if args.smoke:
         args.train, args.valid, args.tau, args.pred, args.epochs, args.batch_size = 8, 3, 12, 4, 2, 4
     args.lr_m = args.lr if args.lr_m is None else args.lr_m
+    walls_lr = "" if args.lr_walls is None else f"_lrw{args.lr_walls:g}"
+    args.lr_walls = args.lr if args.lr_walls is None else args.lr_walls
     init = "" if args.init_displacement_std == 0.5 else f"_init{args.init_displacement_std:g}"
     init += ("_nohits" if args.blocked_as_stay else "") + ("_nowalls" if args.no_walls else "")
     init += "" if args.delta_start is None else f"_delta{args.delta_start:g}x{args.delta_epochs}"
     init += "_pairs" if args.init_inverse_pairs else ""
+    init += "_truem" if args.init_true_m else ""
     init += "" if args.neighbours_start is None else \
         f"_k{args.neighbours_start}x{args.neighbours_epochs}"
     init += "" if args.repeat_rate is None else f"_repeat{args.repeat_rate:g}"
     init += "_conformal" if args.conformal else ""
-    args.tag = args.tag or ("smoke" if args.smoke else f"lrm{args.lr_m:g}{init}")
+    args.tag = args.tag or ("smoke" if args.smoke else f"lrm{args.lr_m:g}{walls_lr}{init}")
     return args
 
 
@@ -186,9 +197,16 @@ def main(argv=None):
     if args.init_inverse_pairs:  # a resumed run then loads its own M
         model.set_displacement_matrix(inverse_pairs(args.init_displacement_std,
                                                     torch.Generator().manual_seed(args.seed)))
+    if args.init_true_m:
+        model.set_displacement_matrix(TRUE_M)
     m_names = ("M", "M_direction", "M_log_scale")
-    optim = ClippedAdam(lambda module, name: {"lr": args.lr_m if name in m_names else args.lr,
-                                              "clip_norm": 50.0})
+
+    def rate(name):
+        if name in m_names:
+            return args.lr_m
+        return args.lr_walls if name.startswith("wall_net.") else args.lr
+
+    optim = ClippedAdam(lambda module, name: {"lr": rate(name), "clip_norm": 50.0})
     svi = SVI(model.model, model.guide, optim, Trace_ELBO())
     folder = Path(args.smoke_dir) if args.smoke else \
         ROOT / "benchmarks" / "checkpoints" / f"gtmsm_learning_{args.tag}"
@@ -266,7 +284,7 @@ def oracle_check(model, valid, args, x, a, repeats=3):
     learnt = elbo()
     half = (valid.params.grid_size - 1) / 2 + 0.5  # beyond the last cell's centre
     with torch.no_grad():
-        model.set_displacement_matrix(torch.tensor([[-1.0, 1, 0, 0, 0], [0, 0, -1, 1, 0]]))
+        model.set_displacement_matrix(TRUE_M)
         if model.wall_net is not None:
             first, last = model.wall_net[0], model.wall_net[-1]
             first.weight.zero_(), first.bias.zero_(), last.weight.zero_()

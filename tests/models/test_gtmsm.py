@@ -244,7 +244,27 @@ def _svi_step_with_gradients(m, loss, T, silent_prefix=""):
                                   FIVO(num_particles=3)],
                          ids=["trace", "meanfield", "iwae", "fivo"])
 def test_one_svi_step_every_parameter_has_a_finite_gradient(loss):
-    _svi_step_with_gradients(small(walls=True), loss, T=6)
+    m = small(walls=True)
+    with torch.no_grad():  # its output weights start at 0, which stops the first layer's gradient
+        m.wall_net[-1].weight.normal_(0.0, 0.5)
+    _svi_step_with_gradients(m, loss, T=6)
+
+
+def test_wall_network_starts_as_a_constant_so_inverse_moves_stay_inverse():
+    m = small(walls=True)
+    g = torch.Generator().manual_seed(0)
+    s = 5 * torch.randn(50, 2, generator=g, dtype=torch.float64)
+    a = nn.functional.one_hot(torch.randint(0, 4, (50,), generator=g), 5).to(torch.float64)
+    sigma = torch.sigmoid(m.wall_net(s))
+    assert torch.allclose(sigma, torch.full_like(sigma, 1 / (1 + math.exp(-3))), rtol=0,
+                          atol=1e-15)
+    inverse = a[:, [1, 0, 3, 2, 4]]  # up <-> down, left <-> right
+    M = m.displacement_matrix().detach()
+    with torch.no_grad():
+        m.set_displacement_matrix(torch.cat([M[:, :1], -M[:, :1], M[:, 2:3], -M[:, 2:3],
+                                             torch.zeros(2, 1, dtype=torch.float64)], 1))
+    back = m.transition_mean(m.transition_mean(s, a), inverse)
+    assert torch.allclose(back, s, rtol=0, atol=1e-12)
 
 
 def test_packed_actions_conv_colour_and_rotation_variants_train():
