@@ -254,21 +254,40 @@ def epoch_lr(epoch, config):
     return config.lr / config.lr_decay_factor ** max(0, epoch - config.lr_decay_after + 1)
 
 
-def _set_lr(optim, lr):
-    """Set the rate of every optimizer Pyro has created so far."""
-    for opt in optim.optim_objs.values():
+def lr_multiplier(model, param_name):
+    """The factor on the learning rate of one parameter: ``model.lr_multipliers`` maps names of
+    ``model.named_parameters()`` (a parameter, or a submodule's prefix such as ``"wall_net"``)
+    to factors; the longest matching key wins, 1 where none matches (or ``model`` is None).
+
+    :param str param_name: the parameter's name in Pyro's param store (``"<module_name>$$$M"``)
+        or in the model (``"M"``).
+    """
+    multipliers = getattr(model, "lr_multipliers", None) or {}
+    name = param_name.replace("$$$", ".")
+    prefix = f"{getattr(model, 'module_name', '')}."
+    if name.startswith(prefix):
+        name = name[len(prefix):]
+    match = max((key for key in multipliers if name == key or name.startswith(key + ".")),
+                key=len, default=None)
+    return 1.0 if match is None else float(multipliers[match])
+
+
+def _set_lr(optim, lr, model=None):
+    """Set the rate of every optimizer Pyro has created so far (times :func:`lr_multiplier`)."""
+    store = pyro.get_param_store()
+    for param, opt in optim.optim_objs.items():
         for group in opt.param_groups:
-            group["lr"] = lr
+            group["lr"] = lr * lr_multiplier(model, store.param_name(param))
 
 
-def _set_lr_in_state(state, lr):
+def _set_lr_in_state(state, lr, model=None):
     """Set the rate in a saved ``PyroOptim.get_state()`` (per parameter torch state dicts)."""
-    for opt_state in state.values():
+    for name, opt_state in state.items():
         for group in opt_state["param_groups"]:
-            group["lr"] = lr
+            group["lr"] = lr * lr_multiplier(model, name)
 
 
-def make_optimizer(config):
+def make_optimizer(config, model=None):
     """The Pyro optimizer of ``config``: ClippedAdam, wrapped in
     :class:`pyro.optim.ReduceLROnPlateau` (mode ``"max"`` on the validation ELBO, absolute
     threshold ``plateau_threshold``) when ``lr_schedule="plateau"``.
@@ -276,10 +295,17 @@ def make_optimizer(config):
     Pyro builds one torch optimizer (and one scheduler) per parameter when it first sees the
     parameter; every scheduler receives the same validation bound, so all rates move together.
     ``get_state()`` then holds ``{"scheduler": ..., "optimizer": ...}`` per parameter (plain
-    numbers and lists, loadable with ``weights_only=True``).
+    numbers and lists, loadable with ``weights_only=True``). A ``model`` with
+    ``lr_multipliers`` (e.g. the GTM-SM's displacements and wall network) gets per-parameter
+    rates ``lr * factor`` (:func:`lr_multiplier`); the schedules scale them all alike.
     """
     adam = {"lr": epoch_lr(0, config), "betas": tuple(config.betas), "clip_norm": config.clip_norm,
             "lrd": config.lrd, "weight_decay": config.weight_decay}
+    if getattr(model, "lr_multipliers", None):
+        base = adam
+
+        def adam(param_name):  # Pyro's one-argument form: the normalised name "<module>.<param>"
+            return dict(base, lr=base["lr"] * lr_multiplier(model, param_name))
     if config.lr_schedule != "plateau":
         return ClippedAdam(adam)
     return ReduceLROnPlateau({"optimizer": _TorchClippedAdam, "optim_args": adam, "mode": "max",
@@ -288,10 +314,12 @@ def make_optimizer(config):
                               "cooldown": config.plateau_cooldown, "min_lr": config.plateau_min_lr})
 
 
-def _current_lr(optim, default):
-    """The rate of the optimizers Pyro has created (all equal), ``default`` before the first."""
-    for obj in optim.optim_objs.values():
-        return getattr(obj, "optimizer", obj).param_groups[0]["lr"]
+def _current_lr(optim, default, model=None):
+    """The base rate of the optimizers Pyro has created (all equal once divided by their
+    :func:`lr_multiplier`), ``default`` before the first."""
+    for param, obj in optim.optim_objs.items():
+        rate = getattr(obj, "optimizer", obj).param_groups[0]["lr"]
+        return rate / lr_multiplier(model, pyro.get_param_store().param_name(param))
     return default
 
 
@@ -489,7 +517,7 @@ def _fit(model, train_sequences, valid_sequences, config, out_dir, resume, comm,
     if energy and config.missing_prob > 0:
         raise ValueError("missing_prob needs a latent-variable model with observed= masks; "
                          f"{type(model).__name__} is energy-based")
-    optim = make_optimizer(config)
+    optim = make_optimizer(config, model)
     loss = make_objective(config.objective, config.num_particles, config.free_bits,
                           cd_steps=config.cd_steps)
     model_fn, guide_fn, annealer = model.model, model.guide, None
@@ -519,7 +547,7 @@ def _fit(model, train_sequences, valid_sequences, config, out_dir, resume, comm,
                              f"into a new folder")
         _check_schedule_of_checkpoint(payload["optimizer"], config, ckpt_path)
         if config.lr_schedule == "exponential":  # optimizers are rebuilt lazily from this state
-            _set_lr_in_state(payload["optimizer"], epoch_lr(payload["epoch"], config))
+            _set_lr_in_state(payload["optimizer"], epoch_lr(payload["epoch"], config), model)
         payload = restore(payload, model=model, optimizer=optim, path=ckpt_path)
         history, start_epoch = payload["history"], payload["epoch"]
         global_step = payload["global_step"]
@@ -554,7 +582,7 @@ def _fit(model, train_sequences, valid_sequences, config, out_dir, resume, comm,
             epoch_hook(epoch)
         lr = epoch_lr(epoch, config)
         if config.lr_schedule == "exponential":
-            _set_lr(optim, lr)
+            _set_lr(optim, lr, model)
         total_loss, epoch_start, num_batches = 0.0, time.time(), 0
         for x, mask in loader.batches(epoch):
             x, mask = comm.shard(x, mask)  # this rank's rows (all of them in one process)
@@ -574,7 +602,7 @@ def _fit(model, train_sequences, valid_sequences, config, out_dir, resume, comm,
             global_step += 1
             num_batches += 1
         if config.lr_schedule == "plateau":
-            lr = _current_lr(optim, config.lr)  # the rate of this epoch's updates
+            lr = _current_lr(optim, config.lr, model)  # the rate of this epoch's updates
         row = {"epoch": epoch + 1, "step": global_step, "beta": kl_beta(global_step, config),
                "lr": lr * config.lrd ** global_step, "seconds": time.time() - epoch_start}
         if energy:  # CD's step value is a monitor per visible element, not a loss per step
@@ -609,7 +637,7 @@ def _fit(model, train_sequences, valid_sequences, config, out_dir, resume, comm,
                 bad_epochs = 0 if improved else bad_epochs + 1
             if config.lr_schedule == "plateau" and not annealing:
                 optim.step(watched)  # each scheduler: reduce the rate on a plateau
-                new_lr = _current_lr(optim, lr)
+                new_lr = _current_lr(optim, lr, model)
                 back_to_best = new_lr < lr and restore_best and best_state is not None
                 if back_to_best:  # in place: the param store and the optimizer hold these
                     model.load_state_dict(best_state)

@@ -438,3 +438,65 @@ def test_training_with_missing_steps_passes_observed_masks(tmp_path, monkeypatch
     assert all(o is None for _, o in seen)
     with pytest.raises(ValueError, match="missing_prob"):
         TrainConfig(missing_prob=1.0).validate()
+
+
+def test_lr_multiplier_matches_the_longest_parameter_name_prefix():
+    m = tiny_srnn()
+    m.lr_multipliers = {"emitter": 10.0, "emitter.2": 3.0, "prior.first.weight": 0.5}
+    f = trainer_module.lr_multiplier
+    assert f(m, "srnn$$$emitter.0.weight") == 10.0
+    assert f(m, "srnn.emitter.2.bias") == 3.0          # the longer key wins
+    assert f(m, "prior.first.weight") == 0.5           # a model-relative name
+    assert f(m, "srnn$$$prior.first.bias") == 1.0
+    m.lr_multipliers = {"M": 10.0}
+    assert f(m, "gtmsm$$$M_direction") == 1.0          # a key is a name or a dotted prefix
+    assert f(None, "srnn$$$emitter.0.weight") == 1.0
+
+
+def _rates_in_checkpoint(path):
+    return {name: [g["lr"] for g in (s.get("optimizer", s))["param_groups"]]
+            for name, s in load_checkpoint(path)["optimizer"].items()}
+
+
+@pytest.mark.parametrize("schedule", ["constant", "exponential", "plateau"])
+def test_lr_multipliers_scale_each_parameters_rate_under_every_schedule(tmp_path, schedule):
+    """Adam's first update moves every coordinate with a nonzero gradient by the rate (its
+    direction is g / (|g| + eps)), so one update shows each parameter's rate; the schedules
+    move the multiplied rates with the base rate, and the history logs the base rate."""
+    train, valid = toy_sequences(4), toy_sequences(2, seed=1)
+    cfg = dict(batch_size=8, lr=1e-3, lr_schedule=schedule, progress=False, init="none",
+               plateau_patience=0, plateau_threshold=1e9, patience=None)
+    # plateau: every epoch is bad and the rate halves each time; exponential: / 4 per epoch
+    if schedule == "exponential":
+        cfg.update(lr_decay_after=1, lr_decay_factor=4.0)
+    m = tiny_srnn()
+    m.lr_multipliers = {"emitter": 10.0}
+    before = {n: p.detach().clone() for n, p in m.named_parameters()}
+    history = fit(m, train, valid, TrainConfig(epochs=1, **cfg), tmp_path / "one")
+    for name, p in m.named_parameters():
+        step = (p.detach() - before[name]).abs()
+        step = step[step > 0]
+        rate = 1e-2 if name.startswith("emitter.") else 1e-3
+        # tiny gradients (|g| near eps = 1e-8) move a little less: 0.988 of the rate at worst
+        assert step.numel() > 0 and torch.allclose(step, torch.full_like(step, rate), rtol=0.02), name
+    assert history[0]["lr"] == 1e-3
+    m = tiny_srnn()
+    m.lr_multipliers = {"emitter": 10.0}
+    history = fit(m, train, valid, TrainConfig(epochs=2, **cfg), tmp_path / "two")
+    # the log holds the rate of the epoch's updates; the plateau rule halves it after epoch 2
+    assert history[-1]["lr"] == pytest.approx(1e-3 / 4 if schedule == "exponential" else 1e-3,
+                                              rel=1e-12)
+    base = {"constant": 1e-3, "exponential": 1e-3 / 4, "plateau": 1e-3 / 2}[schedule]
+    rates = _rates_in_checkpoint(tmp_path / "two" / "checkpoint.pt")
+    for name, groups in rates.items():
+        factor = 10.0 if ".emitter." in name.replace("$$$", ".") else 1.0
+        assert groups == pytest.approx([base * factor], rel=1e-12), name
+    # resuming an exponential schedule rewrites the saved rates: still multiplied
+    m2 = tiny_srnn()
+    m2.lr_multipliers = {"emitter": 10.0}
+    fit(m2, train, valid, TrainConfig(epochs=3, **cfg), tmp_path / "two")
+    rates = _rates_in_checkpoint(tmp_path / "two" / "checkpoint.pt")
+    base = {"constant": 1e-3, "exponential": 1e-3 / 16, "plateau": 1e-3 / 4}[schedule]
+    for name, groups in rates.items():
+        factor = 10.0 if ".emitter." in name.replace("$$$", ".") else 1.0
+        assert groups == pytest.approx([base * factor], rel=1e-12), name
