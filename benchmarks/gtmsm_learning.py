@@ -74,9 +74,13 @@ def parse_args(argv=None):
     p.add_argument("--init-true-m", action="store_true",
                    help="diagnostic: start M at the true displacements in grid units (with "
                         "--lr-m 0 it stays there: can the wall network learn the walls?)")
-    p.add_argument("--conformal", action="store_true",
-                   help="GTMSM(displacements='conformal'): M = alpha Q^T with orthonormal rows, "
-                        "so the state axes cannot collapse onto one line")
+    p.add_argument("--displacements", default="free", choices=("free", "conformal",
+                                                                  "inverse_pairs"),
+                   help="GTMSM(displacements=...): 'conformal', M = alpha Q^T with orthonormal "
+                        "rows, so the state axes cannot collapse onto one line; "
+                        "'inverse_pairs', down = -up and right = -left")
+    p.add_argument("--conformal", action="store_const", const="conformal", dest="displacements",
+                   help="the same as --displacements conformal")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (named in the JSON)")
     p.add_argument("--time-limit", type=float, default=None,
@@ -98,7 +102,7 @@ def parse_args(argv=None):
     init += "" if args.neighbours_start is None else \
         f"_k{args.neighbours_start}x{args.neighbours_epochs}"
     init += "" if args.repeat_rate is None else f"_repeat{args.repeat_rate:g}"
-    init += "_conformal" if args.conformal else ""
+    init += "" if args.displacements == "free" else f"_{args.displacements}"
     args.tag = args.tag or ("smoke" if args.smoke else f"lrm{args.lr_m:g}{walls_lr}{init}")
     return args
 
@@ -135,9 +139,9 @@ def inverse_pairs(length, generator):
 def delta_at(epoch, start, epochs, final):
     """The kernel's ``delta`` in ``epoch`` (0-based) of the curriculum: ``start`` at epoch 0,
     geometric to ``final`` at ``epochs`` and after (``start=None``: ``final`` throughout)."""
-    if start is None or epoch >= epochs:
-        return final
-    return start * (final / start) ** (epoch / epochs)
+    from pyro_seq.models.gtmsm import warmup_value
+
+    return warmup_value(epoch, start, epochs, final)
 
 
 def neighbours_at(epoch, start, epochs, final):
@@ -193,13 +197,13 @@ def main(argv=None):
     small = dict(hidden_dims=(16,), z_dim=4, wall_hidden=4) if args.smoke else {}
     model = GTMSM(tau=args.tau, init_displacement_std=args.init_displacement_std,
                   walls=not args.no_walls,
-                  displacements="conformal" if args.conformal else "free", **small).to(device)
+                  displacements=args.displacements, **small).to(device)
     if args.init_inverse_pairs:  # a resumed run then loads its own M
         model.set_displacement_matrix(inverse_pairs(args.init_displacement_std,
                                                     torch.Generator().manual_seed(args.seed)))
     if args.init_true_m:
         model.set_displacement_matrix(TRUE_M)
-    m_names = ("M", "M_direction", "M_log_scale")
+    m_names = ("M", "M_direction", "M_log_scale", "M_pairs", "M_other")
 
     def rate(name):
         if name in m_names:

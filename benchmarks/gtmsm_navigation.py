@@ -57,6 +57,19 @@ def parse_args(argv=None):
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--particles", type=int, default=32, help="K of the baselines' imputation")
     p.add_argument("--models", default=",".join(MODELS))
+    p.add_argument("--gtmsm-displacements", default="free",
+                   choices=("free", "conformal", "inverse_pairs"),
+                   help="GTMSM(displacements=...) (free: the thesis)")
+    p.add_argument("--gtmsm-neighbour-warmup", type=int, nargs=2, default=None,
+                   metavar=("K0", "EPOCHS"), help="GTMSM(neighbour_warmup=(K0, EPOCHS))")
+    p.add_argument("--gtmsm-transition-lr", type=float, default=1.0,
+                   help="GTMSM(transition_lr_multiplier=...): rate factor of M and the walls")
+    p.add_argument("--gtmsm-true-m", action="store_true",
+                   help="an upper reference: M fixed at the true displacements (grid units), "
+                        "only the wall network (at --gtmsm-transition-lr) and the VAE learnt")
+    p.add_argument("--gtmsm-variant", default="",
+                   help="name suffix of this GTM-SM's results and checkpoints (gtmsm_<variant>), "
+                        "so that several GTM-SM settings share one tag's baselines")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--tag", default=None)
@@ -72,6 +85,8 @@ def parse_args(argv=None):
     unknown = set(args.models) - set(MODELS)
     if unknown:
         p.error(f"unknown models {sorted(unknown)}; choose from {MODELS}")
+    if args.gtmsm_variant:
+        args.models = [f"gtmsm_{args.gtmsm_variant}" if m == "gtmsm" else m for m in args.models]
     args.tag = args.tag or ("smoke" if args.smoke else f"nav_{args.train}")
     return args
 
@@ -79,9 +94,19 @@ def parse_args(argv=None):
 def build(name, args):
     from pyro_seq.models import GTMSM, SRNN, VRNN
 
-    if name == "gtmsm":
+    if name.startswith("gtmsm"):
         small = dict(hidden_dims=(16,), z_dim=4, wall_hidden=4) if args.smoke else {}
-        return GTMSM(tau=args.tau, pack_actions=True, **small)
+        warmup = None if args.gtmsm_neighbour_warmup is None else \
+            tuple(args.gtmsm_neighbour_warmup)
+        model = GTMSM(tau=args.tau, pack_actions=True, displacements=args.gtmsm_displacements,
+                      neighbour_warmup=warmup, transition_lr_multiplier=args.gtmsm_transition_lr,
+                      **small)
+        if args.gtmsm_true_m:
+            model.set_displacement_matrix(torch.tensor([[-1.0, 1, 0, 0, 0], [0, 0, -1, 1, 0]]))
+            model.lr_multipliers = dict({k: 0.0 for k in ("M", "M_direction", "M_log_scale",
+                                                            "M_pairs", "M_other")},
+                                        wall_net=args.gtmsm_transition_lr)
+        return model
     size = 8 if args.smoke else 128
     cls = SRNN if name == "srnn" else VRNN
     opts = dict(d_dim=size, z_dim=min(16, size), hidden_dim=size, likelihood="gaussian")
@@ -97,7 +122,7 @@ def predict_frames(name, model, test, args):
     x = torch.stack(test.as_sequences())
     model.eval()
     with torch.no_grad():
-        if name == "gtmsm":
+        if name.startswith("gtmsm"):
             return model.predict(x[..., :64], test.actions, tau=args.tau)["frames"]
         observed = torch.ones(x.shape, dtype=torch.bool)
         observed[:, args.tau:, :64] = False
@@ -159,7 +184,8 @@ def figures(results, analysis, test, args, prefix):
     fig, ax = plt.subplots(figsize=(6, 3.6), layout="constrained")
     for key, value in results.items():
         curve = value if isinstance(value, list) else value["frame_error_per_step"]
-        ax.plot(range(1, len(curve) + 1), curve, label=names.get(key, key),
+        label = names.get(key) or (f"GTM-SM ({key[6:]})" if key.startswith("gtmsm_") else key)
+        ax.plot(range(1, len(curve) + 1), curve, label=label,
                 ls=":" if key == "mean_memorised_frame" else "-")
     if args.test_pred > 200:
         ax.axvline(200, color="grey", lw=0.8, ls="--")
@@ -183,7 +209,8 @@ def figures(results, analysis, test, args, prefix):
         plt.close(fig)
     shown = [s for s in (0, 1, 2, 3, 199, 200, 201, 202) if s < args.test_pred]
     rows = [("truth", test.frames.flatten(2)[0, args.tau:])]
-    rows += [(names.get(k, k), torch.tensor(v["example_frames"])) for k, v in results.items()
+    rows += [(names.get(k) or k.replace("gtmsm_", "GTM-SM "), torch.tensor(v["example_frames"]))
+             for k, v in results.items()
              if isinstance(v, dict) and "example_frames" in v]
     side = int(round(rows[0][1].shape[-1] ** 0.5))
     fig, axes = plt.subplots(len(rows), len(shown), figsize=(1.2 * len(shown), 1.3 * len(rows)),
@@ -228,7 +255,7 @@ def main(argv=None):
             continue
         torch.manual_seed(args.seed)
         model = build(name, args)
-        epochs = args.epochs if name == "gtmsm" else args.baseline_epochs
+        epochs = args.epochs if name.startswith("gtmsm") else args.baseline_epochs
         config = TrainConfig(epochs=epochs, batch_size=args.batch_size, lr=args.lr,
                              clip_norm=50.0, lr_schedule="plateau", patience=None,
                              seed=args.seed, progress=not args.smoke, init="none")
@@ -243,13 +270,19 @@ def main(argv=None):
                       "example_frames": frames[0].tolist(),
                       "history": [dict(row) for row in history]}
         results[name] = done[name]
+        # another call may have evaluated other models into the same tag meanwhile: merge
+        saved = json.loads(done_path.read_text()) if done_path.exists() else {}
+        done = {**saved, **done}
         done_path.write_text(json.dumps(done))
         print(f"{name}: mean frame error {done[name]['mean_frame_error']:.4f} over "
               f"{args.test_pred} prediction steps", flush=True)
+    for name, value in done.items():  # what earlier calls evaluated into this tag
+        results.setdefault(name, value)
     analysis = {}
-    if "gtmsm" in args.models:
-        analysis = analyse_gtmsm(args, test, ckpt / "gtmsm", build("gtmsm", args))
-        done["gtmsm"].setdefault("example_frames", analysis.pop("example_frames"))
+    gtmsm = [m for m in args.models if m.startswith("gtmsm")]
+    if gtmsm:
+        analysis = analyse_gtmsm(args, test, ckpt / gtmsm[0], build(gtmsm[0], args))
+        done[gtmsm[0]].setdefault("example_frames", analysis.pop("example_frames"))
     prefix = Path(args.smoke_dir) / "gtmsm_smoke" if args.smoke else ROOT / "benchmarks" / \
         "results" / f"gtmsm_{args.tag}"
     figures(results, analysis, test, args, str(prefix))

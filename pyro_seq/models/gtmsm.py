@@ -163,7 +163,15 @@ LIKELIHOODS = ("gaussian", "bernoulli")
 #: (thesis eq. 7.2) or the landmark network of thesis appendix 7.10.
 INFERENCES = ("prior", "landmark")
 #: Parametrisations of the displacement matrix ``M`` of :class:`GTMSM` (``displacements=``).
-DISPLACEMENTS = ("free", "conformal")
+DISPLACEMENTS = ("free", "conformal", "inverse_pairs")
+
+
+def warmup_value(epoch, start, epochs, final):
+    """A geometric warm-up: ``start`` at ``epoch`` 0 to ``final`` at ``epochs`` and after
+    (``start=None``: ``final`` throughout)."""
+    if start is None or epoch >= epochs:
+        return final
+    return start * (final / start) ** (epoch / epochs)
 
 
 def conformal_matrix(direction, log_scale):
@@ -244,6 +252,26 @@ class GTMSM(SequenceModel):
         square cells (up = -down, left = -right, orthogonal and of equal length, stay = 0) are
         conformal. Starts at ``alpha = init_displacement_std sqrt(num_actions)`` (the expected
         row norm of the free start) and a random ``Q``. Not with ``rotation=True``.
+        ``"inverse_pairs"`` (ours): the actions of each pair in ``inverse_actions`` undo each
+        other, ``M[:, j] = -M[:, i]`` for ``(i, j)``; the other columns are free. A round trip
+        then returns to the same state exactly, which a free ``M`` only approaches (a mismatch
+        of a tenth of a cell drifts the states by cells over 256 steps).
+    :param tuple neighbour_warmup: ``(K_0, epochs)`` or None (default). Training only (ours):
+        the mixture prior reads ``K_0`` memory entries in the first epoch (e.g. ``tau``: all of
+        them), falling geometrically to ``num_neighbours`` over ``epochs`` epochs
+        (:meth:`training_epoch`, called by :func:`pyro_seq.train.fit`). With the ``K = 5``
+        nearest entries only, a memorised frame that matches the current one but sits far away
+        in state space sends no gradient, and the states settle on one axis or on a count of
+        moves (``benchmarks/gtmsm_learning.py``); with every entry in the mixture, matching
+        frames pull their states together from anywhere. Evaluation (``model.eval()``) and
+        :meth:`predict` always use ``num_neighbours``.
+    :param float transition_lr_multiplier: factor on the learning rate of ``M`` and the wall
+        network in :func:`pyro_seq.train.fit` (``lr_multipliers``; 1, the thesis' single rate).
+        The wall network learns the walls at 10x (1e-2) and not at 1e-3 (ours,
+        ``benchmarks/gtmsm_learning.py``); 0 freezes them (e.g. at known displacements).
+    :param tuple inverse_actions: pairs ``(i, j)`` of action indices for
+        ``displacements="inverse_pairs"`` (``((0, 1), (2, 3))``: up/down, left/right of
+        :data:`pyro_seq.data.simulators.navigation.ACTIONS`).
     :param str encoder: ``"mlp"`` (default) or ``"conv"`` (:mod:`pyro_seq.nn.conv`).
     :param tuple hidden_dims: MLP hidden layers ((256, 256)).
     :param int channels: conv filters (32); ``conv_layers`` (2): 8x8 frames become 2x2 maps.
@@ -272,7 +300,8 @@ class GTMSM(SequenceModel):
                  wall_hidden=32, init_displacement_std=0.5, encoder="mlp", hidden_dims=(256, 256),
                  channels=32, conv_layers=2, likelihood="gaussian", pixel_var=0.01,
                  min_scale=1e-3, pack_actions=False, inference="prior", landmark_neighbours=5,
-                 landmark_hidden=32, displacements="free"):
+                 landmark_hidden=32, displacements="free", inverse_actions=((0, 1), (2, 3)),
+                 neighbour_warmup=None, transition_lr_multiplier=1.0):
         frame_shape = tuple(frame_shape)
         if len(frame_shape) not in (2, 3):
             raise ValueError(f"frame_shape must be (H, W) or (C, H, W), got {frame_shape!r}")
@@ -288,6 +317,23 @@ class GTMSM(SequenceModel):
         self.state_dim = positive_int("state_dim", state_dim)
         self.z_dim = positive_int("z_dim", z_dim)
         self.num_neighbours = positive_int("num_neighbours", num_neighbours)
+        if neighbour_warmup is not None:
+            if not (isinstance(neighbour_warmup, (tuple, list)) and len(neighbour_warmup) == 2):
+                raise ValueError(f"neighbour_warmup must be (K_0, epochs) or None, got "
+                                 f"{neighbour_warmup!r}")
+            neighbour_warmup = (positive_int("neighbour_warmup K_0", neighbour_warmup[0]),
+                                positive_int("neighbour_warmup epochs", neighbour_warmup[1]))
+        self.neighbour_warmup = neighbour_warmup
+        self.training_neighbours = None if neighbour_warmup is None else neighbour_warmup[0]
+        factor = transition_lr_multiplier
+        if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not (
+                factor >= 0 and math.isfinite(factor)):
+            raise ValueError(f"transition_lr_multiplier must be a finite number >= 0, got "
+                             f"{factor!r}")
+        transition_params = {"free": ("M",), "conformal": ("M_direction", "M_log_scale"),
+                             "inverse_pairs": ("M_pairs", "M_other")}.get(displacements, ())
+        self.lr_multipliers = {} if factor == 1 else {
+            name: float(factor) for name in transition_params + ("wall_net",)}
         for name, value in (("delta", delta), ("transition_noise", transition_noise),
                             ("pixel_var", pixel_var)):
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
@@ -310,6 +356,14 @@ class GTMSM(SequenceModel):
                 std > 0 and math.isfinite(std)):
             raise ValueError(f"init_displacement_std must be a positive finite number, got {std!r}")
         self.displacements = displacements
+        pairs = tuple(tuple(pair) for pair in inverse_actions)
+        flat = [i for pair in pairs for i in pair]
+        if displacements == "inverse_pairs" and (
+                not pairs or any(len(pair) != 2 for pair in pairs) or len(set(flat)) != len(flat)
+                or not all(isinstance(i, int) and 0 <= i < num_actions for i in flat)):
+            raise ValueError("inverse_actions must be disjoint pairs (i, j) of action indices in "
+                             f"0..{num_actions - 1}, got {inverse_actions!r}")
+        self.inverse_actions = pairs
         if encoder not in ENCODERS:
             raise ValueError(f"encoder must be one of {ENCODERS}, got {encoder!r}")
         if likelihood not in LIKELIHOODS:
@@ -333,6 +387,11 @@ class GTMSM(SequenceModel):
         start = init_displacement_std * torch.randn(self.state_dim, num_actions)
         if displacements == "free":
             self.M = nn.Parameter(start)
+        elif displacements == "inverse_pairs":
+            firsts = [i for i, _ in pairs]
+            self.other_actions = [a for a in range(num_actions) if a not in flat]
+            self.M_pairs = nn.Parameter(start[:, firsts])
+            self.M_other = nn.Parameter(start[:, self.other_actions])
         else:
             self.M_direction = nn.Parameter(start)
             self.M_log_scale = nn.Parameter(
@@ -428,6 +487,13 @@ class GTMSM(SequenceModel):
         """
         if self.displacements == "free":
             return self.M
+        if self.displacements == "inverse_pairs":
+            columns = [None] * self.num_actions
+            for k, (i, j) in enumerate(self.inverse_actions):
+                columns[i], columns[j] = self.M_pairs[:, k], -self.M_pairs[:, k]
+            for k, a in enumerate(self.other_actions):
+                columns[a] = self.M_other[:, k]
+            return torch.stack(columns, 1)
         return conformal_matrix(self.M_direction, self.M_log_scale)
 
     @torch.no_grad()
@@ -443,6 +509,14 @@ class GTMSM(SequenceModel):
                              f"{tuple(M.shape)}")
         if self.displacements == "free":
             self.M.copy_(M)
+            return
+        if self.displacements == "inverse_pairs":
+            for i, j in self.inverse_actions:
+                if not torch.allclose(M[:, j], -M[:, i], rtol=0, atol=1e-6):
+                    raise ValueError(f"inverse_pairs: column {j} of M must be minus column {i}, "
+                                     f"got {M[:, i].tolist()} and {M[:, j].tolist()}")
+            self.M_pairs.copy_(M[:, [i for i, _ in self.inverse_actions]])
+            self.M_other.copy_(M[:, self.other_actions])
             return
         gram = M @ M.T
         scale2 = torch.diagonal(gram).mean()
@@ -642,12 +716,28 @@ class GTMSM(SequenceModel):
             var_k = nn.functional.pad(var_k, (0, 0, 0, pad), value=1.0)
         return d, mu_k, var_k, valid
 
-    def memory_prior(self, s, dnd):
+    def training_epoch(self, epoch):
+        """Called by :func:`pyro_seq.train.fit` before each epoch (0-based): the ``K`` of
+        ``neighbour_warmup`` for this epoch's updates."""
+        if self.neighbour_warmup is not None:
+            start, epochs = self.neighbour_warmup
+            self.training_neighbours = int(round(warmup_value(epoch, start, epochs,
+                                                              self.num_neighbours)))
+
+    def neighbours_now(self):
+        """``K`` read by :meth:`memory_prior`: the warm-up's in training mode, else
+        ``num_neighbours``."""
+        if self.training and self.training_neighbours is not None:
+            return self.training_neighbours
+        return self.num_neighbours
+
+    def memory_prior(self, s, dnd, num_neighbours=None):
         r"""``p(z_t | s_t, m)``: the mixture of the module docstring from the ``K`` nearest
         entries of ``dnd`` to ``key(s)``; ``s (..., batch, state_dim)`` ->
         :class:`~pyro.distributions.MixtureSameFamily` with batch shape ``(..., batch)`` and
-        event shape ``(z_dim,)``. The mixture logits are ``-log(d_k^2 + delta)``."""
-        read = dnd.read(self.key(s), self.num_neighbours)
+        event shape ``(z_dim,)``. The mixture logits are ``-log(d_k^2 + delta)``. ``K``:
+        ``num_neighbours`` when given, else :meth:`neighbours_now`."""
+        read = dnd.read(self.key(s), num_neighbours or self.neighbours_now())
         logits = -torch.log(read.squared_distances + self.delta)
         components = dist.Normal(read.values[..., 0, :], read.values[..., 1, :]).to_event(1)
         return dist.MixtureSameFamily(dist.Categorical(logits=logits), components)
@@ -779,7 +869,7 @@ class GTMSM(SequenceModel):
                 scale = first_scale if i == 0 else self.r
                 loc = loc + scale * torch.randn_like(loc)
             s = loc
-            prior = self.memory_prior(s, dnd)
+            prior = self.memory_prior(s, dnd, self.num_neighbours)
             w = prior.mixture_distribution.probs
             zs.append((w.unsqueeze(-1) * prior.component_distribution.base_dist.loc).sum(-2))
             states.append(s)

@@ -318,8 +318,9 @@ def _current_lr(optim, default, model=None):
     """The base rate of the optimizers Pyro has created (all equal once divided by their
     :func:`lr_multiplier`), ``default`` before the first."""
     for param, obj in optim.optim_objs.items():
-        rate = getattr(obj, "optimizer", obj).param_groups[0]["lr"]
-        return rate / lr_multiplier(model, pyro.get_param_store().param_name(param))
+        factor = lr_multiplier(model, pyro.get_param_store().param_name(param))
+        if factor > 0:  # a frozen parameter (factor 0) does not tell the base rate
+            return getattr(obj, "optimizer", obj).param_groups[0]["lr"] / factor
     return default
 
 

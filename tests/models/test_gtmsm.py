@@ -669,3 +669,72 @@ def test_conformal_options_are_validated():
         GTMSM(state_dim=6, displacements="conformal")
     with pytest.raises(ValueError, match="init_displacement_std"):
         GTMSM(init_displacement_std=0.0)
+
+
+def test_inverse_pairs_M_undoes_each_pair_exactly_and_sets_only_such_matrices():
+    m = small(displacements="inverse_pairs")
+    M = m.displacement_matrix()
+    assert torch.equal(M[:, 1], -M[:, 0]) and torch.equal(M[:, 3], -M[:, 2])
+    assert [n for n, _ in m.named_parameters() if n.startswith("M")] == ["M_pairs", "M_other"]
+    g = torch.Generator().manual_seed(2)
+    s = torch.randn(7, 2, generator=g, dtype=torch.float64)
+    for i, j in ((0, 1), (2, 3)):  # a round trip returns exactly (no walls)
+        a_i = nn.functional.one_hot(torch.full((7,), i), 5).to(torch.float64)
+        a_j = nn.functional.one_hot(torch.full((7,), j), 5).to(torch.float64)
+        assert torch.allclose(m.transition_mean(m.transition_mean(s, a_i), a_j), s, rtol=0,
+                              atol=1e-14)
+    m.set_displacement_matrix(2 * TRUE_M)
+    assert torch.equal(m.displacement_matrix().detach(), 2 * TRUE_M)
+    with pytest.raises(ValueError, match="column 1 of M must be minus column 0"):
+        m.set_displacement_matrix(torch.tensor([[1.0, 1, 0, 0, 0], [0, 0, 1, -1, 0]]))
+    other = small(displacements="inverse_pairs", inverse_actions=((0, 2),))
+    M = other.displacement_matrix()
+    assert torch.equal(M[:, 2], -M[:, 0]) and not torch.equal(M[:, 3], -M[:, 1])
+    _svi_step_with_gradients(small(displacements="inverse_pairs"), Trace_ELBO(), T=6,
+                             silent_prefix="M_")
+    for bad in (((0, 1), (1, 2)), ((0, 5),), ((0,),), ()):
+        with pytest.raises(ValueError, match="inverse_actions must be disjoint pairs"):
+            GTMSM(displacements="inverse_pairs", inverse_actions=bad)
+
+
+def test_neighbour_warmup_reads_K0_entries_in_training_then_num_neighbours():
+    m = small(tau=6, num_neighbours=2, neighbour_warmup=(6, 4))
+    dnd = DND(2)
+    g = torch.Generator().manual_seed(0)
+    dnd.write(torch.randn(1, 6, 2, generator=g, dtype=torch.float64),
+              torch.rand(1, 6, 2, 2, generator=g, dtype=torch.float64) + 0.1)
+    s = torch.zeros(1, 2, dtype=torch.float64)
+    m.train()
+    ks = []
+    for epoch in range(6):
+        m.training_epoch(epoch)
+        ks.append(m.memory_prior(s, dnd).mixture_distribution.logits.shape[-1])
+    assert ks == [6, 5, 3, 3, 2, 2]  # round(6 (2/6)^(e/4)), then num_neighbours
+    m.training_epoch(0)
+    m.eval()
+    assert m.memory_prior(s, dnd).mixture_distribution.logits.shape[-1] == 2
+    m.train()
+    assert m.memory_prior(s, dnd, 1).mixture_distribution.logits.shape[-1] == 1
+    plain = small(tau=6, num_neighbours=2)
+    plain.training_epoch(0)
+    plain.num_neighbours = 3  # without a warm-up, training reads the attribute
+    assert plain.memory_prior(s, dnd).mixture_distribution.logits.shape[-1] == 3
+    for bad in ((0, 3), (5,), 5, (5, 0)):
+        with pytest.raises(ValueError, match="neighbour_warmup"):
+            small(neighbour_warmup=bad)
+
+
+@pytest.mark.parametrize("displacements,names", [
+    ("free", ["M"]), ("conformal", ["M_direction", "M_log_scale"]),
+    ("inverse_pairs", ["M_pairs", "M_other"])])
+def test_transition_lr_multiplier_covers_M_and_the_wall_network(displacements, names):
+    from pyro_seq.train.trainer import lr_multiplier
+
+    m = small(walls=True, displacements=displacements, transition_lr_multiplier=10)
+    factors = {n: lr_multiplier(m, f"gtmsm$$${n}") for n, _ in m.named_parameters()}
+    fast = sorted(n for n, f in factors.items() if f == 10.0)
+    assert fast == sorted(names + [n for n in factors if n.startswith("wall_net.")])
+    assert all(f == 1.0 for n, f in factors.items() if n not in fast)
+    assert small(walls=True).lr_multipliers == {}
+    with pytest.raises(ValueError, match="transition_lr_multiplier"):
+        small(transition_lr_multiplier=-1.0)
