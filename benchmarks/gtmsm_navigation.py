@@ -62,11 +62,13 @@ def parse_args(argv=None):
                    help="GTMSM(displacements=...) (free: the thesis)")
     p.add_argument("--gtmsm-neighbour-warmup", type=int, nargs=2, default=None,
                    metavar=("K0", "EPOCHS"), help="GTMSM(neighbour_warmup=(K0, EPOCHS))")
-    p.add_argument("--gtmsm-transition-lr", type=float, default=1.0,
-                   help="GTMSM(transition_lr_multiplier=...): rate factor of M and the walls")
+    p.add_argument("--gtmsm-displacement-lr", type=float, default=1.0,
+                   help="GTMSM(displacement_lr_multiplier=...): rate factor of M")
+    p.add_argument("--gtmsm-wall-lr", type=float, default=1.0,
+                   help="GTMSM(wall_lr_multiplier=...): rate factor of the wall network")
     p.add_argument("--gtmsm-true-m", action="store_true",
                    help="an upper reference: M fixed at the true displacements (grid units), "
-                        "only the wall network (at --gtmsm-transition-lr) and the VAE learnt")
+                        "only the wall network and the VAE learnt")
     p.add_argument("--gtmsm-variant", default="",
                    help="name suffix of this GTM-SM's results and checkpoints (gtmsm_<variant>), "
                         "so that several GTM-SM settings share one tag's baselines")
@@ -99,13 +101,11 @@ def build(name, args):
         warmup = None if args.gtmsm_neighbour_warmup is None else \
             tuple(args.gtmsm_neighbour_warmup)
         model = GTMSM(tau=args.tau, pack_actions=True, displacements=args.gtmsm_displacements,
-                      neighbour_warmup=warmup, transition_lr_multiplier=args.gtmsm_transition_lr,
-                      **small)
+                      neighbour_warmup=warmup, wall_lr_multiplier=args.gtmsm_wall_lr,
+                      displacement_lr_multiplier=0.0 if args.gtmsm_true_m else
+                      args.gtmsm_displacement_lr, **small)
         if args.gtmsm_true_m:
             model.set_displacement_matrix(torch.tensor([[-1.0, 1, 0, 0, 0], [0, 0, -1, 1, 0]]))
-            model.lr_multipliers = dict({k: 0.0 for k in ("M", "M_direction", "M_log_scale",
-                                                            "M_pairs", "M_other")},
-                                        wall_net=args.gtmsm_transition_lr)
         return model
     size = 8 if args.smoke else 128
     cls = SRNN if name == "srnn" else VRNN
@@ -267,6 +267,10 @@ def main(argv=None):
         done[name] = {"frame_error_per_step": errors.mean(0).tolist(),
                       "mean_frame_error": float(errors.mean()),
                       "train_seconds_this_call": seconds,
+                      "epochs": epochs,
+                      "gtmsm_options": {k: v for k, v in vars(args).items()
+                                        if k.startswith("gtmsm_")} if name.startswith("gtmsm")
+                      else None,
                       "example_frames": frames[0].tolist(),
                       "history": [dict(row) for row in history]}
         results[name] = done[name]

@@ -139,11 +139,11 @@ def test_gtmsm_trains_on_image_navigation_from_the_command_line(tmp_path, capsys
     assert main(["train", "--model", "gtmsm", "--data", "image_navigation:5:12", "--epochs", "2",
                  "--quiet", "--batch-size", "5", "--kl-anneal-steps", "0", "--out", str(recipe),
                  "--model-option", "displacements=conformal", "--model-option",
-                 "neighbour_warmup=[8,2]", "--model-option", "transition_lr_multiplier=10"]
+                 "neighbour_warmup=[8,2]", "--model-option", "wall_lr_multiplier=10"]
                 + opts) == 0
     m = build_model("gtmsm", 69, json.loads((recipe / "config.json").read_text())["model_options"])
     assert m.displacements == "conformal" and m.neighbour_warmup == (8, 2)
-    assert m.lr_multipliers == {"M_direction": 10.0, "M_log_scale": 10.0, "wall_net": 10.0}
+    assert m.lr_multipliers == {"wall_net": 10.0}
     m = build_model("gtmsm", 3 * 64 + 5, {"hidden_dims": [8]})
     assert m.frame_shape == (3, 8, 8) and m.pack_actions
     with pytest.raises(SystemExit, match="not a square frame"):

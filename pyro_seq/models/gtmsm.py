@@ -253,7 +253,7 @@ class GTMSM(SequenceModel):
         conformal. Starts at ``alpha = init_displacement_std sqrt(num_actions)`` (the expected
         row norm of the free start) and a random ``Q``. Not with ``rotation=True``.
         ``"inverse_pairs"`` (ours): the actions of each pair in ``inverse_actions`` undo each
-        other, ``M[:, j] = -M[:, i]`` for ``(i, j)``; the other columns are free. A round trip
+        other, ``M[:, j] = -M[:, i]`` for ``(i, j)``; the other columns are free and start at 0. A round trip
         then returns to the same state exactly, which a free ``M`` only approaches (a mismatch
         of a tenth of a cell drifts the states by cells over 256 steps).
     :param tuple neighbour_warmup: ``(K_0, epochs)`` or None (default). Training only (ours):
@@ -265,10 +265,11 @@ class GTMSM(SequenceModel):
         moves (``benchmarks/gtmsm_learning.py``); with every entry in the mixture, matching
         frames pull their states together from anywhere. Evaluation (``model.eval()``) and
         :meth:`predict` always use ``num_neighbours``.
-    :param float transition_lr_multiplier: factor on the learning rate of ``M`` and the wall
-        network in :func:`pyro_seq.train.fit` (``lr_multipliers``; 1, the thesis' single rate).
-        The wall network learns the walls at 10x (1e-2) and not at 1e-3 (ours,
-        ``benchmarks/gtmsm_learning.py``); 0 freezes them (e.g. at known displacements).
+    :param float displacement_lr_multiplier: factor on the learning rate of ``M``'s parameters
+        in :func:`pyro_seq.train.fit` (``lr_multipliers``; 1, the thesis' single rate; 0
+        freezes ``M``, e.g. at known displacements).
+    :param float wall_lr_multiplier: the same for the wall network (1). It learns the walls at
+        10x (1e-2) and not at 1e-3 (ours, ``benchmarks/gtmsm_learning.py``).
     :param tuple inverse_actions: pairs ``(i, j)`` of action indices for
         ``displacements="inverse_pairs"`` (``((0, 1), (2, 3))``: up/down, left/right of
         :data:`pyro_seq.data.simulators.navigation.ACTIONS`).
@@ -301,7 +302,7 @@ class GTMSM(SequenceModel):
                  channels=32, conv_layers=2, likelihood="gaussian", pixel_var=0.01,
                  min_scale=1e-3, pack_actions=False, inference="prior", landmark_neighbours=5,
                  landmark_hidden=32, displacements="free", inverse_actions=((0, 1), (2, 3)),
-                 neighbour_warmup=None, transition_lr_multiplier=1.0):
+                 neighbour_warmup=None, displacement_lr_multiplier=1.0, wall_lr_multiplier=1.0):
         frame_shape = tuple(frame_shape)
         if len(frame_shape) not in (2, 3):
             raise ValueError(f"frame_shape must be (H, W) or (C, H, W), got {frame_shape!r}")
@@ -325,15 +326,17 @@ class GTMSM(SequenceModel):
                                 positive_int("neighbour_warmup epochs", neighbour_warmup[1]))
         self.neighbour_warmup = neighbour_warmup
         self.training_neighbours = None if neighbour_warmup is None else neighbour_warmup[0]
-        factor = transition_lr_multiplier
-        if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not (
-                factor >= 0 and math.isfinite(factor)):
-            raise ValueError(f"transition_lr_multiplier must be a finite number >= 0, got "
-                             f"{factor!r}")
-        transition_params = {"free": ("M",), "conformal": ("M_direction", "M_log_scale"),
-                             "inverse_pairs": ("M_pairs", "M_other")}.get(displacements, ())
-        self.lr_multipliers = {} if factor == 1 else {
-            name: float(factor) for name in transition_params + ("wall_net",)}
+        M_params = {"free": ("M",), "conformal": ("M_direction", "M_log_scale"),
+                    "inverse_pairs": ("M_pairs", "M_other")}.get(displacements, ())
+        self.lr_multipliers = {}
+        for option, factor, names in (
+                ("displacement_lr_multiplier", displacement_lr_multiplier, M_params),
+                ("wall_lr_multiplier", wall_lr_multiplier, ("wall_net",))):
+            if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not (
+                    factor >= 0 and math.isfinite(factor)):
+                raise ValueError(f"{option} must be a finite number >= 0, got {factor!r}")
+            if factor != 1:
+                self.lr_multipliers.update({name: float(factor) for name in names})
         for name, value in (("delta", delta), ("transition_noise", transition_noise),
                             ("pixel_var", pixel_var)):
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
@@ -391,7 +394,9 @@ class GTMSM(SequenceModel):
             firsts = [i for i, _ in pairs]
             self.other_actions = [a for a in range(num_actions) if a not in flat]
             self.M_pairs = nn.Parameter(start[:, firsts])
-            self.M_other = nn.Parameter(start[:, self.other_actions])
+            # the other actions (stay) start without displacement: a random one makes every
+            # "stay" move the state, a clock that the pairs cannot undo
+            self.M_other = nn.Parameter(torch.zeros(self.state_dim, len(self.other_actions)))
         else:
             self.M_direction = nn.Parameter(start)
             self.M_log_scale = nn.Parameter(

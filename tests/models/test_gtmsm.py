@@ -689,7 +689,11 @@ def test_inverse_pairs_M_undoes_each_pair_exactly_and_sets_only_such_matrices():
         m.set_displacement_matrix(torch.tensor([[1.0, 1, 0, 0, 0], [0, 0, 1, -1, 0]]))
     other = small(displacements="inverse_pairs", inverse_actions=((0, 2),))
     M = other.displacement_matrix()
-    assert torch.equal(M[:, 2], -M[:, 0]) and not torch.equal(M[:, 3], -M[:, 1])
+    assert torch.equal(M[:, 2], -M[:, 0]) and torch.equal(M[:, [1, 3, 4]], torch.zeros(2, 3,
+                                                                                     dtype=M.dtype))
+    free_rest = torch.tensor([[1.0, 2, -1, 3, 4], [0, 5, 0, 6, 7]])  # only 2 = -0 is required
+    other.set_displacement_matrix(free_rest)
+    assert torch.equal(other.displacement_matrix().detach(), free_rest.double())
     _svi_step_with_gradients(small(displacements="inverse_pairs"), Trace_ELBO(), T=6,
                              silent_prefix="M_")
     for bad in (((0, 1), (1, 2)), ((0, 5),), ((0,),), ()):
@@ -727,14 +731,18 @@ def test_neighbour_warmup_reads_K0_entries_in_training_then_num_neighbours():
 @pytest.mark.parametrize("displacements,names", [
     ("free", ["M"]), ("conformal", ["M_direction", "M_log_scale"]),
     ("inverse_pairs", ["M_pairs", "M_other"])])
-def test_transition_lr_multiplier_covers_M_and_the_wall_network(displacements, names):
+def test_lr_multipliers_of_M_and_of_the_wall_network(displacements, names):
     from pyro_seq.train.trainer import lr_multiplier
 
-    m = small(walls=True, displacements=displacements, transition_lr_multiplier=10)
+    m = small(walls=True, displacements=displacements, displacement_lr_multiplier=0.5,
+              wall_lr_multiplier=10)
     factors = {n: lr_multiplier(m, f"gtmsm$$${n}") for n, _ in m.named_parameters()}
-    fast = sorted(n for n, f in factors.items() if f == 10.0)
-    assert fast == sorted(names + [n for n in factors if n.startswith("wall_net.")])
-    assert all(f == 1.0 for n, f in factors.items() if n not in fast)
+    assert sorted(n for n, f in factors.items() if f == 0.5) == sorted(names)
+    assert sorted(n for n, f in factors.items() if f == 10.0) == sorted(
+        n for n in factors if n.startswith("wall_net."))
+    assert all(f == 1.0 for n, f in factors.items() if not n.startswith(("M", "wall_net.")))
     assert small(walls=True).lr_multipliers == {}
-    with pytest.raises(ValueError, match="transition_lr_multiplier"):
-        small(transition_lr_multiplier=-1.0)
+    assert small(wall_lr_multiplier=10).lr_multipliers == {"wall_net": 10.0}
+    for option in ("displacement_lr_multiplier", "wall_lr_multiplier"):
+        with pytest.raises(ValueError, match=option):
+            small(**{option: -1.0})
