@@ -33,7 +33,7 @@ def test_gtmsm_navigation_benchmark_smoke(tmp_path):
         row = result["results"][name]
         errors = row if name == "mean_memorised_frame" else row["frame_error_per_step"]
         assert len(errors) == 6 and all(0.0 <= e < 10.0 for e in errors), name
-    states = result["gtmsm_states"]
+    states = result["gtmsm_states"]["gtmsm"]
     assert len(states["r2_memorisation"]) == 2 and len(states["r2_prediction"]) == 2
     assert len(states["position_error_per_step"]) == 6
     assert torch.tensor(states["M"]).shape == (2, 5)

@@ -110,6 +110,25 @@ initial bound of a ``tau = 256`` model some 100 times the prior-only one (ours, 
 in the thesis): two retrieved entries that both match with ``beta ~= 1`` move the mean past
 them, which training has to avoid (or use ``landmark_neighbours=1``).
 
+Learning the states (ours; ``benchmarks/gtmsm_learning.py``, docs "benchmarks"). Trained as
+the thesis describes (one rate, ``M`` free, ``K = 5``) on our image navigation, the states do
+not become positions: the moves settle on one axis or on a count of moves, and the wall network
+does not learn the walls (about 30% of the steps push into a wall). Three options, all off by
+default, make a GTM-SM learn positional states from a random start
+(``displacements="inverse_pairs", neighbour_warmup=(tau, 20), wall_lr_multiplier=10``):
+
+* ``displacements="inverse_pairs"``: ``down = -up`` and ``right = -left`` by construction.
+  Any two independent columns then make the states an affine map of the positions, so what is
+  left to learn is the walls; a free ``M`` must also learn exact inverses, and a mismatch of a
+  tenth of a cell drifts the states by cells over 256 steps. (``"conformal"`` keeps the rows of
+  ``M`` orthonormal up to a scale; it stops the one-axis collapse of
+  :meth:`GTMSM.displacement_matrix` but not the drift.)
+* ``neighbour_warmup``: the mixture prior reads every memory entry at first, so that matching
+  frames far apart in state space pull their states together; ``K`` then falls to 5.
+* ``wall_lr_multiplier=10``: the wall network learns the walls at 1e-2, not at 1e-3, while
+  ``M`` keeps the base rate (with ``M`` at 10x too, one pair of moves shrinks before the walls
+  are learnt).
+
 Objectives. ``Trace_ELBO``, ``TraceMeanField_ELBO`` (it falls back to the sampled KL for the
 mixture), :class:`~pyro_seq.infer.IWAE` and :class:`~pyro_seq.infer.FIVO` train it through
 ``loss=`` alone: the states are in ``state`` per particle (``state["s"]``, the guide's
