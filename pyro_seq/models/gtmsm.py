@@ -272,9 +272,9 @@ class GTMSM(SequenceModel):
         conformal. Starts at ``alpha = init_displacement_std sqrt(num_actions)`` (the expected
         row norm of the free start) and a random ``Q``. Not with ``rotation=True``.
         ``"inverse_pairs"`` (ours): the actions of each pair in ``inverse_actions`` undo each
-        other, ``M[:, j] = -M[:, i]`` for ``(i, j)``; the other columns are free and start at 0. A round trip
-        then returns to the same state exactly, which a free ``M`` only approaches (a mismatch
-        of a tenth of a cell drifts the states by cells over 256 steps).
+        other, ``M[:, j] = -M[:, i]`` for ``(i, j)``; the other columns are free and start at
+        0. A round trip then returns to the same state exactly, which a free ``M`` only
+        approaches (a mismatch of a tenth of a cell drifts the states by cells over 256 steps).
     :param tuple neighbour_warmup: ``(K_0, epochs)`` or None (default). Training only (ours):
         the mixture prior reads ``K_0`` memory entries in the first epoch (e.g. ``tau``: all of
         them), falling geometrically to ``num_neighbours`` over ``epochs`` epochs
@@ -499,7 +499,8 @@ class GTMSM(SequenceModel):
 
     def displacement_matrix(self):
         r"""``M`` of eq. 7.3, ``(state_dim, num_actions)``: the parameter ``M`` (``displacements=
-        "free"``) or ``exp(M_log_scale) Q^T`` from ``M_direction`` (``"conformal"``).
+        "free"``), ``exp(M_log_scale) Q^T`` from ``M_direction`` (``"conformal"``), or the
+        columns ``M_pairs`` and their negatives beside ``M_other`` (``"inverse_pairs"``).
 
         Why the conformal form exists: the objective depends on a free ``M`` only through
         distances between states, ``s_t - s_i = M (c_t - c_i)`` with ``c`` the counts of each
@@ -525,7 +526,8 @@ class GTMSM(SequenceModel):
         """Set ``M`` (``(state_dim, num_actions)``), e.g. to the true displacements.
 
         :raises ValueError: wrong shape; with ``displacements="conformal"``, an ``M`` whose rows
-            are not orthogonal with equal norms (relative tolerance 1e-5).
+            are not orthogonal with equal norms (relative tolerance 1e-5); with
+            ``"inverse_pairs"``, one whose paired columns are not opposite (tolerance 1e-6).
         """
         M = torch.as_tensor(M, dtype=self.s0.dtype, device=self.s0.device)
         if M.shape != (self.state_dim, self.num_actions):

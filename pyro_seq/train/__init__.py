@@ -5,7 +5,7 @@ from pyro_seq.train.checkpoint import (CheckpointError, load_checkpoint, load_we
 from pyro_seq.train.evaluate import elbo_terms, evaluate_bound
 from pyro_seq.train.objectives import ENERGY_OBJECTIVES, OBJECTIVES, make_objective
 from pyro_seq.train.trainer import (INITS, LR_SCHEDULES, TrainConfig, TrainHistory, epoch_lr, fit,
-                                    initialise, kl_beta, make_optimizer)
+                                    initialise, kl_beta, lr_multiplier, make_optimizer)
 
 __all__ = [
     "CheckpointError",
@@ -23,6 +23,7 @@ __all__ = [
     "initialise",
     "load_checkpoint",
     "load_weights",
+    "lr_multiplier",
     "make_objective",
     "make_optimizer",
     "restore",
