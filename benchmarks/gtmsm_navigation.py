@@ -22,13 +22,18 @@ against SRNN and VRNN baselines.
 
 JSON in ``benchmarks/results/gtmsm_<tag>.json`` (settings, machine, per-step errors, training
 histories); the finished evaluations are kept in ``<checkpoints>/evaluations.json`` so that a
-rerun skips them. Usage::
+rerun skips them. Several GTM-SM settings can share one tag's baselines (``--gtmsm-variant``);
+each call may train a subset (``--models``), and the calls merge their evaluations. The run of
+the docs (2026-11-26/27, one thread per process)::
 
-    python benchmarks/gtmsm_navigation.py --train 1000 --epochs 50 --tag nav_1000
+    python benchmarks/gtmsm_navigation.py --models srnn --tag nav_1000            # 50 epochs
+    python benchmarks/gtmsm_navigation.py --models vrnn --baseline-epochs 30 --tag nav_1000
+    python benchmarks/gtmsm_navigation.py --models gtmsm --gtmsm-variant learned \
+        --gtmsm-displacements inverse_pairs --gtmsm-wall-lr 10 \
+        --gtmsm-neighbour-warmup 256 20 --epochs 40 --tag nav_1000
+    python benchmarks/gtmsm_navigation.py --models gtmsm --gtmsm-variant true_m --gtmsm-true-m \
+        --gtmsm-wall-lr 10 --gtmsm-neighbour-warmup 256 10 --epochs 30 --tag nav_1000
     python benchmarks/gtmsm_navigation.py --smoke      # seconds: tiny sizes, nothing recorded
-
-Only the smoke run has been made on this 2-core CPU: no number from this script is recorded
-in the docs.
 """
 
 import argparse
@@ -56,6 +61,9 @@ def parse_args(argv=None):
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--particles", type=int, default=32, help="K of the baselines' imputation")
+    p.add_argument("--baseline-method", default="importance", choices=("importance", "iterative"),
+                   help="how the baselines predict the hidden frames (pyro_seq.tasks.impute); "
+                        "iterative results are kept as <model>_iterative")
     p.add_argument("--models", default=",".join(MODELS))
     p.add_argument("--gtmsm-displacements", default="free",
                    choices=("free", "conformal", "inverse_pairs"),
@@ -89,6 +97,9 @@ def parse_args(argv=None):
         p.error(f"unknown models {sorted(unknown)}; choose from {MODELS}")
     if args.gtmsm_variant:
         args.models = [f"gtmsm_{args.gtmsm_variant}" if m == "gtmsm" else m for m in args.models]
+    if args.baseline_method != "importance":
+        args.models = [m if m.startswith("gtmsm") else f"{m}_{args.baseline_method}"
+                       for m in args.models]
     args.tag = args.tag or ("smoke" if args.smoke else f"nav_{args.train}")
     return args
 
@@ -108,9 +119,9 @@ def build(name, args):
             model.set_displacement_matrix(torch.tensor([[-1.0, 1, 0, 0, 0], [0, 0, -1, 1, 0]]))
         return model
     size = 8 if args.smoke else 128
-    cls = SRNN if name == "srnn" else VRNN
+    cls = SRNN if name.startswith("srnn") else VRNN
     opts = dict(d_dim=size, z_dim=min(16, size), hidden_dim=size, likelihood="gaussian")
-    if name == "vrnn":
+    if cls is VRNN:
         opts["feature_dim"] = size
     return cls(64 + 5, **opts)
 
@@ -127,9 +138,11 @@ def predict_frames(name, model, test, args):
         observed = torch.ones(x.shape, dtype=torch.bool)
         observed[:, args.tau:, :64] = False
         out = []
+        method = "iterative" if name.endswith("_iterative") else "importance"
         for i in range(0, x.shape[0], 8):
-            res = impute(model, x[i:i + 8], observed[i:i + 8], method="importance",
-                         num_particles=args.particles)
+            res = impute(model, x[i:i + 8], observed[i:i + 8], method=method,
+                         num_particles=args.particles,
+                         generator=torch.Generator().manual_seed(args.seed + i))
             out.append(res.probs[:, args.tau:, :64])
         return torch.cat(out)
 
@@ -179,7 +192,8 @@ def figures(results, analysis, test, args, prefix):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    names = {"gtmsm": "GTM-SM", "srnn": "SRNN", "vrnn": "VRNN",
+    names = {"gtmsm": "GTM-SM", "srnn": "SRNN", "vrnn": "VRNN", "srnn_iterative":
+             "SRNN (iterative)", "vrnn_iterative": "VRNN (iterative)",
              "mean_memorised_frame": "mean memorised frame"}
     fig, ax = plt.subplots(figsize=(6, 3.6), layout="constrained")
     for key, value in results.items():
@@ -260,11 +274,14 @@ def main(argv=None):
                              clip_norm=50.0, lr_schedule="plateau", patience=None,
                              seed=args.seed, progress=not args.smoke, init="none")
         start = time.time()
-        history = fit(model, train.as_sequences(), valid.as_sequences(), config, ckpt / name)
+        folder = ckpt / name.removesuffix("_iterative")  # one trained model, two predictions
+        history = fit(model, train.as_sequences(), valid.as_sequences(), config, folder)
         seconds = time.time() - start
         frames = predict_frames(name, model, test, args)
         errors = (frames - truth).abs().mean(-1)  # (N, test_pred)
         done[name] = {"frame_error_per_step": errors.mean(0).tolist(),
+                      "prediction": "GTMSM.predict" if name.startswith("gtmsm") else
+                      f"impute(method={'iterative' if name.endswith('_iterative') else 'importance'})",
                       "mean_frame_error": float(errors.mean()),
                       "train_seconds_this_call": seconds,
                       "epochs": epochs,
