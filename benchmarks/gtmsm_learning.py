@@ -60,10 +60,11 @@ def parse_args(argv=None):
                         "that states of nearby positions must be near)")
     p.add_argument("--delta-epochs", type=int, default=10)
     p.add_argument("--neighbours-start", type=int, default=None,
-                   help="curriculum on K, the memory entries of the mixture prior: K starts here "
-                        "(e.g. --tau: every entry, so that matching frames far away in state "
-                        "space still pull their states together) and falls geometrically to the "
-                        "model's 5 over --neighbours-epochs epochs")
+                   help="curriculum on K, the memory entries of the mixture prior "
+                        "(GTMSM(neighbour_warmup=(start, epochs))): K starts here (e.g. --tau: "
+                        "every entry, so that matching frames far away in state space still pull "
+                        "their states together) and falls geometrically to the model's 5 over "
+                        "--neighbours-epochs epochs")
     p.add_argument("--neighbours-epochs", type=int, default=10)
     p.add_argument("--repeat-rate", type=float, default=None,
                    help="mean extra repetitions of an action in the data (the simulator's 3.0; "
@@ -144,11 +145,6 @@ def delta_at(epoch, start, epochs, final):
     return warmup_value(epoch, start, epochs, final)
 
 
-def neighbours_at(epoch, start, epochs, final):
-    """``K`` in ``epoch`` of the curriculum: :func:`delta_at` rounded to an int."""
-    return int(round(delta_at(epoch, start, epochs, final)))
-
-
 def state_r2(model, frames, actions, positions, tau):
     """R^2 of linear maps (with offset) from memorised state means to true positions:
     ``(per-sequence fit, mean over sequences; one pooled fit, per coordinate)``."""
@@ -195,8 +191,10 @@ def main(argv=None):
     pyro.clear_param_store()
     pyro.set_rng_seed(args.seed)
     small = dict(hidden_dims=(16,), z_dim=4, wall_hidden=4) if args.smoke else {}
+    warmup = None if args.neighbours_start is None else (args.neighbours_start,
+                                                         args.neighbours_epochs)
     model = GTMSM(tau=args.tau, init_displacement_std=args.init_displacement_std,
-                  walls=not args.no_walls,
+                  walls=not args.no_walls, neighbour_warmup=warmup,
                   displacements=args.displacements, **small).to(device)
     if args.init_inverse_pairs:  # a resumed run then loads its own M
         model.set_displacement_matrix(inverse_pairs(args.init_displacement_std,
@@ -228,11 +226,10 @@ def main(argv=None):
     call_start = time.time()
     bar = tqdm(range(start, args.epochs), initial=start, total=args.epochs, desc="GTM-SM epochs",
                disable=args.smoke)
-    final_delta, final_k = model.delta, model.num_neighbours
+    final_delta = model.delta
     for epoch in bar:
         model.delta = delta_at(epoch, args.delta_start, args.delta_epochs, final_delta)
-        model.num_neighbours = neighbours_at(epoch, args.neighbours_start,
-                                             args.neighbours_epochs, final_k)
+        model.training_epoch(epoch)  # K of the warm-up
         order = torch.randperm(args.train, generator=order_gen)
         total, epoch_start = 0.0, time.time()
         for i in range(0, args.train, args.batch_size):
@@ -243,7 +240,7 @@ def main(argv=None):
         row = {"epoch": epoch + 1, "updates": (epoch + 1) * -(-args.train // args.batch_size),
                "loss_per_sequence": total / args.train, "r2_per_sequence": per_seq,
                "r2_pooled": pooled, "M": model.displacement_matrix().detach().tolist(), "delta": model.delta,
-               "num_neighbours": model.num_neighbours,
+               "num_neighbours": model.neighbours_now(),
                "seconds": time.time() - t0, "seconds_training_epoch": epoch_seconds}
         if not (math.isfinite(row["loss_per_sequence"]) and math.isfinite(per_seq)):
             raise SystemExit(f"non-finite value at epoch {epoch + 1}: {row}")
@@ -257,8 +254,8 @@ def main(argv=None):
                                                          "device_info": device_info(device)})
         if args.time_limit is not None and time.time() - call_start > args.time_limit:
             break
-    # the oracle check and the saved model use the model's delta and K
-    model.delta, model.num_neighbours = final_delta, final_k
+    model.delta = final_delta  # the oracle check and the saved model use the model's delta
+    model.eval()  # and its K
     oracle = oracle_check(model, valid, args, vx, va) if log else None
     if not args.smoke and oracle is not None:
         write_result(f"gtmsm_learning_{args.tag}", {"settings": vars(args), "epochs": log,

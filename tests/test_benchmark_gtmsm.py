@@ -130,17 +130,3 @@ def test_inverse_pairs_start_is_two_dimensional_with_opposite_inverse_actions():
     assert torch.equal(M[:, 1], -u) and torch.equal(M[:, 3], -l) and torch.equal(M[:, 4], torch.zeros(2))
     assert float(u.norm()) == pytest.approx(0.5, rel=1e-6) and float(l.norm()) == pytest.approx(0.5, rel=1e-6)
     assert float(u @ l) == pytest.approx(0.0, abs=1e-6)
-
-
-def test_neighbours_curriculum_is_geometric_and_rounded_from_start_to_final():
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    import gtmsm_learning
-
-    at = gtmsm_learning.neighbours_at
-    assert at(0, 256, 20, 5) == 256
-    assert at(10, 256, 20, 5) == round((256 * 5) ** 0.5) == 36  # the geometric midpoint
-    assert at(20, 256, 20, 5) == at(33, 256, 20, 5) == 5
-    assert at(4, None, 20, 5) == 5
-    assert all(isinstance(at(e, 256, 20, 5), int) for e in range(25))
-    ks = [at(e, 256, 20, 5) for e in range(21)]
-    assert ks == sorted(ks, reverse=True)
