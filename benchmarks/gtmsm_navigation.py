@@ -192,10 +192,10 @@ def figures(results, analysis, test, args, prefix):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    names = {"gtmsm": "GTM-SM", "srnn": "SRNN", "vrnn": "VRNN", "srnn_iterative":
-             "SRNN (iterative)", "vrnn_iterative": "VRNN (iterative)",
+    names = {"gtmsm": "GTM-SM", "srnn": "SRNN (importance)", "vrnn": "VRNN (importance)",
+             "srnn_iterative": "SRNN (iterative)", "vrnn_iterative": "VRNN (iterative)",
              "mean_memorised_frame": "mean memorised frame"}
-    fig, ax = plt.subplots(figsize=(6, 3.6), layout="constrained")
+    fig, ax = plt.subplots(figsize=(8, 3.6), layout="constrained")
     for key, value in results.items():
         curve = value if isinstance(value, list) else value["frame_error_per_step"]
         label = names.get(key) or (f"GTM-SM ({key[6:]})" if key.startswith("gtmsm_") else key)
@@ -206,7 +206,7 @@ def figures(results, analysis, test, args, prefix):
     ax.set_xlabel("prediction step (t - tau)")
     ax.set_ylabel("mean |pixel error|")
     ax.set_title("image navigation: long-term prediction (thesis Fig. 7.2d)")
-    ax.legend()
+    ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5))
     fig.savefig(f"{prefix}_error.png", dpi=120)
     plt.close(fig)
     if analysis:
@@ -312,6 +312,9 @@ def main(argv=None):
         "results" / f"gtmsm_{args.tag}"
     figures(results, analysis, test, args, str(prefix))
     states = {name: value["states"] for name, value in done.items() if "states" in value}
+    # the JSON holds no frames (the figures show them; the evaluations cache keeps them)
+    results = {name: {k: v for k, v in value.items() if k not in ("states", "example_frames")}
+               if isinstance(value, dict) else value for name, value in results.items()}
     payload = {"settings": {k: v for k, v in vars(args).items()},
                "simulation_seconds": sim_seconds, "results": results, "gtmsm_states": states,
                "metric": "mean |pixel error| per prediction step, test split"}
