@@ -28,10 +28,10 @@ from pathlib import Path
 import torch
 
 from common import ROOT, device_info, write_result
-from pyro_seq.data.simulators.navigation import ACTIONS
+from pyro_seq.data.simulators.navigation import ACTION_MOVES, ACTIONS
 
 #: The true displacements in grid units, columns up, down, left, right, stay on (row, column).
-TRUE_M = torch.tensor([[-1.0, 1, 0, 0, 0], [0, 0, -1, 1, 0]])
+TRUE_M = torch.from_numpy(ACTION_MOVES).T.float()
 
 
 def parse_args(argv=None):
@@ -201,10 +201,8 @@ def main(argv=None):
                                                     torch.Generator().manual_seed(args.seed)))
     if args.init_true_m:
         model.set_displacement_matrix(TRUE_M)
-    m_names = ("M", "M_direction", "M_log_scale", "M_pairs", "M_other")
-
     def rate(name):
-        if name in m_names:
+        if name in model.displacement_params:
             return args.lr_m
         return args.lr_walls if name.startswith("wall_net.") else args.lr
 

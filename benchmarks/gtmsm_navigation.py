@@ -116,7 +116,9 @@ def build(name, args):
                       displacement_lr_multiplier=0.0 if args.gtmsm_true_m else
                       args.gtmsm_displacement_lr, **small)
         if args.gtmsm_true_m:
-            model.set_displacement_matrix(torch.tensor([[-1.0, 1, 0, 0, 0], [0, 0, -1, 1, 0]]))
+            from pyro_seq.data.simulators.navigation import ACTION_MOVES
+
+            model.set_displacement_matrix(torch.from_numpy(ACTION_MOVES).T)  # grid units
         return model
     size = 8 if args.smoke else 128
     cls = SRNN if name.startswith("srnn") else VRNN
@@ -242,6 +244,15 @@ def figures(results, analysis, test, args, prefix):
     plt.close(fig)
 
 
+def save_evaluations(path, done):
+    """Write ``done`` into ``path`` merged over what the file holds (another call may have
+    evaluated other models into the same tag meanwhile; ``done`` wins): returns the merge."""
+    saved = json.loads(path.read_text()) if path.exists() else {}
+    merged = {**saved, **done}
+    path.write_text(json.dumps(merged))
+    return merged
+
+
 def main(argv=None):
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -291,10 +302,7 @@ def main(argv=None):
                       "example_frames": frames[0].tolist(),
                       "history": [dict(row) for row in history]}
         results[name] = done[name]
-        # another call may have evaluated other models into the same tag meanwhile: merge
-        saved = json.loads(done_path.read_text()) if done_path.exists() else {}
-        done = {**saved, **done}
-        done_path.write_text(json.dumps(done))
+        done = save_evaluations(done_path, done)
         print(f"{name}: mean frame error {done[name]['mean_frame_error']:.4f} over "
               f"{args.test_pred} prediction steps", flush=True)
     for name, value in done.items():  # what earlier calls evaluated into this tag
@@ -305,9 +313,7 @@ def main(argv=None):
         analysis = analyse_gtmsm(args, test, ckpt / gtmsm[0], build(gtmsm[0], args))
         done[gtmsm[0]].setdefault("example_frames", analysis.pop("example_frames"))
         done[gtmsm[0]]["states"] = analysis
-        saved = json.loads(done_path.read_text()) if done_path.exists() else {}
-        done = {**saved, **done}
-        done_path.write_text(json.dumps(done))
+        done = save_evaluations(done_path, done)
     prefix = Path(args.smoke_dir) / "gtmsm_smoke" if args.smoke else ROOT / "benchmarks" / \
         "results" / f"gtmsm_{args.tag}"
     figures(results, analysis, test, args, str(prefix))

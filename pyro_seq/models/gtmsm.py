@@ -345,11 +345,14 @@ class GTMSM(SequenceModel):
                                 positive_int("neighbour_warmup epochs", neighbour_warmup[1]))
         self.neighbour_warmup = neighbour_warmup
         self.training_neighbours = None if neighbour_warmup is None else neighbour_warmup[0]
-        M_params = {"free": ("M",), "conformal": ("M_direction", "M_log_scale"),
-                    "inverse_pairs": ("M_pairs", "M_other")}.get(displacements, ())
+        #: names of the parameters that make up ``M`` (:meth:`displacement_matrix`)
+        self.displacement_params = {"free": ("M",), "conformal": ("M_direction", "M_log_scale"),
+                                    "inverse_pairs": ("M_pairs", "M_other")}.get(displacements,
+                                                                                  ())
         self.lr_multipliers = {}
         for option, factor, names in (
-                ("displacement_lr_multiplier", displacement_lr_multiplier, M_params),
+                ("displacement_lr_multiplier", displacement_lr_multiplier,
+                 self.displacement_params),
                 ("wall_lr_multiplier", wall_lr_multiplier, ("wall_net",))):
             if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not (
                     factor >= 0 and math.isfinite(factor)):
