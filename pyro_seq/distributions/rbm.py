@@ -477,15 +477,23 @@ class RBM(EnergyBasedDistribution):
         return states[index]  # (count, V) or (count, V, K)
 
     def _log_partition_by_visible(self):
+        r""":math:`\log Z` by enumerating every visible configuration, missing units included.
+
+        A missing unit adds nothing to :math:`F` (it is absent from the sub-RBM), so each of its
+        :math:`S` states repeats every term once: :math:`\sum_v e^{-F(v)} = S^{\#\text{missing}}
+        Z`, and :math:`\#\text{missing} \cdot \log S` is subtracted.
+        :math:`S` is the number of states enumerated per unit (2, ``K``, or the
+        :math:`\binom{n + K - 1}{K - 1}` count vectors of a binomial-softmax unit), not
+        :math:`\sum_{v_i} m(v_i) = K^n`: the enumeration does not weight a missing unit's states
+        by the multinomial coefficient.
+        """
+        states = self._unit_states().shape[0]
         v = self._visible_configurations()
         v = v.reshape((v.shape[0],) + (1,) * len(self.batch_shape) + self.event_shape)
         log_z = torch.logsumexp(-self.free_energy(v), 0)
         m = self._mask()
-        if m is not None:  # a missing unit was enumerated over all its states, energy 0
-            zero = torch.zeros((), dtype=self.visible_bias.dtype, device=self.visible_bias.device)
-            per_unit = self._unit_log_normaliser(zero if self.visible == "bernoulli"
-                                                 else zero.expand(self.event_shape[-1:]))
-            log_z = log_z - ((1 - m).sum(-1) * per_unit)
+        if m is not None:
+            log_z = log_z - (1 - m).sum(-1) * math.log(states)
         return log_z
 
     def log_partition(self, over="auto"):
@@ -493,7 +501,8 @@ class RBM(EnergyBasedDistribution):
 
         :param str over: ``"hidden"`` sums the visible units out analytically for each of the
             :math:`2^H` hidden configurations; ``"visible"`` enumerates every visible
-            configuration; ``"auto"`` picks the smaller of the two.
+            configuration; ``"auto"`` picks the smaller of the two. With a ``visible_mask`` all
+            three give the per-user sub-RBM's :math:`\log Z` (missing units absent).
         """
         if over not in ("auto", "hidden", "visible"):
             raise ValueError(f"over must be 'auto', 'hidden' or 'visible', got {over!r}")

@@ -92,6 +92,57 @@ def test_sub_rbm_of_visible_mask_is_the_rbm_of_the_observed_columns():
     assert torch.equal(chain[:, ~observed], torch.zeros(50, 2, dtype=D))
 
 
+def _brute_force_log_z(W, c, b, present, visible, n):
+    """log Z of the sub-RBM of the present units by summing exp(-E(v, h)) over every joint state:
+    each binomial-softmax unit as n one-hot replicas with shared weights (Soyer & Möllenhoff,
+    sec. 2.3, eq. 16), each replica over K states, and every h in {0, 1}^H (float64, no
+    multinomial coefficients)."""
+    hs = _bits(b.shape[-1])
+    units = [i for i in range(present.shape[-1]) if present[i]]
+    a = [c[i] + hs @ W[:, i] for i in units]  # activations (2^H,) or (2^H, K) per present unit
+    if visible == "bernoulli":
+        replica_states = [(0,), (1,)]
+    else:
+        replica_states = list(itertools.product(range(W.shape[-1]), repeat=n))
+    terms = []
+    for joint in itertools.product(replica_states, repeat=len(units)):
+        neg_e = hs @ b
+        for a_i, states in zip(a, joint):
+            for k in states:
+                neg_e = neg_e + (k * a_i if visible == "bernoulli" else a_i[:, k])
+        terms.append(neg_e)
+    return torch.logsumexp(torch.cat(terms), 0)
+
+
+@pytest.mark.parametrize("visible,K,n", [("bernoulli", None, 1), ("softmax", 3, 1),
+                                         ("binomial_softmax", 3, 2), ("binomial_softmax", 2, 3)])
+def test_masked_log_partition_by_brute_force_for_every_method(visible, K, n, monkeypatch):
+    """With missing units every exact method and "auto" give the sub-RBM's log Z; here S^V < 2^H,
+    so "auto" enumerates the visibles (S states per unit, C(n+K-1, K-1) for binomial units)."""
+    V = 3
+    S = 2 if K is None else math.comb(n + K - 1, K - 1)
+    H = int(math.log2(S ** V)) + 1
+    g = torch.Generator().manual_seed(7)
+    shape = (H, V) if K is None else (H, V, K)
+    W = torch.randn(shape, generator=g, dtype=D)
+    c = torch.randn(shape[1:], generator=g, dtype=D)
+    b = torch.randn(2, 1, H, generator=g, dtype=D)  # conditional biases broadcast with the mask
+    mask = torch.tensor([[True, False, True], [False, True, False], [True, True, True],
+                         [False, False, False]])
+    d = RBM(W, c, b, visible=visible, num_trials=n, visible_mask=mask)
+    assert d.batch_shape == (2, 4)
+    expected = torch.stack([torch.stack([_brute_force_log_z(W, c, b[i, 0], mask[j], visible, n)
+                                         for j in range(4)]) for i in range(2)])
+    for over in ("hidden", "visible"):
+        assert torch.allclose(d.log_partition(over), expected, atol=1e-10, rtol=0)
+
+    def not_hidden():
+        raise AssertionError("auto should enumerate the visibles when S^V < 2^H")
+
+    monkeypatch.setattr(d, "_log_partition_by_hidden", not_hidden)
+    assert torch.allclose(d.log_partition(), expected, atol=1e-10, rtol=0)
+
+
 def test_marginal_log_prob_equals_summation_over_missing_units():
     d = _rbm(6, 3)
     observed = torch.tensor([True, False, True, False, False, True])

@@ -5,6 +5,7 @@ import torch
 
 from pyro_seq.distributions import RBM, SparseRBM
 from pyro_seq.infer import ContrastiveDivergence
+from tests.distributions.test_rbm import _brute_force_log_z
 
 D = torch.float64
 
@@ -46,6 +47,26 @@ def test_rows_are_the_masked_dense_rbms(visible, K, n):
     full = RBM(masked.W, masked.visible_bias, masked.hidden_bias, visible=visible, num_trials=n)
     expected = full.visible_probs(masked.hidden_probs(dense))
     assert torch.allclose(pred.reshape(expected.shape), expected, atol=1e-12)
+
+
+@pytest.mark.parametrize("visible,K,n", [("bernoulli", None, 1), ("binomial_softmax", 3, 2)])
+def test_log_partition_by_brute_force_over_each_rows_entries(visible, K, n):
+    """Each row's log Z sums exp(-E) over its own entries' states only (the last row has none:
+    log Z = sum_j softplus(b_j)), with conditional hidden biases per row."""
+    g = torch.Generator().manual_seed(4)
+    Q, H, rows = 4, 3, 4
+    unit = () if K is None else (K,)
+    W = torch.randn((H, Q) + unit, generator=g, dtype=D)
+    c = torch.randn((Q,) + unit, generator=g, dtype=D)
+    b = torch.randn(rows, H, generator=g, dtype=D)
+    present = torch.tensor([[True, False, True, False], [False, True, True, True],
+                            [True, True, False, False], [False, False, False, False]])
+    row, column = present.nonzero(as_tuple=True)
+    d = SparseRBM(W, c, b, row, column, rows, visible=visible, num_trials=n)
+    expected = torch.stack([_brute_force_log_z(W, c, b[s], present[s], visible, n)
+                            for s in range(rows)])
+    assert torch.allclose(d.log_partition(), expected, atol=1e-10, rtol=0)
+    assert torch.allclose(expected[-1], torch.nn.functional.softplus(b[-1]).sum(), atol=1e-12)
 
 
 def test_pseudo_likelihood_and_gibbs_shapes():
