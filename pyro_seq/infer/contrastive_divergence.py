@@ -104,13 +104,35 @@ class ContrastiveDivergence(ELBO):
 
     :param int k: Gibbs sweeps per update (CD-k; seed 003 compares CD-1 and CD-11).
     :param bool persistent: keep the chains between updates (PCD) instead of restarting them at
-        the data. The chains are stored per site name.
+        the data. The chains are stored per site name (below: batches of different shapes).
     :param int num_chains: with ``persistent``, the number of fantasy chains per site. ``None``
         keeps one chain per row of the site (the minibatch size, as in Tieleman 2008); an int
         keeps that many chains of the *shared* distribution, which requires parameters that are
         the same for every batch row (an unconditional RBM): the negative phase is then the
         mean free energy of the chains, the same for every row.
     :param str monitor: ``"reconstruction"`` or ``"pseudo_likelihood"`` (module docstring).
+
+    **One chain per row, batches of different shapes** (``num_chains=None``). The chains live
+    in a buffer per site, ``chains[name]`` of shape ``(*B_max, *event)``, the largest batch
+    shape seen in each dimension (for an RTRBM ``(batch_max, T_max, V)``: one chain per
+    sequence slot and time step). A batch of shape ``B`` continues the chains of its corner
+    ``[:B_1, :B_2, ...]``: a smaller last minibatch, or a padded batch with a shorter longest
+    sequence (:class:`~pyro_seq.data.SequenceLoader`), continues the chains of its slots and
+    steps and leaves the others as they are. A chain advances only at the rows the site scores
+    (its mask and the wrappers' masks): at padded steps it keeps its state. A slot's chain
+    starts at the data the first time a scored row reaches it; :meth:`reset_chains` restarts
+    them all. A change of the number of batch dimensions or of the event shape (another
+    model) is refused with a ValueError (call :meth:`reset_chains`).
+
+    For per-step conditional RBMs (the RTRBM, hidden bias :math:`b + U r_{t-1}`, which depends
+    on the sequence) the chain of slot ``(i, t)`` is a fantasy particle of "the step-``t``
+    conditional RBM": each update runs ``k`` sweeps of the current batch's :math:`p(v_t \mid
+    r_{t-1})` from the state the previous update left. Tieleman's argument (Tieleman 2008, the
+    section introducing PCD: the parameters change little between updates, so a chain stays
+    near equilibrium) covers the parameter change only; :math:`r_{t-1}` changes with the
+    sequence in the slot, so the start is a sample of a *neighbouring* conditional, not of the
+    new one. PCD on an RTRBM is a heuristic; CD-k from the data (the default) is the procedure
+    of Mittelman et al. (2014), supplement sec. 1.
 
     Attributes after each step: ``last_negatives``, a dict of site name to the negative samples
     :math:`v'` that the update used (detached); ``last_monitor_count``, the number of visible
@@ -135,6 +157,7 @@ class ContrastiveDivergence(ELBO):
         super().__init__(num_particles=1)
         self.k, self.persistent, self.num_chains, self.monitor = k, persistent, num_chains, monitor
         self.chains = {}
+        self.chains_started = {}  # per site: bool (*B_max,), chains that have left the data
         self.last_negatives = {}
         self.last_monitor_count = 0.0
 
@@ -168,18 +191,18 @@ class ContrastiveDivergence(ELBO):
         return energy, other
 
     # ------------------------------------------------------------------ negatives
-    def _negative_free_energy(self, name, base, value):
-        """Free energy of the negative samples, per batch row (gradient w.r.t. parameters only)."""
+    def _negative_free_energy(self, name, base, value, scored):
+        """Free energy of the negative samples, per batch row (gradient w.r.t. parameters only).
+
+        ``scored``: bool over ``base.batch_shape``, the rows the site scores (persistent chains
+        advance there only)."""
         if not self.persistent:
             negatives = base.gibbs(value, self.k)
             self.last_negatives[name] = negatives
             return base.free_energy(negatives)
         if self.num_chains is None:
-            chains = self.chains.get(name)
-            if chains is None or chains.shape != value.shape:
-                chains = value.detach().clone()  # (re)start at the data when the shape changes
-            chains = base.gibbs(chains, self.k)
-            self.chains[name] = self.last_negatives[name] = chains
+            chains = self._continue_row_chains(name, base, value, scored)
+            self.last_negatives[name] = chains
             return base.free_energy(chains)
         shared = base.shared()
         chains = self.chains.get(name)
@@ -191,6 +214,43 @@ class ContrastiveDivergence(ELBO):
         self.chains[name] = self.last_negatives[name] = chains
         mean = shared.free_energy(chains).mean(0)
         return mean.expand(base.batch_shape)
+
+    def _continue_row_chains(self, name, base, value, scored):
+        """``k`` sweeps of the per-row chains of the batch's corner of the buffer (class
+        docstring); updates ``chains[name]`` at the scored rows; returns the chains used,
+        shaped like ``value``."""
+        value = value.detach()
+        event = len(base.event_shape)
+        nb = value.dim() - event
+        batch, tail = tuple(value.shape[:nb]), (1,) * event
+        buf, started = self.chains.get(name), self.chains_started.get(name)
+        if buf is not None and (buf.dim() != value.dim() or buf.shape[nb:] != value.shape[nb:]):
+            raise ValueError(f"ContrastiveDivergence: site {name!r} has values of shape "
+                             f"{tuple(value.shape)} but persistent chains of shape "
+                             f"{tuple(buf.shape)} (another number of batch dimensions or another "
+                             f"event shape); call reset_chains() before training another model")
+        if buf is None:
+            buf = value.new_zeros(value.shape)
+            started = torch.zeros(batch, dtype=torch.bool, device=value.device)
+        buf = buf.to(device=value.device, dtype=value.dtype)
+        started = started.to(value.device)
+        size = tuple(max(a, b) for a, b in zip(buf.shape[:nb], batch))
+        if size != tuple(buf.shape[:nb]):  # a larger batch: grow the buffer
+            old = tuple(slice(0, s) for s in buf.shape[:nb])
+            grown = buf.new_zeros(size + tuple(value.shape[nb:]))
+            grown[old] = buf
+            grown_started = started.new_zeros(size)
+            grown_started[old] = started
+            buf, started = grown, grown_started
+        corner = tuple(slice(0, s) for s in batch)
+        scored = scored.expand(batch)
+        fresh = (scored & ~started[corner]).reshape(batch + tail)
+        start = torch.where(fresh, value, buf[corner])  # new chains start at the data
+        chains = base.gibbs(start, self.k)
+        buf[corner] = torch.where(scored.reshape(batch + tail), chains, start)
+        started[corner] |= scored
+        self.chains[name], self.chains_started[name] = buf, started
+        return chains
 
     def _monitor(self, energy):
         total, count = 0.0, 0
@@ -213,8 +273,9 @@ class ContrastiveDivergence(ELBO):
         surrogate = 0.0
         for name, site, base, mask, event_dims in energy:
             value = site["value"]
-            per_row = base.free_energy(value) - self._negative_free_energy(name, base, value)
-            weight = _row_weights(site, mask, event_dims, per_row)
+            positive = base.free_energy(value)
+            weight = _row_weights(site, mask, event_dims, positive)
+            per_row = positive - self._negative_free_energy(name, base, value, weight > 0)
             surrogate = surrogate + site["scale"] * (per_row * weight).sum()
         for name, site, _, _, _ in other:
             log_p = site["fn"].log_prob(site["value"])
@@ -247,3 +308,4 @@ class ContrastiveDivergence(ELBO):
     def reset_chains(self):
         """Forget the persistent chains (they restart at the data on the next step)."""
         self.chains.clear()
+        self.chains_started.clear()

@@ -235,3 +235,70 @@ def test_refusals():
                    {"persistent": True, "num_chains": 0}):
         with pytest.raises(ValueError):
             ContrastiveDivergence(**kwargs)
+
+
+def _rtrbm(V=4, H=3):
+    from pyro_seq.models import RTRBM
+    torch.manual_seed(3)
+    m = RTRBM(V, H, init_scale=0.5).double()
+    with torch.no_grad():
+        m.b.normal_()
+        m.c.normal_()
+        m.b_init.normal_()
+    return m
+
+
+def _padded(lengths, T, V=4, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = (torch.rand(len(lengths), T, V, generator=g, dtype=D) < 0.5).to(D)
+    mask = torch.arange(T) < torch.tensor(lengths).unsqueeze(-1)
+    return x * mask.unsqueeze(-1), mask
+
+
+def test_persistent_chains_of_an_rtrbm_survive_a_change_of_batch_shape(monkeypatch):
+    """PCD over padded minibatches of different (batch, T): batch 2 continues, slot by slot and
+    step by step, the chains batch 1 left (the buffer grows to the largest shape; padded and
+    unreached slots keep their state; a slot first reached at a real step starts at the data)."""
+    m = _rtrbm()
+    starts, gibbs = [], RBM.gibbs
+    monkeypatch.setattr(RBM, "gibbs", lambda self, v, k=1: starts.append(v.clone()) or
+                        gibbs(self, v, k))
+    cd = ContrastiveDivergence(k=2, persistent=True)
+    x1, mask1 = _padded([5, 2, 4], 5, seed=1)             # batch 1: (3, 5)
+    x2, mask2 = _padded([3, 3, 1, 3], 3, seed=2)          # batch 2: (4, 3)
+    torch.manual_seed(10)
+    cd.differentiable_loss(m.model, m.guide, x1, mask1)
+    after1 = cd.chains["x"].clone()
+    assert after1.shape == (3, 5, 4)
+    # batch 1 by hand: every chain starts at the data; only the real steps are kept
+    torch.manual_seed(10)
+    ref1 = m.step_rbms(x1).gibbs(x1, 2)
+    assert torch.equal(after1[mask1], ref1[mask1])
+    assert torch.equal(after1[~mask1], torch.zeros_like(after1[~mask1]))  # never started
+    torch.manual_seed(11)
+    cd.differentiable_loss(m.model, m.guide, x2, mask2)
+    # the start batch 2 continues: batch 1's chain where batch 1 had a real step, else the data
+    start = x2.clone()
+    for i in range(4):
+        for t in range(3):
+            if i < 3 and mask1[i, t]:
+                start[i, t] = after1[i, t]
+    assert not torch.equal(start[mask2], x2[mask2])  # the test would notice a restart
+    assert torch.equal(starts[-1][mask2], start[mask2])
+    torch.manual_seed(11)
+    ref2 = m.step_rbms(x2).gibbs(start, 2)
+    neg = cd.last_negatives["x"]
+    assert torch.equal(neg[mask2], ref2[mask2])
+    after2 = cd.chains["x"]
+    assert after2.shape == (4, 5, 4)                      # the largest shape seen
+    assert torch.equal(after2[:4, :3][mask2], ref2[mask2])
+    # steps batch 2 does not reach (t >= 3) and its padded steps keep batch 1's state
+    assert torch.equal(after2[:3, 3:], after1[:, 3:])
+    assert torch.equal(after2[2, 1:3], after1[2, 1:3])
+    assert torch.equal(after2[3, 3:], torch.zeros(2, 4, dtype=D))
+    assert cd.chains_started["x"].tolist() == [[True] * 5, [True, True, True, False, False],
+                                               [True] * 4 + [False], [True] * 3 + [False] * 2]
+    with pytest.raises(ValueError, match="reset_chains"):
+        cd.differentiable_loss(_model(*_params(V=4)), guide, x2[:, 0])
+    cd.reset_chains()
+    assert cd.chains == {} and cd.chains_started == {}
