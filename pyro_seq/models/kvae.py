@@ -81,7 +81,8 @@ from pyro_seq.nn import GaussianHead
 from pyro_seq.nn.conv import FRAME_NETWORKS, frame_networks
 from pyro_seq.ops.kalman import (_mv, kalman_filter, kalman_predict, kalman_smoother,
                                  kalman_update, psd_sqrt)
-from pyro_seq.validation import positive_int
+from pyro_seq.validation import (module_device, positive_int, validate_inputs, validate_mask,
+                                  validate_sequences)
 
 __all__ = ["KVAE", "KVAEFilterResult"]
 
@@ -191,8 +192,10 @@ class KVAE(SequenceModel):
                             ("init_cov", init_cov)):
             if not (isinstance(value, (int, float)) and value > 0 and math.isfinite(value)):
                 raise ValueError(f"{name} must be a positive finite number, got {value!r}")
-        if not (isinstance(reconstruction_weight, (int, float)) and reconstruction_weight > 0):
-            raise ValueError(f"reconstruction_weight must be positive, got {reconstruction_weight!r}")
+        if not (isinstance(reconstruction_weight, (int, float)) and reconstruction_weight > 0
+                and math.isfinite(reconstruction_weight)):
+            raise ValueError(f"reconstruction_weight must be a positive finite number, got "
+                             f"{reconstruction_weight!r}")
         if encoder not in ENCODERS:
             raise ValueError(f"encoder must be one of {ENCODERS}, got {encoder!r}")
         if likelihood not in LIKELIHOODS:
@@ -451,13 +454,31 @@ class KVAE(SequenceModel):
         ``smooth=True``, the RTS smoother runs with the estimated ``A_t, B_t, C_t`` (exact given
         them, as the thesis notes).
 
-        :param a: encodings ``(batch, T, a_dim)`` (e.g. the encoder means); any values at
-            missing steps.
-        :param observed_steps: bool ``(batch, T)``, True where ``a_t`` is observed.
-        :param inputs: controls ``(batch, T, control_dim)`` or None.
+        :param a: encodings ``(batch, T, a_dim)`` (e.g. the encoder means), finite at observed
+            steps; any values at missing steps.
+        :param observed_steps: bool ``(batch, T)`` (or exactly 0/1), True where ``a_t`` is
+            observed.
+        :param inputs: controls ``u_{1:T}`` ``(batch, T, control_dim)``, required exactly when
+            ``control_dim > 0`` (entry 0 unused: ``B_t u_t`` enters the prediction from t = 2,
+            eq. 6.1); None otherwise.
         :returns: :class:`KVAEFilterResult`.
+        :raises ValueError: naming the argument: ``a`` of the wrong shape or non-finite at an
+            observed step, ``observed_steps`` not ``(batch, T)`` 0/1, ``inputs`` missing,
+            unexpected, of the wrong shape or non-finite (the messages of the Pyro programs).
         """
+        if not torch.is_tensor(a) or a.dim() != 3 or a.shape[-1] != self.a_dim \
+                or not a.is_floating_point():
+            raise ValueError(f"a must be a floating-point tensor of shape (batch, T, a_dim = "
+                             f"{self.a_dim}), got "
+                             f"{tuple(a.shape) if torch.is_tensor(a) else type(a).__name__}")
         B, T, _ = a.shape
+        observed_steps, inputs = self._check_steps_and_inputs((B, T), observed_steps, inputs, a)
+        bad = ~torch.isfinite(a).all(-1) & observed_steps
+        if bool(bad.any()):
+            b, t = (int(i) for i in bad.nonzero()[0])
+            raise ValueError(f"a has a non-finite value at an observed step (sequence {b}, step "
+                             f"{t}); mark the step unobserved in observed_steps or give a finite "
+                             f"encoding")
         m, P = self.init_loc.expand(B, self.z_dim), self.init_cov.expand(B, self.z_dim, self.z_dim)
         prev = self.a0.expand(B, self.a_dim)
         hidden = self.dynamics.initial(a, (B,))
@@ -495,14 +516,35 @@ class KVAE(SequenceModel):
         * ``"generation"``: only the first ``num_initial`` frames (4) are used, then the
           filter's predictions (the videos of appendix 6.9).
 
-        :param x: frames ``(batch, T, obs_dim)``; unobserved frames may hold anything.
-        :param observed_steps: bool ``(batch, T)``.
+        With controls (``control_dim > 0``) every method uses them: ``B_t u_t`` enters each
+        prediction step (eq. 6.1, with ``B_t`` of eq. 6.10), at observed and missing steps alike.
+
+        :param x: frames ``(batch, T, obs_dim)``, finite at observed steps; unobserved frames
+            may hold anything (NaN included).
+        :param observed_steps: bool ``(batch, T)`` (or exactly 0/1), True where the frame is
+            observed.
+        :param inputs: controls ``(batch, T, control_dim)`` for a model with ``control_dim > 0``
+            (known at every step, observed or not); None for a model without controls.
+        :param int num_initial: frames kept by ``"generation"`` (>= 0).
         :returns: ``(probs, a_hat)``: pixel probabilities (Bernoulli; Gaussian: the means)
             ``(batch, T, obs_dim)`` decoded from ``a_hat (batch, T, a_dim)``, at every step.
+        :raises ValueError: naming the argument: ``method`` unknown, ``x`` not a finite
+            ``(batch, T, obs_dim)`` batch at observed steps or on another device than the model,
+            ``observed_steps`` not ``(batch, T)`` 0/1, ``num_initial`` negative or fractional,
+            ``inputs`` missing, unexpected, of the wrong shape or non-finite.
         """
         if method not in ("smoothing", "filtering", "generation"):
             raise ValueError(f"method must be 'smoothing', 'filtering' or 'generation', got {method!r}")
-        seen = torch.as_tensor(observed_steps, dtype=torch.bool, device=x.device)
+        if isinstance(num_initial, bool) or not isinstance(num_initial, int) or num_initial < 0:
+            raise ValueError(f"num_initial must be a non-negative int (the frames that "
+                             f"'generation' keeps), got {num_initial!r}")
+        seen = None
+        if torch.is_tensor(x) and x.dim() == 3:  # otherwise validate_sequences names x's problem
+            seen = validate_mask(observed_steps, x.shape[:2], device=x.device,
+                                 name="observed_steps")
+        x, _ = validate_sequences(x, None, self.obs_dim, observed=seen,
+                                  device=module_device(self))
+        seen, inputs = self._check_steps_and_inputs(x.shape[:2], seen, inputs, x)
         if method == "generation":
             seen = seen & (torch.arange(x.shape[1], device=x.device) < num_initial)
         x = torch.where(seen[..., None], x, x.new_zeros(()))
@@ -512,6 +554,18 @@ class KVAE(SequenceModel):
         out = self.decode(a_hat)
         probs = torch.sigmoid(out) if self.likelihood_name == "bernoulli" else out
         return probs, a_hat
+
+    def _check_steps_and_inputs(self, shape, observed_steps, inputs, like):
+        """``observed_steps`` as a bool ``(batch, T)`` tensor and ``inputs`` checked by the
+        package's validator (:func:`~pyro_seq.validation.validate_inputs`: the messages of the
+        Pyro programs), in ``like``'s dtype; controls are known at every step, so all must be
+        finite."""
+        seen = validate_mask(observed_steps, tuple(shape), device=like.device,
+                             name="observed_steps")
+        every = torch.ones(tuple(shape), dtype=torch.bool, device=like.device)
+        inputs = validate_inputs(inputs, tuple(shape), self.control_dim, every, like.dtype,
+                                 like.device)
+        return seen, inputs
 
     @torch.no_grad()
     def generate(self, num_sequences, num_steps, inputs=None, return_codes=False):
