@@ -5,7 +5,7 @@ from pyro_seq.nn.conv import ConvEncoder, SubPixelDecoder
 from pyro_seq.nn.heads import BernoulliHead, GaussianHead, GaussianMLP
 from pyro_seq.nn.memory import DND, DNDRead, EarlierRead, nearest_earlier
 from pyro_seq.nn.init import INIT_SCHEMES, bernoulli_output_layer, init_output_bias, init_weights
-from pyro_seq.nn.mlp import MLP, ClippedLeakyReLU, cat_broadcast, make_activation
+from pyro_seq.nn.mlp import MLP, ClippedLeakyReLU, cat_broadcast, layer_widths, make_activation
 from pyro_seq.nn.recurrent import BackwardRNN, ForwardRNN, reverse_padded
 from pyro_seq.nn.relu_scan import ragged_relu_rnn
 from pyro_seq.nn.transitions import Combiner, GatedTransition
@@ -31,6 +31,7 @@ __all__ = [
     "combiner_scan",
     "init_output_bias",
     "init_weights",
+    "layer_widths",
     "make_activation",
     "nearest_earlier",
     "ragged_relu_rnn",

@@ -19,7 +19,7 @@ import math
 
 import torch.nn as nn
 
-from pyro_seq.nn.mlp import MLP
+from pyro_seq.nn.mlp import MLP, layer_widths
 
 __all__ = ["ConvEncoder", "FRAME_NETWORKS", "SubPixelDecoder", "frame_networks"]
 
@@ -103,20 +103,21 @@ def frame_networks(kind, image_shape, code_dim, channels=32, layers=3, hidden_di
 
     ``"conv"``: :class:`ConvEncoder` and :class:`SubPixelDecoder` (``channels``, ``layers``);
     ``"mlp"``: an MLP with hidden layers ``hidden_dims`` (ReLU, last layer activated) and a
-    decoder MLP with the same layers in reverse.
+    decoder MLP with the same layers in reverse. ``hidden_dims`` must hold positive ints
+    (:func:`~pyro_seq.nn.mlp.layer_widths`) with either kind.
 
     :returns: ``(body, feature_dim, decoder)``: ``body`` maps frames ``(..., C*H*W)`` to
         features ``(..., feature_dim)`` (a distribution head or a linear code layer follows);
         ``decoder`` maps codes ``(..., code_dim)`` to one output per pixel ``(..., C*H*W)``.
     """
+    hidden_dims = layer_widths(hidden_dims)  # checked with either kind: a bad value is a mistake
     if kind == "conv":
         body = ConvEncoder(image_shape, channels, layers)
         return body, body.out_dim, SubPixelDecoder(code_dim, image_shape, channels, layers)
     if kind != "mlp":
         raise ValueError(f"encoder must be one of {FRAME_NETWORKS}, got {kind!r}")
-    hidden_dims = tuple(hidden_dims)
     if not hidden_dims:
-        raise ValueError("hidden_dims must name at least one hidden layer")
+        raise ValueError("hidden_dims must name at least one hidden layer, got ()")
     D = math.prod(image_shape)
     body = MLP(D, hidden_dims[:-1], hidden_dims[-1], "relu", activate_output=True)
     return body, hidden_dims[-1], MLP(code_dim, tuple(reversed(hidden_dims)), D, "relu")

@@ -1,5 +1,7 @@
 """Multi-layer perceptrons and the activations the source papers use."""
 
+import operator
+
 import torch
 import torch.nn as nn
 
@@ -36,19 +38,55 @@ def make_activation(name):
         raise ValueError(f"unknown activation {name!r}; choose from {sorted(ACTIVATIONS)}") from None
 
 
+def _width(value):
+    """``value`` as an int if it is an integer >= 1 (not a bool), else None."""
+    if isinstance(value, bool):
+        return None
+    try:
+        value = operator.index(value)
+    except TypeError:
+        return None
+    return value if value >= 1 else None
+
+
+def layer_widths(hidden_dims, name="hidden_dims"):
+    """``hidden_dims`` as a tuple of positive ints (the widths of hidden layers; may be empty).
+
+    :raises TypeError: not a sequence of widths (e.g. a bare int or a string).
+    :raises ValueError: an entry that is not a positive int (0, negative, fractional, bool).
+    """
+    if isinstance(hidden_dims, (str, bytes)) or not hasattr(hidden_dims, "__iter__"):
+        raise TypeError(f"{name} must be a sequence of layer widths such as (256, 256), got "
+                        f"{hidden_dims!r}")
+    dims = tuple(hidden_dims)
+    for h in dims:
+        if _width(h) is None:
+            raise ValueError(f"{name} must hold positive ints (hidden layer widths), got "
+                             f"{dims!r}: {h!r} is not a width; drop the layer or make it >= 1")
+    return tuple(_width(h) for h in dims)
+
+
 class MLP(nn.Sequential):
     """``Linear -> act -> ... -> Linear`` on the last dimension.
 
     :param int in_dim: input features.
-    :param hidden_dims: sizes of hidden layers (may be empty: a single linear map).
+    :param hidden_dims: sizes of hidden layers, positive ints (may be empty: a single linear
+        map).
     :param int out_dim: output features.
     :param str activation: name of the hidden activation.
     :param bool activate_output: also apply the activation after the last layer.
 
     Shapes: ``(..., in_dim) -> (..., out_dim)``.
+
+    :raises ValueError: a width (``in_dim``, ``out_dim`` or a ``hidden_dims`` entry) that is
+        not a positive int; a zero-width layer would silently make the output a constant.
     """
 
     def __init__(self, in_dim, hidden_dims, out_dim, activation="relu", activate_output=False):
+        hidden_dims = layer_widths(hidden_dims)
+        for name, value in (("in_dim", in_dim), ("out_dim", out_dim)):
+            if _width(value) is None:
+                raise ValueError(f"MLP {name} must be a positive int (features), got {value!r}")
         layers = []
         dims = [in_dim] + list(hidden_dims) + [out_dim]
         for i, (a, b) in enumerate(zip(dims[:-1], dims[1:])):

@@ -1,10 +1,13 @@
 """The reusable blocks: ragged reversal, masked RNNs, transitions, heads."""
 
+import re
+
 import pytest
 import torch
 
 from pyro_seq.nn import (MLP, BackwardRNN, ClippedLeakyReLU, Combiner, ForwardRNN, GatedTransition,
-                         GaussianHead, cat_broadcast, reverse_padded)
+                         GaussianHead, cat_broadcast, layer_widths, reverse_padded)
+from pyro_seq.nn.conv import frame_networks
 
 
 def test_reverse_padded_reverses_within_length_and_is_an_involution():
@@ -151,3 +154,33 @@ def test_ragged_relu_rnn_gradcheck_and_bad_lengths():
         ragged_relu_rnn(args[0], torch.tensor([5, 2, 3]), *args[2:])
     with pytest.raises(ValueError, match="lengths"):
         ragged_relu_rnn(args[0], torch.tensor([0, 2, 3]), *args[2:])
+
+
+@pytest.mark.parametrize("bad", [(0,), (8, 0), (-3,), (2.5,), (True,), (8, "16")])
+def test_mlp_refuses_hidden_widths_that_are_not_positive_ints(bad):
+    """A zero-width hidden layer used to be built (Linear(a, 0)): the output was then the last
+    bias for every input."""
+    with pytest.raises(ValueError, match=r"hidden_dims must hold positive ints .*got " +
+                       re.escape(repr(tuple(bad)))):
+        MLP(3, bad, 2)
+    with pytest.raises(ValueError, match="hidden_dims must hold positive ints"):
+        frame_networks("mlp", (2, 2), 3, hidden_dims=bad)
+    with pytest.raises(ValueError, match="hidden_dims must hold positive ints"):
+        frame_networks("conv", (8, 8), 3, channels=2, layers=2, hidden_dims=bad)
+
+
+def test_mlp_widths_and_their_type_errors():
+    net = MLP(3, (4, 5), 2)
+    assert [(m.in_features, m.out_features) for m in net if isinstance(m, torch.nn.Linear)] == [
+        (3, 4), (4, 5), (5, 2)]
+    assert layer_widths([4, torch.tensor(5)]) == (4, 5)
+    assert layer_widths(()) == ()
+    for bad in (256, "256", None):
+        with pytest.raises(TypeError, match="hidden_dims must be a sequence of layer widths"):
+            MLP(3, bad, 2)
+    with pytest.raises(ValueError, match=r"out_dim must be a positive int \(features\), got 0"):
+        MLP(3, (), 0)
+    with pytest.raises(ValueError, match=r"in_dim must be a positive int \(features\), got 0"):
+        MLP(0, (4,), 2)
+    with pytest.raises(ValueError, match=r"at least one hidden layer, got \(\)"):
+        frame_networks("mlp", (2, 2), 3, hidden_dims=())
