@@ -27,7 +27,7 @@ value nor the gradients can be poisoned by them (Pyro issue #2654).
 from typing import NamedTuple, Optional
 
 import torch
-from pyro.distributions import constraints
+from pyro.distributions import MultivariateNormal, constraints
 from pyro.distributions.torch_distribution import TorchDistribution
 from torch import Tensor
 
@@ -45,7 +45,7 @@ from pyro_seq.ops.kalman import (
 )
 from pyro_seq.validation import as_bool_mask, check_device
 
-__all__ = ["LinearGaussianSSM", "LGSSMForecast"]
+__all__ = ["LinearGaussianSSM", "LGSSMFilterResult", "LGSSMForecast"]
 
 class LGSSMForecast(NamedTuple):
     """Forecast of ``steps`` future steps given x_{1:T} (thesis Sec. 3.4.2).
@@ -58,6 +58,67 @@ class LGSSMForecast(NamedTuple):
     covs: Tensor
     state_means: Tensor
     state_covs: Tensor
+
+
+class LGSSMFilterResult(MultivariateNormal):
+    """What :meth:`LinearGaussianSSM.filter` returns: the filtering distribution of the final
+    state, p(z_T | x_{1:T}) = N(means_T, covs_T) (thesis eq. 3.11), as a Pyro
+    ``MultivariateNormal`` exactly like ``GaussianHMM.filter`` (``.loc (..., S)``,
+    ``.covariance_matrix (..., S, S)``; usable as ``initial_dist`` of a ``GaussianHMM``), which
+    also carries the Kalman filter of every step: ``means (..., T, S)``, ``covs (..., T, S, S)``,
+    ``predicted_means``, ``predicted_covs`` and ``log_likelihoods (..., T)`` as in
+    :class:`pyro_seq.ops.KalmanFilterResult` (``.result`` is that tuple; the object also unpacks
+    and indexes like it).
+
+    ``covariance_matrix`` is the filter's covariance itself; its Cholesky factor (for
+    ``scale_tril``, ``precision_matrix``, ``log_prob``, ``rsample``, ``entropy``) is computed on
+    first use, so a singular final covariance (noise-free states) is allowed until one of those
+    is asked for, which then raises a ``ValueError``.
+    """
+
+    def __init__(self, result: KalmanFilterResult, validate_args=None):
+        self.result = result
+        self.loc = result.means[..., -1, :]
+        self.covariance_matrix = result.covs[..., -1, :, :]
+        # the moments come from a validated model: no argument checks (they would factorise)
+        super(torch.distributions.MultivariateNormal, self).__init__(
+            self.loc.shape[:-1], self.loc.shape[-1:], validate_args=False)
+        self._validate_args = bool(validate_args)
+
+    @property
+    def _unbroadcasted_scale_tril(self) -> Tensor:
+        L = self.__dict__.get("_cholesky")
+        if L is None:
+            L, info = torch.linalg.cholesky_ex(self.covariance_matrix)
+            if bool((info != 0).any()):
+                raise ValueError(
+                    "the filtered covariance Cov(z_T | x_{1:T}) is singular (e.g. noise-free "
+                    "states), so this MultivariateNormal has no scale_tril, precision, density "
+                    "or reparameterized samples; use .loc and .covariance_matrix (or .means and "
+                    ".covs) instead."
+                )
+            self.__dict__["_cholesky"] = L
+        return L
+
+    @_unbroadcasted_scale_tril.setter
+    def _unbroadcasted_scale_tril(self, value: Tensor):
+        self.__dict__["_cholesky"] = value
+
+    def expand(self, batch_shape, _instance=None):
+        return LGSSMFilterResult(_expand_filter(self.result, torch.Size(batch_shape)),
+                                 validate_args=self.__dict__.get("_validate_args"))
+
+    means = property(lambda self: self.result.means)
+    covs = property(lambda self: self.result.covs)
+    predicted_means = property(lambda self: self.result.predicted_means)
+    predicted_covs = property(lambda self: self.result.predicted_covs)
+    log_likelihoods = property(lambda self: self.result.log_likelihoods)
+
+    def __iter__(self):  # ``means, covs, pm, pc, ll = d.filter(x)`` as before
+        return iter(self.result)
+
+    def __getitem__(self, index):
+        return self.result[index]
 
 
 def _time_size(p: Optional[Tensor], event_ndim: int) -> Optional[int]:
@@ -203,6 +264,11 @@ class LinearGaussianSSM(TorchDistribution):
     entry raises a ``ValueError`` naming ``observation_mask``). Shapes and ``T >= 1`` are
     always checked.
 
+    Drop-in for Pyro's ``GaussianHMM`` (see :meth:`from_gaussian_hmm` for the parameter map):
+    ``duration``, ``log_prob``, ``rsample``, ``rsample_posterior``, ``filter`` (the final-state
+    ``MultivariateNormal``, which here also carries every step), ``prefix_condition`` and
+    ``conjugate_update`` behave as GaussianHMM's; the last one refuses masked models.
+
     Example::
 
         d = LinearGaussianSSM(mu0, P0, A, Q, C, R, num_steps=100)
@@ -326,6 +392,13 @@ class LinearGaussianSSM(TorchDistribution):
         # the parameters were validated above with messages that name the problem
         super().__init__(batch_shape, event_shape, validate_args=False)
         self._validate_args = bool(validate)
+
+    @property
+    def duration(self) -> Optional[int]:
+        """T, the length of the time axis ``event_shape[0]``, or None when the model is
+        constant in time and no ``num_steps`` was given (the event shape ``(1, D)`` then
+        broadcasts to any length), as ``GaussianHMM.duration``."""
+        return self.num_steps
 
     def _validate_parameters(self):
         """The Kalman ops' parameter checks (one validator, the same messages)."""
@@ -557,14 +630,18 @@ class LinearGaussianSSM(TorchDistribution):
     # ----------------------------------------------------------------------------------
 
     def filter(self, x: Tensor, observation_mask: Optional[Tensor] = None,
-               step_mask: Optional[Tensor] = None) -> KalmanFilterResult:
-        """Kalman filter (thesis eq. 3.11): filtered/predicted moments and per-step
-        log-likelihoods, see :class:`pyro_seq.ops.KalmanFilterResult`. ``x`` ``(..., T, D)``;
+               step_mask: Optional[Tensor] = None) -> LGSSMFilterResult:
+        """Kalman filter (thesis eq. 3.11). As ``GaussianHMM.filter(value)`` it returns the
+        posterior of the final state p(z_T | x_{1:T}), a ``MultivariateNormal`` with batch shape
+        ``broadcast(batch_shape, x.shape[:-2])``; the returned :class:`LGSSMFilterResult` also
+        has every step's filtered/predicted moments and log-likelihoods (``.means``, ``.covs``,
+        ... of :class:`pyro_seq.ops.KalmanFilterResult`). ``x`` ``(..., T, D)``;
         ``observation_mask`` ``(..., T, D)`` / ``step_mask`` ``(..., T)`` replace the
         constructor's masks when either is given."""
         xc, mask = self._data(x, observation_mask, step_mask)
         res = kalman_filter(xc, **self._params(), mask=mask, method=self.method)
-        return _expand_filter(res, self._out_batch(x))
+        return LGSSMFilterResult(_expand_filter(res, self._out_batch(x)),
+                                 validate_args=self._validate_args)
 
     def smooth(self, x: Tensor, observation_mask: Optional[Tensor] = None,
                step_mask: Optional[Tensor] = None) -> KalmanSmootherResult:
@@ -662,6 +739,197 @@ class LinearGaussianSSM(TorchDistribution):
             _expand_to(means, batch, 2), _expand_to(covs, batch, 3),
             _expand_to(m, batch, 2), _expand_to(P, batch, 3),
         )
+
+    # ----------------------------------------------------------------------------------
+    # GaussianHMM's conditioning members
+    # ----------------------------------------------------------------------------------
+
+    def prefix_condition(self, data: Tensor) -> "LinearGaussianSSM":
+        """p(x_{t+1:T} | x_{1:t}) for ``data = x_{1:t}`` ``(..., t, D)``, 1 <= t < T, as
+        ``GaussianHMM.prefix_condition``: a :class:`LinearGaussianSSM` with event shape
+        ``(T - t, D)`` and batch shape ``broadcast(batch_shape, data.shape[:-2])``.
+
+        The conditional is the same model started from the filter's one-step prediction,
+        ``initial_loc = m_{t+1|t}``, ``initial_cov = P_{t+1|t}`` (thesis eq. 3.11), with every
+        time-varying parameter, control, offset and the constructor's mask cut to steps
+        t+1..T (entry t, the transition into step t+1, becomes the unused entry 0). The
+        constructor's mask over steps 1..t applies to ``data``.
+        """
+        T = self.num_steps
+        if T is None:
+            raise ValueError(
+                "prefix_condition needs the model's length T (duration is None for a model "
+                "constant in time); construct the LinearGaussianSSM with num_steps=T."
+            )
+        if not torch.is_tensor(data) or data.dim() < 2 or data.shape[-1] != self.obs_dim:
+            shape = tuple(data.shape) if torch.is_tensor(data) else type(data).__name__
+            raise ValueError(f"prefix_condition expects data of shape (..., t, {self.obs_dim}); "
+                             f"got {shape}")
+        t = data.shape[-2]
+        if not 1 <= t < T:
+            raise ValueError(f"prefix_condition needs 1 <= t < T = {T} observed steps to "
+                             f"forecast the rest; data has t = {t}")
+        mask = self.observation_mask
+        kw = {}
+        if mask is not None:  # per element, (..., T, D): step_mask=True says so
+            kw = dict(observation_mask=mask[..., :t, :],
+                      step_mask=torch.ones((), dtype=torch.bool, device=mask.device))
+        fc = self.predict(data, T - t, **kw)
+        P = fc.state_covs[..., 0, :, :]
+
+        def tail(p, event_ndim):
+            if p is None or p.dim() <= event_ndim or p.shape[-event_ndim - 1] == 1:
+                return p
+            return p[(..., slice(t, None)) + (slice(None),) * event_ndim]
+
+        new = LinearGaussianSSM(
+            fc.state_means[..., 0, :], 0.5 * (P + P.mT),
+            tail(self.transition_matrix, 2), tail(self.transition_cov, 2),
+            tail(self.observation_matrix, 2), tail(self.observation_cov, 2),
+            tail(self.control_matrix, 2), tail(self.controls, 1), num_steps=T - t,
+            observation_mask=None if mask is None else mask[..., t:, :],
+            step_mask=None if mask is None else kw["step_mask"],
+            observation_offset=tail(self.observation_offset, 1),
+            nan_as_missing=self.nan_as_missing, method=self.method, validate_args=False,
+        )
+        new._validate_args = self._validate_args
+        return new
+
+    def conjugate_update(self, other):
+        r"""Fuse a Gaussian likelihood of the observations, as ``GaussianHMM.conjugate_update``:
+        returns ``(updated, log_normalizer)`` with
+
+            self.log_prob(x) + other.log_prob(x) == updated.log_prob(x) + log_normalizer.
+
+        ``other`` is ``Independent(Normal, 2)`` or ``Independent(MultivariateNormal, 1)`` with
+        event shape ``(T, D)``: independent factors g_t(x_t) = N(x_t; l_t, G_t). The product
+        is again a linear-Gaussian state-space model (the family is closed under it):
+
+        * ``log_normalizer`` = log N(l; E x, Cov x + diag_t G_t), the ``log_prob`` of ``l``
+          under this model with observation noise R_t + G_t (thesis eq. 3.12);
+        * x_t | z_t has R'_t = R_t - R_t (R_t + G_t)^{-1} R_t, C'_t = G_t (R_t + G_t)^{-1} C_t,
+          d'_t = d_t + R_t (R_t + G_t)^{-1} (l_t - d_t) (product of two Gaussians in x_t);
+        * z follows its posterior given the pseudo-observations l_t ~ N(C_t z_t + d_t,
+          R_t + G_t), written forward: with the backward information filter
+          p(l_{t:T} | z_t) ∝ exp(-z^T Λ_t z / 2 + η_t^T z) and N_t = I + Q_t Λ_t,
+          A'_t = N_t^{-1} A_t, Q'_t = N_t^{-1} Q_t, state offsets N_t^{-1} (B_t u_t + Q_t η_t)
+          (``controls`` of the result, ``control_matrix=None``), and likewise the initial
+          state. This is the prior-times-likelihood update with singular Q_t or Λ_t allowed.
+
+        The result has time-varying parameters of length T (``other``'s when ``duration`` is
+        None) and batch shape ``broadcast(batch_shape, other.batch_shape)``.
+        """
+        from torch.distributions import Independent, MultivariateNormal as MVN, Normal
+
+        if not (isinstance(other, Independent) and (
+                (isinstance(other.base_dist, Normal) and other.reinterpreted_batch_ndims == 2)
+                or (isinstance(other.base_dist, MVN) and other.reinterpreted_batch_ndims == 1))):
+            got = type(other).__name__
+            if isinstance(other, Independent):
+                got += f"({type(other.base_dist).__name__}, {other.reinterpreted_batch_ndims})"
+            raise TypeError(
+                "conjugate_update expects other = Independent(Normal, 2) or "
+                f"Independent(MultivariateNormal, 1) over (T, D) observations; got {got}"
+            )
+        T = self.num_steps if self.num_steps is not None else other.event_shape[0]
+        D, S = self.obs_dim, self.hidden_dim
+        if tuple(other.event_shape) != (T, D):
+            raise ValueError(f"conjugate_update needs other.event_shape == (T, D) = ({T}, {D}); "
+                             f"got {tuple(other.event_shape)}")
+        if self.observation_mask is not None or self.nan_as_missing:
+            raise NotImplementedError(
+                "LinearGaussianSSM.conjugate_update is not implemented for a model with "
+                "observation_mask, step_mask or nan_as_missing, because masked entries are left "
+                "out of log_prob so the product with other is no density over all of x; call it "
+                "on the same model built without masks."
+            )
+        base = other.base_dist
+        if isinstance(base, Normal):
+            loc, G = base.loc, base.scale.pow(2).diag_embed()
+        else:
+            loc, G = base.loc, base.covariance_matrix
+        loc = loc.expand(other.batch_shape + (T, D))
+        out_batch = _broadcast_shapes(self.batch_shape, other.batch_shape)
+
+        def step(p, t, event_ndim):  # entry t of a parameter with optional time dim
+            if p is None or p.dim() <= event_ndim:
+                return p
+            return p.select(-event_ndim - 1, t if p.shape[-event_ndim - 1] > 1 else 0)
+
+        R = self.observation_cov
+        Rg = R + G
+        # the normaliser: this model with observation noise R + G, evaluated at l
+        log_normalizer = LinearGaussianSSM(
+            self.initial_loc, self.initial_cov, self.transition_matrix, self.transition_cov,
+            self.observation_matrix, Rg, self.control_matrix, self.controls, num_steps=T,
+            observation_offset=self.observation_offset, method=self.method,
+            validate_args=False,
+        ).log_prob(loc).expand(out_batch)
+
+        # observation factor of the product: W = (R + G)^{-1} R
+        L = torch.linalg.cholesky(Rg)
+        R_b = R.expand(Rg.shape)
+        W = torch.cholesky_solve(R_b, L)
+        Wt = W.mT
+        C = self.observation_matrix
+        d = self.observation_offset
+        new_C = C - Wt @ C
+        resid = loc if d is None else loc - d
+        new_d = (Wt @ resid.unsqueeze(-1)).squeeze(-1)
+        if d is not None:
+            new_d = new_d + d
+        new_R = R_b - R_b @ W
+        new_R = 0.5 * (new_R + new_R.mT)
+
+        # information of the pseudo-observations l_t ~ N(C z_t + d_t, R_t + G_t)
+        C_b = C.expand(Rg.shape[:-2] + C.shape[-2:])
+        RinvC = torch.cholesky_solve(C_b, L)                          # (..., T, D, S)
+        J = C_b.mT @ RinvC                                            # (..., T, S, S)
+        h = (RinvC.mT @ resid.unsqueeze(-1)).squeeze(-1)              # (..., T, S)
+        J = 0.5 * (J + J.mT)
+        b = self.controls
+        if b is not None and self.control_matrix is not None:
+            b = (self.control_matrix @ b.unsqueeze(-1)).squeeze(-1)   # (..., T|1, S)
+        eye = torch.eye(S, dtype=J.dtype, device=J.device)
+
+        def update(loc_prior, cov, lam, eta):  # N(loc_prior, cov) times exp(-z'Λz/2 + η'z)
+            N = eye + cov @ lam
+            new_cov = torch.linalg.solve(N, cov)
+            return N, 0.5 * (new_cov + new_cov.mT), (
+                torch.linalg.solve(N, (loc_prior + (cov @ eta.unsqueeze(-1)).squeeze(-1))
+                                   .unsqueeze(-1)).squeeze(-1))
+
+        A_new, Q_new, b_new = [None] * T, [None] * T, [None] * T
+        lam, eta = step(J, T - 1, 2), step(h, T - 1, 1)
+        for t in range(T - 1, 0, -1):
+            A, Q = step(self.transition_matrix, t, 2), step(self.transition_cov, t, 2)
+            bt = step(b, t, 1)
+            bt = torch.zeros(S, dtype=J.dtype, device=J.device) if bt is None else bt
+            N, Q_new[t], b_new[t] = update(bt, Q, lam, eta)
+            A_new[t] = torch.linalg.solve(N, A)
+            # message to z_{t-1}: M = (I + Λ Q)^{-1} Λ, ν = (I + Λ Q)^{-1} η at A z + b
+            M = torch.linalg.solve(N.mT, lam)
+            M = 0.5 * (M + M.mT)
+            nu = torch.linalg.solve(N.mT, eta.unsqueeze(-1)).squeeze(-1)
+            nu = nu - (M @ bt.unsqueeze(-1)).squeeze(-1)
+            lam = A.mT @ M @ A + step(J, t - 1, 2)
+            lam = 0.5 * (lam + lam.mT)
+            eta = (A.mT @ nu.unsqueeze(-1)).squeeze(-1) + step(h, t - 1, 1)
+        _, init_cov, init_loc = update(self.initial_loc, self.initial_cov, lam, eta)
+        # entry 0 is unused: the original transition and no offset
+        A_new[0] = step(self.transition_matrix, 0, 2)
+        Q_new[0] = step(self.transition_cov, 0, 2)
+        b_new[0] = torch.zeros(S, dtype=J.dtype, device=J.device)
+        A_new = torch.stack(torch.broadcast_tensors(*A_new), -3)
+        Q_new = torch.stack(torch.broadcast_tensors(*Q_new), -3)
+        b_new = torch.stack(torch.broadcast_tensors(*b_new), -2)
+        updated = LinearGaussianSSM(init_loc, init_cov, A_new, Q_new, new_C, new_R, None, b_new,
+                                    num_steps=T, observation_offset=new_d, method=self.method,
+                                    validate_args=False)
+        updated._validate_args = self._validate_args
+        if updated.batch_shape != out_batch:
+            updated = updated.expand(out_batch)
+        return updated, log_normalizer
 
 
 def _expand_filter(res: KalmanFilterResult, batch) -> KalmanFilterResult:
