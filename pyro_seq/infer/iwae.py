@@ -51,7 +51,7 @@ Gradients:
   With :math:`K = 1` the estimator is :class:`~pyro.infer.Trace_ELBO`'s (``score_baseline`` is
   then ignored). There the direct part is :math:`-s_1`, which has expectation zero
   (:math:`\mathbb{E}_q[s_1] = 0`); keeping it would give the learning signal
-  :math:`\log w_1 - 1`, REINFORCE with the arbitrary baseline 1 (measured: 2.5 to 4 times
+  :math:`\log w_1 - 1`, REINFORCE with the arbitrary baseline 1 (measured: 2 to 4 times
   Trace_ELBO's variance for the guide parameters of a Bernoulli and a non-reparameterized
   Normal site). Trace_ELBO's surrogate drops it and Rao-Blackwellizes over plates (Ranganath
   et al., 2014, sec. 3):
