@@ -354,3 +354,28 @@ def validate_sequence_list(seqs, obs_dim: Optional[int] = None, binary: bool = F
             validate_sequences(s.unsqueeze(0), None, obs_dim, binary)
         except ValueError as e:
             raise ValueError(f"{name}[{i}]: {e}") from None
+
+
+def validate_generate_args(num_sequences, num_steps) -> Tuple[int, int]:
+    """``(num_sequences, num_steps)`` of a model's ``generate`` as ints: the package's one check
+    of them, called first by every ``generate``.
+
+    Each must be a whole number >= 1 (``3`` or ``3.0``, as :func:`positive_int`); booleans
+    (Python, NumPy or torch) are refused, since ``True`` is not a count.
+
+    :raises ValueError: naming the argument and its value otherwise (0, negatives, fractions,
+        booleans, strings, NaN, None).
+    """
+    out = []
+    for name, value, what in (("num_sequences", num_sequences, "sequences to draw"),
+                              ("num_steps", num_steps, "steps per sequence")):
+        is_bool = isinstance(value, bool) or str(getattr(value, "dtype", "")) in ("bool",
+                                                                                 "torch.bool")
+        try:
+            if is_bool:
+                raise ValueError
+            out.append(positive_int(name, value))
+        except ValueError:
+            raise ValueError(f"generate: {name} (the number of {what}) must be a positive "
+                             f"integer, got {value!r}; pass an int >= 1") from None
+    return out[0], out[1]

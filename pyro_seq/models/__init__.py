@@ -9,8 +9,9 @@ from pyro_seq.models.linear_gaussian import LinearGaussianSequenceModel
 from pyro_seq.models.rnn_baseline import RNNBaseline
 from pyro_seq.models.rtrbm import RTRBM, SRTRBM
 from pyro_seq.models.srnn import SRNN
-from pyro_seq.models.storn import STORN, VOSP
+from pyro_seq.models.storn import STORN
 from pyro_seq.models.vaernn import VAERNN
+from pyro_seq.models.vosp import VOSP
 from pyro_seq.models.vrae import VRAE
 from pyro_seq.models.vrnn import VRNN
 

@@ -38,6 +38,7 @@ from pyro_seq.models.base import (SequenceModel, cache_guide_prior, masked, norm
                                   on_real_steps, prior_from_guide)
 from pyro_seq.models.emission import make_emission, stack_params
 from pyro_seq.nn import MLP, BackwardRNN, Combiner, GatedTransition, combiner_scan
+from pyro_seq.validation import validate_generate_args
 
 
 class DMM(SequenceModel):
@@ -151,6 +152,7 @@ class DMM(SequenceModel):
         :returns: ``(x, params)``: samples ``(num_sequences, num_steps, obs_dim)`` and the
             emission parameters per step (Bernoulli logits, or a ``(loc, scale)`` pair).
         """
+        num_sequences, num_steps = validate_generate_args(num_sequences, num_steps)
         z = self.z_0.expand(num_sequences, self.z_dim)
         xs, params = [], []
         for _ in range(num_steps):

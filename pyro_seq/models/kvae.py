@@ -81,8 +81,8 @@ from pyro_seq.nn import GaussianHead
 from pyro_seq.nn.conv import FRAME_NETWORKS, frame_networks
 from pyro_seq.ops.kalman import (_mv, kalman_filter, kalman_predict, kalman_smoother,
                                  kalman_update, psd_sqrt)
-from pyro_seq.validation import (module_device, positive_int, validate_inputs, validate_mask,
-                                  validate_sequences)
+from pyro_seq.validation import (module_device, positive_int, validate_generate_args,
+                                  validate_inputs, validate_mask, validate_sequences)
 
 __all__ = ["KVAE", "KVAEFilterResult"]
 
@@ -578,8 +578,7 @@ class KVAE(SequenceModel):
             num_steps, obs_dim)`` and the decoder outputs (Bernoulli logits or Gaussian means);
             with ``return_codes=True`` also the encodings ``a (num_sequences, num_steps, a_dim)``.
         """
-        B = positive_int("num_sequences", num_sequences)
-        T = positive_int("num_steps", num_steps)
+        B, T = validate_generate_args(num_sequences, num_steps)
         if self.control_dim and (inputs is None or tuple(inputs.shape) != (B, T, self.control_dim)):
             raise ValueError(f"generate needs inputs of shape {(B, T, self.control_dim)} (controls)")
         m, P = self.init_loc.expand(B, self.z_dim), self.init_cov.expand(B, self.z_dim, self.z_dim)

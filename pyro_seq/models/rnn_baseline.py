@@ -30,7 +30,8 @@ from pyro_seq.models.emission import make_emission, stack_params
 from pyro_seq.models.base import shift_right
 from pyro_seq.nn import ForwardRNN
 from pyro_seq.nn.recurrent import RNN_CELLS
-from pyro_seq.validation import module_device, positive_int, validate_sequences
+from pyro_seq.validation import (module_device, positive_int, validate_generate_args,
+                                 validate_sequences)
 
 
 class RNNBaseline(SequenceModel):
@@ -103,9 +104,7 @@ class RNNBaseline(SequenceModel):
         :returns: ``(x, params)``: samples ``(num_sequences, num_steps, obs_dim)`` and the
             emission parameters per step.
         """
-        if int(num_sequences) < 1 or int(num_steps) < 1:
-            raise ValueError(f"num_sequences and num_steps must be positive, got "
-                             f"{num_sequences}, {num_steps}")
+        num_sequences, num_steps = validate_generate_args(num_sequences, num_steps)
         rnn = self.deterministic
         h = rnn.h0.expand(1, num_sequences, -1).contiguous()
         if rnn.cell == "lstm":

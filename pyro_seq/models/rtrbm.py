@@ -36,7 +36,8 @@ import torch
 from torch import nn
 
 from pyro_seq.distributions.rbm import RBM
-from pyro_seq.validation import module_device, validate_sequences
+from pyro_seq.validation import (check_device, module_device, validate_generate_args,
+                                 validate_sequences)
 
 __all__ = ["RTRBM", "SRTRBM", "SequenceLogLikelihood"]
 
@@ -202,20 +203,28 @@ class RTRBM(nn.Module):
 
     @torch.no_grad()
     def generate(self, num_sequences, num_steps, gibbs_steps=100, prefix=None):
-        """Sample sequences by per-step Gibbs (seed 000 sec. 1.1).
+        """Sample sequences by per-step Gibbs (Mittelman et al. (2014), supplementary sec. 1.1).
 
         At each step ``gibbs_steps`` sweeps of the conditional RBM given :math:`r_{t-1}` from a
         uniform start; then :math:`r_t = \\sigma(W v_t + b_t)`.
 
-        :param torch.Tensor prefix: optional ``(num_sequences, T0, V)`` binary steps to condition
-            on (generation continues after them).
+        :param torch.Tensor prefix: optional ``(num_sequences, T0, V)`` (or ``(1, T0, V)``,
+            shared by every sequence) binary steps to condition on, ``T0 <= num_steps``
+            (generation continues after them); bool, integer or floating dtype, values 0/1, on
+            the model's device.
         :returns: ``(x, logits)``: ``x`` ``(num_sequences, num_steps, V)`` float 0/1 (prefix
             included) and the visible logits :math:`c + W^\\top h` of the last Gibbs sweep at
             each generated step (those of :math:`\\mathbb{E}[v_t \\mid r_{t-1}]` at prefix
             steps), as the other models' ``generate`` returns their emission logits.
+        :raises ValueError: naming the argument, for ``num_sequences``, ``num_steps`` or
+            ``gibbs_steps`` not a positive integer, or a ``prefix`` of the wrong type, shape,
+            dtype, device or values.
         """
-        if not isinstance(gibbs_steps, int) or gibbs_steps < 1:
+        num_sequences, num_steps = validate_generate_args(num_sequences, num_steps)
+        if isinstance(gibbs_steps, bool) or not isinstance(gibbs_steps, int) or gibbs_steps < 1:
             raise ValueError(f"gibbs_steps must be a positive int, got {gibbs_steps!r}")
+        if prefix is not None:
+            prefix = self._check_prefix(prefix, num_sequences, num_steps)
         W, U = self.weights()
         out, logits = [], []
         r = None
@@ -234,6 +243,32 @@ class RTRBM(nn.Module):
             logits.append(rbm.visible_input(h))
             r = torch.sigmoid(rbm.hidden_input(v))
         return torch.stack(out, 1), torch.stack(logits, 1)
+
+    def _check_prefix(self, prefix, num_sequences, num_steps):
+        """The ``prefix`` of :meth:`generate` checked and returned as ``(num_sequences, T0, V)``
+        in the weights' dtype (a batch of 1 is shared by every sequence)."""
+        V = self.num_visible
+        if not torch.is_tensor(prefix):
+            raise ValueError(f"prefix must be a tensor (num_sequences, T0, {V}) of 0/1 steps, "
+                             f"got {type(prefix).__name__}")
+        if prefix.dim() != 3 or prefix.shape[0] not in (1, num_sequences) or prefix.shape[2] != V:
+            raise ValueError(f"prefix must have shape (num_sequences = {num_sequences} or 1, T0, "
+                             f"num_visible = {V}), got {tuple(prefix.shape)}")
+        if prefix.shape[1] > num_steps:
+            raise ValueError(f"prefix has {prefix.shape[1]} steps, more than num_steps = "
+                             f"{num_steps} (which counts the prefix); pass num_steps >= "
+                             f"{prefix.shape[1]}")
+        if prefix.is_complex():
+            raise ValueError(f"prefix must have a bool, integer or floating dtype, got "
+                             f"{prefix.dtype}")
+        check_device("prefix", prefix, module_device(self))
+        bad = (prefix != 0) & (prefix != 1)
+        if bool(bad.any()):
+            b, t, v = (int(i) for i in bad.nonzero()[0])
+            raise ValueError(f"prefix must be binary (0/1), found {prefix[b, t, v].item()!r} at "
+                             f"(sequence {b}, step {t}, unit {v}); binarise it first, e.g. "
+                             f"(prefix > 0.5)")
+        return prefix.to(self.W.dtype).expand(num_sequences, -1, -1)
 
 
 class SRTRBM(RTRBM):

@@ -30,6 +30,7 @@ from pyro_seq.models.base import (SequenceModel, cache_guide_prior, masked, norm
                                   shift_right)
 from pyro_seq.models.emission import make_emission, stack_params
 from pyro_seq.nn import BackwardRNN, ForwardRNN, GaussianMLP, MLP, cat_broadcast
+from pyro_seq.validation import validate_generate_args
 
 
 class SRNN(SequenceModel):
@@ -155,6 +156,7 @@ class SRNN(SequenceModel):
         :returns: ``(x, params)``: samples ``(num_sequences, num_steps, obs_dim)`` and the
             emission parameters per step.
         """
+        num_sequences, num_steps = validate_generate_args(num_sequences, num_steps)
         h0 = self.deterministic.h0  # zeros on the model's device and in its dtype
         x_prev = h0.new_zeros(num_sequences, 1, self.obs_dim)
         h = h0.expand(1, num_sequences, -1).contiguous()

@@ -1,10 +1,10 @@
-r"""Stochastic recurrent network, STORN (Bayer & Osendorfer; the VOSP of seed 002 sec. 3.2).
+r"""Stochastic recurrent network, STORN (Bayer & Osendorfer (2014), later versions).
 
-Generative model (the STORN form of the later versions of the paper; ``x_0 = 0``, ``h_0 = 0``)::
+Generative model (``x_0 = 0``, ``h_0 = 0``)::
 
     z_t ~ p(z_t | z_{t-1})                      prior="white":  N(0, I)       (independent)
                                                 prior="wiener": N(z_{t-1}, I) (z_0 = 0, sec. 3.3)
-    h_t = f(h_{t-1}, [x_{t-1}, z_t])            a recurrent cell, eq. (2) of the seed
+    h_t = f(h_{t-1}, [x_{t-1}, z_t])            a recurrent cell, eq. (2)
     x_t ~ p(x_t | h_t) = Emitter(h_t)           Bernoulli or Gaussian (sec. 4: Bernoulli)
 
 Recognition model: a forward RNN over the observations, ``a_t = f_q(a_{t-1}, x_t)``,
@@ -13,13 +13,13 @@ Recognition model: a forward RNN over the observations, ``a_t = f_q(a_{t-1}, x_t
 .. math:: q(z_{1:T} | x_{1:T}) = \prod_{t=1}^T \mathcal{N}(z_t; \mu(a_t), \mathrm{diag}\,
     \sigma^2(a_t)), \qquad q(z_t | x_{1:T}) = q(z_t | x_{1:t}),
 
-independent across steps given :math:`x` and filtering (online, the point of sec. 3.2).
+independent across steps given :math:`x` and filtering (online, as in sec. 3.2).
 
-Bound (sec. 3.2, the last display, :math:`\mathcal{L}_{\mathrm{VOSP}}`): with
-:math:`h_t` a deterministic function of :math:`(x_{1:t-1}, z_{1:t})`,
+Bound (of the form of the last display of sec. 3.2): with :math:`h_t` a deterministic function
+of :math:`(x_{1:t-1}, z_{1:t})`,
 
 .. math:: -\log p(x_{1:T}) \le KL(q(z_{1:T}) \| p(z_{1:T}))
-    - \mathbb{E}_{q}\Big[\sum_{t=1}^T \log p(x_t | h_t)\Big] =: \mathcal{L}_{\mathrm{VOSP}}.
+    - \mathbb{E}_{q}\Big[\sum_{t=1}^T \log p(x_t | h_t)\Big].
 
 As a :class:`~pyro_seq.models.base.SequenceModel` the KL is not formed in closed form: step
 ``t`` has the latent site ``z_{t+1}`` with density :math:`p(z_t | z_{t-1})` and the guide site
@@ -29,14 +29,16 @@ density of :class:`~pyro_seq.distributions.wiener.WienerProcess` (Jacobian of :m
 1), and :class:`~pyro.infer.TraceMeanField_ELBO` uses the per-step Gaussian KL given the sampled
 :math:`z_{t-1}`.
 
-**Relation to the seed.** Sec. 3.2 feeds ``[h_{t-1}, z_t]`` (``h`` the summary of
-:math:`x_{1:t-1}` by the RNN) to an MLP generating model; STORN makes ``z_t`` an *input* of the
-generating RNN instead, so that the state depends on :math:`z_{1:t}`. Both ``h_t`` (through
-``z_t``) and ``z_{t-1}`` (Wiener prior) are per-particle state: FIVO resamples them.
+**Relation to VOSP.** The variational one step predictor of sec. 3.2
+(:class:`~pyro_seq.models.vosp.VOSP`) feeds ``[h_{t-1}, z_t]`` (``h`` the recognition RNN's
+summary of :math:`x_{1:t-1}`) to an MLP and has no generating RNN; STORN makes ``z_t`` an
+*input* of a generating RNN instead, so that its state depends on :math:`z_{1:t}`. Both
+``h_t`` (through ``z_t``) and ``z_{t-1}`` (Wiener prior) are per-particle state: FIVO
+resamples them.
 
-**Defaults.** The seed selects sizes by random search (its supplementary is not part of the
-seed); the defaults here are those of the package's SRNN music setting (RNN 300, z 100, emission
-MLP with one hidden layer of 500). The seed's RNN is the simple recurrent net of eq. (2),
+**Defaults.** The paper selects sizes by random search (its supplementary does not give
+them); the defaults here are those of the package's SRNN music setting (RNN 300, z 100, emission
+MLP with one hidden layer of 500). The paper's RNN is the simple recurrent net of eq. (2),
 trained with fast dropout; ``cell="tanh"`` (default) is eq. (2) with :math:`f_h = \tanh` (fast
 dropout is not implemented), ``cell="gru"`` a GRU. The prior defaults to the Wiener process
 (sec. 4: "For priors, we use a Wiener process").
@@ -51,9 +53,9 @@ from pyro_seq.models.base import SequenceModel, masked, normal
 from pyro_seq.models.emission import make_emission, stack_params
 from pyro_seq.models.base import shift_right  # u_t = x_{t-1}, x_0 = 0
 from pyro_seq.nn import GaussianHead, cat_broadcast
-from pyro_seq.validation import positive_int
+from pyro_seq.validation import positive_int, validate_generate_args
 
-__all__ = ["PRIORS", "CELLS", "STORN", "VOSP", "StepRNN", "latent_prior", "white_noise"]
+__all__ = ["PRIORS", "CELLS", "STORN", "StepRNN", "latent_prior", "white_noise"]
 
 PRIORS = ("white", "wiener")
 CELLS = ("tanh", "gru")
@@ -78,9 +80,10 @@ class StepRNN(nn.Module):
     r"""A recurrent cell :math:`h_t = f(h_{t-1}, u_t)` run one step at a time or over a sequence.
 
     ``cell="tanh"``: :math:`h_t = \tanh(W_{in} u_t + b_{in} + W_{rec} h_{t-1} + b_{rec})`, the
-    simple RNN of seed eq. (2) (torch's ``nn.RNN`` layout, two biases); ``cell="gru"``: torch's
-    GRU (Cho et al. 2014). The same weights serve :meth:`step` (particle methods, per-particle
-    ``h``) and :meth:`sequence` (all steps at once when the inputs are known).
+    simple RNN of Bayer & Osendorfer (2014), eq. (2) (torch's ``nn.RNN`` layout, two biases);
+    ``cell="gru"``: torch's GRU (Cho et al. 2014). The same weights serve :meth:`step`
+    (particle methods, per-particle ``h``) and :meth:`sequence` (all steps at once when the
+    inputs are known).
 
     Shapes: ``step(u (..., I), h (..., H)) -> (..., H)``;
     ``sequence(u (..., T, I), h0 (..., H)) -> (..., T, H)``; leading dims broadcast.
@@ -116,7 +119,8 @@ class StepRNN(nn.Module):
 
 
 class STORN(SequenceModel):
-    """STORN / VOSP as a Pyro model/guide pair (module docstring; seed 002 sec. 3.2, 3.3).
+    """STORN as a Pyro model/guide pair (module docstring; Bayer & Osendorfer (2014), sec. 3.3
+    for the prior).
 
     :param int obs_dim: observation size ``D`` (88 for piano rolls).
     :param int z_dim: latent size.
@@ -124,17 +128,17 @@ class STORN(SequenceModel):
         state ``a_t``.
     :param int emission_dim: hidden units of the emission MLP ``h_t -> p(x_t | h_t)``.
     :param str prior: ``"white"`` (default: STORN's independent N(0, I) prior) or
-        ``"wiener"`` (sec. 3.3 and 4; the default of :class:`VOSP`). *Cost of the Wiener prior
-        with this recognition model:* ``q(z_t | x_{1:t})`` is independent across steps, and the
-        KL of any step-wise independent Gaussian from a unit random walk is at least its
-        mean-field minimum ``(T - 1) log(2) / 2`` per sequence and latent dimension (the
-        walk's precision matrix has diagonal 2 and determinant 1), i.e. about 0.35 nats per
-        step and dimension: 35 nats per step at ``z_dim=100``, more than the whole likelihood
-        of a piano-roll step. Keep ``z_dim`` small with ``prior="wiener"`` (tested:
-        ``tests/distributions/test_wiener_floor.py``).
+        ``"wiener"`` (sec. 3.3 and 4; the default of :class:`~pyro_seq.models.vosp.VOSP`).
+        *Cost of the Wiener prior with this recognition model:* ``q(z_t | x_{1:t})`` is
+        independent across steps, and the KL of any step-wise independent Gaussian from a unit
+        random walk is at least its mean-field minimum ``(T - 1) log(2) / 2`` per sequence and
+        latent dimension (the walk's precision matrix has diagonal 2 and determinant 1), i.e.
+        about 0.35 nats per step and dimension: 35 nats per step at ``z_dim=100``, more than
+        the whole likelihood of a piano-roll step. Keep ``z_dim`` small with
+        ``prior="wiener"`` (tested: ``tests/distributions/test_wiener_floor.py``).
     :param str likelihood: ``"bernoulli"`` (sec. 4) or ``"gaussian"`` (or any family
         :func:`~pyro_seq.models.emission.make_emission` knows, with its ``emission_kwargs``).
-    :param str cell: ``"tanh"`` (seed eq. 2) or ``"gru"``, for both RNNs.
+    :param str cell: ``"tanh"`` (eq. 2) or ``"gru"``, for both RNNs.
     :param str activation: hidden activation of the emission MLP.
     :param float min_scale: floor on the recognition model's standard deviations.
     :param str variance: ``"softplus"`` or ``"log"``
@@ -198,6 +202,7 @@ class STORN(SequenceModel):
         :returns: ``(x, params)``: samples ``(num_sequences, num_steps, obs_dim)`` and the
             emission parameters per step (time at dim 1).
         """
+        num_sequences, num_steps = validate_generate_args(num_sequences, num_steps)
         ref = self.recognition.loc.weight
         x = ref.new_zeros(num_sequences, self.obs_dim)
         h = ref.new_zeros(num_sequences, self.rnn_dim)
@@ -211,15 +216,3 @@ class STORN(SequenceModel):
             xs.append(x)
             params.append(p)
         return torch.stack(xs, 1), stack_params(params)
-
-
-class VOSP(STORN):
-    """The seed's "variational one step predictor" (sec. 3.2): :class:`STORN` with the
-    Wiener-process prior of sec. 3.3 by default and a small latent space (``z_dim=8``; see the
-    cost of the Wiener prior in :class:`STORN`)."""
-
-    module_name = "vosp"
-
-    def __init__(self, obs_dim, z_dim=8, rnn_dim=300, emission_dim=500, prior="wiener", **kwargs):
-        super().__init__(obs_dim, z_dim=z_dim, rnn_dim=rnn_dim, emission_dim=emission_dim,
-                         prior=prior, **kwargs)

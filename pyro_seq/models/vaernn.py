@@ -38,7 +38,7 @@ from pyro_seq.models.base import SequenceModel, masked, normal
 from pyro_seq.models.emission import make_emission, stack_params
 from pyro_seq.models.base import shift_right
 from pyro_seq.nn import ForwardRNN, GaussianHead, cat_broadcast, make_activation
-from pyro_seq.validation import positive_int
+from pyro_seq.validation import positive_int, validate_generate_args
 
 
 class GaussianNet(nn.Module):
@@ -137,9 +137,7 @@ class VAERNN(SequenceModel):
         :returns: ``(x, params)``: samples ``(num_sequences, num_steps, obs_dim)`` and the
             emission parameters per step.
         """
-        if int(num_sequences) < 1 or int(num_steps) < 1:
-            raise ValueError(f"num_sequences and num_steps must be positive, got "
-                             f"{num_sequences}, {num_steps}")
+        num_sequences, num_steps = validate_generate_args(num_sequences, num_steps)
         h = self.deterministic.h0.expand(1, num_sequences, -1).contiguous()
         x_prev = h.new_zeros(num_sequences, 1, self.obs_dim)
         xs, params = [], []

@@ -1,13 +1,13 @@
-r"""Variational recurrent auto-encoder, VRAE (Bayer & Osendorfer, seed 002 sec. 3.1).
+r"""Variational recurrent auto-encoder, VRAE (Bayer & Osendorfer (2014), sec. 3.1).
 
 A sequence VAE: the whole sequence is encoded into a latent *sequence* :math:`z_{1:T}` with a
 temporal prior, and decoded back (``h_0 = 0``, ``z_0 = 0``)::
 
     z_t ~ p(z_t | z_{t-1})          prior="wiener": N(z_{t-1}, I) (sec. 3.3), "white": N(0, I)
-    h_t = f(h_{t-1}, z_t)           decoder RNN (seed eq. 2 with f_h = tanh, or a GRU)
+    h_t = f(h_{t-1}, z_t)           decoder RNN (eq. 2 with f_h = tanh, or a GRU)
     x_t ~ p(x_t | h_t)              Bernoulli (sec. 4) or Gaussian
 
-Recognition model: one bidirectional RNN (Schuster & Paliwal; the seed's [25]) over the whole
+Recognition model: one bidirectional RNN (Schuster & Paliwal; the paper's [25]) over the whole
 sequence, :math:`\overrightarrow{a}_t = f_\rightarrow(\overrightarrow{a}_{t-1}, x_t)`,
 :math:`\overleftarrow{a}_t = f_\leftarrow(\overleftarrow{a}_{t+1}, x_t)` (both from zero, the
 backward one from each sequence's own last step), and
@@ -30,10 +30,10 @@ encoder once (``state.shared``), its steps sample ``z_t``; the model's steps run
 :math:`\mathcal{L}_{\mathrm{VRAE}}` from the per-step sites; the KL term in closed form
 (sec. 3.3, via :math:`g_W`) is :meth:`VRAE.kl_divergence`.
 
-**Departures from the seed.** Sec. 3.1 uses bidirectional RNNs for the *generating* model too
+**Departures from the paper.** Sec. 3.1 uses bidirectional RNNs for the *generating* model too
 (Fig. 1a); a bidirectional decoder would make :math:`p(x_t | z_{1:T})` depend on future latents,
 which the step protocol (and particle filtering) cannot express, so the decoder here is causal:
-:math:`p(x_t | z_{1:t})`. Fast dropout is not implemented. Sizes are not in the seed (random
+:math:`p(x_t | z_{1:t})`. Fast dropout is not implemented. Sizes are not in the paper (random
 search); the defaults match :class:`~pyro_seq.models.storn.STORN`.
 """
 
@@ -45,13 +45,14 @@ from pyro_seq.models.base import SequenceModel, masked, normal
 from pyro_seq.models.emission import make_emission, stack_params
 from pyro_seq.models.storn import StepRNN, latent_prior
 from pyro_seq.nn import GaussianHead, reverse_padded
-from pyro_seq.validation import module_device, positive_int, validate_sequences
+from pyro_seq.validation import (module_device, positive_int, validate_generate_args,
+                                 validate_sequences)
 
 __all__ = ["VRAE"]
 
 
 class VRAE(SequenceModel):
-    """VRAE as a Pyro model/guide pair (module docstring; seed 002 sec. 3.1, 3.3).
+    """VRAE as a Pyro model/guide pair (module docstring; Bayer & Osendorfer (2014), sec. 3.1, 3.3).
 
     :param int obs_dim: observation size ``D``.
     :param int z_dim: latent size.
@@ -61,11 +62,11 @@ class VRAE(SequenceModel):
     :param str prior: ``"wiener"`` (default, sec. 3.3 and 4) or ``"white"``. The recognition
         model is independent across steps, so the Wiener prior costs at least about 0.35 nats
         per step and latent dimension (the mean-field floor explained in
-        :class:`~pyro_seq.models.storn.STORN`); hence the small default ``z_dim=8`` (the seed
+        :class:`~pyro_seq.models.storn.STORN`); hence the small default ``z_dim=8`` (the paper
         does not give its latent size).
     :param str likelihood: ``"bernoulli"`` (sec. 4) or ``"gaussian"`` (or any family
         :func:`~pyro_seq.models.emission.make_emission` knows, with its ``emission_kwargs``).
-    :param str cell: ``"tanh"`` (seed eq. 2) or ``"gru"``, for all three RNNs.
+    :param str cell: ``"tanh"`` (eq. 2) or ``"gru"``, for all three RNNs.
     :param str activation: hidden activation of the emission MLP.
     :param float min_scale: floor on the recognition model's standard deviations.
     :param str variance: ``"softplus"`` or ``"log"`` (:class:`~pyro_seq.nn.GaussianHead`).
@@ -149,6 +150,7 @@ class VRAE(SequenceModel):
         :returns: ``(x, params)``: samples ``(num_sequences, num_steps, obs_dim)`` and the
             emission parameters per step (time at dim 1).
         """
+        num_sequences, num_steps = validate_generate_args(num_sequences, num_steps)
         ref = self.recognition.loc.weight
         h = ref.new_zeros(num_sequences, self.decoder_dim)
         z = ref.new_zeros(num_sequences, self.z_dim)

@@ -65,7 +65,7 @@ from pyro_seq.models.base import SequenceModel, masked, normal
 from pyro_seq.models.emission import make_emission, stack_params
 from pyro_seq.nn import GaussianMLP
 from pyro_seq.nn import MLP, BackwardRNN, GaussianHead, cat_broadcast
-from pyro_seq.validation import positive_int
+from pyro_seq.validation import positive_int, validate_generate_args
 
 __all__ = ["VRNN"]
 
@@ -260,8 +260,7 @@ class VRNN(SequenceModel):
         :returns: ``(x, params)``: samples ``(num_sequences, num_steps, obs_dim)`` and the
             emission parameters per step (Bernoulli logits, or a ``(loc, scale)`` pair).
         """
-        num_sequences = positive_int("num_sequences", num_sequences)
-        num_steps = positive_int("num_steps", num_steps)
+        num_sequences, num_steps = validate_generate_args(num_sequences, num_steps)
         like = next(self.parameters())
         hidden = self._first_hidden(like, num_sequences)
         xs, params = [], []

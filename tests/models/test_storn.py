@@ -1,6 +1,6 @@
-"""STORN / VOSP (seed 002 sec. 3.2, prior sec. 3.3) against a hand-written reference.
+"""STORN (Bayer & Osendorfer (2014); prior sec. 3.3) against a hand-written reference.
 
-The reference re-implements the equations with raw weight matrices (tanh RNN of seed eq. 2 and
+The reference re-implements the equations with raw weight matrices (tanh RNN of eq. 2 and
 the GRU written out, the emission MLP, Gaussian and Bernoulli log densities), independently of
 the model code::
 
@@ -21,7 +21,7 @@ from pyro.optim import Adam
 
 from pyro_seq.distributions.wiener import WienerProcess
 from pyro_seq.infer import FIVO, IWAE
-from pyro_seq.models.storn import STORN, VOSP
+from pyro_seq.models.storn import STORN
 from tests.models.reference import bernoulli_logpmf, lin, normal_logpdf, randomize, softplus
 
 pytestmark = pytest.mark.usefixtures("float64")  # tests/conftest.py
@@ -29,7 +29,7 @@ pytestmark = pytest.mark.usefixtures("float64")  # tests/conftest.py
 
 # ----------------------------------------------------------------- reference, written out
 def tanh_cell(rnn, u, h):
-    """Seed eq. (2) with f_h = tanh (torch's two-bias layout)."""
+    """Eq. (2) with f_h = tanh (torch's two-bias layout)."""
     return torch.tanh(u @ rnn.weight_ih_l0.T + rnn.bias_ih_l0
                       + h @ rnn.weight_hh_l0.T + rnn.bias_hh_l0)
 
@@ -252,8 +252,8 @@ def test_generate_shapes(likelihood):
         assert [p.shape for p in params] == [(2, 7, 4)] * 2
 
 
-def test_vosp_is_storn_and_bad_options_raise():
-    assert issubclass(VOSP, STORN) and VOSP(4).prior == "wiener" and STORN(4).prior == "white"
+def test_defaults_and_bad_options_raise():
+    assert STORN(4).prior == "white"
     with pytest.raises(ValueError, match="prior"):
         STORN(4, prior="gp")
     with pytest.raises(ValueError, match="cell"):

@@ -1,4 +1,4 @@
-"""VRAE (seed 002 sec. 3.1, prior sec. 3.3) against a hand-written reference.
+"""VRAE (Bayer & Osendorfer (2014), sec. 3.1; prior sec. 3.3) against a hand-written reference.
 
 Reference, written out independently of the model code (cells and densities from
 ``test_storn``)::
