@@ -151,10 +151,11 @@ train a GTM-SM (:meth:`~pyro_seq.data.simulators.NavigationVideos.as_sequences` 
 ``tau``: a model attribute (``GTMSM(tau=256)``, the thesis' image navigation; change it with
 ``model.tau = ...``), the same for every sequence of a batch. Training sequences have ``T >
 tau`` steps (the thesis: 256 + 32); sequences whose real length is at most ``tau`` contribute
-nothing. :meth:`GTMSM.predict` takes its own ``tau``. The bound is over the ``T - tau``
-prediction steps, while :func:`pyro_seq.train.evaluate_bound` divides totals by every real step:
-its "per step" numbers for a GTM-SM are per step of the whole sequence (multiply by
-``T / (T - tau)`` for nats per predicted frame).
+nothing, and a batch made only of them (``T <= tau``) gives a bound of exactly 0 with zero
+gradients (:meth:`GTMSM.pad_short_batch`). :meth:`GTMSM.predict` takes its own ``tau``. The
+bound is over the ``T - tau`` prediction steps, while :func:`pyro_seq.train.evaluate_bound`
+divides totals by every real step: its "per step" numbers for a GTM-SM are per step of the
+whole sequence (multiply by ``T / (T - tau)`` for nats per predicted frame).
 """
 
 import math
@@ -227,7 +228,8 @@ class GTMSMMemory(NamedTuple):
 
 class _ActionProgram(StepProgram):
     """The GTM-SM's programs: int action indices ``(batch, T)`` become one-hot ``inputs``;
-    ``observed=`` is refused (missing frames in the memory are not modelled)."""
+    ``observed=`` is refused (missing frames in the memory are not modelled); a batch with
+    ``T <= tau`` is padded to ``tau + 1`` masked steps (:meth:`GTMSM.pad_short_batch`)."""
 
     def _validate(self, state, x, mask, observed, inputs=None):
         owner = self._owner
@@ -236,7 +238,8 @@ class _ActionProgram(StepProgram):
                              "every memorisation step writes its frame into the memory)")
         if torch.is_tensor(inputs) and not inputs.is_floating_point() and owner.input_dim:
             inputs = owner.one_hot(inputs)
-        return super()._validate(state, x, mask, observed, inputs)
+        x, mask = super()._validate(state, x, mask, observed, inputs)
+        return owner.pad_short_batch(state, x, mask)
 
 
 class GTMSM(SequenceModel):
@@ -250,10 +253,11 @@ class GTMSM(SequenceModel):
     :param tuple frame_shape: ``(H, W)`` or ``(C, H, W)`` of the frames (``(8, 8)``); frames
         travel flattened, ``F = prod(frame_shape)`` values per step.
     :param int num_actions: size of the (one-hot) actions (5).
-    :param int tau: length of the memorisation phase (256, thesis 7.4.1).
+    :param int tau: length of the memorisation phase (256, thesis 7.4.1): a positive int, at
+        least ``num_neighbours`` (the memory holds ``tau`` entries; :meth:`check_tau`).
     :param int state_dim: size of ``s_t`` (2; 3 with ``rotation=True``).
     :param int z_dim: size of the frame encodings ``z_t`` (16, thesis 7.7.1).
-    :param int num_neighbours: ``K`` entries read from the memory (5).
+    :param int num_neighbours: ``K`` entries read from the memory (5; at most ``tau``).
     :param float delta: ``delta`` of the mixture weights (1e-4).
     :param float transition_noise: ``r``, the standard deviation of ``eps_t`` (1e-3).
     :param bool walls: the wall network ``sigma_d`` of eq. 7.3 (True).
@@ -276,8 +280,8 @@ class GTMSM(SequenceModel):
         0. A round trip then returns to the same state exactly, which a free ``M`` only
         approaches (a mismatch of a tenth of a cell drifts the states by cells over 256 steps).
     :param tuple neighbour_warmup: ``(K_0, epochs)`` or None (default). Training only (ours):
-        the mixture prior reads ``K_0`` memory entries in the first epoch (e.g. ``tau``: all of
-        them), falling geometrically to ``num_neighbours`` over ``epochs`` epochs
+        the mixture prior reads ``K_0 <= tau`` memory entries in the first epoch (e.g. ``tau``:
+        all of them), falling geometrically to ``num_neighbours`` over ``epochs`` epochs
         (:meth:`training_epoch`, called by :func:`pyro_seq.train.fit`). With the ``K = 5``
         nearest entries only, a memorised frame that matches the current one but sits far away
         in state space sends no gradient, and the states settle on one axis or on a count of
@@ -333,7 +337,6 @@ class GTMSM(SequenceModel):
         self.frame_shape, self.frame_dim = frame_shape, frame_dim
         self.num_actions, self.pack_actions = num_actions, pack_actions
         self.input_dim = 0 if pack_actions else num_actions
-        self.tau = tau
         self.state_dim = positive_int("state_dim", state_dim)
         self.z_dim = positive_int("z_dim", z_dim)
         self.num_neighbours = positive_int("num_neighbours", num_neighbours)
@@ -345,6 +348,8 @@ class GTMSM(SequenceModel):
                                 positive_int("neighbour_warmup epochs", neighbour_warmup[1]))
         self.neighbour_warmup = neighbour_warmup
         self.training_neighbours = None if neighbour_warmup is None else neighbour_warmup[0]
+        self.tau = tau  # validated by the property's setter
+        self.check_tau()  # K <= tau: the memory holds tau entries
         #: names of the parameters that make up ``M`` (:meth:`displacement_matrix`)
         self.displacement_params = {"free": ("M",), "conformal": ("M_direction", "M_log_scale"),
                                     "inverse_pairs": ("M_pairs", "M_other")}.get(displacements,
@@ -467,15 +472,68 @@ class GTMSM(SequenceModel):
         dtype = self.s0.dtype
         return nn.functional.one_hot(actions.long(), self.num_actions).to(dtype)
 
-    def check_tau(self, num_steps, tau=None):
-        """``tau`` (the attribute when None) as an int with ``1 <= tau < num_steps``."""
+    @property
+    def tau(self):
+        """Memorisation steps (a positive int; set it with ``model.tau = ...``)."""
+        return self._tau
+
+    @tau.setter
+    def tau(self, tau):
+        if isinstance(tau, bool) or not isinstance(tau, int) or tau < 1:
+            raise ValueError(f"tau must be a positive int (memorisation steps), got {tau!r}")
+        self._tau = tau
+
+    def check_tau(self, num_steps=None, tau=None):
+        """``tau`` (the attribute when None) as an int with ``1 <= tau`` and, when
+        ``num_steps`` is given, ``tau < num_steps``.
+
+        The memory holds exactly ``tau`` entries (one per memorised step; a :class:`DND` has no
+        other capacity), so ``num_neighbours`` and the first ``K`` of ``neighbour_warmup`` must
+        not exceed it: a mixture over more neighbours than entries would silently read fewer.
+        (``landmark_neighbours`` may: the reversed memory grows from empty and its unfilled
+        slots are masked by design, :meth:`landmark_merge`.)
+        Checked at construction and on every call (``tau`` may be set later, and
+        :meth:`predict` takes its own).
+
+        :raises ValueError: a bad ``tau``, ``K > tau``, or ``tau >= num_steps``.
+        :returns: ``tau``.
+        """
         tau = self.tau if tau is None else tau
         if isinstance(tau, bool) or not isinstance(tau, int) or tau < 1:
-            raise ValueError(f"tau must be a positive int, got {tau!r}")
+            raise ValueError(f"tau must be a positive int (memorisation steps), got {tau!r}")
+        for name, k in (("num_neighbours", self.num_neighbours),
+                        ("neighbour_warmup K_0", (self.neighbour_warmup or (0,))[0])):
+            if k > tau:
+                raise ValueError(f"{name}={k} exceeds the memory: it holds tau={tau} entries "
+                                 f"(one per memorised step); use {name} <= tau")
+        if num_steps is None:
+            return tau
         if tau >= num_steps:
             raise ValueError(f"tau={tau} memorisation steps leave no prediction step in "
                              f"sequences of T={num_steps} steps; use T > tau")
         return tau
+
+    def pad_short_batch(self, state, x, mask):
+        """A batch with no prediction step (``T <= tau``: every sequence no longer than
+        ``tau``) padded to ``tau + 1`` steps that the mask leaves out (zero frames, zero
+        actions; ``state.shared["inputs"]`` too). Such sequences contribute nothing (module
+        docstring), so such a batch, or a data-parallel shard of them, gives a bound of exactly
+        0 whose graph reaches the same parameters as any other batch, with zero gradients
+        (drivers that step only through the caller's ``T``, such as FIVO, see no site: 0 and no
+        gradient). Other batches are returned as they are.
+
+        :returns: ``(x, mask)``, ``(batch, max(T, tau + 1), D)`` and ``(batch, max(T, tau + 1))``.
+        """
+        tau = self.check_tau()
+        T = x.shape[1]
+        if T > tau:
+            return x, mask
+        pad = tau + 1 - T
+        x = nn.functional.pad(x, (0, 0, 0, pad))
+        mask = nn.functional.pad(mask, (0, pad), value=False)
+        if state.shared.get("inputs") is not None:
+            state.shared["inputs"] = nn.functional.pad(state.shared["inputs"], (0, 0, 0, pad))
+        return x, mask
 
     def _split(self, state, x):
         """``(frames (batch, T, F), actions (batch, T, num_actions))`` of a program's input."""

@@ -3,6 +3,7 @@ memory recall, a hand-computed reference ELBO, masks, validation and every objec
 
 import itertools
 import math
+import re
 
 import pyro
 import pyro.poutine as poutine
@@ -28,7 +29,8 @@ def _clear():
 
 
 def small(**kw):
-    opts = dict(frame_shape=(2, 2), tau=3, z_dim=2, hidden_dims=(5,), walls=False, wall_hidden=4)
+    opts = dict(frame_shape=(2, 2), tau=3, num_neighbours=3, z_dim=2, hidden_dims=(5,), walls=False,
+                wall_hidden=4)
     opts.update(kw)
     torch.manual_seed(0)
     return GTMSM(**opts).double()
@@ -54,7 +56,7 @@ def hand_mixture_log_prob(z, s, keys, locs, scales, K, delta):
 
 
 def test_mixture_prior_log_density_equals_hand_computation():
-    m = small(num_neighbours=5, delta=1e-4)
+    m = small(tau=9, num_neighbours=5, delta=1e-4)
     torch.manual_seed(1)
     B, n, Z = 2, 9, 2
     keys = torch.randn(B, n, 2, dtype=torch.float64)
@@ -190,7 +192,7 @@ def test_reference_elbo_is_hand_computed():
             loc_s = prev + M[:, int(a[b, t])]
             log_ps = sum(log_normal(float(s[j]), float(loc_s[j]), scale) for j in range(2))
             log_qs = log_ps  # q(s) is the prior transition (eq. 7.2)
-            log_pz = hand_mixture_log_prob(z, s, keys, q_loc[:3], q_scale[:3], 5, 1e-4)
+            log_pz = hand_mixture_log_prob(z, s, keys, q_loc[:3], q_scale[:3], 3, 1e-4)
             log_qz = sum(log_normal(float(z[j]), float(q_loc[t, j]), float(q_scale[t, j]))
                          for j in range(2))
             xhat = m.decode(z).detach()
@@ -212,6 +214,77 @@ def test_padded_steps_contribute_nothing():
     for name in ("s_5", "z_5", "x_5", "s_6", "z_6", "x_6"):
         assert model.nodes[name]["log_prob"][0].item() == 0.0
         assert model.nodes[name]["log_prob"][1].item() != 0.0
+
+
+def _elbo_at(m, x, mask, a, values=None):
+    """log p - log q of one particle whose latent values are given (a dict of site name to
+    ``(batch, ...)`` tensors; None: a draw of the guide): the guide replayed at them, then the
+    model."""
+    fixed = poutine.trace(m.guide).get_trace(x, mask, inputs=a)
+    if values is None:
+        values = {n: site["value"] for n, site in fixed.nodes.items() if n.startswith(("s_", "z_"))}
+    assert set(values) == {n for n, site in fixed.nodes.items() if n.startswith(("s_", "z_"))}
+    for name, value in values.items():
+        fixed.nodes[name]["value"] = value
+    guide = poutine.trace(poutine.replay(m.guide, trace=fixed)).get_trace(x, mask, inputs=a)
+    model = poutine.trace(poutine.replay(m.model, trace=guide)).get_trace(x, mask, inputs=a)
+    return model.log_prob_sum() - guide.log_prob_sum()
+
+
+@pytest.mark.parametrize("inference", ["prior", "landmark"])
+def test_sequences_no_longer_than_tau_contribute_exactly_nothing(inference):
+    """A batch mixing sequences of lengths <= tau with longer ones has the bound of the long
+    ones alone, bit for bit, at the same latent values (the short ones' sites are all masked);
+    split into data-parallel shards, the short ones' shard (T = 3 = tau) adds exactly 0."""
+    m = small(tau=3, walls=True, inference=inference, landmark_neighbours=2)
+    torch.manual_seed(3)
+    lengths = torch.tensor([7, 2, 6, 3])                 # rows 1 and 3: no prediction step
+    x = torch.rand(4, 7, 4, dtype=torch.float64)
+    a = torch.randint(0, 5, (4, 7))
+    mask = torch.arange(7) < lengths.unsqueeze(-1)
+    trace = poutine.trace(m.guide).get_trace(x, mask, inputs=a)
+    values = {n: site["value"].detach() for n, site in trace.nodes.items()
+              if site["type"] == "sample" and n.startswith(("s_", "z_"))}
+    long_rows = torch.tensor([0, 2])
+    mixed = _elbo_at(m, x, mask, a, values)
+    alone = _elbo_at(m, x[long_rows], mask[long_rows], a[long_rows],
+                     {n: v[long_rows] for n, v in values.items()})
+    assert mixed.item() != 0.0 and torch.equal(mixed, alone)
+    short_rows = torch.tensor([1, 3])
+    shard = _elbo_at(m, x[short_rows, :3], mask[short_rows, :3], a[short_rows, :3])
+    assert shard.item() == 0.0 and torch.equal(alone + shard, mixed)
+
+
+@pytest.mark.parametrize("inference", ["prior", "landmark"])
+def test_a_batch_of_sequences_no_longer_than_tau_gives_zero_with_zero_gradients(inference):
+    """Such a batch (T <= tau, e.g. a data-parallel shard of short sequences) used to raise "no
+    prediction step"; its bound is 0, every parameter a full batch reaches gets a zero gradient
+    (so a gradient all-reduce sums the same tensors on every rank), and an SVI step runs."""
+    m = small(tau=3, walls=True, inference=inference, landmark_neighbours=2)
+    torch.manual_seed(4)
+    x, a = torch.rand(3, 6, 4, dtype=torch.float64), torch.randint(0, 5, (3, 6))
+    reached = set()
+    Trace_ELBO().loss_and_grads(m.model, m.guide, x, None, inputs=a)
+    reached = {n for n, p in m.named_parameters() if p.grad is not None}
+    m.zero_grad(set_to_none=True)
+    short = (x[:, :3], torch.tensor([[True] * 3, [True] * 2 + [False], [True] * 3]), a[:, :3])
+    for T in (3, 2):
+        xs, ms, as_ = (v[:, :T] for v in short)
+        loss = Trace_ELBO().differentiable_loss(m.model, m.guide, xs, ms, inputs=as_)
+        assert loss.item() == 0.0
+        loss.backward()
+        got = {n for n, p in m.named_parameters() if p.grad is not None}
+        assert got == reached
+        assert all(not bool(p.grad.any()) for n, p in m.named_parameters() if n in got)
+        m.zero_grad(set_to_none=True)
+        assert TraceMeanField_ELBO().loss(m.model, m.guide, xs, ms, inputs=as_) == 0.0
+        assert IWAE(num_particles=2).loss(m.model, m.guide, xs, ms, inputs=as_) == 0.0
+        assert FIVO(num_particles=2).loss(m.model, m.guide, xs, ms, inputs=as_) == 0.0
+    before = {n: p.detach().clone() for n, p in m.named_parameters()}
+    svi = SVI(m.model, m.guide, Adam({"lr": 1e-2}), loss=Trace_ELBO())
+    assert svi.step(*short[:2], inputs=short[2]) == 0.0
+    assert all(torch.equal(p, before[n]) for n, p in m.named_parameters())  # zero step
+    assert math.isfinite(svi.step(x, None, inputs=a))  # and training goes on
 
 
 def _check_grads(m):
@@ -269,8 +342,8 @@ def test_wall_network_starts_as_a_constant_so_inverse_moves_stay_inverse():
 
 def test_packed_actions_conv_colour_and_rotation_variants_train():
     torch.manual_seed(6)
-    m = GTMSM(frame_shape=(3, 8, 8), tau=2, z_dim=3, encoder="conv", channels=4, conv_layers=2,
-              pack_actions=True, state_dim=3, rotation=True).double()
+    m = GTMSM(frame_shape=(3, 8, 8), tau=2, num_neighbours=2, z_dim=3, encoder="conv", channels=4,
+              conv_layers=2, pack_actions=True, state_dim=3, rotation=True).double()
     assert m.obs_dim == 192 + 5 and m.input_dim == 0
     frames = torch.rand(2, 4, 192, dtype=torch.float64)
     acts = nn.functional.one_hot(torch.randint(0, 5, (2, 4)), 5).double()
@@ -279,8 +352,8 @@ def test_packed_actions_conv_colour_and_rotation_variants_train():
     assert math.isfinite(svi.step(x, None))
     _check_grads(m)
     # packed and separate actions give the same bound
-    u = GTMSM(frame_shape=(3, 8, 8), tau=2, z_dim=3, encoder="conv", channels=4, conv_layers=2,
-              state_dim=3, rotation=True).double()
+    u = GTMSM(frame_shape=(3, 8, 8), tau=2, num_neighbours=2, z_dim=3, encoder="conv", channels=4,
+              conv_layers=2, state_dim=3, rotation=True).double()
     u.load_state_dict(m.state_dict())
     pyro.set_rng_seed(0)
     l1 = Trace_ELBO().loss(m.model, m.guide, x, None)
@@ -323,8 +396,8 @@ def test_bad_input_raises_clear_errors():
         m.model(x, None)
     with pytest.raises(ValueError, match="outside 0..4"):
         m.model(x, None, inputs=torch.full((2, 5), 5))
-    with pytest.raises(ValueError, match="no prediction step"):
-        m.model(x[:, :3], None, inputs=a[:, :3])
+    with pytest.raises(ValueError, match="no prediction step"):  # predict needs T > tau
+        m.predict(x[:, :3], a[:, :3])
     with pytest.raises(ValueError, match="observed"):
         m.model(x, None, observed=torch.ones(2, 5, dtype=torch.bool), inputs=a)
     with pytest.raises(ValueError, match="state_dim=3"):
@@ -333,9 +406,53 @@ def test_bad_input_raises_clear_errors():
         GTMSM(delta=0.0)
     with pytest.raises(ValueError, match="encoder"):
         GTMSM(encoder="rnn")
-    m.tau = 0
-    with pytest.raises(ValueError, match="tau must be"):
-        m.model(x, None, inputs=a)
+    with pytest.raises(ValueError, match="tau must be a positive int"):
+        m.tau = 0
+    assert m.tau == 3
+
+
+@pytest.mark.parametrize("bad", [-2, 0, 2.5, True, "3", None])
+def test_tau_must_be_a_positive_int(bad):
+    message = rf"tau must be a positive int .*got {re.escape(repr(bad))}"
+    with pytest.raises(ValueError, match=message):
+        small(tau=bad)
+    m = small()
+    with pytest.raises(ValueError, match=message):
+        m.tau = bad
+    if bad is not None:  # predict(tau=None) means the attribute
+        with pytest.raises(ValueError, match="tau must be a positive int"):
+            m.predict(torch.rand(1, 5, 4, dtype=torch.float64), torch.zeros(1, 5, dtype=torch.long),
+                      tau=bad)
+
+
+def test_num_neighbours_cannot_exceed_the_memorised_steps():
+    """The memory holds one entry per memorised step: K > tau used to read min(K, tau) entries
+    silently. Refused at construction, and at call time when tau or K changed since."""
+    with pytest.raises(ValueError, match=r"num_neighbours=5 exceeds the memory: it holds tau=3"):
+        small(tau=3, num_neighbours=5)
+    with pytest.raises(ValueError, match=r"neighbour_warmup K_0=7 exceeds the memory: it holds "
+                                         r"tau=6"):
+        small(tau=6, num_neighbours=2, neighbour_warmup=(7, 3))
+    assert small(tau=3, num_neighbours=3).num_neighbours == 3  # K = tau: every entry
+    m = small(tau=4, num_neighbours=4)
+    x = torch.rand(2, 6, 4, dtype=torch.float64)
+    a = torch.randint(0, 5, (2, 6))
+    m.tau = 3
+    with pytest.raises(ValueError, match=r"num_neighbours=4 exceeds the memory: it holds tau=3"):
+        Trace_ELBO().loss(m.model, m.guide, x, None, inputs=a)
+    with pytest.raises(ValueError, match=r"num_neighbours=4 exceeds the memory: it holds tau=2"):
+        m.predict(x, a, tau=2)
+    m.num_neighbours = 3
+    assert math.isfinite(Trace_ELBO().loss(m.model, m.guide, x, None, inputs=a))
+
+
+def test_hidden_dims_must_be_positive_ints():
+    for bad in ((0,), (5, 0), (-1,)):
+        with pytest.raises(ValueError, match=r"hidden_dims must hold positive ints .*got " +
+                           re.escape(repr(bad))):
+            small(hidden_dims=bad)
+        with pytest.raises(ValueError, match="hidden_dims must hold positive ints"):
+            small(hidden_dims=bad, encoder="conv", frame_shape=(8, 8), channels=2, conv_layers=2)
 
 
 # ---------------------------------------------------------------------------------------------
