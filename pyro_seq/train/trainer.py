@@ -450,7 +450,10 @@ def fit(model, train_sequences, valid_sequences, config, out_dir, resume=True):
     N processes are spawned, each trains on the rows ``rank::N`` of every minibatch with the
     gradients summed over ranks, rank 0 writes the folder, and the trained weights are read back
     into ``model`` here. The results equal the one-process run's up to the random draws (exactly,
-    to rounding, for an objective without randomness).
+    to rounding, for an objective without randomness). Under ``torchrun`` (``RANK`` and
+    ``WORLD_SIZE`` in the environment) nothing is spawned: this process trains as rank ``RANK``
+    of the launched group of ``WORLD_SIZE`` processes (``config.world_size`` must be 1 or
+    ``WORLD_SIZE``), and ``fit`` returns on every rank with the trained weights in ``model``.
 
     :returns: a :class:`TrainHistory`: the list of per-epoch log rows (of all epochs, resumed
         ones included) with ``stop_reason``, ``best_epoch``, ``best_valid_elbo_per_step`` and
@@ -479,10 +482,16 @@ def fit(model, train_sequences, valid_sequences, config, out_dir, resume=True):
     validate_sequence_list(train_sequences, model.obs_dim, model.binary_observations, "train")
     if valid_sequences:
         validate_sequence_list(valid_sequences, model.obs_dim, model.binary_observations, "valid")
+    from pyro_seq.train.distributed import check_launch, launch_environment
+
+    launch = launch_environment()  # under torchrun: this process is one rank, spawn nothing
+    if launch is not None:
+        check_launch(config, launch)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    if config.world_size > 1:
-        return _fit_distributed(model, train_sequences, valid_sequences, config, out_dir, resume)
+    if (launch.world_size if launch is not None else config.world_size) > 1:
+        return _fit_distributed(model, train_sequences, valid_sequences, config, out_dir, resume,
+                                launch)
     return _fit(model, train_sequences, valid_sequences, config, out_dir, resume, SingleProcess(),
                 parse_device(config.device))
 
@@ -738,12 +747,37 @@ def _worker(rank, world_size, port, model, train_sequences, valid_sequences, con
         dist.destroy_process_group()
 
 
-def _fit_distributed(model, train_sequences, valid_sequences, config, out_dir, resume):
-    """Spawn ``config.world_size`` ranks, wait, and read rank 0's result back into ``model``."""
+def _fit_distributed(model, train_sequences, valid_sequences, config, out_dir, resume,
+                     launch=None):
+    """Spawn ``config.world_size`` ranks, wait, and read rank 0's result back into ``model``;
+    or, under a launcher (``launch``, a :class:`~pyro_seq.train.distributed.Launch`), train
+    here as its rank: join the group, check that every rank has the same data, settings and
+    output folder, start from rank 0's weights, and train."""
     import torch.multiprocessing as mp
 
     from pyro_seq.train.distributed import free_port
 
+    if launch is not None:
+        from dataclasses import asdict
+
+        import torch.distributed as dist
+
+        from pyro_seq.train.distributed import (broadcast_weights, check_same_run,
+                                                check_shared_folder, join_launched_group)
+
+        comm, joined = join_launched_group(launch, parse_device(config.device),
+                                           config.dist_backend, config.dist_timeout)
+        try:
+            settings = {k: v for k, v in asdict(config).items()
+                        if k not in ("world_size", "progress", "num_threads", "extra")}
+            check_same_run(comm, train_sequences, valid_sequences, dict(settings, resume=resume))
+            check_shared_folder(comm, out_dir)
+            broadcast_weights(comm, model)
+            return _fit(model, train_sequences, valid_sequences, config, out_dir, resume, comm,
+                        comm.device)
+        finally:
+            if joined:
+                dist.destroy_process_group()
     summary_path = out_dir / "fit_summary.json"
     if summary_path.exists():
         summary_path.unlink()

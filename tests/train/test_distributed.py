@@ -142,3 +142,37 @@ def test_shards_are_cut_to_their_own_longest_sequence():
         assert torch.equal(xs, x[rows, :longest]) and torch.equal(ms, mask[rows, :longest])
     xs, ms = ProcessGroup(5, 6).shard(x, mask)
     assert xs.shape[0] == 0 and ms.shape[0] == 0
+
+
+def test_parameters_no_rank_touched_keep_no_gradient_and_no_optimizer_state(tmp_path):
+    """The KVAE's dynamics network is frozen (run under no_grad) during its warm-up, so one
+    process leaves its gradients None and Adam never steps it (state {}). The all-reduce must
+    not turn None into zeros: with two processes its Adam state stays {} too (it was
+    {step: 2} after 2 updates when None was sent as zeros), and the weights stay put."""
+    from pyro_seq.models import KVAE
+
+    g = torch.Generator().manual_seed(0)
+    train = [(torch.rand(3 + i % 2, 4, generator=g) < 0.4).double() for i in range(8)]
+    kw = dict(image_shape=(2, 2), encoder="mlp", hidden_dims=(3,), a_dim=2, z_dim=2,
+              num_modes=2, lstm_dim=3, dynamics_warmup_epochs=5)
+    one = KVAE(**kw).double()
+    two = KVAE(**kw).double()
+    two.load_state_dict(one.state_dict())
+    before = {k: v.clone() for k, v in one.state_dict().items()}
+    states = {}
+    for n, model in ((1, one), (2, two)):  # 2 updates of 4 sequences (2 per rank)
+        history = fit(model, train, [], _config(world_size=n), tmp_path / str(n))
+        assert history[-1]["step"] == 2
+        states[n] = load_checkpoint(tmp_path / str(n) / "checkpoint.pt")["optimizer"]
+    # the dynamics network (the LSTM's 4 tensors, the output layer's 2) and its first input a0
+    frozen = {k for k in states[1] if "$$$dynamics." in k or k.endswith("$$$a0")}
+    assert len(frozen) == 7
+    for n in (1, 2):
+        assert sorted(states[n]) == sorted(states[1])  # the same parameters were seen
+        assert {k: v["state"] for k, v in states[n].items() if k in frozen} == {
+            k: {} for k in frozen}, n
+        # everything else was stepped twice on both runs
+        assert all(v["state"][0]["step"] == 2 for k, v in states[n].items() if k not in frozen)
+        weights = load_checkpoint(tmp_path / str(n) / "checkpoint.pt")["model"]
+        for k, _ in one.named_parameters():  # the frozen ones alone are where they started
+            assert torch.equal(weights[k], before[k]) == (f"kvae$$${k}" in frozen), (n, k)
