@@ -36,8 +36,8 @@ extensions = [
     "myst_nb",
     "pyro_seq_docs",
 ]
-exclude_patterns = ["_build", "_ext", "_examples", "conf.py", "tutorials/_*", "tutorials/_output",
-                    "**/.ipynb_checkpoints", "**/__pycache__"]
+exclude_patterns = ["_build", "_ext", "_examples", "_generated", "conf.py", "tutorials/_*",
+                    "tutorials/_output", "**/.ipynb_checkpoints", "**/__pycache__"]
 templates_path = []
 html_theme = "furo"
 html_title = f"pyro-seq {release}"

@@ -28,6 +28,7 @@ following the sequence-model contract whose observation sites are named ``x_1..x
   and every generated ``x_t`` is fed back to the model as its input for the next step.
 """
 
+import contextlib
 from dataclasses import dataclass
 from typing import Optional
 
@@ -35,6 +36,7 @@ import pyro.poutine as poutine
 import torch
 from pyro.poutine.messenger import Messenger
 
+from pyro_seq.models.contract import ModelContract
 from pyro_seq.validation import check_device, module_device, prepare_sequences, validate_sequences
 
 __all__ = ["ImputationResult", "ForecastResult", "impute", "denoise", "forecast", "drop_steps",
@@ -79,16 +81,27 @@ def _emission_fns(trace, T):
     return [trace.nodes[f"x_{t + 1}"]["fn"] for t in range(T)]
 
 
-def _check_model(model):
-    for attr in ("model", "guide", "obs_dim"):
-        if not hasattr(model, attr):
-            raise TypeError(f"expected a SequenceModel (with .model, .guide, .obs_dim), got "
-                            f"{type(model).__name__}")
+def _check_model(model, task, method=None):
+    """Refuse a model that does not declare ``task`` (or imputation ``method``) in its contract
+    (:mod:`pyro_seq.models.contract`): :class:`~pyro_seq.models.Unsupported`, one line."""
+    if not isinstance(model, ModelContract):
+        raise TypeError(f"expected a model of pyro_seq.models (a ModelContract subclass), got "
+                        f"{type(model).__name__}")
+    model.require(task)
+    if method is not None:
+        model.require(method, "impute_method")
 
 
-def _device(model):
-    """The device of a module's parameters (None for a model that is not a module)."""
-    return module_device(model) if isinstance(model, torch.nn.Module) else None
+@contextlib.contextmanager
+def _true_likelihood(model):
+    """Run a task on the model's true likelihood: evaluation mode (no training-time tempering
+    such as the KVAE's ``reconstruction_weight``, no dropout), restored afterwards."""
+    was_training = model.training
+    model.eval()
+    try:
+        yield
+    finally:
+        model.train(was_training)
 
 
 def _traces(model, x, mask, **kwargs):
@@ -96,10 +109,6 @@ def _traces(model, x, mask, **kwargs):
     model_trace = poutine.trace(poutine.replay(model.model, trace=guide_trace)).get_trace(
         x, mask, **kwargs)
     return model_trace, guide_trace
-
-
-def _binary(model):
-    return bool(getattr(model, "binary_observations", False))
 
 
 @torch.no_grad()
@@ -124,27 +133,29 @@ def impute(model, x, observed, mask=None, method="iterative", num_iterations=20,
         every device).
     :returns: :class:`ImputationResult`.
     """
-    _check_model(model)
-    x, mask, seen = prepare_sequences(x, mask, model.obs_dim, _binary(model), observed,
-                                      device=_device(model))
+    _check_model(model, "impute", method)
+    with _true_likelihood(model):
+        return _impute(model, x, observed, mask, method, num_iterations, burn_in, num_particles,
+                       generator)
+
+
+@torch.no_grad()
+def _impute(model, x, observed, mask, method, num_iterations, burn_in, num_particles, generator):
+    x, mask, seen = prepare_sequences(x, mask, model.obs_dim, model.binary_observations, observed,
+                                      device=module_device(model))
     if seen is None:
         seen = torch.ones_like(x, dtype=torch.bool)
     if method == "iterative":
         return _impute_iterative(model, x, mask, seen, num_iterations, burn_in, generator)
     if method == "importance":
         return _impute_importance(model, x, mask, seen, num_particles)
-    if method in ("smoothing", "filtering", "generation"):
-        if not hasattr(model, "impute_frames"):
-            raise ValueError(f"method {method!r} needs a model with an LGSSM over encodings "
-                             f"(KVAE); {type(model).__name__} has none")
-        steps = seen.any(-1) & mask
-        probs, _ = model.impute_frames(x, steps, method)
-        probs = torch.where(steps[..., None], x, probs)
-        filled = (probs > 0.5).to(x.dtype) if _binary(model) else probs
-        return ImputationResult(torch.where(steps[..., None], x, filled), probs,
-                                steps[..., None].expand(x.shape))
-    raise ValueError(f"method must be 'iterative', 'importance', 'smoothing', 'filtering' or "
-                     f"'generation', got {method!r}")
+    # the model's own methods over whole steps (e.g. the KVAE's Kalman smoothing, thesis 6.4)
+    steps = seen.any(-1) & mask
+    probs = model.impute_steps(x, steps, method)
+    probs = torch.where(steps[..., None], x, probs)
+    filled = (probs > 0.5).to(x.dtype) if model.binary_observations else probs
+    return ImputationResult(torch.where(steps[..., None], x, filled), probs,
+                            steps[..., None].expand(x.shape))
 
 
 def _impute_iterative(model, x, mask, seen, num_iterations, burn_in, generator):
@@ -156,7 +167,7 @@ def _impute_iterative(model, x, mask, seen, num_iterations, burn_in, generator):
     B, T, D = x.shape
     where = x.device if generator is None else generator.device
     fill = torch.rand(x.shape, generator=generator, dtype=x.dtype, device=where).to(x.device)
-    if _binary(model):
+    if model.binary_observations:
         fill = (fill < 0.5).to(x.dtype)  # random values in {0, 1} for binary data
     current = torch.where(seen, x, fill)
     total, count = torch.zeros_like(x), 0
@@ -224,14 +235,21 @@ def denoise(model, x, mask=None):
     :returns: ``(x_hat, means)``, both ``(batch, T, D)``: the denoised data and the emission
         means (Bernoulli: probabilities).
     """
-    _check_model(model)
-    x, mask = validate_sequences(x, mask, model.obs_dim, _binary(model), device=_device(model))
+    _check_model(model, "denoise")
+    with _true_likelihood(model):
+        return _denoise(model, x, mask)
+
+
+@torch.no_grad()
+def _denoise(model, x, mask):
+    x, mask = validate_sequences(x, mask, model.obs_dim, model.binary_observations,
+                                 device=module_device(model))
     with _GuideMode():
         guide_trace = poutine.trace(model.guide).get_trace(x, mask)
     model_trace = poutine.trace(poutine.replay(model.model, trace=guide_trace)).get_trace(x, mask)
     means = torch.stack([fn.mean for fn in _emission_fns(model_trace, x.shape[1])], 1)
     means = means.expand(x.shape)
-    x_hat = (means > 0.5).to(x.dtype) if _binary(model) else means
+    x_hat = (means > 0.5).to(x.dtype) if model.binary_observations else means
     return x_hat * mask.unsqueeze(-1), means * mask.unsqueeze(-1)
 
 
@@ -251,9 +269,15 @@ def forecast(model, x_prefix, steps, num_samples=100, mask=None, target=None):
     :param target: optional ``(batch, steps, D)`` true continuation, scored under the mixture.
     :returns: :class:`ForecastResult`.
     """
-    _check_model(model)
-    x_prefix, mask = validate_sequences(x_prefix, mask, model.obs_dim, _binary(model),
-                                        device=_device(model))
+    _check_model(model, "forecast")
+    with _true_likelihood(model):
+        return _forecast(model, x_prefix, steps, num_samples, mask, target)
+
+
+@torch.no_grad()
+def _forecast(model, x_prefix, steps, num_samples, mask, target):
+    x_prefix, mask = validate_sequences(x_prefix, mask, model.obs_dim, model.binary_observations,
+                                        device=module_device(model))
     if not bool(mask.all()):
         raise ValueError("forecast needs prefixes of equal length (mask all True); cut them first")
     if int(steps) < 1 or int(num_samples) < 1:
@@ -297,7 +321,7 @@ def forecast(model, x_prefix, steps, num_samples=100, mask=None, target=None):
 def _mixture_log_prob(model, means, target):
     """``log (1/S) sum_s p(target_k | path_s)`` per (batch, step) for Bernoulli emissions (from
     the means) or Gaussian ones (not available from means alone: raise)."""
-    if not _binary(model):
+    if not model.binary_observations:
         raise NotImplementedError("forecast log-likelihoods of a target are implemented for "
                                   "Bernoulli emissions (piano rolls)")
     p = means.clamp(1e-12, 1 - 1e-12)

@@ -10,13 +10,15 @@ the same message whichever path the user takes.
 This module depends on :mod:`torch` only, so that every layer may import it.
 """
 
+import math
 from typing import Optional, Tuple
 
 import torch
 
 __all__ = ["as_bool_mask", "check_device", "module_device", "parse_device", "positive_int",
-           "prepare_sequences", "validate_sequences", "validate_mask", "validate_observed",
-           "validate_sequence_list"]
+           "prepare_sequences", "square_frame_shape", "validate_generate_args",
+           "validate_inputs", "validate_mask", "validate_observed", "validate_sequence_list",
+           "validate_sequences"]
 
 
 def parse_device(spec, name: str = "device") -> torch.device:
@@ -379,3 +381,16 @@ def validate_generate_args(num_sequences, num_steps) -> Tuple[int, int]:
             raise ValueError(f"generate: {name} (the number of {what}) must be a positive "
                              f"integer, got {value!r}; pass an int >= 1") from None
     return out[0], out[1]
+
+
+def square_frame_shape(num_values: int, name: str = "frame_shape") -> Tuple[int, ...]:
+    """The frame shape of ``num_values`` values per step when none is given: a square greyscale
+    frame ``(H, H)``, or a square RGB one ``(3, H, H)``; a ValueError asking for ``name``
+    otherwise."""
+    side, side3 = math.isqrt(num_values), math.isqrt(num_values // 3)
+    if side * side == num_values:
+        return (side, side)
+    if num_values % 3 == 0 and 3 * side3 * side3 == num_values:
+        return (3, side3, side3)
+    raise ValueError(f"{num_values} values per step are not a square frame; pass "
+                     f"{name}=[H,W] (--model-option {name}=[H,W])")

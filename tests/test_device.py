@@ -14,7 +14,7 @@ import pytest
 import torch
 from pyro.infer import SVI, Trace_ELBO
 
-from pyro_seq.cli import MODELS, build_model, main
+from pyro_seq.cli import build_model, main
 from pyro_seq.data import SequenceLoader
 from pyro_seq.distributions import LinearGaussianSSM
 from pyro_seq.infer import FIVO, IWAE, ContrastiveDivergence, LatentScale
@@ -222,6 +222,9 @@ def test_linear_gaussian_ssm_checks_devices_of_parameters_data_and_masks():
 
 
 # ------------------------------------------------------------------------ every model x objective
+MODELS = ("dmm", "srnn", "vrnn", "vaernn", "storn", "vosp", "vrae", "rnn", "rtrbm", "kvae", "gtmsm")
+
+
 def _cells():
     for model in MODELS:
         if model == "gtmsm":  # needs actions and T > tau, no generate(): tests/models/test_gtmsm.py

@@ -52,9 +52,8 @@ from pyro.optim import ClippedAdam  # noqa: E402
 from pyro_seq.data import SequenceLoader, build_chorales, load_dataset, pad_sequences  # noqa: E402
 from pyro_seq.data.chorales import chorale_paths  # noqa: E402
 from pyro_seq.infer import FIVO, IWAE, estimate_log_likelihood  # noqa: E402
-from pyro_seq.models import SequenceModel  # noqa: E402
-from pyro_seq.models.base import normal, shift_right  # noqa: E402
-from pyro_seq.models.emission import make_emission, stack_params  # noqa: E402
+from pyro_seq.models import (SequenceModel, make_emission, normal, shift_right,  # noqa: E402
+                             stack_params)
 from pyro_seq.nn import BackwardRNN, GaussianMLP, cat_broadcast, init_output_bias  # noqa: E402
 from pyro_seq.train.objectives import ENERGY_OBJECTIVES, check_objective  # noqa: E402
 from pyro_seq.train.objectives import OBJECTIVES as REGISTERED_OBJECTIVES  # noqa: E402

@@ -47,6 +47,8 @@ from pyro.poutine.messenger import Messenger
 from pyro.util import warn_if_nan
 from torch.distributions import kl_divergence
 
+from pyro_seq.infer.protocol import is_step_program
+
 __all__ = ["LatentScale", "linear_schedule", "FreeBits_ELBO", "HandledStepProgram"]
 
 
@@ -85,10 +87,6 @@ class HandledStepProgram:
         if name.startswith("__") or name in ("_messenger", "_program"):
             raise AttributeError(name)
         return getattr(self._program, name)
-
-
-def _is_step_program(fn):
-    return callable(getattr(fn, "init", None)) and callable(getattr(fn, "step", None))
 
 
 class LatentScale(Messenger):
@@ -144,7 +142,7 @@ class LatentScale(Messenger):
         self._beta = value
 
     def __call__(self, fn):
-        if _is_step_program(fn):
+        if is_step_program(fn):
             return HandledStepProgram(self, fn)
         return super().__call__(fn)
 

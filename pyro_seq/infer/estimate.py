@@ -21,6 +21,7 @@ import torch
 
 from pyro_seq.infer.fivo import FIVO
 from pyro_seq.infer.iwae import IWAE
+from pyro_seq.infer.protocol import program_device, program_owner
 from pyro_seq.ops.padding import pad_sequences
 from pyro_seq.ops.resampling import DEFAULT_RESAMPLING
 from pyro_seq.validation import positive_int, validate_sequences
@@ -145,8 +146,7 @@ def estimate_log_likelihood(model, guide, data, method="iwae", num_particles=100
     batch_size = positive_int("batch_size", batch_size, optional=True)
     particles_per_pass = positive_int("particles_per_pass", particles_per_pass, optional=True)
     estimates, lengths = [], []
-    owners = {id(o): o for o in (getattr(model, "owner", None), getattr(guide, "owner", None))
-              if isinstance(o, torch.nn.Module)}
+    owners = {id(o): o for o in (program_owner(model), program_owner(guide)) if o is not None}
     modes = {k: o.training for k, o in owners.items()}
     for o in owners.values():
         o.eval()
@@ -170,7 +170,7 @@ def _estimate(model, guide, data, method, num_particles, batch_size, particles_p
     """The estimation loop of :func:`estimate_log_likelihood`; appends to ``estimates`` and
     ``lengths``."""
     with torch.no_grad():
-        for x, mask in _batches(data, batch_size, getattr(model, "device", None)):
+        for x, mask in _batches(data, batch_size, program_device(model)):
             if method == "iwae":
                 log_z = _iwae_log_z(model, guide, x, mask, num_particles,
                                     particles_per_pass or num_particles, max_plate_nesting)

@@ -72,22 +72,12 @@ from pyro_seq.ops.resampling import (
     resample,
 )
 from pyro_seq.ops.state import SequenceState
+from pyro_seq.infer.protocol import program_device, require_step_program
 from pyro_seq.validation import positive_int, prepare_sequences
 
 __all__ = ["FIVO"]
 
 PARTICLE_PLATE = "fivo_particles"
-
-
-def _check_step_protocol(fn, role):
-    if not (callable(getattr(fn, "init", None)) and callable(getattr(fn, "step", None))):
-        raise TypeError(
-            f"FIVO needs a {role} that follows the step protocol: a callable with "
-            f"`.init(state, x, mask, num_sequences=None)` and `.step(state, t, x, mask, "
-            f"num_sequences=None)` (e.g. `SequenceModel.{role}`, see pyro_seq.models.base), "
-            f"so that it can run the {role} one time step at a time and resample between "
-            f"steps; got {fn!r} of type {type(fn).__name__}"
-        )
 
 
 def _parse_args(args, kwargs, device=None):
@@ -313,10 +303,10 @@ class FIVO(LogZBound):
         :returns: ``(log_z, scale)``: tensor ``(batch,)`` (differentiable, ancestors fixed) and
             the batch-plate subsampling factor ``N / B``.
         """
-        _check_step_protocol(model, "model")
-        _check_step_protocol(guide, "guide")
+        require_step_program(model, "model")
+        require_step_program(guide, "guide")
         x, mask, num_sequences, observed, inputs = _parse_args(
-            args, kwargs, device=getattr(model, "device", None))
+            args, kwargs, device=program_device(model))
         B, T = mask.shape
         K = self.num_particles
         particle_dim = -self.max_plate_nesting - 1

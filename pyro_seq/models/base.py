@@ -41,7 +41,9 @@ networks then run once over all steps, and :meth:`SequenceModel.sample_latent` /
 distributions, in ``pyro.markov``. Sites, values and log-densities are those of the step-by-step
 loop (tested); only the evaluation order of the networks differs. With any handler that could
 change sample values (``condition``, ``do``, enumeration, ...) the step-by-step loop runs.
-Models opt in with ``time_parallel = True``.
+Models opt in with ``time_parallel = True``; a model whose all-at-once path needs more than that
+(e.g. the KVAE needs every real step's frame) says so per call in
+:meth:`SequenceModel.scores_all_steps`, from that call's arguments only.
 
 Sharing with the guide: every Pyro ELBO runs the guide and then the model replayed against the
 guide's trace, whose ``_RETURN`` node holds the :class:`~pyro_seq.ops.SequenceState` the guide
@@ -75,16 +77,18 @@ apart.
 """
 
 import functools
+from types import MappingProxyType
 
 import pyro
 import pyro.distributions as dist
 import torch
-import torch.nn as nn
 from pyro.distributions.torch_distribution import MaskedDistribution
 from pyro.poutine.runtime import _PYRO_STACK
 
 from pyro_seq.distributions.scored_value import PresampledValue, ScoredValue
+from pyro_seq.models.contract import ModelContract
 from pyro_seq.models.emission import ObservedElements
+from pyro_seq.nn.init import bernoulli_output_layer, init_output_bias, init_weights
 from pyro_seq.ops.state import SequenceState
 from pyro_seq.validation import (module_device, positive_int, prepare_sequences, validate_inputs,
                                  validate_mask, validate_sequences)
@@ -384,6 +388,16 @@ class StepProgram:
         running any step."""
         return module_device(self._owner)
 
+    @property
+    def dtype(self):
+        """The floating dtype of the owner's parameters, or buffers without parameters (the
+        default dtype without either): ``x`` and ``inputs`` are converted to it."""
+        for tensors in (self._owner.parameters(), self._owner.buffers()):
+            for p in tensors:
+                if p.is_floating_point():
+                    return p.dtype
+        return torch.get_default_dtype()
+
     def plate(self, x, num_sequences=None):
         """The batch plate; ``num_sequences`` (data-set size) scales a minibatch to the full sum.
 
@@ -405,13 +419,15 @@ class StepProgram:
     def _validate(self, state, x, mask, observed, inputs=None):
         """The package's validator; with ``observed`` also zero-fill the missing entries of ``x``
         (what the networks see) and keep the per-element mask in ``state.shared["observed"]``
-        (what the observation sites are scored on). Known ``inputs`` (controls, ``(batch, T,
+        (what the observation sites are scored on); ``x`` is converted to :attr:`dtype`. Known
+        ``inputs`` (controls, ``(batch, T,
         input_dim)``) go to ``state.shared["inputs"]``; a model takes them when its
         ``input_dim`` is positive. ``x``, ``mask``, ``observed`` and ``inputs`` must be on the
         device of the model's parameters (a ValueError naming the tensor otherwise)."""
         owner = self._owner
         x, mask, seen = prepare_sequences(x, mask, owner.obs_dim, owner.binary_observations,
                                           observed, device=self.device)
+        x = x.to(self.dtype)  # float64 data into a float32 model (and back), as the loader does
         if seen is not None:
             state.shared["observed"] = seen
         u = validate_inputs(inputs, x.shape[:2], owner.input_dim, mask, x.dtype, self.device)
@@ -470,7 +486,7 @@ class StepProgram:
         T = x.shape[1]
         inputs = (x, mask, state.shared.get("observed"))
         latents = None
-        if self.role == "model" and owner.time_parallel:
+        if self.role == "model" and owner.scores_all_steps(state, x, mask):
             latents = replayed_latents(owner.latent_names, T)
             if latents is not None and owner.shared_with_guide:
                 record = replayed_guide_record(owner, inputs)
@@ -505,22 +521,60 @@ class StepProgram:
                 and plain_guide_stack(self._plate) and owner.guide_scan(state, x, mask))
 
 
-class SequenceModel(nn.Module):
-    """Base class of every architecture: holds the networks, exposes ``.model``/``.guide``.
+class SequenceModel(ModelContract):
+    """Base class of the latent-variable architectures: holds the networks, exposes
+    ``.model``/``.guide``, and declares the defaults of the model contract
+    (:mod:`pyro_seq.models.contract`) for a Pyro model/guide pair.
 
     Subclasses set ``obs_dim`` and implement ``model_init``, ``model_step``, ``guide_init``,
     ``guide_step`` (see the module docstring for the protocol).
     """
 
     module_name = "sequence_model"
-    input_dim = 0  #: size of the known inputs (controls) ``inputs=`` per step; 0 = none
-    binary_observations = False  #: True for Bernoulli likelihoods (inputs are checked to be 0/1)
+    objectives = ("elbo", "meanfield", "iwae", "fivo")
+    evaluation_methods = ("elbo", "iwae", "smc")
+    tasks = frozenset({"generate", "impute", "denoise", "forecast"})
+    impute_methods = ("iterative", "importance")
+    unsupported = MappingProxyType({
+        "cd": "contrastive divergence trains energy-based models; use elbo, iwae or fivo",
+        "exact": "its likelihood has no closed form; use iwae or smc for a bound",
+        "ais": "AIS estimates the partition functions of energy-based models; use iwae or smc",
+        "pseudo_likelihood": "it is not energy-based; use elbo, iwae or smc",
+        **{method: "imputing whole frames through a Kalman smoother over encodings needs an "
+                   "LGSSM over the codes (kvae); use iterative or importance"
+           for method in ("smoothing", "filtering", "generation")},
+    })
 
     def __init__(self, obs_dim):
         super().__init__()
         self.obs_dim = positive_int("obs_dim", obs_dim)
         self.model = StepProgram(self, "model")
         self.guide = StepProgram(self, "guide")
+
+    def scores_all_steps(self, state, x, mask):
+        """Whether a full-sequence model run with ``x``, ``mask`` and ``state.shared`` (its
+        ``observed`` and ``inputs``) may score every step at once when a replay fixes every
+        latent (module docstring). Decided per call from its arguments only; the default is
+        ``time_parallel``."""
+        return self.time_parallel
+
+    def initialise(self, train_sequences, scheme="bias"):
+        """``TrainConfig.init`` on a fresh start: ``"none"`` does nothing; a scheme of
+        :data:`pyro_seq.nn.INIT_SCHEMES` redraws the weights with
+        :func:`~pyro_seq.nn.init_weights` when the model lists it in ``weight_init_schemes``;
+        every scheme but ``"none"`` sets a Bernoulli emission's output bias to the logits of the
+        training set's frequencies (:func:`~pyro_seq.nn.init_output_bias`). Returns the names of
+        what was initialised (``"weights"``, ``"output_bias"``)."""
+        done = []
+        if scheme == "none":
+            return done
+        if scheme in self.weight_init_schemes:
+            init_weights(self, scheme)
+            done.append("weights")
+        if bernoulli_output_layer(self) is not None:
+            init_output_bias(self, train_sequences)
+            done.append("output_bias")
+        return done
 
     # Subclasses that call ``observe`` define ``self.emitter(features) -> params`` (a module)
     # and ``self.likelihood(params) -> distribution`` with event shape ``(obs_dim,)``.

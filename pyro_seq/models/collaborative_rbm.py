@@ -21,6 +21,8 @@ probabilities from the student's training answers, then the visible probability 
 answer at the question.
 """
 
+from types import MappingProxyType
+
 import pyro
 import torch
 import torch.nn.functional as F
@@ -28,11 +30,12 @@ from torch import nn
 
 from pyro_seq.distributions.rbm import VISIBLE_TYPES
 from pyro_seq.distributions.sparse_rbm import SparseRBM
+from pyro_seq.models.contract import EnergyBasedModel
 
 __all__ = ["CollaborativeRBM"]
 
 
-class CollaborativeRBM(nn.Module):
+class CollaborativeRBM(EnergyBasedModel):
     r"""A student-answer RBM (module docstring).
 
     :param int num_questions: ``Q``.
@@ -47,6 +50,13 @@ class CollaborativeRBM(nn.Module):
     """
 
     module_name = "collaborative_rbm"
+    trains_on_sequences = False  #: its data are (student, question, answer) triples
+    unsupported = MappingProxyType(dict(
+        EnergyBasedModel.unsupported,
+        fit="its data are (student, question, answer) triples, not sequences; train it with "
+            "SVI(model.model, model.guide, optim, ContrastiveDivergence(k)) on "
+            "pyro_seq.data.simulate_students data"))
+    evaluation_methods = ()  #: evaluated by prediction (:meth:`predict`, the CBD metric)
 
     def __init__(self, num_questions, num_hidden=15, visible="bernoulli", num_options=2,
                  num_trials=2, num_factors=None, conditional=False, init_scale=1e-3):
@@ -59,6 +69,8 @@ class CollaborativeRBM(nn.Module):
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
         self.visible, self.num_options = visible, num_options
+        self.obs_dim = num_questions
+        self.binary_observations = visible == "bernoulli"
         self.num_trials = num_trials if visible == "binomial_softmax" else 1
         self.correct_state = 1 if num_options == 2 else 0
         unit = () if visible == "bernoulli" else (num_options,)

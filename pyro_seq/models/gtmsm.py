@@ -159,6 +159,7 @@ whole sequence (multiply by ``T / (T - tau)`` for nats per predicted frame).
 """
 
 import math
+from types import MappingProxyType
 from typing import NamedTuple, Optional
 
 import pyro
@@ -171,7 +172,7 @@ from pyro_seq.models.emission import bernoulli_likelihood
 from pyro_seq.nn import MLP, GaussianHead, cat_broadcast
 from pyro_seq.nn.conv import FRAME_NETWORKS, frame_networks
 from pyro_seq.nn.memory import DND, nearest_earlier
-from pyro_seq.validation import positive_int
+from pyro_seq.validation import positive_int, square_frame_shape
 
 __all__ = ["GTMSM", "GTMSMMemory"]
 
@@ -318,6 +319,16 @@ class GTMSM(SequenceModel):
 
     module_name = "gtmsm"
     latent_names = ("s", "z")
+    tasks = frozenset()
+    impute_methods = ()
+    unsupported = MappingProxyType(dict(
+        SequenceModel.unsupported,
+        generate="a GTM-SM predicts frames from a memory of observed frames and actions; use "
+                 "GTMSM.predict(frames, actions) (tutorials/spatial_memory.py)",
+        impute="a GTM-SM predicts the frames after its memorisation phase; use "
+               "GTMSM.predict(frames, actions)",
+        denoise="a GTM-SM has no per-frame denoising path; use GTMSM.predict(frames, actions)",
+        forecast="a GTM-SM forecasts from its memory with GTMSM.predict(frames, actions)"))
 
     def __init__(self, frame_shape=(8, 8), num_actions=5, tau=256, state_dim=2, z_dim=16,
                  num_neighbours=5, delta=1e-4, transition_noise=1e-3, walls=True, rotation=False,
@@ -455,6 +466,31 @@ class GTMSM(SequenceModel):
         self.guide = _ActionProgram(self, "guide")
 
     # ------------------------------------------------------------------ validation helpers
+
+    @classmethod
+    def for_data(cls, obs_dim, input_dim=0, **options):
+        """A GTM-SM for frames of ``obs_dim`` values with ``input_dim`` one-hot actions per
+        step as ``inputs=`` (``num_actions = input_dim``). Without inputs, the compatibility
+        path: the actions are the last ``num_actions`` columns of ``x`` (``pack_actions=True``).
+        ``frame_shape`` defaults to a square greyscale frame, or a square RGB one."""
+        options = dict(options)
+        packed = not input_dim
+        if options.pop("pack_actions", packed) is not packed:
+            raise ValueError("pack_actions must be false when the data carry the actions as "
+                             "inputs, true when the actions are packed into x")
+        num_actions = options.pop("num_actions", input_dim or 5)
+        if input_dim and num_actions != input_dim:
+            raise ValueError(f"num_actions={num_actions!r} but the data have {input_dim} action "
+                             "features per step")
+        if isinstance(num_actions, bool) or not isinstance(num_actions, int) or not (
+                0 < num_actions < obs_dim or not packed and num_actions > 0):
+            raise ValueError(f"num_actions={num_actions!r} does not fit {obs_dim} values per step")
+        frames = obs_dim - num_actions if packed else obs_dim
+        shape = tuple(options.pop("frame_shape", None) or square_frame_shape(frames))
+        if math.prod(shape) != frames:
+            raise ValueError(f"frame_shape {list(shape)} does not hold the {frames} frame values "
+                             "per step")
+        return cls(shape, num_actions=num_actions, pack_actions=packed, **options)
 
     def one_hot(self, actions):
         """Int action indices ``(batch, T)`` -> float one-hot ``(batch, T, num_actions)``.

@@ -81,8 +81,9 @@ from pyro_seq.nn import GaussianHead
 from pyro_seq.nn.conv import FRAME_NETWORKS, frame_networks
 from pyro_seq.ops.kalman import (_mv, kalman_filter, kalman_predict, kalman_smoother,
                                  kalman_update, psd_sqrt)
-from pyro_seq.validation import (module_device, positive_int, validate_generate_args,
-                                  validate_inputs, validate_mask, validate_sequences)
+from pyro_seq.validation import (module_device, positive_int, square_frame_shape,
+                                  validate_generate_args, validate_inputs, validate_mask,
+                                  validate_sequences)
 
 __all__ = ["KVAE", "KVAEFilterResult"]
 
@@ -173,6 +174,8 @@ class KVAE(SequenceModel):
 
     module_name = "kvae"
     latent_names = ("a",)
+    time_parallel = True  #: when :meth:`scores_all_steps` allows it (no missing frame)
+    impute_methods = ("iterative", "importance", "smoothing", "filtering", "generation")
 
     def __init__(self, image_shape=(32, 32), a_dim=2, z_dim=4, num_modes=3, control_dim=0,
                  lstm_dim=50, encoder="conv", channels=32, conv_layers=3, hidden_dims=(128, 128),
@@ -181,7 +184,7 @@ class KVAE(SequenceModel):
                  reconstruction_weight=0.3, dynamics_warmup_epochs=5, prior_score="exact"):
         image_shape = tuple(image_shape)
         super().__init__(math.prod(image_shape))
-        self.image_shape = image_shape
+        self.image_shape = self.frame_shape = image_shape
         self.a_dim = positive_int("a_dim", a_dim)
         self.z_dim = positive_int("z_dim", z_dim)
         self.num_modes = positive_int("num_modes", num_modes)
@@ -318,13 +321,29 @@ class KVAE(SequenceModel):
         state["P"] = self.init_cov.expand(B, self.z_dim, self.z_dim)
         state["a"] = self.a0.expand(B, self.a_dim)
         state["d"], state["c"] = self.dynamics.initial(x, (B,))
-        seen = state.shared.get("observed")
-        # time-parallel scoring needs every real step's encoding (no missing frame)
-        self._parallel_ok = seen is None or bool((seen.any(-1) | ~mask).all())
 
-    @property
-    def time_parallel(self):
-        return getattr(self, "_parallel_ok", False)
+    @classmethod
+    def for_data(cls, obs_dim, input_dim=0, **options):
+        """A KVAE for frames of ``obs_dim`` pixels (square unless ``image_shape`` is given) with
+        ``input_dim`` controls per step (``control_dim``)."""
+        options = dict(options)
+        shape = tuple(options.pop("image_shape", None)
+                      or square_frame_shape(obs_dim, "image_shape"))
+        if math.prod(shape) != obs_dim:
+            raise ValueError(f"image_shape {list(shape)} does not hold {obs_dim} values per step")
+        if input_dim and options.get("control_dim", input_dim) != input_dim:
+            raise ValueError(f"control_dim={options['control_dim']} but the data have "
+                             f"{input_dim} input features per step")
+        if input_dim:
+            options["control_dim"] = input_dim
+        return cls(shape, **options)
+
+    def scores_all_steps(self, state, x, mask):
+        """All steps at once only when every real step's frame has an observed pixel (the
+        Kalman filter of the all-at-once path needs every real step's encoding); decided from
+        this call's ``mask`` and ``observed`` alone."""
+        seen = state.shared.get("observed")
+        return seen is None or bool((seen.any(-1) | ~mask).all())
 
     def model_step(self, state, t, x, mask):
         if isinstance(t, slice):
@@ -505,6 +524,11 @@ class KVAE(SequenceModel):
         return out
 
     @torch.no_grad()
+    def impute_steps(self, x, observed_steps, method, inputs=None):
+        """The contract's hook for :func:`pyro_seq.tasks.impute` with ``method`` ``"smoothing"``,
+        ``"filtering"`` or ``"generation"``: the pixel probabilities of :meth:`impute_frames`."""
+        return self.impute_frames(x, observed_steps, method, inputs=inputs)[0]
+
     def impute_frames(self, x, observed_steps, method="smoothing", inputs=None, num_initial=4):
         r"""Impute missing frames (thesis 6.4, Fig. 6.3).
 

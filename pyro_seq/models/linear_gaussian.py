@@ -44,7 +44,7 @@ import torch.nn.functional as F
 
 from pyro_seq.models.base import SequenceModel, check_sequences
 from pyro_seq.ops.kalman import _sym, covariance_problem, kalman_filter
-from pyro_seq.validation import positive_int
+from pyro_seq.validation import positive_int, validate_generate_args
 
 __all__ = ["LinearGaussianSequenceModel"]
 
@@ -211,6 +211,27 @@ class LinearGaussianSequenceModel(SequenceModel):
                     dist.MultivariateNormal(_matvec(self.C, z), scale_tril=self.R_tril).mask(m_x),
                     obs=x[:, t])
         state["z"] = z
+
+    @classmethod
+    def for_data(cls, obs_dim, input_dim=0, state_dim=None, **options):
+        """The test bed for ``obs_dim`` features per step; ``state_dim`` defaults to ``obs_dim``."""
+        if input_dim:
+            return super().for_data(obs_dim, input_dim)
+        return cls(obs_dim, obs_dim if state_dim is None else state_dim, **options)
+
+    @torch.no_grad()
+    def generate(self, num_sequences, num_steps):
+        """Ancestral samples ``(num_sequences, num_steps, D)``: ``z_1 ~ N(m_0, P_0)``,
+        ``z_t ~ N(A z_{t-1}, Q)``, ``x_t ~ N(C z_t, R)`` (Fraccaro 2018, eq. 3.1-3.2)."""
+        B, T = validate_generate_args(num_sequences, num_steps)
+        z = dist.MultivariateNormal(self.init_loc, scale_tril=self.init_tril).sample((B,))
+        frames = []
+        for t in range(T):
+            if t > 0:
+                z = dist.MultivariateNormal(_matvec(self.A, z), scale_tril=self.Q_tril).sample()
+            frames.append(dist.MultivariateNormal(_matvec(self.C, z),
+                                                  scale_tril=self.R_tril).sample())
+        return torch.stack(frames, 1)
 
     # ---------------------------------------------------------------- guides
     def guide_init(self, state, x, mask):

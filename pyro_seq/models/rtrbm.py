@@ -29,6 +29,7 @@ The log-likelihood of a sequence, as Boulanger-Lewandowski et al. (2012) report 
 with each per-step partition function exact (small ``H`` or ``V``) or by AIS.
 """
 
+from types import MappingProxyType
 from typing import NamedTuple
 
 import pyro
@@ -36,7 +37,8 @@ import torch
 from torch import nn
 
 from pyro_seq.distributions.rbm import RBM
-from pyro_seq.validation import (check_device, module_device, validate_generate_args,
+from pyro_seq.models.contract import EnergyBasedModel
+from pyro_seq.validation import (check_device, module_device, positive_int, validate_generate_args,
                                  validate_sequences)
 
 __all__ = ["RTRBM", "SRTRBM", "SequenceLogLikelihood"]
@@ -52,7 +54,7 @@ class SequenceLogLikelihood(NamedTuple):
     num_steps: torch.Tensor
 
 
-class RTRBM(nn.Module):
+class RTRBM(EnergyBasedModel):
     r"""Recurrent temporal RBM (seed 000 eq. 1.1-1.6) over binary vectors.
 
     :param int num_visible: ``V`` (88 for piano rolls).
@@ -64,8 +66,15 @@ class RTRBM(nn.Module):
     """
 
     module_name = "rtrbm"
-    energy_based = True  #: trained by ContrastiveDivergence, evaluated by exact/AIS likelihoods
-    binary_observations = True
+    tasks = frozenset({"generate"})
+    unsupported = MappingProxyType(dict(
+        EnergyBasedModel.unsupported,
+        impute="an RTRBM has no recognition model to condition on the observed steps; impute "
+               "with a latent-variable model (srnn, dmm)",
+        denoise="an RTRBM has no recognition model; denoise with a latent-variable model "
+                "(srnn, dmm)",
+        forecast="continue a sequence with RTRBM.generate(num_sequences, num_steps, "
+                 "prefix=x) instead"))
 
     def __init__(self, num_visible, num_hidden=150, init_scale=0.01):
         super().__init__()
@@ -294,6 +303,28 @@ class SRTRBM(RTRBM):
         with torch.no_grad():
             self.W.mul_(W_mask)
             self.U.mul_(U_mask)
+
+    @classmethod
+    def for_data(cls, obs_dim, input_dim=0, num_groups=4, hidden_per_group=8, edges="chain",
+                 **options):
+        """An SRTRBM over ``obs_dim`` visibles split into ``num_groups`` contiguous groups (e.g.
+        registers of a piano roll), ``hidden_per_group`` hidden units each, groups linked
+        through ``U`` along a chain (``edges="chain"``), not at all (``"none"``) or as a list
+        of pairs (:meth:`block_masks`)."""
+        if input_dim:
+            return super().for_data(obs_dim, input_dim)
+        G = positive_int("num_groups", num_groups)
+        if G > obs_dim:
+            raise ValueError(f"num_groups={G} is more than the {obs_dim} visibles")
+        bounds = [round(g * obs_dim / G) for g in range(G + 1)]
+        groups = [list(range(bounds[g], bounds[g + 1])) for g in range(G)]
+        if edges == "chain":
+            edges = [(g, g + 1) for g in range(G - 1)]
+        elif edges == "none":
+            edges = []
+        W_mask, U_mask = cls.block_masks(groups, positive_int("hidden_per_group",
+                                                              hidden_per_group), edges)
+        return cls(obs_dim, W_mask.shape[0], W_mask, U_mask, **options)
 
     def weights(self):
         return self.W * self.W_mask, self.U * self.U_mask

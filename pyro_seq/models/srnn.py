@@ -58,6 +58,7 @@ class SRNN(SequenceModel):
     """
 
     time_parallel = True
+    weight_init_schemes = ("srnn", "normal")  #: the SRNN authors' initialisation (pyro_seq.nn.init)
     module_name = "srnn"
     # d_{1:T} and its prior projection are the same in model and guide (eq. 5.1): a model
     # replayed against the guide's trace takes them from the guide (see models.base)

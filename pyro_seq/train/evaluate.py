@@ -65,10 +65,8 @@ ENERGY_METHODS = ("exact", "ais", "pseudo_likelihood")
 
 def _evaluate_energy_based(model, sequences, batch_size, method, num_particles, num_betas):
     """Log-likelihood (exact or AIS) or pseudo-log-likelihood of an energy-based model."""
-    if method not in ENERGY_METHODS:
-        raise ValueError(f"{type(model).__name__} is energy-based (no latent sites, an "
-                         f"unnormalised likelihood): evaluate it with method 'exact', 'ais' or "
-                         f"'pseudo_likelihood', not {method!r}")
+    model.require(method, "method")
+    chains = num_particles if num_particles > 1 else 100
     total, variance, steps = 0.0, 0.0, 0
     loader = SequenceLoader(sequences, batch_size, shuffle=False, dtype=model_dtype(model),
                             device=model_device(model))
@@ -77,7 +75,7 @@ def _evaluate_energy_based(model, sequences, batch_size, method, num_particles, 
             total += float(model.pseudo_log_likelihood(x, mask).sum())
         else:
             est = model.log_likelihood(x, mask, method=method,
-                                       num_chains=num_particles if num_particles > 1 else 100,
+                                       num_chains=chains,
                                        num_betas=num_betas)
             total += float(est.log_likelihood.sum())
             variance += float((est.stderr ** 2).sum())
@@ -86,6 +84,7 @@ def _evaluate_energy_based(model, sequences, batch_size, method, num_particles, 
     if method == "ais":  # independent per-sequence estimates: their variances add
         result["stderr_per_step"] = math.sqrt(variance) / steps
         result["num_betas"] = num_betas
+        result["num_particles"] = chains  # the chains actually run
     return result
 
 
@@ -107,15 +106,15 @@ def evaluate_bound(model, sequences, batch_size=32, method="elbo", num_particles
     if not sequences:
         raise ValueError("evaluate_bound needs at least one sequence")
     validate_sequence_list(sequences, model.obs_dim, model.binary_observations, "sequences")
+    model.require(method, "method")
+    if int(num_particles) < 1:
+        raise ValueError(f"num_particles must be >= 1, got {num_particles}")
     was_training = model.training
     model.eval()
     try:
-        if getattr(model, "energy_based", False):
+        if model.energy_based:
             result = _evaluate_energy_based(model, sequences, batch_size, method, num_particles,
                                             num_betas)
-        elif method in ENERGY_METHODS:
-            raise ValueError(f"method {method!r} is for energy-based models; "
-                             f"{type(model).__name__} takes 'elbo', 'iwae' or 'smc'")
         elif method == "elbo":
             total = kl_total = 0.0
             steps = 0
@@ -144,5 +143,6 @@ def evaluate_bound(model, sequences, batch_size=32, method="elbo", num_particles
         model.train(was_training)
     if not math.isfinite(result["per_step"]):
         raise FloatingPointError(f"evaluation gave a non-finite bound: {result}")
-    result.update(method=method, num_particles=num_particles, num_sequences=len(sequences))
+    result.setdefault("num_particles", num_particles)
+    result.update(method=method, num_sequences=len(sequences))
     return result

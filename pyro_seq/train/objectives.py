@@ -10,13 +10,13 @@ ENERGY_OBJECTIVES = ("cd",)  #: for energy-based models (RTRBM)
 
 
 def check_objective(model, objective):
-    """Refuse an objective that does not fit the kind of ``model`` (ValueError): energy-based
-    models (``model.energy_based``, e.g. RTRBM) train with ``"cd"`` only, latent-variable models
-    with the ELBO-type objectives only."""
-    if getattr(model, "energy_based", False) != (objective == "cd"):
-        raise ValueError(f"objective {objective!r} does not fit {type(model).__name__}: "
-                         "energy-based models (RTRBM) train with objective cd (contrastive "
-                         "divergence), latent-variable models with elbo, meanfield, iwae or fivo")
+    """Refuse an objective ``model`` does not declare (:class:`~pyro_seq.models.Unsupported`, a
+    ValueError): energy-based models train with ``"cd"`` only, latent-variable models with the
+    ELBO-type objectives (``model.objectives``, :mod:`pyro_seq.models.contract`)."""
+    if objective not in OBJECTIVES + ENERGY_OBJECTIVES:
+        raise ValueError(f"unknown objective {objective!r}; choose from "
+                         f"{OBJECTIVES + ENERGY_OBJECTIVES}")
+    model.require(objective, "objective")
 
 
 def make_objective(name, num_particles=1, free_bits=0.0, cd_steps=1, **kwargs):

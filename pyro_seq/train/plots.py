@@ -50,6 +50,25 @@ def plot_piano_roll(roll, path, probs=None, title="sample", lowest_note=21):
     plt.close(fig)
 
 
+def plot_features(values, path, title="sample", max_lines=8):
+    """Real-valued features ``(T, D)`` over time saved as a PNG: a heat map of every feature and
+    the curves of the first ``max_lines``."""
+    values = torch.as_tensor(values).float()
+    fig, axes = plt.subplots(2, 1, figsize=(8, 6), squeeze=False)
+    image = axes[0, 0].imshow(values.T.numpy(), aspect="auto", origin="lower", cmap="viridis",
+                              extent=(0, values.shape[0], -0.5, values.shape[1] - 0.5))
+    fig.colorbar(image, ax=axes[0, 0])
+    axes[0, 0].set_ylabel("feature")
+    axes[0, 0].set_title(f"{title}: features")
+    for d in range(min(values.shape[1], max_lines)):
+        axes[1, 0].plot(values[:, d].numpy(), label=f"{d}")
+    axes[1, 0].set_xlabel("time step")
+    axes[1, 0].set_title(f"{title}: the first {min(values.shape[1], max_lines)} features")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def plot_recovery(clean, corrupted, recovered, path, probs=None, title="recovery", lowest_note=21):
     """Seed 002 Fig. 3: clean / corrupted / recovered piano rolls and the errors, as one PNG.
 

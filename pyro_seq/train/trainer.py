@@ -71,8 +71,8 @@ Initialisation (``TrainConfig.init``, only on a fresh start, never on resume):
   becomes the logits of the training set's note frequencies
   (:func:`pyro_seq.nn.init_output_bias`; for an energy-based model, its visible bias); all
   other weights stay as constructed (the DMM's gated transition starts at the identity);
-* ``"srnn"``: the same, and :func:`pyro_seq.nn.init_weights` (the SRNN authors' scheme) on an
-  :class:`~pyro_seq.models.SRNN`; ``"normal"``: with ``init_weights(scheme="normal")``. On JSB
+* ``"srnn"``: the same, and :func:`pyro_seq.nn.init_weights` (the SRNN authors' scheme) on a
+  model that declares it in ``weight_init_schemes`` (:class:`~pyro_seq.models.SRNN`); ``"normal"``: with ``init_weights(scheme="normal")``. On JSB
   Chorales these weights fit the training set faster and generalise worse (test ELBO -7.515
   against -7.460 with the bias only and -7.355 with nothing, one seed each; docs/benchmarks.rst);
 * ``"none"``: the model as constructed.
@@ -98,7 +98,8 @@ from pyro.optim.clipped_adam import ClippedAdam as _TorchClippedAdam
 from tqdm.auto import tqdm
 
 from pyro_seq.data.batching import SequenceLoader
-from pyro_seq.nn.init import INIT_SCHEMES, bernoulli_output_layer, init_output_bias, init_weights
+from pyro_seq.models.contract import Unsupported
+from pyro_seq.nn.init import INIT_SCHEMES
 from pyro_seq.train.checkpoint import (load_checkpoint, load_weights, restore, save_checkpoint,
                                        save_weights)
 from pyro_seq.train.distributed import AllReduceGradients, SingleProcess, rank_device
@@ -262,9 +263,9 @@ def lr_multiplier(model, param_name):
     :param str param_name: the parameter's name in Pyro's param store (``"<module_name>$$$M"``)
         or in the model (``"M"``).
     """
-    multipliers = getattr(model, "lr_multipliers", None) or {}
+    multipliers = {} if model is None else model.lr_multipliers
     name = param_name.replace("$$$", ".")
-    prefix = f"{getattr(model, 'module_name', '')}."
+    prefix = "." if model is None else f"{model.module_name}."
     if name.startswith(prefix):
         name = name[len(prefix):]
     match = max((key for key in multipliers if name == key or name.startswith(key + ".")),
@@ -301,7 +302,7 @@ def make_optimizer(config, model=None):
     """
     adam = {"lr": epoch_lr(0, config), "betas": tuple(config.betas), "clip_norm": config.clip_norm,
             "lrd": config.lrd, "weight_decay": config.weight_decay}
-    if getattr(model, "lr_multipliers", None):
+    if model is not None and model.lr_multipliers:
         base = adam
 
         def adam(param_name):  # Pyro's one-argument form: the normalised name "<module>.<param>"
@@ -335,31 +336,17 @@ def _check_schedule_of_checkpoint(state, config, path):
 
 
 def initialise(model, train_sequences, scheme="srnn"):
-    """Apply ``TrainConfig.init`` to a freshly built ``model`` (uses torch's global RNG).
-
-    ``"srnn"``/``"normal"``: :func:`~pyro_seq.nn.init_weights` with that scheme on an
-    :class:`~pyro_seq.models.SRNN`, and :func:`~pyro_seq.nn.init_output_bias` on any model with
-    a Bernoulli emission; ``"bias"``: the output bias only (the visible bias of an energy-based
-    model); ``"none"``: nothing. Returns the names of what was initialised
-    (``"weights"``, ``"output_bias"``).
+    """Apply ``TrainConfig.init`` to a freshly built ``model`` (uses torch's global RNG): the
+    model's own :meth:`~pyro_seq.models.ModelContract.initialise` (``"srnn"``/``"normal"``:
+    :func:`~pyro_seq.nn.init_weights` on a model that lists the scheme in
+    ``weight_init_schemes``, e.g. :class:`~pyro_seq.models.SRNN`, and
+    :func:`~pyro_seq.nn.init_output_bias` on any model with a Bernoulli emission; ``"bias"``:
+    the output bias only, the visible bias of an energy-based model; ``"none"``: nothing).
+    Returns the names of what was initialised (``"weights"``, ``"output_bias"``).
     """
-    from pyro_seq.models import SRNN
-
-    done = []
-    if scheme == "none":
-        return done
     if scheme not in INITS:
         raise ValueError(f"init must be one of {INITS}, got {scheme!r}")
-    if isinstance(model, SRNN) and scheme != "bias":
-        init_weights(model, scheme)
-        done.append("weights")
-    if getattr(model, "energy_based", False) and hasattr(model, "init_visible_bias"):
-        model.init_visible_bias(train_sequences)  # the RBM analogue of the output bias
-        done.append("output_bias")
-    elif bernoulli_output_layer(model) is not None:
-        init_output_bias(model, train_sequences)
-        done.append("output_bias")
-    return done
+    return model.initialise(train_sequences, scheme)
 
 
 class TrainHistory(list):
@@ -477,6 +464,8 @@ def fit(model, train_sequences, valid_sequences, config, out_dir, resume=True):
     generator seeded with ``(config.seed, epoch)``).
     """
     config.validate()
+    if not model.trains_on_sequences:
+        raise Unsupported(model.refusal("fit", "surface"))
     check_objective(model, config.objective)  # before anything is spawned or written
     # the package's one validator, on every sequence before anything is written or trained
     validate_sequence_list(train_sequences, model.obs_dim, model.binary_observations, "train")
@@ -523,10 +512,10 @@ def _fit(model, train_sequences, valid_sequences, config, out_dir, resume, comm,
     loader = SequenceLoader(train_sequences, config.batch_size, shuffle=True, seed=config.seed,
                             chunk_length=config.chunk_length, dtype=model_dtype(model),
                             device=device)
-    energy = getattr(model, "energy_based", False)
+    energy = model.energy_based
     if energy and config.missing_prob > 0:
         raise ValueError("missing_prob needs a latent-variable model with observed= masks; "
-                         f"{type(model).__name__} is energy-based")
+                         f"{model.module_name} is energy-based")
     optim = make_optimizer(config, model)
     loss = make_objective(config.objective, config.num_particles, config.free_bits,
                           cd_steps=config.cd_steps)
@@ -585,11 +574,9 @@ def _fit(model, train_sequences, valid_sequences, config, out_dir, resume, comm,
     bar = tqdm(range(start_epoch, start_epoch if stopped_early else config.epochs),
                initial=start_epoch, total=config.epochs,
                desc="epochs", disable=not (config.progress and main), unit="epoch")
-    epoch_hook = getattr(model, "training_epoch", None)  # e.g. KVAE's dynamics warm-up
     for epoch in bar:
         model.train()
-        if callable(epoch_hook):
-            epoch_hook(epoch)
+        model.training_epoch(epoch)  # e.g. the KVAE's dynamics warm-up
         lr = epoch_lr(epoch, config)
         if config.lr_schedule == "exponential":
             _set_lr(optim, lr, model)

@@ -54,3 +54,15 @@ def test_estimators_missing_data_and_tasks(batch):
     x_hat, means = denoise(m, x, mask)
     assert x_hat.shape == means.shape == x.shape
     assert forecast(m, x[:, :4], 2, num_samples=3).samples.shape == (3, 3, 2, 5)
+
+
+def test_the_model_support_table_is_the_contract():
+    """docs/_generated/model_support.rst ("what each model supports") is what the models
+    declare; regenerate it with ``python -m pyro_seq.models.contract`` after a change."""
+    from pathlib import Path
+
+    from pyro_seq.models import MODELS
+    from pyro_seq.models.contract import support_table
+
+    page = Path(__file__).parents[2] / "docs" / "_generated" / "model_support.rst"
+    assert page.read_text() == support_table(MODELS)
