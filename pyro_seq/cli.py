@@ -1,4 +1,4 @@
-"""Command line: ``pyro-seq train | evaluate | sample | impute | denoise``.
+"""Command line: ``pyro-seq train | evaluate | sample | impute | denoise | forecast``.
 
 Examples::
 
@@ -7,6 +7,7 @@ Examples::
     pyro-seq denoise runs/srnn --flip 0.05      # seed 002 sec. 4.2, figure + error rates
     pyro-seq train --model dmm --data ../shared/data/polyphonic/jsb_chorales.pickle --out runs/dmm
     pyro-seq evaluate runs/srnn --objective iwae --particles 64
+    pyro-seq forecast runs/srnn --prefix 16 --steps 8    # continue 16 steps by 8, score the truth
     pyro-seq sample runs/srnn --length 64
     pyro-seq train --model rtrbm --objective cd --cd-steps 1 --out runs/rtrbm
     pyro-seq train --model gtmsm --data image_navigation --out runs/gtmsm   # actions packed in x
@@ -22,78 +23,44 @@ Re-running ``train`` with the same ``--out`` resumes where it stopped.
 
 import argparse
 import json
-import math
 import sys
 from dataclasses import asdict
 from pathlib import Path
 
 import torch
 
-MODELS = ("dmm", "srnn", "vrnn", "vaernn", "storn", "vosp", "vrae", "rnn", "rtrbm", "kvae",
-          "gtmsm")
+PIANO_KEYS = 88  #: piano-roll width: samples of this many binary features are written as MIDI
 
 
-def build_model(name, obs_dim, options):
-    """Construct a model by name with keyword ``options`` (see each model's docstring)."""
-    from pyro_seq.models import (DMM, GTMSM, KVAE, RTRBM, SRNN, STORN, VAERNN, VOSP, VRAE, VRNN,
-                                 RNNBaseline)
+def model_names():
+    """The names ``--model`` accepts: :data:`pyro_seq.models.MODELS`."""
+    from pyro_seq.models import MODELS
 
-    classes = {"dmm": DMM, "srnn": SRNN, "vrnn": VRNN, "vaernn": VAERNN, "storn": STORN,
-               "vosp": VOSP, "vrae": VRAE, "rnn": RNNBaseline, "rtrbm": RTRBM, "kvae": KVAE,
-               "gtmsm": GTMSM}
-    if name not in classes:
-        raise SystemExit(f"unknown model {name!r}; choose from {MODELS}")
+    return tuple(MODELS)
+
+
+def build_model(name, obs_dim, options, input_dim=0):
+    """Construct a model by name for data of ``obs_dim`` features (and ``input_dim`` known
+    inputs) per step, with keyword ``options``: the model's own
+    :meth:`~pyro_seq.models.ModelContract.for_data`."""
+    from pyro_seq.models import MODELS, Unsupported
+
+    if name not in MODELS:
+        raise SystemExit(f"pyro-seq: error: unknown model {name!r}; choose from "
+                         f"{', '.join(MODELS)}")
     try:
-        if name == "kvae":  # frames: square images unless image_shape is given
-            options = dict(options)
-            side = math.isqrt(obs_dim)
-            if "image_shape" not in options and side * side != obs_dim:
-                raise ValueError(f"{obs_dim} values per step are not a square frame; pass "
-                                 "--model-option image_shape=[H,W]")
-            shape = options.pop("image_shape", [side, side])
-            if math.prod(shape) != obs_dim:
-                raise ValueError(f"image_shape {shape} does not hold {obs_dim} values per step")
-            return KVAE(tuple(shape), **options)
-        if name == "gtmsm":
-            return _build_gtmsm(GTMSM, obs_dim, options)
-        return classes[name](obs_dim, **options)
+        return MODELS[name].for_data(obs_dim, input_dim, **options)
+    except Unsupported as e:
+        raise SystemExit(f"pyro-seq: error: {e}") from None
     except (TypeError, ValueError) as e:
         raise SystemExit(f"pyro-seq: error: bad model option for {name}: {e}") from None
-
-
-def _build_gtmsm(cls, obs_dim, options):
-    """A GTM-SM for packed sequences ``(T, F + num_actions)`` (frames, then one-hot actions, as
-    ``load_dataset("image_navigation")`` gives them): the trainer passes ``(x, mask)`` only, so
-    the actions travel inside ``x`` (``pack_actions=True``). ``frame_shape`` defaults to a
-    square greyscale frame, or a square RGB one when ``F / 3`` is a square."""
-    options = dict(options)
-    if options.pop("pack_actions", True) is not True:
-        raise ValueError("the command line trains a GTM-SM on packed actions only "
-                         "(pack_actions=true)")
-    num_actions = options.get("num_actions", 5)
-    if not isinstance(num_actions, int) or not 0 < num_actions < obs_dim:
-        raise ValueError(f"num_actions={num_actions!r} does not fit {obs_dim} values per step")
-    F = obs_dim - num_actions
-    shape = options.pop("frame_shape", None)
-    if shape is None:
-        side, side3 = math.isqrt(F), math.isqrt(F // 3)
-        if side * side == F:
-            shape = [side, side]
-        elif F % 3 == 0 and 3 * side3 * side3 == F:
-            shape = [3, side3, side3]
-        else:
-            raise ValueError(f"{F} frame values per step (after {num_actions} action columns) "
-                             "are not a square frame; pass --model-option frame_shape=[H,W]")
-    if math.prod(shape) != F:
-        raise ValueError(f"frame_shape {shape} does not hold the {F} frame values per step")
-    return cls(tuple(shape), pack_actions=True, **options)
 
 
 def _parse_options(pairs):
     options = {}
     for pair in pairs or []:
         if "=" not in pair:
-            raise SystemExit(f"--model-option expects KEY=VALUE, got {pair!r}")
+            raise SystemExit(f"pyro-seq: error: --model-option expects KEY=VALUE, got {pair!r}")
         key, value = pair.split("=", 1)
         try:
             options[key] = json.loads(value)
@@ -103,9 +70,19 @@ def _parse_options(pairs):
 
 
 def _load_data(spec, splits=("train", "valid", "test")):
+    import pickle
+
     from pyro_seq.data import load_dataset
 
-    return load_dataset(spec, splits=splits)
+    try:
+        return load_dataset(spec, splits=splits)
+    except (FileNotFoundError, ValueError, pickle.UnpicklingError) as e:  # unknown name, no
+        raise SystemExit(f"pyro-seq: error: --data {spec}: {e}") from None  # file, bad N:T
+    except IsADirectoryError:
+        raise SystemExit(f"pyro-seq: error: --data {spec} is a folder; name a data set or a "
+                         "pickle file (pyro-seq train --help lists the forms)") from None
+    except KeyError as e:  # a pickle without one of the splits
+        raise SystemExit(f"pyro-seq: error: --data {spec}: {e.args[0]}") from None
 
 
 def _load_weights(path):
@@ -134,26 +111,83 @@ def _to_cpu(value):
     return value
 
 
+#: AIS chains of ``evaluate --objective ais`` when ``--particles`` is not given.
+AIS_CHAINS = 100
+#: The entries of a run's ``config.json`` the commands read, and their types.
+RUN_KEYS = {"model": str, "obs_dim": int, "model_options": dict, "data": str}
+
+
+def _read_config(out_dir):
+    """The ``config.json`` of run folder ``out_dir`` (a dict with :data:`RUN_KEYS`); one line
+    naming the file and the remedy when it is not valid JSON or lacks an entry."""
+    cfg_path = Path(out_dir) / "config.json"
+    retrain = f"retrain with pyro-seq train --out {out_dir} --restart"
+    try:
+        run = json.loads(cfg_path.read_text())
+    except UnicodeDecodeError:
+        raise SystemExit(f"pyro-seq: error: {cfg_path} is not text (not a config.json written by "
+                         f"pyro-seq train); {retrain}") from None
+    except json.JSONDecodeError as e:
+        raise SystemExit(f"pyro-seq: error: {cfg_path} is not valid JSON ({e.msg} at line "
+                         f"{e.lineno} column {e.colno}: truncated or edited?); {retrain}") from None
+    except OSError as e:
+        raise SystemExit(f"pyro-seq: error: cannot read {cfg_path}: {e.strerror or e}") from None
+    if not isinstance(run, dict):
+        raise SystemExit(f"pyro-seq: error: {cfg_path} holds a JSON {type(run).__name__}, not "
+                         f"the settings of a run; {retrain}")
+    nouns = {str: "a string", int: "a whole number", dict: "an object"}
+    for key, kind in RUN_KEYS.items():
+        if not isinstance(run.get(key), kind) or isinstance(run.get(key), bool):
+            raise SystemExit(f"pyro-seq: error: {cfg_path} has no valid {key!r} entry "
+                             f"({nouns[kind]}); {retrain}")
+    return run
+
+
+def _load_best(model, out_dir, name, load=True):
+    """Read ``out_dir/best.pt`` and check that it fits ``model`` (the run's ``name``); load it
+    into ``model`` unless ``load`` is False. One line naming the file and the remedy when it is
+    damaged, holds a NaN or an infinity (:class:`~pyro_seq.train.CheckpointError`) or holds
+    the weights of another model."""
+    from pyro_seq.train.checkpoint import state_dict_mismatch
+
+    state = _load_weights(Path(out_dir) / "best.pt")
+    problem = state_dict_mismatch(model.state_dict(), state)
+    if problem is None and load:
+        try:
+            model.load_state_dict(state)
+        except RuntimeError as e:  # e.g. a custom load hook: torch's message on one line
+            problem = " ".join(str(e).split("\n", 1)[-1].split())
+    if problem is not None:
+        raise SystemExit(f"pyro-seq: error: best.pt in {out_dir} holds weights of another model, "
+                         f"not of the run's {name} ({problem}): retrain with pyro-seq train "
+                         f"--out {out_dir} --restart")
+
+
 def _load_run(out_dir, device="cpu"):
     out_dir = Path(out_dir)
     cfg_path = out_dir / "config.json"
     if not cfg_path.exists():
-        raise SystemExit(f"{out_dir} is not a run folder (no config.json); train first")
-    run = json.loads(cfg_path.read_text())
+        raise SystemExit(f"pyro-seq: error: {out_dir} is not a run folder (no config.json); "
+                         "train first")
+    run = _read_config(out_dir)
     model = build_model(run["model"], run["obs_dim"], run["model_options"])
     weights = out_dir / "best.pt"
     if not weights.exists():
-        raise SystemExit(f"no trained weights in {out_dir} (best.pt missing)")
-    model.load_state_dict(_load_weights(weights))
+        raise SystemExit(f"pyro-seq: error: no trained weights in {out_dir} (best.pt missing); "
+                         "train first")
+    _load_best(model, out_dir, run["model"])
     model.to(_device(device))
     model.eval()
     return run, model
 
 
-def _load_run_and_data(args, splits):
+def _load_run_and_data(args, splits, require=None):
     """The trained run ``args.run``, and the splits of ``args.data`` (default: the run's data),
-    checked by the package's validator."""
+    checked by the package's validator; the model must declare task ``require`` (if given),
+    checked before the data are read."""
     run, model = _load_run(args.run, args.device)
+    if require is not None:
+        model.require(require)
     spec = args.data or run["data"]
     data = _load_data(spec, splits=splits)
     _check_data(data, model, spec)
@@ -205,28 +239,40 @@ def cmd_train(args):
            "train": {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(config).items()}}
     torch.manual_seed(args.seed)
     model = build_model(args.model, obs_dim, options)
-    from pyro_seq.train.objectives import check_objective
+    from pyro_seq.train.objectives import check_objective, make_objective
 
     try:
         check_objective(model, args.objective)
+        make_objective(args.objective, args.particles, args.free_bits, cd_steps=args.cd_steps)
     except ValueError as e:
         raise SystemExit(f"pyro-seq: error: {e}") from None
+    if args.missing_prob > 0 and model.energy_based:  # the trainer refuses it, after writing
+        raise SystemExit(f"pyro-seq: error: --missing-prob {args.missing_prob} marks steps "
+                         f"unobserved, which needs a latent-variable model; {args.model} is "
+                         "energy-based: train it without --missing-prob")
     _check_data(data, model, args.data)  # before anything is written to --out
     cfg_path = out_dir / "config.json"
     if cfg_path.exists() and not args.restart:
-        previous = json.loads(cfg_path.read_text())
+        previous = _read_config(out_dir)
         if (previous["model"], previous["model_options"]) != (run["model"], run["model_options"]):
-            raise SystemExit(f"{out_dir} holds a different model; use another --out or --restart")
+            raise SystemExit(f"pyro-seq: error: {out_dir} holds a different model; use another "
+                             "--out or --restart")
+        if (out_dir / "best.pt").exists():  # resuming: the weights must be this model's
+            _load_best(model, out_dir, args.model, load=False)
     out_dir.mkdir(parents=True, exist_ok=True)
     cfg_path.write_text(json.dumps(run, indent=1))
     print(f"training {args.model} on {args.data}: {len(data['train'])} train / "
           f"{len(data['valid'])} valid sequences, objective {args.objective} (K={args.particles})")
-    history = fit(model, data["train"], data["valid"], config, out_dir, resume=not args.restart)
+    try:
+        history = fit(model, data["train"], data["valid"], config, out_dir,
+                      resume=not args.restart)
+    except (ValueError, FloatingPointError) as e:  # a resume mismatch, a diverged run
+        raise SystemExit(f"pyro-seq: error: {e}") from None
     if history:
         print(f"last epoch: {json.dumps(history[-1])}")
     if data.get("test"):
-        model.load_state_dict(_load_weights(out_dir / "best.pt"))
-        energy = getattr(model, "energy_based", False)
+        _load_best(model, out_dir, args.model)
+        energy = model.energy_based
         method = "pseudo_likelihood" if energy else "elbo"
         result = evaluate_bound(model, data["test"], method=method)
         (out_dir / "test.json").write_text(json.dumps(result, indent=1))
@@ -242,20 +288,29 @@ def cmd_evaluate(args):
     from pyro_seq.train import evaluate_bound
 
     run, model, data = _load_run_and_data(args, (args.split,))
-    if args.objective is None:
-        args.objective = "ais" if getattr(model, "energy_based", False) else "elbo"
+    if args.objective is None:  # the model's first evaluation method is its default
+        args.objective = (model.evaluation_methods or ("elbo",))[0]
+    model.require(args.objective, "method")
+    particles = args.particles
+    if particles is None:  # one sample for the bounds, AIS_CHAINS chains for AIS
+        particles = AIS_CHAINS if args.objective == "ais" else 1
+    elif args.objective == "ais" and particles < 2:
+        raise SystemExit(f"pyro-seq: error: --particles {particles} with --objective ais: AIS "
+                         "needs at least 2 chains (for its standard error); leave --particles "
+                         f"out for {AIS_CHAINS}")
     torch.manual_seed(args.seed)
     try:
         result = evaluate_bound(model, data[args.split], batch_size=args.batch_size,
-                                method=args.objective, num_particles=args.particles,
+                                method=args.objective, num_particles=particles,
                                 num_betas=args.betas)
-    except ValueError as e:
+    except (ValueError, FloatingPointError) as e:
         raise SystemExit(f"pyro-seq: error: {e}") from None
     result["split"] = args.split
-    name = f"eval_{args.split}_{args.objective}_{args.particles}.json"
+    particles = result["num_particles"]  # the samples or chains actually used
+    name = f"eval_{args.split}_{args.objective}_{particles}.json"
     (Path(args.run) / name).write_text(json.dumps(result, indent=1))
     stderr = (f" +- {result['stderr_per_step']:.4f}" if "stderr_per_step" in result else "")
-    print(f"{args.split} {args.objective} (K={args.particles}): {result['per_step']:.4f}{stderr} "
+    print(f"{args.split} {args.objective} (K={particles}): {result['per_step']:.4f}{stderr} "
           f"nats per time step over {result['num_steps']} steps of {result['num_sequences']} sequences")
     return 0
 
@@ -267,19 +322,27 @@ def cmd_impute(args):
     from pyro_seq.train.plots import plot_recovery, plot_video
 
     run, model, data = _load_run_and_data(args, ("train", args.split))
-    video = hasattr(model, "impute_frames")
-    if args.method is None:
-        args.method = "smoothing" if video else "iterative"
+    model.require("impute")
+    video = model.frame_shape is not None
+    if args.method is None:  # the model's first imputation method is its default
+        args.method = model.impute_methods[0]
+    model.require(args.method, "impute_method")
     drop = 1 if args.drop_prob is not None else args.drop
     seqs = [s for s in data[args.split] if s.shape[0] > drop][: args.num]
     if not seqs:
-        raise SystemExit(f"pyro-seq: error: no {args.split} sequence is longer than --drop {args.drop}")
+        what = "1 step (--drop-prob keeps the first)" if args.drop_prob is not None else \
+            f"--drop {args.drop}"
+        raise SystemExit(f"pyro-seq: error: no {args.split} sequence is longer than {what}")
     g = torch.Generator().manual_seed(args.seed)
     x, mask = pad_sequences(seqs)
     if args.drop_prob is not None:
         observed = drop_frames(mask, args.drop_prob, generator=g, keep_first=1)
     else:
         observed = drop_steps(mask, args.drop, generator=g)
+    if not bool((~observed & mask).any()):  # nothing to impute: every score would be NaN
+        raise SystemExit(f"pyro-seq: error: --drop-prob {args.drop_prob} dropped no step of the "
+                         f"{len(seqs)} {args.split} sequences; raise --drop-prob or --num, or "
+                         "change --seed")
     torch.manual_seed(args.seed)
     device = _device(args.device)
     try:
@@ -304,7 +367,7 @@ def cmd_impute(args):
     L = int(mask[0].sum())
     png = out / f"impute_{args.split}_0.png"
     if video:  # the recovered video beside the truth (missing frames decoded by the model)
-        H, W = model.image_shape[-2:]
+        H, W = model.frame_shape[-2:]
         frames = torch.cat([x[0, :L].reshape(L, H, W), probs[0, :L].reshape(L, H, W)], -1)
         plot_video(frames, png, title=f"truth | {args.method} (missing steps "
                    f"{(~observed[0, :L]).nonzero().flatten().tolist()})")
@@ -326,6 +389,7 @@ def cmd_denoise(args):
     from pyro_seq.train.plots import plot_recovery
 
     run, model, data = _load_run_and_data(args, (args.split,))
+    model.require("denoise")
     seqs = data[args.split][: args.num]
     g = torch.Generator().manual_seed(args.seed)
     x, mask = pad_sequences(seqs)
@@ -350,20 +414,179 @@ def cmd_denoise(args):
 
 def cmd_sample(args):
     from pyro_seq.data.midi import piano_roll_to_midi
-    from pyro_seq.train.plots import plot_piano_roll
+    from pyro_seq.train.plots import plot_features, plot_piano_roll, plot_video
 
     run, model = _load_run(args.run, args.device)
+    model.require("generate")
     torch.manual_seed(args.seed)
     x, params = _to_cpu(model.generate(args.num, args.length))
     out = Path(args.run)
     for i in range(args.num):
-        probs = torch.sigmoid(params[i]) if torch.is_tensor(params) else None
         png = out / f"sample_{i}.png"
-        mid = out / f"sample_{i}.mid"
-        plot_piano_roll(x[i], png, probs=probs, title=f"{run['model']} sample {i}")
-        piano_roll_to_midi(x[i], mid, step_seconds=args.step_seconds)
-        print(f"wrote {png} and {mid}")
+        title = f"{run['model']} sample {i}"
+        if model.frame_shape is not None:  # a video: its trajectory and frames
+            frames = x[i].reshape((args.length,) + tuple(model.frame_shape))
+            if frames.dim() == 4:  # (T, C, H, W): the channels' mean
+                frames = frames.mean(1)
+            plot_video(frames.clamp(0, 1), png, title=title)
+            print(f"wrote {png}")
+        elif model.binary_observations:  # a piano roll (MIDI when it has the 88 keys)
+            probs = torch.sigmoid(params[i]) if torch.is_tensor(params) else None
+            plot_piano_roll(x[i], png, probs=probs, title=title)
+            if model.obs_dim == PIANO_KEYS:
+                mid = out / f"sample_{i}.mid"
+                piano_roll_to_midi(x[i], mid, step_seconds=args.step_seconds)
+                print(f"wrote {png} and {mid}")
+            else:
+                print(f"wrote {png}")
+        else:  # real-valued features over time
+            plot_features(x[i], png, title=title)
+            print(f"wrote {png}")
     return 0
+
+
+def cmd_forecast(args):
+    """Continue the first ``--prefix`` steps of each sequence for ``--steps`` steps in
+    generation mode (:func:`pyro_seq.tasks.forecast`, ``--num-samples`` paths each) and score
+    the true continuation: its log-likelihood under the forecast mixture (binary observations)
+    and the mean absolute error of the mean forecast."""
+    from pyro_seq.tasks import forecast
+
+    run, model, data = _load_run_and_data(args, ("train", args.split), require="forecast")
+    if model.input_dim:
+        raise SystemExit(f"pyro-seq: error: {run['model']} takes {model.input_dim} known inputs "
+                         "per step, which forecast cannot pass; call pyro_seq.tasks.forecast "
+                         "from Python")
+    P, K = args.prefix, args.steps
+    seqs = [s for s in data[args.split] if s.shape[0] >= P + K][: args.num]
+    if not seqs:
+        longest = max((s.shape[0] for s in data[args.split]), default=0)
+        raise SystemExit(f"pyro-seq: error: no {args.split} sequence has --prefix {P} + --steps "
+                         f"{K} = {P + K} steps (the longest has {longest}); lower --prefix or "
+                         "--steps")
+    x = torch.stack([s[:P + K] for s in seqs])                           # (B, P + K, D)
+    prefix, truth = x[:, :P], x[:, P:]
+    binary = model.binary_observations
+    device = _device(args.device)
+    torch.manual_seed(args.seed)
+    try:
+        res = forecast(model, prefix.to(device), K, num_samples=args.num_samples,
+                       target=truth.to(device) if binary else None)
+    except ValueError as e:
+        raise SystemExit(f"pyro-seq: error: {e}") from None
+    mean = res.means.cpu().mean(0)                                        # (B, K, D)
+    error = (mean - truth).abs()
+    last = (prefix[:, -1:] - truth).abs()                                 # persistence baseline
+    result = {"split": args.split, "prefix": P, "steps": K, "num_samples": args.num_samples,
+              "num_sequences": len(seqs),
+              "mean_absolute_error": float(error.mean()),
+              "mean_absolute_error_by_step": error.mean((0, 2)).tolist(),
+              "baseline_mean_absolute_error": float(last.mean()),
+              "baseline": "the last prefix step repeated"}
+    line = f"mean absolute error {result['mean_absolute_error']:.4f} (last prefix step: " \
+           f"{result['baseline_mean_absolute_error']:.4f})"
+    if binary:  # log (1/S) sum_s p(x_{P+k} | path_s), nats per step (summed over the features)
+        log_prob = res.log_prob.cpu()                                     # (B, K)
+        freq = torch.cat(data["train"]).float().mean(0).clamp(1e-6, 1 - 1e-6)
+        base = (truth * freq.log() + (1 - truth) * (-freq).log1p()).sum(-1)
+        result.update(log_likelihood_per_step=float(log_prob.mean()),
+                      log_likelihood_by_step=log_prob.mean(0).tolist(),
+                      baseline_log_likelihood_per_step=float(base.mean()),
+                      baseline="the last prefix step repeated (mean absolute error); training-"
+                               "set element frequencies (log-likelihood)")
+        line = f"log-likelihood {result['log_likelihood_per_step']:.4f} nats per step " \
+               f"(element frequencies: {result['baseline_log_likelihood_per_step']:.4f}), " + line
+    out = Path(args.run)
+    (out / f"forecast_{args.split}.json").write_text(json.dumps(result, indent=1))
+    png = out / f"forecast_{args.split}_0.png"
+    _plot_forecast(model, x[0], mean[0], P, png, f"{run['model']} forecast from step {P}")
+    print(f"forecast {K} steps after {P} of {len(seqs)} {args.split} sequences "
+          f"({args.num_samples} samples): {line}; figure {png}")
+    return 0
+
+
+def _plot_forecast(model, truth, mean, P, path, title):
+    """The truth ``(P + K, D)`` beside the prefix continued by the mean forecast ``(K, D)``:
+    videos frame by frame, binary data as piano rolls (prefix, truth and forecast
+    probabilities), real values as curves (truth solid, forecast dashed)."""
+    from pyro_seq.train.plots import plot_recovery, plot_video, plt
+
+    forecast = torch.cat([truth[:P], mean])
+    if model.frame_shape is not None:
+        frames = [v.reshape((v.shape[0],) + tuple(model.frame_shape)) for v in (truth, forecast)]
+        frames = [f.mean(1) if f.dim() == 4 else f for f in frames]       # RGB: channel mean
+        plot_video(torch.cat(frames, -1).clamp(0, 1), path, title=f"truth | forecast after {P}")
+    elif model.binary_observations:
+        shown = torch.cat([truth[:P], torch.full_like(mean, float("nan"))])
+        plot_recovery(truth, shown, (forecast > 0.5).float(), path, probs=forecast, title=title)
+    else:
+        fig, ax = plt.subplots(figsize=(8, 4))
+        for d in range(min(truth.shape[1], 4)):
+            line, = ax.plot(truth[:, d].numpy(), label=f"feature {d}")
+            ax.plot(range(P, truth.shape[0]), mean[:, d].numpy(), "--", color=line.get_color())
+        ax.axvline(P - 0.5, color="grey", lw=0.8)
+        ax.set_xlabel("time step")
+        ax.set_title(f"{title} (solid: truth, dashed: mean forecast)")
+        ax.legend(fontsize="small")
+        fig.tight_layout()
+        fig.savefig(path, dpi=120)
+        plt.close(fig)
+
+
+def _number(kind, low, high=None, low_open=False, high_open=False):
+    """An argparse ``type=``: a finite ``kind`` (int or float) in the interval from ``low`` to
+    ``high`` (open at an end when ``low_open`` / ``high_open``). argparse refuses anything else
+    with the usage line and one error line naming the option and the range (exit code 2)."""
+    import math
+
+    noun = "a whole number" if kind is int else "a number"
+    if high is None:
+        if kind is int and not low_open:
+            rng = f">= {low}"
+        else:
+            rng = f"{'>' if low_open else '>='} {low}"
+    else:
+        rng = f"in {'(' if low_open else '['}{low}, {high}{')' if high_open else ']'}"
+
+    def parse(text):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {noun} {rng}, got {text!r}") from None
+        if (not math.isfinite(value) or value < low or (low_open and value == low)
+                or (high is not None and (value > high or (high_open and value == high)))):
+            raise argparse.ArgumentTypeError(f"must be {noun} {rng}, got {text}")
+        return value
+
+    parse.__name__ = f"{noun} {rng}"
+    return parse
+
+
+POSITIVE_INT = _number(int, 1)
+COUNT = _number(int, 0)
+AT_LEAST_TWO = _number(int, 2)
+SEED = _number(int, 0, 2 ** 63 - 1)
+POSITIVE = _number(float, 0, low_open=True)
+NON_NEGATIVE = _number(float, 0)
+AT_LEAST_ONE = _number(float, 1)
+PROBABILITY = _number(float, 0, 1)
+PROBABILITY_BELOW_ONE = _number(float, 0, 1, high_open=True)
+FRACTION = _number(float, 0, 1, low_open=True, high_open=True)
+
+
+def _data_help():
+    """``--data``'s help, from the names :func:`pyro_seq.data.load_dataset` knows."""
+    from pyro_seq.data.datasets import NAMED_PICKLES, NAVIGATION, SIMULATED
+
+    pickles = ", ".join(f"{name} ({file})" for name, file in NAMED_PICKLES.items())
+    return ("a data set by name or a file: chorales (music21's Bach chorales, built in; "
+            "default); japanese_vowels (12 real-valued LPC coefficients per frame, from the "
+            f"aeon package); a Boulanger-Lewandowski piano-roll pickle by name: {pickles}, "
+            "looked up in the folders of $PYRO_SEQ_DATA, then the cache (nothing is "
+            f"downloaded); simulated videos: {', '.join(SIMULATED)} (NAME:N: N training "
+            f"sequences); the GTM-SM's image navigation: {', '.join(NAVIGATION)} (NAME:N or "
+            "NAME:N:T: N training sequences of T steps); or the path of a "
+            "Boulanger-Lewandowski piano-roll pickle (e.g. jsb_chorales.pickle)")
 
 
 def _train_defaults():
@@ -378,20 +601,21 @@ def make_parser():
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("train", help="train a model with SVI (resumes if --out has a checkpoint)")
-    p.add_argument("--model", choices=MODELS, default="srnn", help="architecture (default srnn)")
-    p.add_argument("--data", default="chorales",
-                   help="'chorales' (music21's Bach chorales, built in) or the path of a "
-                        "piano-roll pickle (e.g. jsb_chorales.pickle)")
+    p.add_argument("--model", choices=model_names(), default="srnn",
+                   help="architecture (default srnn; what each supports: docs, API, models)")
+    p.add_argument("--data", default="chorales", help=_data_help())
     p.add_argument("--objective", choices=("elbo", "meanfield", "iwae", "fivo", "cd"),
                    default="elbo",
                    help="training objective (default elbo = Trace_ELBO; cd = contrastive "
                         "divergence, for --model rtrbm)")
-    p.add_argument("--particles", type=int, default=1, help="samples K of the objective")
-    p.add_argument("--cd-steps", type=int, default=1, help="Gibbs sweeps k of --objective cd")
-    p.add_argument("--epochs", type=int, default=100, help="maximum number of epochs")
-    p.add_argument("--batch-size", type=int, default=20, help="sequences per minibatch")
-    p.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate")
-    p.add_argument("--clip-norm", type=float, default=10.0, help="gradient norm clip per tensor")
+    p.add_argument("--particles", type=POSITIVE_INT, default=1, help="samples K of the objective")
+    p.add_argument("--cd-steps", type=POSITIVE_INT, default=1,
+                   help="Gibbs sweeps k of --objective cd")
+    p.add_argument("--epochs", type=COUNT, default=100, help="maximum number of epochs")
+    p.add_argument("--batch-size", type=POSITIVE_INT, default=20, help="sequences per minibatch")
+    p.add_argument("--lr", type=POSITIVE, default=1e-3, help="Adam learning rate")
+    p.add_argument("--clip-norm", type=POSITIVE, default=10.0,
+                   help="gradient norm clip per tensor")
     defaults = _train_defaults()
     p.add_argument("--lr-schedule", choices=("plateau", "exponential", "constant"),
                    default=defaults.lr_schedule,
@@ -400,22 +624,22 @@ def make_parser():
                         "exponential: constant for --lr-decay-after epochs, then divided by "
                         "--lr-decay-factor per epoch (the SRNN code); constant: --lr, times "
                         "--lrd after every update")
-    p.add_argument("--plateau-factor", type=float, default=defaults.plateau_factor,
+    p.add_argument("--plateau-factor", type=FRACTION, default=defaults.plateau_factor,
                    help=f"rate multiplier on a validation plateau (default {defaults.plateau_factor})")
-    p.add_argument("--plateau-patience", type=int, default=defaults.plateau_patience,
+    p.add_argument("--plateau-patience", type=COUNT, default=defaults.plateau_patience,
                    help="epochs without validation improvement tolerated before the rate is "
                         f"reduced (default {defaults.plateau_patience})")
     p.add_argument("--plateau-restore-best", action=argparse.BooleanOptionalAction,
                    default=defaults.plateau_restore_best,
                    help="when the plateau schedule lowers the rate, go back to the weights of "
                         "the best validation epoch (default on)")
-    p.add_argument("--plateau-min-lr", type=float, default=defaults.plateau_min_lr,
+    p.add_argument("--plateau-min-lr", type=NON_NEGATIVE, default=defaults.plateau_min_lr,
                    help=f"lowest rate of the plateau schedule (default {defaults.plateau_min_lr:g})")
-    p.add_argument("--lrd", type=float, default=defaults.lrd,
+    p.add_argument("--lrd", type=POSITIVE, default=defaults.lrd,
                    help="learning-rate decay per step (--lr-schedule constant)")
-    p.add_argument("--lr-decay-after", type=int, default=defaults.lr_decay_after,
+    p.add_argument("--lr-decay-after", type=COUNT, default=defaults.lr_decay_after,
                    help="epochs at the full rate (--lr-schedule exponential)")
-    p.add_argument("--lr-decay-factor", type=float, default=defaults.lr_decay_factor,
+    p.add_argument("--lr-decay-factor", type=AT_LEAST_ONE, default=defaults.lr_decay_factor,
                    help="divide the rate by this per epoch after --lr-decay-after")
     from pyro_seq.train.trainer import INITS
 
@@ -424,33 +648,36 @@ def make_parser():
                         "code's weights for an SRNN plus, for Bernoulli emissions, the output "
                         "bias from the training notes' frequencies; bias = the output bias only; "
                         f"none = as built (default {defaults.init})")
-    p.add_argument("--missing-prob", type=float, default=0.0,
+    p.add_argument("--missing-prob", type=PROBABILITY_BELOW_ONE, default=0.0,
                    help="train with each step missing with this probability (thesis app. 6.10)")
-    p.add_argument("--kl-start", type=float, default=0.2, help="initial KL weight beta")
-    p.add_argument("--kl-anneal-steps", type=int, default=1000,
+    p.add_argument("--kl-start", type=PROBABILITY, default=0.2, help="initial KL weight beta")
+    p.add_argument("--kl-anneal-steps", type=COUNT, default=1000,
                    help="updates over which beta rises linearly to 1 (0: no annealing)")
     p.add_argument("--schedule-during-annealing", action=argparse.BooleanOptionalAction,
                    default=defaults.schedule_during_annealing,
                    help="step the plateau schedule and early stopping while beta < 1 too")
-    p.add_argument("--free-bits", type=float, default=0.0, help="free bits per latent site (nats)")
-    p.add_argument("--chunk-length", type=int, default=None, help="train on windows of this length")
-    p.add_argument("--patience", type=int, default=defaults.patience,
+    p.add_argument("--free-bits", type=NON_NEGATIVE, default=0.0,
+                   help="free bits per latent site (nats)")
+    p.add_argument("--chunk-length", type=POSITIVE_INT, default=None,
+                   help="train on windows of this length")
+    p.add_argument("--patience", type=COUNT, default=defaults.patience,
                    help="stop after this many epochs without validation improvement; the best "
                         f"weights are kept (default {defaults.patience}; 0: never stop early)")
-    p.add_argument("--time-limit", type=float, default=None, help="stop after this many seconds")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    p.add_argument("--time-limit", type=POSITIVE, default=None,
+                   help="stop after this many seconds")
+    p.add_argument("--threads", type=POSITIVE_INT, default=None, help="torch CPU threads")
     _device_option(p, defaults.device)
-    p.add_argument("--nproc", type=int, default=1,
+    p.add_argument("--nproc", type=POSITIVE_INT, default=1,
                    help="data-parallel processes (torch.distributed: gloo on CPU, nccl on CUDA); "
                         "each takes a shard of every minibatch")
-    p.add_argument("--z-dim", type=int, default=None, help="latent size")
+    p.add_argument("--z-dim", type=POSITIVE_INT, default=None, help="latent size")
     p.add_argument("--inference", choices=("smoothing", "filtering", "prior", "landmark"),
                    default=None,
                    help="inference network: smoothing or filtering (DMM, SRNN, VRNN; thesis Fig. "
                         "4.2), prior or landmark (GTM-SM; thesis appendix 7.10)")
     p.add_argument("--model-option", action="append", metavar="KEY=VALUE",
                    help="further model constructor option (JSON value), repeatable")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=SEED, default=0)
     p.add_argument("--out", required=True, help="run folder")
     p.add_argument("--restart", action="store_true", help="ignore an existing checkpoint")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -465,48 +692,65 @@ def make_parser():
                    help="estimator: ELBO, IWAE or SMC (FIVO) bound; for an RTRBM the "
                         "log-likelihood by AIS (--particles chains, --betas temperatures; "
                         "default) or exact enumeration (small models), or the pseudo-likelihood")
-    p.add_argument("--betas", type=int, default=1000, help="AIS temperatures (--objective ais)")
-    p.add_argument("--particles", type=int, default=1, help="samples K of the estimator")
-    p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--betas", type=AT_LEAST_TWO, default=1000,
+                   help="AIS temperatures (--objective ais)")
+    p.add_argument("--particles", type=POSITIVE_INT, default=None,
+                   help=f"samples K of the estimator (default 1), or AIS chains (at least 2; "
+                        f"default {AIS_CHAINS})")
+    p.add_argument("--batch-size", type=POSITIVE_INT, default=32)
+    p.add_argument("--seed", type=SEED, default=0)
     _device_option(p)
     p.set_defaults(func=cmd_evaluate)
 
     p = sub.add_parser("sample", help="generate sequences: piano-roll PNG and MIDI files")
     p.add_argument("run", help="run folder written by train")
-    p.add_argument("--length", type=int, default=64, help="time steps per sample")
-    p.add_argument("--num", type=int, default=1, help="number of samples")
-    p.add_argument("--step-seconds", type=float, default=0.25, help="MIDI duration of a step")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--length", type=POSITIVE_INT, default=64, help="time steps per sample")
+    p.add_argument("--num", type=POSITIVE_INT, default=1, help="number of samples")
+    p.add_argument("--step-seconds", type=POSITIVE, default=0.25,
+                   help="MIDI duration of a step")
+    p.add_argument("--seed", type=SEED, default=0)
     _device_option(p)
     p.set_defaults(func=cmd_sample)
 
     p = _task_parser(sub, "impute", cmd_impute,
                      "drop steps of test sequences and impute them (seed 002 4.3)")
-    p.add_argument("--drop", type=int, default=8, help="consecutive steps dropped per sequence")
-    p.add_argument("--drop-prob", type=float, default=None,
+    p.add_argument("--drop", type=POSITIVE_INT, default=8,
+                   help="consecutive steps dropped per sequence")
+    p.add_argument("--drop-prob", type=FRACTION, default=None,
                    help="drop each step with this probability instead (thesis Fig. 6.3a)")
     p.add_argument("--method", default=None,
                    choices=("iterative", "importance", "smoothing", "filtering", "generation"),
                    help="iterative (default) or importance; smoothing (KVAE default), filtering "
                         "or generation for a KVAE")
-    p.add_argument("--iterations", type=int, default=20, help="iterations (iterative method)")
-    p.add_argument("--particles", type=int, default=64, help="particles (importance method)")
+    p.add_argument("--iterations", type=POSITIVE_INT, default=20,
+                   help="iterations (iterative method)")
+    p.add_argument("--particles", type=POSITIVE_INT, default=64,
+                   help="particles (importance method)")
 
     p = _task_parser(sub, "denoise", cmd_denoise,
                      "flip notes at random and denoise online (seed 002 4.2)")
-    p.add_argument("--flip", type=float, default=0.05, help="probability of flipping an element")
+    p.add_argument("--flip", type=PROBABILITY, default=0.05,
+                   help="probability of flipping an element")
+
+    p = _task_parser(sub, "forecast", cmd_forecast,
+                     "continue the start of each test sequence in generation mode and score "
+                     "the true continuation")
+    p.add_argument("--prefix", type=POSITIVE_INT, default=8,
+                   help="steps P given to the model (sequences of at least P + K steps are used)")
+    p.add_argument("--steps", type=POSITIVE_INT, default=8, help="steps K forecast")
+    p.add_argument("--num-samples", type=POSITIVE_INT, default=100,
+                   help="sampled continuations S per sequence")
     return parser
 
 
 def _task_parser(sub, name, func, help_text):
-    """The options shared by the tasks on a trained run (impute, denoise)."""
+    """The options shared by the tasks on a trained run (impute, denoise, forecast)."""
     p = sub.add_parser(name, help=help_text)
     p.add_argument("run", help="run folder written by train")
     p.add_argument("--data", default=None, help="data set (default: the run's)")
-    p.add_argument("--split", default="test")
-    p.add_argument("--num", type=int, default=1000, help="at most this many sequences")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--split", default="test", choices=("train", "valid", "test"))
+    p.add_argument("--num", type=POSITIVE_INT, default=1000, help="at most this many sequences")
+    p.add_argument("--seed", type=SEED, default=0)
     _device_option(p)
     p.set_defaults(func=func)
     return p
@@ -521,10 +765,12 @@ def _device_option(p, default="cpu"):
 def main(argv=None):
     from pyro_seq.train import CheckpointError
 
+    from pyro_seq.models import Unsupported
+
     args = make_parser().parse_args(argv)
     try:
         return args.func(args)
-    except CheckpointError as e:  # one line naming the file and what to do, no traceback
+    except (CheckpointError, Unsupported) as e:  # one line: the file or the model, what to do
         raise SystemExit(f"pyro-seq: error: {e}") from None
 
 

@@ -187,3 +187,22 @@ def test_train_schedule_and_init_options_default_to_fits_and_reach_the_run(tiny_
     with pytest.raises(SystemExit, match="pyro-seq: error: the per-update decay lrd belongs to "
                                          "lr_schedule='constant'"):
         main(["train", "--data", str(tiny_pickle), "--out", str(tmp_path / "x"), "--lrd", "0.99"])
+
+
+def test_train_help_lists_every_data_form_load_dataset_accepts(capsys, monkeypatch):
+    """--data's help is written from load_dataset's own name lists, so the two cannot drift."""
+    import re
+
+    from pyro_seq.data.datasets import NAMED_PICKLES, NAVIGATION, SIMULATED
+
+    monkeypatch.setenv("COLUMNS", "1000")  # argparse wraps to the terminal: no broken names
+    with pytest.raises(SystemExit) as info:
+        main(["train", "--help"])
+    assert info.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())
+    data_help = text[text.index("--data DATA "):text.index(" --objective {")]
+    for name in ("chorales", "japanese_vowels", *NAMED_PICKLES, *NAMED_PICKLES.values(),
+                 *SIMULATED, *NAVIGATION):
+        assert re.search(rf"(?<![\w.]){re.escape(name)}(?![\w])", data_help), name
+    for form in ("NAME:N", "NAME:N:T", "$PYRO_SEQ_DATA", "path of a Boulanger-Lewandowski"):
+        assert form in data_help, form

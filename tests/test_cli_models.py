@@ -148,7 +148,77 @@ def test_gtmsm_trains_on_image_navigation_from_the_command_line(tmp_path, capsys
     assert m.frame_shape == (3, 8, 8) and m.pack_actions
     with pytest.raises(SystemExit, match="not a square frame"):
         build_model("gtmsm", 50 + 5, {})
-    with pytest.raises(SystemExit, match="packed actions"):
+    with pytest.raises(SystemExit, match="pack_actions must be false when the data carry the actions as inputs, true when the actions are packed"):
         build_model("gtmsm", 69, {"pack_actions": False})
     with pytest.raises(ValueError, match="image_navigation:N:T"):
         load_dataset("image_navigation:5:x")
+
+
+TINY_DMM = ["--z-dim", "2", "--model-option", "rnn_dim=6", "--model-option", "transition_dim=6",
+            "--model-option", "emission_dim=6"]
+
+
+def test_forecast_command_scores_the_true_continuation(tiny_pickle, tmp_path, capsys):
+    """pyro-seq forecast: the numbers of forecast_test.json recomputed by hand from the same
+    draws of pyro_seq.tasks.forecast: log (1/S) sum_s prod_d Bernoulli(x_d | p_sd) per step,
+    the mean absolute error of the mean forecast, and the two baselines."""
+    import json
+
+    import torch
+
+    from pyro_seq.cli import _load_run
+    from pyro_seq.data import load_dataset
+    from pyro_seq.tasks import forecast
+
+    out = tmp_path / "dmm"
+    assert main(["train", "--model", "dmm", "--data", str(tiny_pickle), "--epochs", "1",
+                 "--quiet", "--batch-size", "4", "--out", str(out)] + TINY_DMM) == 0
+    capsys.readouterr()
+    assert main(["forecast", str(out), "--prefix", "3", "--steps", "2", "--num-samples", "4",
+                 "--seed", "1"]) == 0
+    text = capsys.readouterr().out
+    result = json.loads((out / "forecast_test.json").read_text())
+    data = load_dataset(str(tiny_pickle))
+    seqs = [s for s in data["test"] if s.shape[0] >= 5]
+    assert result["num_sequences"] == len(seqs) > 0 and result["num_samples"] == 4
+    x = torch.stack([s[:5] for s in seqs])
+    prefix, truth = x[:, :3], x[:, 3:].double()
+    _, model = _load_run(out)
+    torch.manual_seed(1)
+    means = forecast(model, prefix, 2, num_samples=4).means.double()      # (S, B, K, D)
+    per_path = (truth * means.log() + (1 - truth) * (1 - means).log()).sum(-1)  # (S, B, K)
+    mixture = per_path.exp().mean(0).log()                                # (B, K)
+    assert result["log_likelihood_per_step"] == pytest.approx(float(mixture.mean()), rel=1e-5)
+    assert result["log_likelihood_by_step"] == pytest.approx(mixture.mean(0).tolist(), rel=1e-5)
+    mae = (means.mean(0) - truth).abs()
+    assert result["mean_absolute_error"] == pytest.approx(float(mae.mean()), rel=1e-5)
+    assert result["mean_absolute_error_by_step"] == pytest.approx(mae.mean((0, 2)).tolist(),
+                                                                  rel=1e-5)
+    assert result["baseline_mean_absolute_error"] == pytest.approx(
+        float((prefix[:, -1:].double() - truth).abs().mean()), rel=1e-6)
+    freq = torch.cat(data["train"]).double().mean(0)
+    base = torch.distributions.Bernoulli(probs=freq).log_prob(truth).sum(-1).mean()
+    assert result["baseline_log_likelihood_per_step"] == pytest.approx(float(base), rel=1e-5)
+    assert (out / "forecast_test_0.png").stat().st_size > 0
+    assert f"forecast 2 steps after 3 of {len(seqs)} test sequences (4 samples): " \
+           f"log-likelihood {result['log_likelihood_per_step']:.4f} nats per step" in text
+
+
+def test_forecast_command_on_real_valued_data(tmp_path, capsys):
+    """Gaussian emissions: no log-likelihood of the target (pyro_seq.tasks.forecast scores
+    Bernoulli emissions only), the mean absolute error and a line plot."""
+    pytest.importorskip("aeon", reason="japanese_vowels comes with the aeon package")
+    import json
+
+    out = tmp_path / "dmm"
+    assert main(["train", "--model", "dmm", "--data", "japanese_vowels", "--epochs", "1",
+                 "--quiet", "--batch-size", "50", "--out", str(out), "--model-option",
+                 'likelihood="gaussian"'] + TINY_DMM) == 0
+    capsys.readouterr()
+    assert main(["forecast", str(out), "--prefix", "5", "--steps", "3", "--num", "3",
+                 "--num-samples", "5"]) == 0
+    result = json.loads((out / "forecast_test.json").read_text())
+    assert result["num_sequences"] == 3 and "log_likelihood_per_step" not in result
+    assert len(result["mean_absolute_error_by_step"]) == 3 and result["mean_absolute_error"] > 0
+    assert (out / "forecast_test_0.png").stat().st_size > 0
+    assert "mean absolute error" in capsys.readouterr().out

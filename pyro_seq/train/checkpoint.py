@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 __all__ = ["CheckpointError", "load_checkpoint", "load_weights", "restore", "save_checkpoint",
-           "save_weights"]
+           "save_weights", "state_dict_mismatch"]
 
 _CHECKPOINT_KEYS = ("model", "optimizer", "epoch", "global_step", "history", "torch_rng", "extra")
 
@@ -134,6 +134,47 @@ def load_checkpoint(path):
     return payload
 
 
+def _non_finite(state):
+    """``"holds non-finite values (NaN/inf) in the weight 'name'"`` for the first floating or
+    complex tensor of ``state`` with a NaN or an infinity, else None."""
+    for name, value in state.items():
+        if (value.is_floating_point() or value.is_complex()) and not bool(
+                torch.isfinite(value).all()):
+            return f"holds non-finite values (NaN/inf) in the weight {name!r}"
+    return None
+
+
+def _names(keys, limit):
+    keys = sorted(keys)
+    shown = ", ".join(repr(k) for k in keys[:limit])
+    return shown + (f" and {len(keys) - limit} more" if len(keys) > limit else "")
+
+
+def state_dict_mismatch(expected, state, limit=3):
+    """How the ``state_dict`` ``state`` (read from a file) fails to fit ``expected`` (the
+    model's ``state_dict()``), in one line, or None when every key matches with its shape.
+
+    The line lists the missing keys, the unexpected keys and the first entry whose shape
+    differs (at most ``limit`` names of each, then a count), e.g. ``"missing keys 'a', 'b' and
+    4 more; unexpected keys 'c'"``, where torch's message names every entry on a line of
+    its own.
+    """
+    missing = set(expected) - set(state)
+    unexpected = set(state) - set(expected)
+    shapes = [(k, tuple(state[k].shape), tuple(expected[k].shape)) for k in sorted(expected)
+              if k in state and tuple(state[k].shape) != tuple(expected[k].shape)]
+    parts = []
+    if missing:
+        parts.append(f"missing keys {_names(missing, limit)}")
+    if unexpected:
+        parts.append(f"unexpected keys {_names(unexpected, limit)}")
+    if shapes:
+        key, have, want = shapes[0]
+        more = f" and {len(shapes) - 1} more" if len(shapes) > 1 else ""
+        parts.append(f"size mismatch for {key!r}: {have} in the file, {want} in the model{more}")
+    return "; ".join(parts) or None
+
+
 def _is_count(v):
     return isinstance(v, int) and not isinstance(v, bool) and v >= 0
 
@@ -144,9 +185,9 @@ def _checkpoint_problem(payload):
     if not isinstance(model, dict) or not all(isinstance(k, str) and torch.is_tensor(v)
                                               for k, v in model.items()):
         return "has a model entry that is not a state_dict of named tensors"
-    for name, value in model.items():
-        if value.is_floating_point() and not bool(torch.isfinite(value).all()):
-            return f"holds non-finite values (NaN/inf) in the weight {name!r}"
+    problem = _non_finite(model)
+    if problem is not None:
+        return problem
     for key in ("epoch", "global_step"):
         if not _is_count(payload[key]):
             return f"has {key} = {payload[key]!r}, not a non-negative integer"
@@ -177,12 +218,17 @@ def load_weights(path):
     """Read a ``state_dict`` written by :func:`save_weights` (``weights_only=True``).
 
     :raises FileNotFoundError: no file at ``path``.
-    :raises CheckpointError: the file is truncated, corrupt or not a ``state_dict``.
+    :raises CheckpointError: the file is truncated, corrupt or not a ``state_dict`` of named
+        tensors, or holds a NaN or an infinity (training never saves one: a diverged run stops).
     """
     remedy = ("delete it and train again (train --restart, or a new output folder --out)")
     state = _load(path, "weights file", remedy)
-    if not isinstance(state, dict) or not all(torch.is_tensor(v) for v in state.values()):
+    if not isinstance(state, dict) or not all(isinstance(k, str) and torch.is_tensor(v)
+                                              for k, v in state.items()):
         raise CheckpointError(f"weights file {path} does not hold a model state_dict; {remedy}")
+    problem = _non_finite(state)
+    if problem is not None:
+        raise CheckpointError(f"weights file {path} {problem}; {remedy}")
     return state
 
 
@@ -198,10 +244,13 @@ def restore(payload, *, model, optimizer=None, restore_rng=True, path="checkpoin
     """
     remedy = ("resume with the model it was written for, or train into a new output folder "
               "(--out)")
-    try:
-        model.load_state_dict(payload["model"])
-    except RuntimeError as e:
-        detail = " ".join(str(e).split("\n", 1)[-1].split())
+    detail = state_dict_mismatch(model.state_dict(), payload["model"])
+    if detail is None:
+        try:
+            model.load_state_dict(payload["model"])
+        except RuntimeError as e:
+            detail = " ".join(str(e).split("\n", 1)[-1].split())
+    if detail is not None:
         raise CheckpointError(f"checkpoint {path} does not fit this model ({detail}); "
                               f"{remedy}") from None
     if optimizer is not None:

@@ -153,3 +153,53 @@ def test_fit_restores_threads_and_rng_when_it_raises(tmp_path):
         assert torch.equal(torch.get_rng_state(), state)
     finally:
         torch.set_num_threads(1)
+
+
+# --- weights of another model, non-finite weights ---------------------------------------------
+
+def test_state_dict_mismatch_names_missing_unexpected_and_reshaped_entries():
+    from pyro_seq.train.checkpoint import state_dict_mismatch
+
+    model = {"a": torch.zeros(2), "b": torch.zeros(3), "c": torch.zeros(1)}
+    assert state_dict_mismatch(model, {k: v.clone() for k, v in model.items()}) is None
+    found = {"a": torch.zeros(2), "b": torch.zeros(4), "d": torch.zeros(1)}
+    assert state_dict_mismatch(model, found) == (
+        "missing keys 'c'; unexpected keys 'd'; size mismatch for 'b': (4,) in the file, (3,) "
+        "in the model")
+    many = {f"k{i}": torch.zeros(1) for i in range(5)}
+    assert state_dict_mismatch(many, {}) == "missing keys 'k0', 'k1', 'k2' and 2 more"
+    assert state_dict_mismatch({}, many, limit=1) == "unexpected keys 'k0' and 4 more"
+    reshaped = {"w": torch.zeros(2, 3), "x": torch.zeros(5)}
+    assert state_dict_mismatch(reshaped, {"w": torch.zeros(3, 2), "x": torch.zeros(4)}) == (
+        "size mismatch for 'w': (3, 2) in the file, (2, 3) in the model and 1 more")
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_load_weights_refuses_non_finite_weights(tmp_path, bad):
+    path = tmp_path / "best.pt"
+    w = torch.ones(2, 3)
+    w[1, 2] = bad
+    save_weights({"a": torch.ones(2), "w": w, "steps": torch.tensor([7])}, path)
+    with pytest.raises(CheckpointError) as info:
+        load_weights(path)
+    assert str(info.value) == (
+        f"weights file {path} holds non-finite values (NaN/inf) in the weight 'w'; delete it "
+        "and train again (train --restart, or a new output folder --out)")
+    save_weights({"a": torch.ones(2), "steps": torch.tensor([7])}, path)  # finite: read back
+    assert torch.equal(load_weights(path)["steps"], torch.tensor([7]))
+
+
+def test_restore_names_the_entries_of_another_model_in_one_short_line(tmp_path):
+    from pyro_seq.train.checkpoint import restore
+
+    payload = {"model": torch.nn.Linear(2, 3).state_dict()}
+    with pytest.raises(CheckpointError) as info:
+        restore(payload, model=torch.nn.Linear(2, 4), path="ck.pt")
+    assert str(info.value) == (
+        "checkpoint ck.pt does not fit this model (size mismatch for 'bias': (3,) in the file, "
+        "(4,) in the model and 1 more); resume with the model it was written for, or train "
+        "into a new output folder (--out)")
+    payload = {"model": torch.nn.Bilinear(2, 2, 3).state_dict()}  # same keys: weight, bias
+    payload["model"]["extra"] = torch.zeros(1)
+    with pytest.raises(CheckpointError, match=r"\(unexpected keys 'extra'\)"):
+        restore(payload, model=torch.nn.Bilinear(2, 2, 3), path="ck.pt")
