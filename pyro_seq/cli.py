@@ -128,8 +128,8 @@ def _read_config(out_dir):
         raise SystemExit(f"pyro-seq: error: {cfg_path} is not text (not a config.json written by "
                          f"pyro-seq train); {retrain}") from None
     except json.JSONDecodeError as e:
-        raise SystemExit(f"pyro-seq: error: {cfg_path} is not valid JSON ({e.msg} at line "
-                         f"{e.lineno} column {e.colno}: truncated or edited?); {retrain}") from None
+        raise SystemExit(f"pyro-seq: error: {cfg_path} is not valid JSON (line {e.lineno} "
+                         f"column {e.colno}: {e.msg}; truncated or edited?); {retrain}") from None
     except OSError as e:
         raise SystemExit(f"pyro-seq: error: cannot read {cfg_path}: {e.strerror or e}") from None
     if not isinstance(run, dict):

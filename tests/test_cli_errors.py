@@ -129,8 +129,8 @@ def test_truncated_or_incomplete_config_json_is_named_with_the_remedy(runs, tmp_
     try:
         json.loads(text[: len(text) // 2])
     except json.JSONDecodeError as e:
-        where = f"{e.msg} at line {e.lineno} column {e.colno}"
-    expected = (f"pyro-seq: error: {config} is not valid JSON ({where}: truncated or edited?); "
+        where = f"line {e.lineno} column {e.colno}: {e.msg}"
+    expected = (f"pyro-seq: error: {config} is not valid JSON ({where}; truncated or edited?); "
                 f"retrain with pyro-seq train --out {run} --restart")
     train = ["train", "--model", "dmm", "--data", runs["data"], "--epochs", "1", "--quiet",
              "--out", run] + TINY_DMM
