@@ -5,6 +5,15 @@ Generative model (thesis eq. 4.3, 4.2)::
     z_t ~ N(GatedTransition(z_{t-1}))                 z_0 learned
     x_t ~ Bernoulli(logits = Emitter(z_t))            (or Normal for real-valued data)
 
+Known inputs (controls, actions; ``input_dim > 0``, ``inputs=`` ``(batch, T, input_dim)``):
+the transition is ``p(z_t | z_{t-1}, u_t)`` of thesis eq. 4.2-4.3 (the action-conditioned
+transition of Krishnan et al. 2015 and 2017). The gated transition reads ``[z_{t-1}, u_t]`` in
+its gate, proposal and linear paths (:class:`InputGatedTransition`; the linear path starts as
+``[I, 0]``, so its ``B u_t`` term starts at zero), and the inference network reads
+``[x_t, u_t]`` (its RNN, or its MLP when filtering), so that ``q(z_t | z_{t-1}, x_{t:T},
+u_{t:T})`` as thesis eq. 4.6. Res_q takes the residual to ``mu^(p)(z_{t-1}, u_t)``. The emission
+``p(x_t | z_t)`` is unchanged. ``input_dim=0`` is the model without inputs, unchanged.
+
 Inference networks of thesis Fig. 4.2:
 
 * ``inference="smoothing"`` (Fig. 4.2a, eq. 4.6-4.9): ``a_t = RNN(a_{t+1}, x_t)`` runs backwards
@@ -37,8 +46,68 @@ import torch.nn as nn
 from pyro_seq.models.base import (SequenceModel, cache_guide_prior, masked, normal,
                                   on_real_steps, prior_from_guide)
 from pyro_seq.models.emission import make_emission, stack_params
-from pyro_seq.nn import MLP, BackwardRNN, Combiner, GatedTransition, combiner_scan
-from pyro_seq.validation import validate_generate_args
+from pyro_seq.nn import MLP, BackwardRNN, Combiner, GatedTransition, cat_broadcast, combiner_scan
+from pyro_seq.validation import positive_int, validate_generate_args, validate_inputs
+
+
+def check_input_dim(value):
+    """A model's ``input_dim`` (known input features per step) as an int >= 0; 0 = no inputs.
+
+    :raises ValueError: naming the value otherwise (negatives, fractions, booleans, strings).
+    """
+    if not isinstance(value, (bool, str, bytes)):
+        try:
+            if float(value) == 0:
+                return 0
+            return positive_int("input_dim", value)
+        except (TypeError, ValueError, OverflowError):
+            pass
+    raise ValueError(f"input_dim (known input features per step) must be a non-negative "
+                     f"integer, got {value!r}; pass 0 for a model without inputs")
+
+
+def generate_inputs(model, inputs, num_sequences, num_steps, like):
+    """``inputs=`` of a model's ``generate``: ``(num_sequences, num_steps, input_dim)``, required
+    when ``model.input_dim > 0`` and refused otherwise (the package's
+    :func:`~pyro_seq.validation.validate_inputs`, its message prefixed by ``generate:``).
+
+    :returns: the inputs in the dtype and on the device of ``like``, or None.
+    """
+    shape = (num_sequences, num_steps, model.input_dim)
+    if inputs is None and model.input_dim:
+        raise ValueError(f"generate: {model.module_name} was built with input_dim="
+                         f"{model.input_dim} and needs inputs= (the known inputs u_t) of shape "
+                         f"(num_sequences, num_steps, input_dim) = {shape}")
+    if inputs is not None and not model.input_dim:
+        raise ValueError(f"generate: {model.module_name} takes no inputs (input_dim=0), got "
+                         f"inputs=; build it with input_dim= to condition on known inputs")
+    every = torch.ones(num_sequences, num_steps, dtype=torch.bool, device=like.device)
+    try:
+        return validate_inputs(inputs, (num_sequences, num_steps), model.input_dim, every,
+                               like.dtype, like.device)
+    except ValueError as e:
+        raise ValueError(f"generate: {e}") from None
+
+
+class InputGatedTransition(GatedTransition):
+    """The gated transition of :class:`~pyro_seq.nn.GatedTransition` on ``[z_{t-1}, u_t]``:
+    ``p(z_t | z_{t-1}, u_t)`` (thesis eq. 4.2). Gate, proposal and linear path read the
+    concatenation; the linear path starts as ``[I, 0]`` (``W_0 [z, u] = z``), the scale reads
+    the proposal as before.
+
+    Shapes: ``forward(zu (..., z_dim + input_dim)) -> (loc, scale)`` each ``(..., z_dim)``.
+    """
+
+    def __init__(self, z_dim, input_dim, hidden_dim, min_scale=1e-3):
+        super().__init__(z_dim, hidden_dim, min_scale)
+        in_dim = z_dim + input_dim
+        self.gate_hidden = nn.Linear(in_dim, hidden_dim)
+        self.proposal_hidden = nn.Linear(in_dim, hidden_dim)
+        self.linear = nn.Linear(in_dim, z_dim)
+        with torch.no_grad():
+            self.linear.weight.zero_()
+            self.linear.weight[:, :z_dim] = torch.eye(z_dim)
+            self.linear.bias.zero_()
 
 
 class DMM(SequenceModel):
@@ -57,8 +126,11 @@ class DMM(SequenceModel):
         ``num_components`` for ``likelihood="gmm"``.
     :param bool residual: Res_q (module docstring): the guide mean is the gated-transition mean
         at the guide's ``z_{t-1}`` plus the combiner's output. Default False (Krishnan et al.).
+    :param int input_dim: known input features per step ``U`` (module docstring); 0 (default)
+        is the model without inputs.
 
-    ``x`` is ``(batch, T, obs_dim)``, ``mask`` ``(batch, T)``; see
+    ``x`` is ``(batch, T, obs_dim)``, ``mask`` ``(batch, T)``, with ``input_dim > 0`` also
+    ``inputs=`` ``(batch, T, input_dim)`` for ``model``, ``guide`` and ``generate``; see
     :mod:`pyro_seq.models.base` for the step protocol.
     """
 
@@ -67,36 +139,54 @@ class DMM(SequenceModel):
 
     def __init__(self, obs_dim, z_dim=100, transition_dim=200, emission_dim=100, rnn_dim=600,
                  inference="smoothing", rnn_cell="rnn", likelihood="bernoulli", min_scale=1e-3,
-                 residual=False, **emission_kwargs):
+                 residual=False, input_dim=0, **emission_kwargs):
         super().__init__(obs_dim)
+        self.input_dim = input_dim = check_input_dim(input_dim)
         self.binary_observations = likelihood == "bernoulli"
         if inference not in ("smoothing", "filtering"):
             raise ValueError(f"inference must be 'smoothing' or 'filtering', got {inference!r}")
         if not isinstance(residual, bool):
             raise ValueError(f"residual must be True or False, got {residual!r}")
         self.z_dim, self.inference, self.residual = z_dim, inference, residual
-        self.transition = GatedTransition(z_dim, transition_dim, min_scale)
+        if input_dim:
+            self.transition = InputGatedTransition(z_dim, input_dim, transition_dim, min_scale)
+        else:
+            self.transition = GatedTransition(z_dim, transition_dim, min_scale)
         self.emitter, self.likelihood = make_emission(likelihood, z_dim, [emission_dim] * 2, obs_dim,
                                                       **emission_kwargs)
         if inference == "smoothing":
-            self.encoder = BackwardRNN(obs_dim, rnn_dim, cell=rnn_cell, learn_init=True)
+            self.encoder = BackwardRNN(obs_dim + input_dim, rnn_dim, cell=rnn_cell, learn_init=True)
         else:
-            self.encoder = MLP(obs_dim, [rnn_dim], rnn_dim, activation="tanh", activate_output=True)
+            self.encoder = MLP(obs_dim + input_dim, [rnn_dim], rnn_dim, activation="tanh",
+                               activate_output=True)
         self.combiner = Combiner(z_dim, rnn_dim, min_scale)
         self.z_0 = nn.Parameter(torch.zeros(z_dim))
         self.z_q_0 = nn.Parameter(torch.zeros(z_dim))
 
-    # generative model p(x, z): thesis eq. 4.3
+    @classmethod
+    def for_data(cls, obs_dim, input_dim=0, **options):
+        """A DMM for ``obs_dim`` features and ``input_dim`` known inputs per step."""
+        return cls(obs_dim, input_dim=input_dim, **options)
+
+    def _transition_input(self, state, z_prev, t):
+        """The transition's input at step ``t`` (or all steps): ``z_{t-1}``, or
+        ``[z_{t-1}, u_t]`` with known inputs."""
+        if not self.input_dim:
+            return z_prev
+        return cat_broadcast([z_prev, state.shared_at("inputs", t)])
+
+    # generative model p(x, z | u): thesis eq. 4.3
     def model_init(self, state, x, mask):
         state["z"] = self.z_0.expand(x.shape[0], self.z_dim)
 
     def model_step(self, state, t, x, mask):
         loc_scale = prior_from_guide(state, t) if self.residual else None
         if loc_scale is None:
+            z_in = self._transition_input(state, state["z"], t)
             if isinstance(t, slice):  # time-parallel scoring: the real steps only
-                loc_scale = on_real_steps(self.transition, state["z"], mask)
+                loc_scale = on_real_steps(self.transition, z_in, mask)
             else:
-                loc_scale = self.transition(state["z"])
+                loc_scale = self.transition(z_in)
         loc, scale = loc_scale
         z = self.sample_latent(state, "z", t, normal, (loc, scale), mask)
         self.observe(state, t, x, mask, z)
@@ -104,10 +194,11 @@ class DMM(SequenceModel):
 
     # inference network q(z | x): thesis eq. 4.6-4.9, Fig. 4.2
     def guide_init(self, state, x, mask):
+        seen = torch.cat([x, state.shared["inputs"]], -1) if self.input_dim else x  # [x_t, u_t]
         if self.inference == "smoothing":
-            state.shared["a"] = self.encoder(x, mask)
+            state.shared["a"] = self.encoder(seen, mask)
         else:
-            state.shared["a"] = self.encoder(x)
+            state.shared["a"] = self.encoder(seen)
         state["guide_z"] = self.z_q_0.expand(x.shape[0], self.z_dim)
         state.shared["combiner_w"], state.shared["combiner_b"] = self.combiner.stacked_heads()
 
@@ -116,7 +207,7 @@ class DMM(SequenceModel):
         loc, scale = self.combiner(state["guide_z"], state.shared_at("a", t), heads)
         if self.residual:  # Res_q: residual to the prior mean at the guide's z_{t-1} (z_0 at t=0)
             z_prev = state["guide_z"] if t > 0 else self.z_0
-            prior = self.transition(z_prev)
+            prior = self.transition(self._transition_input(state, z_prev, t))
             loc = loc + prior[0]
             # a model step sharing this state (FIVO) reuses p(z_t | z_{t-1}) at the same z_{t-1}
             cache_guide_prior(state, t, z_prev, prior)
@@ -146,17 +237,20 @@ class DMM(SequenceModel):
         return True
 
     @torch.no_grad()
-    def generate(self, num_sequences, num_steps):
+    def generate(self, num_sequences, num_steps, inputs=None):
         """Ancestral samples from the generative model (thesis eq. 4.3).
 
+        :param inputs: the known inputs ``u_{1:T}`` ``(num_sequences, num_steps, input_dim)``,
+            required when ``input_dim > 0`` and refused otherwise (ValueError).
         :returns: ``(x, params)``: samples ``(num_sequences, num_steps, obs_dim)`` and the
             emission parameters per step (Bernoulli logits, or a ``(loc, scale)`` pair).
         """
         num_sequences, num_steps = validate_generate_args(num_sequences, num_steps)
+        u = generate_inputs(self, inputs, num_sequences, num_steps, self.z_0)
         z = self.z_0.expand(num_sequences, self.z_dim)
         xs, params = [], []
-        for _ in range(num_steps):
-            loc, scale = self.transition(z)
+        for t in range(num_steps):
+            loc, scale = self.transition(z if u is None else torch.cat([z, u[:, t]], -1))
             z = torch.distributions.Normal(loc, scale).sample()
             p = self.emitter(z)
             xs.append(self.likelihood(p).sample())

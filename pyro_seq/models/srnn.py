@@ -13,6 +13,12 @@ Inference network (eq. 5.5, 5.7, 5.10): ``q`` reuses the same ``d_{1:T}`` and fa
 * ``inference="smoothing"``: ``a_t = GRU_back(a_{t+1}, [d_t, x_t])``, ``a_{T+1} = 0`` (eq. 5.7);
 * ``inference="filtering"``: ``a_t = NN^(a)([d_t, x_t])``.
 
+Known inputs (``input_dim > 0``; the programs' ``inputs=`` ``(batch, T, input_dim)``, written
+``k_t`` here since ``u_t`` is the input of eq. 5.1): the deterministic layer reads both,
+``u_t = [x_{t-1}, k_t]`` (the concatenation), ``d_t = GRU(d_{t-1}, u_t)``; nothing else changes.
+The prior, the emission and the guide see the inputs through ``d_t`` (the backward GRU still
+reads ``[d_t, x_t]``, and ``d_{t:T}`` carries ``k_{1:T}``). ``input_dim=0`` is the model above.
+
 With ``residual=True`` (Res_q, eq. 5.11-5.12, Algorithm 2) the guide mean is
 ``mu^(q)_t = mu^(p)_t(z_{t-1}, d_t) + NN^(q)_1(z_{t-1}, a_t)``: the guide learns the residual to
 the prior mean evaluated at its own sample ``z_{t-1}``.
@@ -26,8 +32,9 @@ import pyro
 import pyro.distributions as dist
 import torch
 
-from pyro_seq.models.base import (SequenceModel, cache_guide_prior, masked, normal, prior_from_guide,
-                                  shift_right)
+from pyro_seq.models.base import (SequenceModel, _same_tensor, cache_guide_prior, masked, normal,
+                                  prior_from_guide, shift_right)
+from pyro_seq.models.dmm import check_input_dim, generate_inputs
 from pyro_seq.models.emission import make_emission, stack_params
 from pyro_seq.nn import BackwardRNN, ForwardRNN, GaussianMLP, MLP, cat_broadcast
 from pyro_seq.validation import validate_generate_args
@@ -55,6 +62,8 @@ class SRNN(SequenceModel):
         (``tests/models/test_reference_elbo.py``).
     :param emission_kwargs: passed to :func:`~pyro_seq.models.emission.make_emission`, e.g.
         ``num_components`` for ``likelihood="gmm"``.
+    :param int input_dim: known input features per step, read by the deterministic layer with
+        ``x_{t-1}`` (module docstring); 0 (default) is the model without inputs.
     """
 
     time_parallel = True
@@ -67,13 +76,14 @@ class SRNN(SequenceModel):
 
     def __init__(self, obs_dim, d_dim=300, z_dim=100, hidden_dim=500, inference="smoothing",
                  residual=True, likelihood="bernoulli", activation="clipped_leaky_relu",
-                 min_scale=1e-3, variance="softplus", **emission_kwargs):
+                 min_scale=1e-3, variance="softplus", input_dim=0, **emission_kwargs):
         super().__init__(obs_dim)
+        self.input_dim = input_dim = check_input_dim(input_dim)
         self.binary_observations = likelihood == "bernoulli"
         if inference not in ("smoothing", "filtering"):
             raise ValueError(f"inference must be 'smoothing' or 'filtering', got {inference!r}")
         self.z_dim, self.inference, self.residual = z_dim, inference, residual
-        self.deterministic = ForwardRNN(obs_dim, d_dim, cell="gru")
+        self.deterministic = ForwardRNN(obs_dim + input_dim, d_dim, cell="gru")
         self.prior = GaussianMLP(z_dim, d_dim, hidden_dim, z_dim, activation, min_scale, variance)
         self.emitter, self.likelihood = make_emission(
             likelihood, z_dim + d_dim, [hidden_dim], obs_dim, activation, **emission_kwargs)
@@ -84,15 +94,31 @@ class SRNN(SequenceModel):
         self.posterior = GaussianMLP(z_dim, d_dim, hidden_dim, z_dim, activation, min_scale,
                                      variance)
 
-    def _deterministic_states(self, x, mask):
-        """``d_{1:T}`` (eq. 5.1): ``(batch, T, d_dim)`` (zero after each sequence's end)."""
-        return self.deterministic(shift_right(x), mask.sum(-1))
+    @classmethod
+    def for_data(cls, obs_dim, input_dim=0, **options):
+        """An SRNN for ``obs_dim`` features and ``input_dim`` known inputs per step."""
+        return cls(obs_dim, input_dim=input_dim, **options)
+
+    def _deterministic_states(self, x, mask, inputs=None):
+        """``d_{1:T}`` (eq. 5.1): ``(batch, T, d_dim)`` (zero after each sequence's end), from
+        ``u_t = x_{t-1}``, or ``[x_{t-1}, k_t]`` with known ``inputs`` ``(batch, T, input_dim)``."""
+        u = shift_right(x)
+        if self.input_dim:
+            u = torch.cat([u, inputs], -1)
+        return self.deterministic(u, mask.sum(-1))
 
     # generative model: eq. 5.1, 5.3
     def model_init(self, state, x, mask):
+        record = state.guide_record
+        if (self.input_dim and record is not None
+                and not _same_tensor(record.shared.get("inputs"), state.shared.get("inputs"))):
+            # the guide ran on other known inputs: its d_{1:T} and priors are not this model's
+            state.guide_record = None
+            for key in self.shared_with_guide:
+                state.shared.pop(key, None)
         d = state.shared.get("d")          # set by guide_init when both share a state (FIVO)
         if d is None:
-            d = state.shared["d"] = self._deterministic_states(x, mask)
+            d = state.shared["d"] = self._deterministic_states(x, mask, state.shared.get("inputs"))
         if "prior_context" not in state.shared:
             state.shared["prior_context"] = self.prior.project_context(d)
         state["z"] = x.new_zeros(x.shape[0], self.z_dim)
@@ -113,7 +139,7 @@ class SRNN(SequenceModel):
 
     # inference network: eq. 5.5, 5.7, 5.10, 5.12
     def guide_init(self, state, x, mask):
-        d = state.shared["d"] = self._deterministic_states(x, mask)
+        d = state.shared["d"] = self._deterministic_states(x, mask, state.shared.get("inputs"))
         inputs = torch.cat([d, x], dim=-1)
         if self.inference == "smoothing":
             a = self.encoder(inputs, mask)
@@ -151,20 +177,25 @@ class SRNN(SequenceModel):
         state["guide_z"] = z
 
     @torch.no_grad()
-    def generate(self, num_sequences, num_steps):
-        """Ancestral samples (eq. 5.1): ``d_t = GRU(d_{t-1}, x_{t-1})``, ``z_t ~ p``, ``x_t ~ p``.
+    def generate(self, num_sequences, num_steps, inputs=None):
+        """Ancestral samples (eq. 5.1): ``d_t = GRU(d_{t-1}, x_{t-1})`` (``[x_{t-1}, k_t]`` with
+        known inputs), ``z_t ~ p``, ``x_t ~ p``.
 
+        :param inputs: the known inputs ``k_{1:T}`` ``(num_sequences, num_steps, input_dim)``,
+            required when ``input_dim > 0`` and refused otherwise (ValueError).
         :returns: ``(x, params)``: samples ``(num_sequences, num_steps, obs_dim)`` and the
             emission parameters per step.
         """
         num_sequences, num_steps = validate_generate_args(num_sequences, num_steps)
         h0 = self.deterministic.h0  # zeros on the model's device and in its dtype
+        k = generate_inputs(self, inputs, num_sequences, num_steps, h0)
         x_prev = h0.new_zeros(num_sequences, 1, self.obs_dim)
         h = h0.expand(1, num_sequences, -1).contiguous()
         z = h0.new_zeros(num_sequences, self.z_dim)
         xs, params = [], []
-        for _ in range(num_steps):
-            d, h = self.deterministic.rnn(x_prev, h)
+        for t in range(num_steps):
+            u = x_prev if k is None else torch.cat([x_prev, k[:, t:t + 1]], -1)
+            d, h = self.deterministic.rnn(u, h)
             d = d[:, 0]
             loc, scale = self.prior(z, self.prior.project_context(d))
             z = torch.distributions.Normal(loc, scale).sample()

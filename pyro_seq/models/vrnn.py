@@ -21,6 +21,24 @@ difference is the start: Chung et al. set ``h_0 = 0``, i.e. ``d_1 = 0``, whereas
 form used here sets ``d_0 = 0, z_0 = 0, x_0 = 0`` and computes ``d_1 = f(0, [phi_x(0),
 phi_z(0)])``, a learned constant (equivalent to Chung et al. with a learned ``h_0``).
 
+Known inputs (``input_dim > 0``; the programs' ``inputs=`` ``(batch, T, input_dim)``, written
+``k_t`` here since ``u_t`` is the input of eq. 4.16). Eq. 4.16 conditions step ``t`` on ``u_t``
+through the recurrence ``d_t = f(d_{t-1}, z_{t-1}, u_t)``, and that is the one place the known
+inputs enter: ``u_t = [x_{t-1}, k_t]``, i.e.
+
+    d_t = f(d_{t-1}, [phi_x(x_{t-1}), phi_z(z_{t-1}), k_t])       (d_1 reads k_1)
+
+so the prior ``p(z_t | d_t)``, the emission ``p(x_t | z_t, d_t)`` and the posterior
+``q(z_t | c_t, d_t)`` of step ``t`` depend on ``k_{1:t}`` through ``d_t``; no other network
+reads them, except the smoothing guide's backward RNN, which reads ``[x_t, k_t]`` (``a_t`` then
+summarises ``x_{t:T}`` and ``k_{t:T}``, as thesis eq. 4.5-4.6). In Chung et al.'s indices this
+is ``h_{t-1} = f(h_{t-2}, phi_x(x_{t-1}), phi_z(z_{t-1}), k_t)``: the input of step ``t`` enters
+the state that step ``t`` reads: the prior and the posterior of step ``t`` condition on the
+same variables (``x_{<t}``, ``z_{<t}``, ``k_{1:t}``, and ``x_t`` for the posterior) as when
+``k_t`` is fed to the prior, the encoder and the recurrence of step ``t`` separately, with one
+network reading it instead of three, and the emission of ``x_t`` sees ``k_t`` too.
+``input_dim=0`` is the model above, unchanged.
+
 Inference network (thesis eq. 4.17): ``q(z_{1:T} | x) = prod_t q(z_t | c_t, d_t)`` with the
 same ``d_t`` as the model (computed from the guide's own samples ``z_{<t}``):
 
@@ -62,6 +80,7 @@ import torch
 import torch.nn as nn
 
 from pyro_seq.models.base import SequenceModel, masked, normal
+from pyro_seq.models.dmm import check_input_dim, generate_inputs
 from pyro_seq.models.emission import make_emission, stack_params
 from pyro_seq.nn import GaussianMLP
 from pyro_seq.nn import MLP, BackwardRNN, GaussianHead, cat_broadcast
@@ -131,16 +150,20 @@ class VRNN(SequenceModel):
         mixture likelihood where ``make_emission`` supports it); an option that neither VRNN
         nor ``make_emission`` accepts raises ``TypeError`` naming it. Bad values raise
         ``ValueError``.
+    :param int input_dim: known input features per step ``k_t``, read by the recurrence ``f``
+        (and the smoothing guide's backward RNN; module docstring); 0 (default): no inputs.
 
-    ``x`` is ``(batch, T, obs_dim)``, ``mask`` ``(batch, T)``; see :mod:`pyro_seq.models.base`.
+    ``x`` is ``(batch, T, obs_dim)``, ``mask`` ``(batch, T)``, with ``input_dim > 0`` also
+    ``inputs=`` ``(batch, T, input_dim)``; see :mod:`pyro_seq.models.base`.
     """
 
     module_name = "vrnn"
 
     def __init__(self, obs_dim, d_dim=64, z_dim=64, hidden_dim=64, feature_dim=64,
                  inference="filtering", cell="lstm", likelihood="bernoulli", activation="relu",
-                 min_scale=1e-3, variance="softplus", **emission_kwargs):
+                 min_scale=1e-3, variance="softplus", input_dim=0, **emission_kwargs):
         super().__init__(obs_dim)
+        self.input_dim = input_dim = check_input_dim(input_dim)
         d_dim, z_dim = positive_int("d_dim", d_dim), positive_int("z_dim", z_dim)
         hidden_dim = positive_int("hidden_dim", hidden_dim)
         feature_dim = positive_int("feature_dim", feature_dim)
@@ -153,7 +176,7 @@ class VRNN(SequenceModel):
         # feature extractors phi_x, phi_z (Chung et al. eq. 6-7, 9)
         self.phi_x = MLP(obs_dim, [hidden_dim], feature_dim, activation, activate_output=True)
         self.phi_z = MLP(z_dim, [hidden_dim], feature_dim, activation, activate_output=True)
-        self.recurrence = Recurrence(2 * feature_dim, d_dim, cell)          # eq. 4.16, f
+        self.recurrence = Recurrence(2 * feature_dim + input_dim, d_dim, cell)  # eq. 4.16, f
         self.prior = nn.Sequential(                                          # p(z_t | d_t)
             MLP(d_dim, [], hidden_dim, activation, activate_output=True),
             GaussianHead(hidden_dim, z_dim, min_scale, variance))
@@ -166,12 +189,17 @@ class VRNN(SequenceModel):
                 f"VRNN's own are passed to make_emission, which does not accept them") from None
         self.emitter, self.likelihood = make_emission(*emission_args, **emission_kwargs)  # p(x|z,d)
         if inference == "smoothing":
-            self.encoder = BackwardRNN(obs_dim, d_dim, cell=cell)            # a_t = g(a_{t+1}, x_t)
+            self.encoder = BackwardRNN(obs_dim + input_dim, d_dim, cell=cell)  # a_t, [x_t, k_t]
             context_dim = d_dim
         else:
             context_dim = feature_dim                                        # c_t = phi_x(x_t)
         self.posterior = GaussianMLP(d_dim, context_dim, hidden_dim, z_dim, activation, min_scale,
                                      variance)                               # q(z_t | c_t, d_t)
+
+    @classmethod
+    def for_data(cls, obs_dim, input_dim=0, **options):
+        """A VRNN for ``obs_dim`` features and ``input_dim`` known inputs per step."""
+        return cls(obs_dim, input_dim=input_dim, **options)
 
     # ----------------------------------------------------------------- shared pieces
     def _hidden_keys(self, prefix):
@@ -184,12 +212,19 @@ class VRNN(SequenceModel):
         for k, h in zip(self._hidden_keys(prefix), hidden):
             state[k] = h
 
-    def _first_hidden(self, like, num_sequences):
-        """``d_1 = f(d_0, [phi_x(x_0), phi_z(z_0)])`` with ``d_0, x_0, z_0 = 0``: ``(B, d_dim)``."""
+    def _first_hidden(self, like, num_sequences, k_1=None):
+        """``d_1 = f(d_0, [phi_x(x_0), phi_z(z_0)])`` with ``d_0, x_0, z_0 = 0``: ``(B, d_dim)``;
+        with known inputs ``f(d_0, [phi_x(x_0), phi_z(z_0), k_1])``, ``k_1`` ``(B, input_dim)``."""
         u = torch.cat([self.phi_x(like.new_zeros(1, self.obs_dim)),
                        self.phi_z(like.new_zeros(1, self.z_dim))], dim=-1)
+        if self.input_dim:
+            u = cat_broadcast([u, k_1])
         hidden = self.recurrence(u, self.recurrence.initial(like, (1,)))
         return tuple(h.expand(num_sequences, -1) for h in hidden)
+
+    def _input_at(self, state, t):
+        """The known input ``k_{t+1}`` (0-based step ``t``) ``(batch, input_dim)``, or None."""
+        return state.shared_at("inputs", t) if self.input_dim else None
 
     def _features_x(self, state, x):
         """``phi_x(x_t)`` for every step, ``(batch, T, feature_dim)``, computed once per state."""
@@ -199,13 +234,18 @@ class VRNN(SequenceModel):
         return phi_x
 
     def _next_hidden(self, state, t, phi_z, hidden):
-        """``d_{t+1} = f(d_t, [phi_x(x_t), phi_z(z_t)])``."""
-        return self.recurrence(cat_broadcast([state.shared_at("phi_x", t), phi_z]), hidden)
+        """``d_{t+1} = f(d_t, [phi_x(x_t), phi_z(z_t)])``, and ``k_{t+1}`` appended with known
+        inputs (1-based indices: the 0-based step ``t`` reads ``x[:, t]`` and
+        ``inputs[:, t + 1]``)."""
+        parts = [state.shared_at("phi_x", t), phi_z]
+        if self.input_dim:
+            parts.append(self._input_at(state, t + 1))
+        return self.recurrence(cat_broadcast(parts), hidden)
 
     # ----------------------------------------------------------------- generative model
     def model_init(self, state, x, mask):
         self._features_x(state, x)          # set by guide_init when both share a state (FIVO)
-        self._write_hidden(state, "", self._first_hidden(x, x.shape[0]))
+        self._write_hidden(state, "", self._first_hidden(x, x.shape[0], self._input_at(state, 0)))
 
     def model_step(self, state, t, x, mask):
         hidden = self._read_hidden(state, "")
@@ -234,11 +274,13 @@ class VRNN(SequenceModel):
     def guide_init(self, state, x, mask):
         phi_x = self._features_x(state, x)
         if self.inference == "smoothing":
-            context = self.encoder(x, mask)
+            seen = torch.cat([x, state.shared["inputs"]], -1) if self.input_dim else x
+            context = self.encoder(seen, mask)                       # a_t from [x_t, k_t]
         else:
             context = phi_x
         state.shared["posterior_context"] = self.posterior.project_context(context)
-        self._write_hidden(state, "guide_", self._first_hidden(x, x.shape[0]))
+        self._write_hidden(state, "guide_",
+                           self._first_hidden(x, x.shape[0], self._input_at(state, 0)))
 
     def guide_step(self, state, t, x, mask):
         hidden = self._read_hidden(state, "guide_")
@@ -253,18 +295,21 @@ class VRNN(SequenceModel):
 
     # ----------------------------------------------------------------- sampling
     @torch.no_grad()
-    def generate(self, num_sequences, num_steps):
+    def generate(self, num_sequences, num_steps, inputs=None):
         """Ancestral samples of eq. 4.16: ``z_t ~ p(z_t | d_t)``, ``x_t ~ p(x_t | z_t, d_t)``,
-        ``d_{t+1} = f(d_t, [phi_x(x_t), phi_z(z_t)])``.
+        ``d_{t+1} = f(d_t, [phi_x(x_t), phi_z(z_t)])`` (``k_{t+1}`` appended with known inputs).
 
+        :param inputs: the known inputs ``k_{1:T}`` ``(num_sequences, num_steps, input_dim)``,
+            required when ``input_dim > 0`` and refused otherwise (ValueError).
         :returns: ``(x, params)``: samples ``(num_sequences, num_steps, obs_dim)`` and the
             emission parameters per step (Bernoulli logits, or a ``(loc, scale)`` pair).
         """
         num_sequences, num_steps = validate_generate_args(num_sequences, num_steps)
         like = next(self.parameters())
-        hidden = self._first_hidden(like, num_sequences)
+        k = generate_inputs(self, inputs, num_sequences, num_steps, like)
+        hidden = self._first_hidden(like, num_sequences, None if k is None else k[:, 0])
         xs, params = [], []
-        for _ in range(num_steps):
+        for t in range(num_steps):
             d = hidden[0]
             loc, scale = self.prior(d)
             z = torch.distributions.Normal(loc, scale).sample()
@@ -273,5 +318,7 @@ class VRNN(SequenceModel):
             x = self.likelihood(p).sample()
             xs.append(x)
             params.append(p)
-            hidden = self.recurrence(torch.cat([self.phi_x(x), phi_z], dim=-1), hidden)
+            if t + 1 < num_steps:  # d_{t+1}, read by the next step only
+                parts = [self.phi_x(x), phi_z] + ([] if k is None else [k[:, t + 1]])
+                hidden = self.recurrence(torch.cat(parts, dim=-1), hidden)
         return torch.stack(xs, 1), stack_params(params)
