@@ -132,7 +132,7 @@ def predict_frames(name, model, test, args):
     """Predicted frames ``(N, test_pred, 64)`` of the prediction phase."""
     from pyro_seq.tasks import impute
 
-    x = torch.stack(test.as_sequences())
+    x = torch.stack(test.as_sequences(pack_actions=True))
     model.eval()
     with torch.no_grad():
         if name.startswith("gtmsm"):
@@ -165,7 +165,7 @@ def analyse_gtmsm(args, test, folder, model):
     state = torch.load(folder / "best.pt", weights_only=True)
     model.load_state_dict(state)
     model.eval()
-    x = torch.stack(test.as_sequences())
+    x = torch.stack(test.as_sequences(pack_actions=True))
     with torch.no_grad():
         out = model.predict(x[..., :64], test.actions, tau=args.tau)
     pos = test.positions.to(out["states"].dtype)
@@ -286,7 +286,8 @@ def main(argv=None):
                              seed=args.seed, progress=not args.smoke, init="none")
         start = time.time()
         folder = ckpt / name.removesuffix("_iterative")  # one trained model, two predictions
-        history = fit(model, train.as_sequences(), valid.as_sequences(), config, folder)
+        history = fit(model, train.as_sequences(pack_actions=True),
+                      valid.as_sequences(pack_actions=True), config, folder)
         seconds = time.time() - start
         frames = predict_frames(name, model, test, args)
         errors = (frames - truth).abs().mean(-1)  # (N, test_pred)

@@ -3,14 +3,15 @@
 Examples::
 
     pyro-seq train --model srnn --data chorales --epochs 50 --out runs/srnn
-    pyro-seq impute runs/srnn --drop 8          # seed 002 sec. 4.3, figure + bits per element
-    pyro-seq denoise runs/srnn --flip 0.05      # seed 002 sec. 4.2, figure + error rates
-    pyro-seq train --model dmm --data ../shared/data/polyphonic/jsb_chorales.pickle --out runs/dmm
+    pyro-seq impute runs/srnn --drop 8          # Bayer & Osendorfer 2014, sec. 4.3
+    pyro-seq denoise runs/srnn --flip 0.05      # Bayer & Osendorfer 2014, sec. 4.2
+    pyro-seq train --model dmm --data jsb_chorales.pickle --out runs/dmm
     pyro-seq evaluate runs/srnn --objective iwae --particles 64
     pyro-seq forecast runs/srnn --prefix 16 --steps 8    # continue 16 steps by 8, score the truth
     pyro-seq sample runs/srnn --length 64
     pyro-seq train --model rtrbm --objective cd --cd-steps 1 --out runs/rtrbm
-    pyro-seq train --model gtmsm --data image_navigation --out runs/gtmsm   # actions packed in x
+    pyro-seq train --model gtmsm --data image_navigation --out runs/gtmsm   # actions as inputs
+    pyro-seq train --model kvae --data pendulum --out runs/kvae   # torques as controls
     pyro-seq evaluate runs/rtrbm --objective ais --particles 100
     pyro-seq train --model srnn --nproc 2 --threads 1 --out runs/srnn2   # data-parallel
     pyro-seq train --model srnn --device cuda --out runs/srnn_gpu        # on a GPU
@@ -170,7 +171,8 @@ def _load_run(out_dir, device="cpu"):
         raise SystemExit(f"pyro-seq: error: {out_dir} is not a run folder (no config.json); "
                          "train first")
     run = _read_config(out_dir)
-    model = build_model(run["model"], run["obs_dim"], run["model_options"])
+    model = build_model(run["model"], run["obs_dim"], run["model_options"],
+                        run.get("input_dim", 0))
     weights = out_dir / "best.pt"
     if not weights.exists():
         raise SystemExit(f"pyro-seq: error: no trained weights in {out_dir} (best.pt missing); "
@@ -190,20 +192,50 @@ def _load_run_and_data(args, splits, require=None):
         model.require(require)
     spec = args.data or run["data"]
     data = _load_data(spec, splits=splits)
+    if run.get("ignore_inputs") or not model.input_dim:  # as the run was trained
+        data = {split: list(seqs) for split, seqs in data.items()}
     _check_data(data, model, spec)
     return run, model, data
 
 
 def _check_data(data, model, spec):
     """Every split through the package's validator; one line and exit code 1 on bad data."""
+    from pyro_seq.data import inputs_of
     from pyro_seq.validation import validate_sequence_list
 
     for split, seqs in data.items():
         if seqs:
             try:
-                validate_sequence_list(seqs, model.obs_dim, model.binary_observations, split)
+                validate_sequence_list(seqs, model.obs_dim, model.binary_observations, split,
+                                       inputs=inputs_of(seqs), input_dim=model.input_dim)
             except ValueError as e:
-                raise SystemExit(f"pyro-seq: error: data {spec}: {e}") from None
+                hint = ("; --ignore-inputs trains without them" if inputs_of(seqs) is not None
+                        and not model.input_dim else "")
+                raise SystemExit(f"pyro-seq: error: data {spec}: {e}{hint}") from None
+
+
+def _input_dim(seqs):
+    """Features per step of the known inputs a split carries (0 without)."""
+    from pyro_seq.data import inputs_of
+
+    inputs = inputs_of(seqs)
+    return 0 if not inputs else int(inputs[0].shape[-1])
+
+
+def _batch(seqs, indices, length=None):
+    """``(x, mask, inputs)`` of the sequences ``indices`` of a split (cut to ``length`` steps
+    when given; ``inputs`` None when the split carries none), padded on the CPU."""
+    from pyro_seq.data import inputs_of, pad_sequences
+
+    cut = slice(None) if length is None else slice(0, length)
+    x, mask = pad_sequences([seqs[i][cut] for i in indices])
+    inputs = inputs_of(seqs)
+    u = None if inputs is None else pad_sequences([inputs[i][cut] for i in indices])[0]
+    return x, mask, u
+
+
+def _on(device, tensor):
+    return None if tensor is None else tensor.to(device)
 
 
 def cmd_train(args):
@@ -212,7 +244,10 @@ def cmd_train(args):
     out_dir = Path(args.out)
     _device(args.device)  # before the data are read
     data = _load_data(args.data)
+    if args.ignore_inputs:  # train a model without the data's known inputs
+        data = {split: list(seqs) for split, seqs in data.items()}
     obs_dim = data["train"][0].shape[-1]
+    input_dim = _input_dim(data["train"])
     options = _parse_options(args.model_option)
     if args.z_dim is not None:
         options["z_dim"] = args.z_dim
@@ -235,10 +270,11 @@ def cmd_train(args):
         config.validate()
     except ValueError as e:
         raise SystemExit(f"pyro-seq: error: {e}") from None
-    run = {"model": args.model, "obs_dim": obs_dim, "model_options": options, "data": args.data,
+    run = {"model": args.model, "obs_dim": obs_dim, "input_dim": input_dim,
+           "model_options": options, "data": args.data, "ignore_inputs": args.ignore_inputs,
            "train": {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(config).items()}}
     torch.manual_seed(args.seed)
-    model = build_model(args.model, obs_dim, options)
+    model = build_model(args.model, obs_dim, options, input_dim)
     from pyro_seq.train.objectives import check_objective, make_objective
 
     try:
@@ -316,8 +352,8 @@ def cmd_evaluate(args):
 
 
 def cmd_impute(args):
-    """Seed 002 sec. 4.3: drop ``--drop`` consecutive steps of each sequence, impute them."""
-    from pyro_seq.data import pad_sequences
+    """Bayer & Osendorfer (2014), sec. 4.3: drop ``--drop`` consecutive steps of each sequence
+    (or each step with probability ``--drop-prob``), impute them."""
     from pyro_seq.tasks import bits_per_element, drop_frames, drop_steps, impute, pixel_error
     from pyro_seq.train.plots import plot_recovery, plot_video
 
@@ -328,13 +364,15 @@ def cmd_impute(args):
         args.method = model.impute_methods[0]
     model.require(args.method, "impute_method")
     drop = 1 if args.drop_prob is not None else args.drop
-    seqs = [s for s in data[args.split] if s.shape[0] > drop][: args.num]
+    split = data[args.split]
+    chosen = [i for i, s in enumerate(split) if s.shape[0] > drop][: args.num]
+    seqs = [split[i] for i in chosen]
     if not seqs:
         what = "1 step (--drop-prob keeps the first)" if args.drop_prob is not None else \
             f"--drop {args.drop}"
         raise SystemExit(f"pyro-seq: error: no {args.split} sequence is longer than {what}")
     g = torch.Generator().manual_seed(args.seed)
-    x, mask = pad_sequences(seqs)
+    x, mask, inputs = _batch(split, chosen)
     if args.drop_prob is not None:
         observed = drop_frames(mask, args.drop_prob, generator=g, keep_first=1)
     else:
@@ -348,67 +386,99 @@ def cmd_impute(args):
     try:
         res = impute(model, x.to(device), observed.to(device), mask.to(device),
                      method=args.method, num_iterations=args.iterations,
-                     num_particles=args.particles, generator=g)
+                     num_particles=args.particles, generator=g, inputs=_on(device, inputs))
     except ValueError as e:
         raise SystemExit(f"pyro-seq: error: {e}") from None
     probs = res.probs.cpu()
     missing = (~observed & mask).unsqueeze(-1).expand(x.shape)
     target, probs_missing = x[missing], probs[missing]
-    freq = torch.cat(data["train"]).float().mean(0).expand(x.shape)[missing]
+    freq = torch.cat(list(data["train"])).float().mean(0).expand(x.shape)[missing]
     result = {"split": args.split, "drop": args.drop, "drop_prob": args.drop_prob,
               "method": args.method, "num_sequences": len(seqs),
               "missing_elements": int(missing.sum()),
-              "bits_per_element": bits_per_element(probs_missing, target),
-              "baseline_bits_per_element": bits_per_element(freq, target),
-              "baseline": "training-set element frequencies",
-              "pixel_error": pixel_error(probs, x, missing)}
+              "mean_absolute_error": float((probs_missing - target).abs().mean()),
+              "baseline_mean_absolute_error": float((freq - target).abs().mean()),
+              "baseline": "training-set element means"}
+    if model.binary_observations:
+        result.update(bits_per_element=bits_per_element(probs_missing, target),
+                      baseline_bits_per_element=bits_per_element(freq, target),
+                      pixel_error=pixel_error(probs, x, missing))
     out = Path(args.run)
     (out / f"impute_{args.split}_{args.method}.json").write_text(json.dumps(result, indent=1))
     L = int(mask[0].sum())
     png = out / f"impute_{args.split}_0.png"
     if video:  # the recovered video beside the truth (missing frames decoded by the model)
-        H, W = model.frame_shape[-2:]
-        frames = torch.cat([x[0, :L].reshape(L, H, W), probs[0, :L].reshape(L, H, W)], -1)
+        frames = [v[0, :L].reshape((L,) + tuple(model.frame_shape)) for v in (x, probs)]
+        frames = torch.cat([f.mean(1) if f.dim() == 4 else f for f in frames], -1).clamp(0, 1)
         plot_video(frames, png, title=f"truth | {args.method} (missing steps "
                    f"{(~observed[0, :L]).nonzero().flatten().tolist()})")
-    else:
+    elif model.binary_observations:
         shown = torch.where(observed[0, :L, None], x[0, :L], torch.full_like(x[0, :L], float("nan")))
         recovered = torch.where(observed[0, :L, None], x[0, :L], (probs[0, :L] > 0.5).float())
         plot_recovery(x[0, :L], shown, recovered, png, probs=probs[0, :L], title="imputation")
+    else:
+        _plot_forecast(model, x[0, :L], probs[0, :L], 0, png, "imputation (dashed) and truth")
+    if model.binary_observations:
+        line = (f"{result['bits_per_element']:.4f} bits/element (element frequencies: "
+                f"{result['baseline_bits_per_element']:.4f}), pixel error "
+                f"{result['pixel_error']:.4f}")
+    else:
+        line = (f"mean absolute error {result['mean_absolute_error']:.4f} (training means: "
+                f"{result['baseline_mean_absolute_error']:.4f})")
     print(f"imputed {result['missing_elements']} elements of {len(seqs)} {args.split} sequences "
-          f"({args.method}): {result['bits_per_element']:.4f} bits/element "
-          f"(element frequencies: {result['baseline_bits_per_element']:.4f}), pixel error "
-          f"{result['pixel_error']:.4f}; figure {png}")
+          f"({args.method}): {line}; figure {png}")
     return 0
 
 
 def cmd_denoise(args):
-    """Seed 002 sec. 4.2: flip each element with probability ``--flip``, denoise online."""
-    from pyro_seq.data import pad_sequences
+    """Bayer & Osendorfer (2014), sec. 4.2: flip each element with probability ``--flip`` (real
+    values: add Gaussian noise ``--noise``), denoise online."""
     from pyro_seq.tasks import denoise
-    from pyro_seq.train.plots import plot_recovery
+    from pyro_seq.train.plots import plot_recovery, plot_video
 
     run, model, data = _load_run_and_data(args, (args.split,))
     model.require("denoise")
-    seqs = data[args.split][: args.num]
+    split = data[args.split]
+    chosen = list(range(min(args.num, len(split))))
+    seqs = [split[i] for i in chosen]
     g = torch.Generator().manual_seed(args.seed)
-    x, mask = pad_sequences(seqs)
-    flips = (torch.rand(x.shape, generator=g) < args.flip) & mask.unsqueeze(-1)
-    corrupted = torch.where(flips, 1 - x, x)
-    device = _device(args.device)
-    x_hat, probs = _to_cpu(denoise(model, corrupted.to(device), mask.to(device)))
+    x, mask, inputs = _batch(split, chosen)
     real = mask.unsqueeze(-1).expand(x.shape)
-    result = {"split": args.split, "flip": args.flip, "num_sequences": len(seqs),
-              "elements": int(real.sum()),
-              "error_rate_corrupted": float((corrupted != x)[real].float().mean()),
-              "error_rate_denoised": float((x_hat != x)[real].float().mean())}
+    if model.binary_observations:  # flip elements (Bayer & Osendorfer 2014, sec. 4.2)
+        flips = (torch.rand(x.shape, generator=g) < args.flip) & real
+        corrupted = torch.where(flips, 1 - x, x)
+        noise = {"flip": args.flip}
+    else:  # real values: add Gaussian noise of standard deviation --noise
+        corrupted = torch.where(real, x + args.noise * torch.randn(x.shape, generator=g), x)
+        noise = {"noise": args.noise}
+    device = _device(args.device)
+    x_hat, probs = _to_cpu(denoise(model, corrupted.to(device), mask.to(device),
+                                   inputs=_on(device, inputs)))
+    result = {"split": args.split, **noise, "num_sequences": len(seqs),
+              "elements": int(real.sum())}
+    if model.binary_observations:
+        result.update(error_rate_corrupted=float((corrupted != x)[real].float().mean()),
+                      error_rate_denoised=float((x_hat != x)[real].float().mean()))
+        line = (f"(flip {args.flip}): error rate {result['error_rate_corrupted']:.4f} -> "
+                f"{result['error_rate_denoised']:.4f}")
+    else:
+        result.update(rmse_corrupted=float((corrupted - x)[real].pow(2).mean().sqrt()),
+                      rmse_denoised=float((x_hat - x)[real].pow(2).mean().sqrt()))
+        line = (f"(noise {args.noise}): root mean squared error {result['rmse_corrupted']:.4f} "
+                f"-> {result['rmse_denoised']:.4f}")
     out = Path(args.run)
     (out / f"denoise_{args.split}.json").write_text(json.dumps(result, indent=1))
     L = int(mask[0].sum())
     png = out / f"denoise_{args.split}_0.png"
-    plot_recovery(x[0, :L], corrupted[0, :L], x_hat[0, :L], png, title="denoising")
-    print(f"denoised {len(seqs)} {args.split} sequences (flip {args.flip}): error rate "
-          f"{result['error_rate_corrupted']:.4f} -> {result['error_rate_denoised']:.4f}; figure {png}")
+    if model.frame_shape is not None:
+        frames = [v[0, :L].reshape((L,) + tuple(model.frame_shape)) for v in (x, corrupted, x_hat)]
+        frames = torch.cat([f.mean(1) if f.dim() == 4 else f for f in frames], -1).clamp(0, 1)
+        plot_video(frames, png, title="truth | corrupted | denoised")
+    elif model.binary_observations:
+        plot_recovery(x[0, :L], corrupted[0, :L], x_hat[0, :L], png, title="denoising")
+    else:
+        _plot_forecast(model, x[0, :L], x_hat[0, :L], 0, png, "denoised (dashed) and truth")
+    print(f"denoised {len(seqs)} {args.split} sequences {line}; figure {png}")
     return 0
 
 
@@ -419,7 +489,13 @@ def cmd_sample(args):
     run, model = _load_run(args.run, args.device)
     model.require("generate")
     torch.manual_seed(args.seed)
-    x, params = _to_cpu(model.generate(args.num, args.length))
+    kwargs = {}
+    if model.input_dim:  # known inputs held at zero (e.g. no torque): say so
+        kwargs["inputs"] = torch.zeros(args.num, args.length, model.input_dim,
+                                       device=_device(args.device))
+        print(f"{run['model']} takes {model.input_dim} known inputs per step: sampling with "
+              "them at zero")
+    x, params = _to_cpu(model.generate(args.num, args.length, **kwargs))
     out = Path(args.run)
     for i in range(args.num):
         png = out / f"sample_{i}.png"
@@ -453,25 +529,23 @@ def cmd_forecast(args):
     from pyro_seq.tasks import forecast
 
     run, model, data = _load_run_and_data(args, ("train", args.split), require="forecast")
-    if model.input_dim:
-        raise SystemExit(f"pyro-seq: error: {run['model']} takes {model.input_dim} known inputs "
-                         "per step, which forecast cannot pass; call pyro_seq.tasks.forecast "
-                         "from Python")
     P, K = args.prefix, args.steps
-    seqs = [s for s in data[args.split] if s.shape[0] >= P + K][: args.num]
+    split = data[args.split]
+    chosen = [i for i, s in enumerate(split) if s.shape[0] >= P + K][: args.num]
+    seqs = [split[i] for i in chosen]
     if not seqs:
         longest = max((s.shape[0] for s in data[args.split]), default=0)
         raise SystemExit(f"pyro-seq: error: no {args.split} sequence has --prefix {P} + --steps "
                          f"{K} = {P + K} steps (the longest has {longest}); lower --prefix or "
                          "--steps")
-    x = torch.stack([s[:P + K] for s in seqs])                           # (B, P + K, D)
-    prefix, truth = x[:, :P], x[:, P:]
+    x, _, inputs = _batch(split, chosen, P + K)                          # (B, P + K, D)
+    prefix, truth = x[:, :P], x[:, P:]  # the inputs of every step, future ones included
     binary = model.binary_observations
     device = _device(args.device)
     torch.manual_seed(args.seed)
     try:
         res = forecast(model, prefix.to(device), K, num_samples=args.num_samples,
-                       target=truth.to(device) if binary else None)
+                       target=truth.to(device) if binary else None, inputs=_on(device, inputs))
     except ValueError as e:
         raise SystemExit(f"pyro-seq: error: {e}") from None
     mean = res.means.cpu().mean(0)                                        # (B, K, D)
@@ -487,7 +561,7 @@ def cmd_forecast(args):
            f"{result['baseline_mean_absolute_error']:.4f})"
     if binary:  # log (1/S) sum_s p(x_{P+k} | path_s), nats per step (summed over the features)
         log_prob = res.log_prob.cpu()                                     # (B, K)
-        freq = torch.cat(data["train"]).float().mean(0).clamp(1e-6, 1 - 1e-6)
+        freq = torch.cat(list(data["train"])).float().mean(0).clamp(1e-6, 1 - 1e-6)
         base = (truth * freq.log() + (1 - truth) * (-freq).log1p()).sum(-1)
         result.update(log_likelihood_per_step=float(log_prob.mean()),
                       log_likelihood_by_step=log_prob.mean(0).tolist(),
@@ -680,6 +754,9 @@ def make_parser():
     p.add_argument("--seed", type=SEED, default=0)
     p.add_argument("--out", required=True, help="run folder")
     p.add_argument("--restart", action="store_true", help="ignore an existing checkpoint")
+    p.add_argument("--ignore-inputs", action="store_true",
+                   help="train without the known inputs (controls, actions) the data carry, "
+                        "e.g. a model that takes none on the pendulum")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_train)
 
@@ -713,7 +790,7 @@ def make_parser():
     p.set_defaults(func=cmd_sample)
 
     p = _task_parser(sub, "impute", cmd_impute,
-                     "drop steps of test sequences and impute them (seed 002 4.3)")
+                     "drop steps of test sequences and impute them (Bayer & Osendorfer 2014, sec. 4.3)")
     p.add_argument("--drop", type=POSITIVE_INT, default=8,
                    help="consecutive steps dropped per sequence")
     p.add_argument("--drop-prob", type=FRACTION, default=None,
@@ -728,9 +805,12 @@ def make_parser():
                    help="particles (importance method)")
 
     p = _task_parser(sub, "denoise", cmd_denoise,
-                     "flip notes at random and denoise online (seed 002 4.2)")
+                     "corrupt test sequences and denoise them online (Bayer & Osendorfer 2014, "
+                     "sec. 4.2)")
     p.add_argument("--flip", type=PROBABILITY, default=0.05,
-                   help="probability of flipping an element")
+                   help="binary data: probability of flipping an element")
+    p.add_argument("--noise", type=POSITIVE, default=0.1,
+                   help="real-valued data: standard deviation of the added Gaussian noise")
 
     p = _task_parser(sub, "forecast", cmd_forecast,
                      "continue the start of each test sequence in generation mode and score "

@@ -37,7 +37,8 @@ import torch
 from pyro.poutine.messenger import Messenger
 
 from pyro_seq.models.contract import ModelContract
-from pyro_seq.validation import check_device, module_device, prepare_sequences, validate_sequences
+from pyro_seq.validation import (check_device, module_device, prepare_sequences, validate_inputs,
+                                 validate_sequences)
 
 __all__ = ["ImputationResult", "ForecastResult", "impute", "denoise", "forecast", "drop_steps",
            "drop_frames", "pixel_error", "bits_per_element"]
@@ -104,6 +105,20 @@ def _true_likelihood(model):
         model.train(was_training)
 
 
+def _kw(inputs):
+    return {} if inputs is None else {"inputs": inputs}
+
+
+def _check_inputs(model, inputs, x, mask, shape="(batch, T, input_dim)"):
+    """The known inputs of a task, checked by the programs' validator (None for a model that
+    takes none); the message names ``inputs`` and the expected ``shape``."""
+    try:
+        return validate_inputs(inputs, x.shape[:2], model.input_dim, mask, x.dtype,
+                               module_device(model))
+    except ValueError as e:
+        raise ValueError(f"{e} (inputs of {model.module_name}: {shape})") from None
+
+
 def _traces(model, x, mask, **kwargs):
     guide_trace = poutine.trace(model.guide).get_trace(x, mask, **kwargs)
     model_trace = poutine.trace(poutine.replay(model.model, trace=guide_trace)).get_trace(
@@ -113,7 +128,7 @@ def _traces(model, x, mask, **kwargs):
 
 @torch.no_grad()
 def impute(model, x, observed, mask=None, method="iterative", num_iterations=20, burn_in=None,
-           num_particles=64, generator=None):
+           num_particles=64, generator=None, inputs=None):
     """Fill the missing entries of ``x`` (see the module docstring).
 
     :param model: a trained :class:`~pyro_seq.models.SequenceModel`.
@@ -131,34 +146,38 @@ def impute(model, x, observed, mask=None, method="iterative", num_iterations=20,
     :param torch.Generator generator: for the random initial fill; it may live on the CPU while
         ``x`` is on a GPU (the fill is then drawn on the CPU and copied, the same numbers on
         every device).
+    :param inputs: known inputs ``(batch, T, U)`` of a model with ``input_dim = U`` (controls,
+        actions; known at every step, observed or not), else None.
     :returns: :class:`ImputationResult`.
     """
     _check_model(model, "impute", method)
     with _true_likelihood(model):
         return _impute(model, x, observed, mask, method, num_iterations, burn_in, num_particles,
-                       generator)
+                       generator, inputs)
 
 
 @torch.no_grad()
-def _impute(model, x, observed, mask, method, num_iterations, burn_in, num_particles, generator):
+def _impute(model, x, observed, mask, method, num_iterations, burn_in, num_particles, generator,
+            inputs):
     x, mask, seen = prepare_sequences(x, mask, model.obs_dim, model.binary_observations, observed,
                                       device=module_device(model))
+    inputs = _check_inputs(model, inputs, x, mask)
     if seen is None:
         seen = torch.ones_like(x, dtype=torch.bool)
     if method == "iterative":
-        return _impute_iterative(model, x, mask, seen, num_iterations, burn_in, generator)
+        return _impute_iterative(model, x, mask, seen, num_iterations, burn_in, generator, inputs)
     if method == "importance":
-        return _impute_importance(model, x, mask, seen, num_particles)
+        return _impute_importance(model, x, mask, seen, num_particles, inputs)
     # the model's own methods over whole steps (e.g. the KVAE's Kalman smoothing, thesis 6.4)
     steps = seen.any(-1) & mask
-    probs = model.impute_steps(x, steps, method)
+    probs = model.impute_steps(x, steps, method, inputs=inputs)
     probs = torch.where(steps[..., None], x, probs)
     filled = (probs > 0.5).to(x.dtype) if model.binary_observations else probs
     return ImputationResult(torch.where(steps[..., None], x, filled), probs,
                             steps[..., None].expand(x.shape))
 
 
-def _impute_iterative(model, x, mask, seen, num_iterations, burn_in, generator):
+def _impute_iterative(model, x, mask, seen, num_iterations, burn_in, generator, inputs):
     if int(num_iterations) < 1:
         raise ValueError(f"num_iterations must be >= 1, got {num_iterations}")
     burn_in = num_iterations // 3 if burn_in is None else int(burn_in)
@@ -172,7 +191,7 @@ def _impute_iterative(model, x, mask, seen, num_iterations, burn_in, generator):
     current = torch.where(seen, x, fill)
     total, count = torch.zeros_like(x), 0
     for it in range(num_iterations):
-        model_trace, _ = _traces(model, current, mask)
+        model_trace, _ = _traces(model, current, mask, **_kw(inputs))
         fns = _emission_fns(model_trace, T)
         means = torch.stack([fn.mean for fn in fns], 1).expand(x.shape)
         draws = torch.stack([fn.sample() for fn in fns], 1).expand(x.shape)
@@ -183,13 +202,14 @@ def _impute_iterative(model, x, mask, seen, num_iterations, burn_in, generator):
     return ImputationResult(x=current, probs=probs, observed=seen)
 
 
-def _impute_importance(model, x, mask, seen, num_particles):
+def _impute_importance(model, x, mask, seen, num_particles, inputs):
     K = int(num_particles)
     if K < 1:
         raise ValueError(f"num_particles must be >= 1, got {num_particles}")
     B, T, D = x.shape
     rep = lambda t: t.repeat((K,) + (1,) * (t.dim() - 1))  # noqa: E731  (K B, ...)
-    model_trace, guide_trace = _traces(model, rep(x), rep(mask), observed=rep(seen))
+    model_trace, guide_trace = _traces(model, rep(x), rep(mask), observed=rep(seen),
+                                       **_kw(None if inputs is None else rep(inputs)))
     model_trace.compute_log_prob()
     guide_trace.compute_log_prob()
     log_w = x.new_zeros(K * B)
@@ -220,7 +240,7 @@ class _GuideMode(Messenger):
 
 
 @torch.no_grad()
-def denoise(model, x, mask=None):
+def denoise(model, x, mask=None, inputs=None):
     """Online denoising (seed 002 sec. 4.2): ``(x_hat, params)``.
 
     The guide's latent sites take their means (the MAP of the Gaussian recognition model, step
@@ -232,21 +252,24 @@ def denoise(model, x, mask=None):
         online denoising: a smoothing guide also reads the future).
     :param torch.Tensor x: ``(batch, T, D)``, the corrupted data.
     :param mask: ``(batch, T)`` padding mask or None.
+    :param inputs: known inputs ``(batch, T, U)`` of a model with ``input_dim = U``, else None.
     :returns: ``(x_hat, means)``, both ``(batch, T, D)``: the denoised data and the emission
         means (Bernoulli: probabilities).
     """
     _check_model(model, "denoise")
     with _true_likelihood(model):
-        return _denoise(model, x, mask)
+        return _denoise(model, x, mask, inputs)
 
 
 @torch.no_grad()
-def _denoise(model, x, mask):
+def _denoise(model, x, mask, inputs):
     x, mask = validate_sequences(x, mask, model.obs_dim, model.binary_observations,
                                  device=module_device(model))
+    kw = _kw(_check_inputs(model, inputs, x, mask))
     with _GuideMode():
-        guide_trace = poutine.trace(model.guide).get_trace(x, mask)
-    model_trace = poutine.trace(poutine.replay(model.model, trace=guide_trace)).get_trace(x, mask)
+        guide_trace = poutine.trace(model.guide).get_trace(x, mask, **kw)
+    model_trace = poutine.trace(poutine.replay(model.model, trace=guide_trace)).get_trace(
+        x, mask, **kw)
     means = torch.stack([fn.mean for fn in _emission_fns(model_trace, x.shape[1])], 1)
     means = means.expand(x.shape)
     x_hat = (means > 0.5).to(x.dtype) if model.binary_observations else means
@@ -254,7 +277,7 @@ def _denoise(model, x, mask):
 
 
 @torch.no_grad()
-def forecast(model, x_prefix, steps, num_samples=100, mask=None, target=None):
+def forecast(model, x_prefix, steps, num_samples=100, mask=None, target=None, inputs=None):
     """Continue each sequence of ``x_prefix`` for ``steps`` steps in generation mode.
 
     The prefixes must have equal length (``mask`` all True, or None). The latent path of the
@@ -267,15 +290,17 @@ def forecast(model, x_prefix, steps, num_samples=100, mask=None, target=None):
     :param int steps: number of future steps.
     :param int num_samples: ``S`` continuations per sequence.
     :param target: optional ``(batch, steps, D)`` true continuation, scored under the mixture.
+    :param inputs: known inputs ``(batch, T + steps, U)`` of a model with ``input_dim = U``:
+        those of the prefix and of every future step (controls or actions to come), else None.
     :returns: :class:`ForecastResult`.
     """
     _check_model(model, "forecast")
     with _true_likelihood(model):
-        return _forecast(model, x_prefix, steps, num_samples, mask, target)
+        return _forecast(model, x_prefix, steps, num_samples, mask, target, inputs)
 
 
 @torch.no_grad()
-def _forecast(model, x_prefix, steps, num_samples, mask, target):
+def _forecast(model, x_prefix, steps, num_samples, mask, target, inputs):
     x_prefix, mask = validate_sequences(x_prefix, mask, model.obs_dim, model.binary_observations,
                                         device=module_device(model))
     if not bool(mask.all()):
@@ -284,9 +309,14 @@ def _forecast(model, x_prefix, steps, num_samples, mask, target):
         raise ValueError(f"steps and num_samples must be >= 1, got {steps}, {num_samples}")
     B, T, D = x_prefix.shape
     S = int(num_samples)
+    ahead = torch.ones(B, T + int(steps), dtype=torch.bool, device=x_prefix.device)
+    inputs = _check_inputs(model, inputs, x_prefix.new_zeros(B, T + int(steps), D), ahead,
+                           "(batch, T + steps, input_dim)")
+    u_all = None if inputs is None else inputs.repeat(S, 1, 1)           # (S B, T + steps, U)
     x = x_prefix.repeat(S, 1, 1)                                          # (S B, T, D)
     guide_trace = poutine.trace(model.guide).get_trace(
-        x, torch.ones(S * B, T, dtype=torch.bool, device=x.device))
+        x, torch.ones(S * B, T, dtype=torch.bool, device=x.device),
+        **_kw(None if u_all is None else u_all[:, :T]))
     latents = {name: site["value"] for name, site in guide_trace.nodes.items()
                if site["type"] == "sample" and not site["is_observed"]
                and type(site["fn"]).__name__ != "_Subsample"}
@@ -296,7 +326,8 @@ def _forecast(model, x_prefix, steps, num_samples, mask, target):
         observed = torch.ones(S * B, T + k + 1, dtype=torch.bool, device=x.device)
         observed[:, -1] = False
         trace = poutine.trace(poutine.condition(model.model, data=latents)).get_trace(
-            x_ext, None, observed=observed)
+            x_ext, None, observed=observed,
+            **_kw(None if u_all is None else u_all[:, :T + k + 1]))
         for name, site in trace.nodes.items():                            # keep the new latents
             if site["type"] == "sample" and not site["is_observed"] and name not in latents \
                     and type(site["fn"]).__name__ != "_Subsample":

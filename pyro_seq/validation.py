@@ -17,7 +17,7 @@ import torch
 
 __all__ = ["as_bool_mask", "check_device", "module_device", "parse_device", "positive_int",
            "prepare_sequences", "square_frame_shape", "validate_generate_args",
-           "validate_inputs", "validate_mask", "validate_observed", "validate_sequence_list",
+           "validate_input_dim", "validate_inputs", "validate_mask", "validate_observed", "validate_sequence_list",
            "validate_sequences"]
 
 
@@ -208,8 +208,9 @@ def validate_inputs(inputs, shape: Tuple[int, int], input_dim: int, mask: torch.
                              f"(batch, T, {input_dim})")
         return None
     if not input_dim:
-        raise ValueError("this model takes no inputs=; build it with an input dimension "
-                         "(e.g. control_dim=) to condition on controls")
+        raise ValueError("this model takes no inputs= (its input_dim is 0); build it with known "
+                         "inputs to condition on them (input_dim= of DMM, SRNN and VRNN, "
+                         "control_dim= of the KVAE, num_actions of the GTM-SM)")
     if not torch.is_tensor(inputs) or not inputs.is_floating_point():
         raise ValueError(f"inputs must be a floating-point tensor, got "
                          f"{getattr(inputs, 'dtype', type(inputs).__name__)}")
@@ -333,7 +334,7 @@ def _validate_sequences(x, mask, obs_dim, binary, prefix_mask, observed, device=
 
 
 def validate_sequence_list(seqs, obs_dim: Optional[int] = None, binary: bool = False,
-                           name: str = "sequences"):
+                           name: str = "sequences", inputs=None, input_dim: Optional[int] = None):
     """Check a list of ``(T_i, D)`` sequences (a data split) before any training starts.
 
     Each sequence is checked as a batch of one by :func:`validate_sequences`, so the message is
@@ -343,8 +344,11 @@ def validate_sequence_list(seqs, obs_dim: Optional[int] = None, binary: bool = F
     :param int obs_dim: expected ``D``.
     :param bool binary: require 0/1 values (Bernoulli likelihoods).
     :param str name: the split's name, used in messages.
+    :param inputs: the split's known inputs, tensors ``(T_i, U)`` (or None).
+    :param int input_dim: the ``U`` the model takes (0: none; None: not checked).
     :raises ValueError: for an empty list, a non-tensor or non-2-D item, or any problem
-        :func:`validate_sequences` names.
+        :func:`validate_sequences` names; inputs missing for a model that takes them, given to
+        one that takes none, of another feature size, length or with non-finite values.
     """
     if torch.is_tensor(seqs) or len(seqs) == 0:
         raise ValueError(f"{name}: expected a non-empty list of (T_i, D) tensors")
@@ -356,6 +360,30 @@ def validate_sequence_list(seqs, obs_dim: Optional[int] = None, binary: bool = F
             validate_sequences(s.unsqueeze(0), None, obs_dim, binary)
         except ValueError as e:
             raise ValueError(f"{name}[{i}]: {e}") from None
+    if input_dim is None:
+        return
+    if inputs is None and input_dim:
+        raise ValueError(f"{name}: the model takes {input_dim} known inputs per step "
+                         "(controls, actions), but the data carry none; pass a SequenceList "
+                         "with inputs")
+    if inputs is not None and not input_dim:
+        raise ValueError(f"{name}: the data carry known inputs ({inputs[0].shape[-1]} per step), "
+                         "but the model takes none (input_dim 0); build it with inputs, or "
+                         "leave the inputs out of the data")
+    if inputs is None:
+        return
+    if len(inputs) != len(seqs):
+        raise ValueError(f"{name}: {len(inputs)} input sequences for {len(seqs)} sequences")
+    for i, (s, u) in enumerate(zip(seqs, inputs)):
+        expected = (s.shape[0], input_dim)
+        if not torch.is_tensor(u) or tuple(u.shape) != expected or not u.is_floating_point():
+            raise ValueError(f"{name} inputs[{i}]: expected a floating tensor of shape (T, U) = "
+                             f"{expected}, got {getattr(u, 'dtype', type(u).__name__)} "
+                             f"{tuple(getattr(u, 'shape', ()))}")
+        if not bool(torch.isfinite(u).all()):
+            b, t = _first(~torch.isfinite(u))
+            raise ValueError(f"{name} inputs[{i}] has a NaN or infinite value at step {b}, "
+                             f"feature {t}")
 
 
 def validate_generate_args(num_sequences, num_steps) -> Tuple[int, int]:
@@ -394,3 +422,19 @@ def square_frame_shape(num_values: int, name: str = "frame_shape") -> Tuple[int,
         return (3, side3, side3)
     raise ValueError(f"{num_values} values per step are not a square frame; pass "
                      f"{name}=[H,W] (--model-option {name}=[H,W])")
+
+
+def validate_input_dim(value) -> int:
+    """A model's ``input_dim`` (known input features per step) as an int >= 0; 0 = no inputs.
+
+    :raises ValueError: naming the value otherwise (negatives, fractions, booleans, strings).
+    """
+    if not isinstance(value, (bool, str, bytes)):
+        try:
+            if float(value) == 0:
+                return 0
+            return positive_int("input_dim", value)
+        except (TypeError, ValueError, OverflowError):
+            pass
+    raise ValueError(f"input_dim (known input features per step) must be a non-negative "
+                     f"integer, got {value!r}; pass 0 for a model without inputs")

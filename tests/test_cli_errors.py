@@ -195,7 +195,7 @@ RUN_BAD = {
     "impute": [("--drop", "0"), ("--drop-prob", "1.5"), ("--drop-prob", "1"), ("--drop-prob", "0"),
                ("--iterations", "0"), ("--particles", "0"), ("--num", "0"), ("--seed", "-1")],
     "denoise": [("--flip", "1.5"), ("--flip", "-0.1"), ("--flip", "nan"), ("--num", "0"),
-                ("--seed", "-1")],
+                ("--seed", "-1"), ("--noise", "0"), ("--noise", "-1"), ("--noise", "inf")],
     "forecast": [("--steps", "0"), ("--prefix", "0"), ("--num-samples", "0"), ("--num", "0"),
                  ("--prefix", "-1"), ("--seed", "-1")],
 }

@@ -114,8 +114,9 @@ def test_gtmsm_trains_on_image_navigation_from_the_command_line(tmp_path, capsys
 
     monkeypatch.setenv("PYRO_SEQ_CACHE", str(tmp_path / "cache"))
     data = load_dataset("image_navigation:5:12", splits=("train",))
-    assert len(data["train"]) == 5 and data["train"][0].shape == (12, 64 + 5)
-    assert (data["train"][0][:, 64:].sum(-1) == 1).all()
+    assert len(data["train"]) == 5 and data["train"][0].shape == (12, 64)
+    assert data["train"].inputs[0].shape == (12, 5)  # the one-hot actions as known inputs
+    assert (data["train"].inputs[0].sum(-1) == 1).all()
     out = tmp_path / "gtmsm"
     opts = ["--model-option", "tau=8", "--model-option", "z_dim=3",
             "--model-option", "hidden_dims=[8]", "--model-option", "wall_hidden=4"]
@@ -125,6 +126,8 @@ def test_gtmsm_trains_on_image_navigation_from_the_command_line(tmp_path, capsys
     result = json.loads((out / "test.json").read_text())
     assert result["num_sequences"] == 1 and result["num_steps"] == 12
     assert "test ELBO" in capsys.readouterr().out
+    assert json.loads((out / "config.json").read_text())["input_dim"] == 5
+    assert not build_model("gtmsm", 64, {"tau": 8}, input_dim=5).pack_actions
     assert main(["evaluate", str(out), "--objective", "iwae", "--particles", "2"]) == 0
     landmark = tmp_path / "gtmsm_landmark"  # the inference network of thesis appendix 7.10
     assert main(["train", "--model", "gtmsm", "--data", "image_navigation:5:12", "--epochs", "1",
@@ -141,10 +144,11 @@ def test_gtmsm_trains_on_image_navigation_from_the_command_line(tmp_path, capsys
                  "--model-option", "displacements=conformal", "--model-option",
                  "neighbour_warmup=[8,2]", "--model-option", "wall_lr_multiplier=10"]
                 + opts) == 0
-    m = build_model("gtmsm", 69, json.loads((recipe / "config.json").read_text())["model_options"])
+    m = build_model("gtmsm", 64, json.loads((recipe / "config.json").read_text())["model_options"],
+                    input_dim=5)
     assert m.displacements == "conformal" and m.neighbour_warmup == (8, 2)
     assert m.lr_multipliers == {"wall_net": 10.0}
-    m = build_model("gtmsm", 3 * 64 + 5, {"hidden_dims": [8]})
+    m = build_model("gtmsm", 3 * 64 + 5, {"hidden_dims": [8]})  # the packed compatibility path
     assert m.frame_shape == (3, 8, 8) and m.pack_actions
     with pytest.raises(SystemExit, match="not a square frame"):
         build_model("gtmsm", 50 + 5, {})

@@ -18,6 +18,8 @@
 music21, mido and tqdm are imported only when a function that needs them is called.
 """
 
+from pyro_seq.ops.padding import SequenceList, inputs_of
+
 from .batching import (
     SequenceLoader,
     chunk_sequences,
@@ -26,7 +28,7 @@ from .batching import (
     validate_sequences,
 )
 from .chorales import build_chorales, cache_dir, load_chorales, score_to_piano_roll
-from .datasets import NAMED_PICKLES, load_dataset
+from .datasets import NAMED_PICKLES, load_dataset, save_dataset
 from .japanese_vowels import JAPANESE_VOWELS_DIM, load_japanese_vowels
 from .midi import midi_to_piano_roll, piano_roll_to_midi
 from .piano_roll import (
@@ -48,6 +50,7 @@ __all__ = [
     "NAMED_PICKLES",
     "NUM_KEYS",
     "RestrictedUnpickler",
+    "SequenceList",
     "SequenceLoader",
     "StudentBatch",
     "StudentResponses",
@@ -58,6 +61,7 @@ __all__ = [
     "load_chorales",
     "load_dataset",
     "load_japanese_vowels",
+    "inputs_of",
     "load_piano_rolls",
     "midi_to_piano_roll",
     "notes_to_roll",
@@ -66,6 +70,7 @@ __all__ = [
     "roll_to_notes",
     "safe_load",
     "safe_loads",
+    "save_dataset",
     "score_to_piano_roll",
     "simulate_students",
     "unpad_sequences",

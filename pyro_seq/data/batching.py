@@ -14,7 +14,8 @@ from typing import Iterator, List, Optional, Sequence, Tuple, Union
 import numpy as np
 import torch
 
-from pyro_seq.ops.padding import _check_seq_list, pad_sequences
+from pyro_seq.ops.padding import (SequenceList, _check_seq_list, check_input_list, inputs_of,
+                                  pad_sequences)
 from pyro_seq.validation import validate_sequences
 
 __all__ = [
@@ -43,7 +44,8 @@ def unpad_sequences(x: torch.Tensor, mask: torch.Tensor) -> List[torch.Tensor]:
 def chunk_sequences(
     seqs: Sequence[torch.Tensor], length: int, drop_remainder: bool = False
 ) -> List[torch.Tensor]:
-    """Split every sequence into consecutive non-overlapping windows of ``length`` steps.
+    r"""Split every sequence into consecutive non-overlapping windows of ``length`` steps (a
+    :class:`SequenceList`'s inputs are cut into the same windows).
 
     Args:
         seqs: tensors of shapes ``(T_i, D)``.
@@ -59,18 +61,23 @@ def chunk_sequences(
     if not isinstance(length, int) or isinstance(length, bool) or length < 1:
         raise ValueError(f"chunk length must be a positive int, got {length!r}")
     _check_seq_list(seqs)
+    inputs = inputs_of(seqs)
     out: List[torch.Tensor] = []
-    for s in seqs:
+    out_inputs: List[torch.Tensor] = []
+    for i, s in enumerate(seqs):
         for start in range(0, s.shape[0], length):
             w = s[start : start + length]
             if w.shape[0] < length and drop_remainder:
                 break
             out.append(w)
-    return out
+            if inputs is not None:
+                out_inputs.append(inputs[i][start : start + length])
+    return out if inputs is None else SequenceList(out, out_inputs)
 
 
 class SequenceLoader:
-    """Minibatches ``(x, mask)`` of ragged sequences, reproducible from ``(seed, epoch)``.
+    """Minibatches ``(x, mask)`` of ragged sequences, reproducible from ``(seed, epoch)``; with
+    known inputs (``inputs``, or those of a :class:`SequenceList`) ``(x, mask, inputs)``.
 
     Each epoch visits every sequence (or every window, with ``chunk_length``) exactly once
     (except the incomplete last batch when ``drop_last``). The order of epoch ``e`` is a pure
@@ -84,7 +91,7 @@ class SequenceLoader:
     ``loader.batches(e)`` yields epoch ``e`` without touching ``loader.epoch``.
 
     Args:
-        seqs: tensors of shapes ``(T_i, D)``.
+        seqs: tensors of shapes ``(T_i, D)`` (a :class:`SequenceList` may carry inputs).
         batch_size: sequences per minibatch.
         shuffle: random order per epoch; if ``False`` the order is the input order, every epoch.
         seed: seed of the shuffling.
@@ -98,11 +105,13 @@ class SequenceLoader:
         bucket_batches: pool size of ``sort_by_length``, in batches.
         dtype: floating dtype of ``x``.
         device: device of the yielded tensors.
+        inputs: known inputs ``(T_i, U)`` per sequence (default: those ``seqs`` carries).
 
     Yields:
         ``(x, mask)``: ``x`` of shape ``(b, T, D)`` (``T`` the longest item in the batch,
         ``b <= batch_size``) and ``bool`` ``mask`` of shape ``(b, T)``, as from
-        :func:`pad_sequences`.
+        :func:`pad_sequences`; with inputs ``(x, mask, inputs)``, ``inputs`` ``(b, T, U)``
+        padded with zeros.
     """
 
     def __init__(
@@ -117,6 +126,7 @@ class SequenceLoader:
         bucket_batches: int = 50,
         dtype: torch.dtype = torch.float32,
         device: Union[str, torch.device, None] = None,
+        inputs: Optional[Sequence[torch.Tensor]] = None,
     ):
         if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
@@ -126,9 +136,15 @@ class SequenceLoader:
         if not isinstance(seed, numbers.Integral) or isinstance(seed, bool) or seed < 0:
             raise ValueError(f"seed must be a non-negative int, got {seed!r}")
         _check_seq_list(seqs)
-        self.items: List[torch.Tensor] = (
-            chunk_sequences(seqs, chunk_length) if chunk_length is not None else list(seqs)
-        )
+        if inputs is None:
+            inputs = inputs_of(seqs)
+        if inputs is not None:
+            check_input_list(seqs, list(inputs))
+            seqs = SequenceList(seqs, inputs)
+        items = chunk_sequences(seqs, chunk_length) if chunk_length is not None else seqs
+        self.items: List[torch.Tensor] = list(items)
+        #: the known inputs of each item, or None
+        self.inputs: Optional[List[torch.Tensor]] = inputs_of(items)
         self.lengths = np.array([s.shape[0] for s in self.items])
         self.batch_size = batch_size
         self.shuffle = shuffle
@@ -178,13 +194,18 @@ class SequenceLoader:
             batches = [batches[i] for i in rng.permutation(len(batches))]
         return batches
 
-    def batches(self, epoch: int) -> Iterator[Tuple[torch.Tensor, torch.Tensor]]:
-        """Yield the ``(x, mask)`` minibatches of epoch ``epoch`` (``self.epoch`` unchanged)."""
+    def batches(self, epoch: int) -> Iterator[Tuple[torch.Tensor, ...]]:
+        """Yield the ``(x, mask)`` (or ``(x, mask, inputs)``) minibatches of epoch ``epoch``
+        (``self.epoch`` unchanged)."""
         for idx in self.batch_indices(epoch):
             x, mask = pad_sequences([self.items[i] for i in idx], dtype=self.dtype)
             if self.device is not None:
                 x, mask = x.to(self.device), mask.to(self.device)
-            yield x, mask
+            if self.inputs is None:
+                yield x, mask
+                continue
+            u, _ = pad_sequences([self.inputs[i] for i in idx], dtype=self.dtype)
+            yield x, mask, (u if self.device is None else u.to(self.device))
 
     def __iter__(self) -> Iterator[Tuple[torch.Tensor, torch.Tensor]]:
         epoch = self.epoch

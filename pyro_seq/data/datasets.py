@@ -8,11 +8,13 @@ from typing import Dict, List, Sequence, Union
 
 import torch
 
+from pyro_seq.ops.padding import SequenceList, inputs_of
+
 from .chorales import cache_dir, load_chorales
 from .japanese_vowels import load_japanese_vowels
 from .piano_roll import DEFAULT_SPLITS, load_piano_rolls
 
-__all__ = ["NAMED_PICKLES", "NAVIGATION", "SIMULATED", "load_dataset"]
+__all__ = ["NAMED_PICKLES", "NAVIGATION", "SIMULATED", "load_dataset", "save_dataset"]
 
 #: Simulated video environments (:mod:`pyro_seq.data.simulators`), loaded by name.
 SIMULATED = ("box", "box_gravity", "polygon", "pong", "pendulum")
@@ -55,23 +57,24 @@ def load_dataset(
             (:func:`~pyro_seq.data.simulators.simulate`, cached), flattened frames ``(T, H*W)``;
             ``"box:N"`` simulates ``N`` training sequences and ``N // 5`` (at least 1) each for
             validation and test instead of the thesis sizes. ``"pendulum"`` gives the frames
-            only, without the torques: a model trained on it (``pyro-seq train --data
-            pendulum``) treats the pendulum as uncontrolled. A KVAE with the torques as
-            controls takes them as ``inputs=`` through the Python API
-            (:func:`~pyro_seq.data.simulators.pendulum`'s ``controls``; see
-            ``benchmarks/kvae_pendulum.py``);
+            with the torques as known inputs (a :class:`~pyro_seq.data.SequenceList`, ``(T,
+            1)`` per sequence): ``pyro-seq train --model kvae --data pendulum`` trains the
+            controlled KVAE of Fraccaro (2018), Table 6.1, and a DMM conditions on them;
             a name of :data:`NAVIGATION`: the GTM-SM's image navigation
             (:func:`~pyro_seq.data.simulators.image_navigation`; ``_obstacles``: with an
-            obstacle, ``_colour``: RGB frames), each step the flattened frame followed by the
-            one-hot action, ``(T, 64 + 5)`` (``(T, 192 + 5)`` in colour), which
-            :class:`~pyro_seq.models.GTMSM` reads with ``pack_actions=True``;
+            obstacle, ``_colour``: RGB frames), the flattened frames ``(T, 64)`` (``(T, 192)``
+            in colour) with the one-hot actions ``(T, 5)`` as known inputs (a
+            :class:`~pyro_seq.data.SequenceList`): the ``inputs=`` of
+            :class:`~pyro_seq.models.GTMSM` and of its SRNN and VRNN baselines;
             ``"image_navigation:N"`` gives ``N`` training sequences (and ``N // 5``, at least 1,
             for validation and test), ``"image_navigation:N:T"`` also sets their length
             (default 288 = 256 memorisation + 32 prediction steps);
             a name of :data:`NAMED_PICKLES` (``"jsb"``, ``"jsb_2x"``, ``"nottingham"``,
             ``"musedata"``, ``"piano_midi"``): that file looked up in the directories of
             ``$PYRO_SEQ_DATA`` (``os.pathsep``-separated) and then the cache directory
-            (nothing is downloaded); anything else: the path of a Boulanger-Lewandowski pickle
+            (nothing is downloaded); the path of a ``.pt`` file written by :func:`save_dataset`
+            (your own data: real or binary features, with or without known inputs);
+            anything else: the path of a Boulanger-Lewandowski pickle
             (:func:`~pyro_seq.data.load_piano_rolls`).
         splits: which splits to return.
         **kwargs: passed to :func:`~pyro_seq.data.load_chorales` (e.g. ``cache``, ``progress``)
@@ -79,7 +82,9 @@ def load_dataset(
 
     Returns:
         ``{split: [roll_0, ...]}``, each a ``float32`` 0/1 tensor of shape ``(T_i, 88)``
-        (``(T_i, 12)`` real values for ``"japanese_vowels"``).
+        (``(T_i, 12)`` real values for ``"japanese_vowels"``, flattened frames for the videos);
+        for the data with known inputs a :class:`~pyro_seq.data.SequenceList` per split, whose
+        ``inputs`` are the controls or actions.
 
     Raises:
         FileNotFoundError: a named dataset that is in none of the search directories, or a
@@ -97,6 +102,10 @@ def load_dataset(
         return load_japanese_vowels(splits, **kwargs)
     if kwargs:
         raise TypeError(f"unexpected arguments {sorted(kwargs)} for a piano-roll pickle")
+    if key.endswith(".pt"):
+        if kwargs:
+            raise TypeError(f"unexpected arguments {sorted(kwargs)} for a .pt dataset")
+        return _load_tensor_file(key, splits)
     if key.lower() in NAMED_PICKLES and not os.path.exists(key):
         fname = NAMED_PICKLES[key.lower()]
         dirs = _search_dirs()
@@ -113,6 +122,51 @@ def load_dataset(
             f"{sorted(NAMED_PICKLES)}, and no such file"
         )
     return load_piano_rolls(key, splits)
+
+
+def save_dataset(path: Union[str, "os.PathLike[str]"], splits: Dict[str, Sequence[torch.Tensor]]):
+    """Write data splits to a ``.pt`` file that :func:`load_dataset` (and ``pyro-seq train
+    --data PATH``) reads: your own sequences, real-valued or binary, with known inputs when a
+    split is a :class:`~pyro_seq.data.SequenceList` that carries them.
+
+    Args:
+        path: a file name ending in ``.pt``.
+        splits: ``{"train": [...], "valid": [...], "test": [...]}`` (any of them), lists of
+            ``(T_i, D)`` tensors (or :class:`~pyro_seq.data.SequenceList` with inputs
+            ``(T_i, U)``, in every split or none).
+    """
+    if not os.fspath(path).endswith(".pt"):
+        raise ValueError(f"a dataset file must end in .pt, got {os.fspath(path)!r}")
+    payload = {"format": "pyro_seq.dataset/1", "splits": {}, "inputs": {}}
+    for name, seqs in splits.items():
+        payload["splits"][name] = [torch.as_tensor(s).detach().cpu() for s in seqs]
+        if inputs_of(seqs) is not None:
+            payload["inputs"][name] = [u.detach().cpu() for u in inputs_of(seqs)]
+    if payload["inputs"] and set(payload["inputs"]) != set(payload["splits"]):
+        raise ValueError("known inputs must be given for every split or for none")
+    torch.save(payload, path)
+
+
+def _load_tensor_file(path: str, splits: Sequence[str]):
+    """The splits of a file written by :func:`save_dataset` (read with ``weights_only=True``)."""
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"no dataset file {path!r}")
+    try:
+        payload = torch.load(path, weights_only=True, map_location="cpu")
+    except Exception as e:  # truncated or not a torch file: say which and what to do
+        raise ValueError(f"{path} is not a dataset written by pyro_seq.data.save_dataset "
+                         f"({type(e).__name__}: {e})") from None
+    if not (isinstance(payload, dict) and payload.get("format") == "pyro_seq.dataset/1"):
+        raise ValueError(f"{path} is not a dataset written by pyro_seq.data.save_dataset")
+    out = {}
+    for split in splits:
+        seqs = payload["splits"].get(split, [])
+        inputs = payload["inputs"].get(split)
+        for i, s in enumerate(seqs):
+            if not (torch.is_tensor(s) and s.dim() == 2 and s.is_floating_point()):
+                raise ValueError(f"{path}: {split}[{i}] is not a floating (T, D) tensor")
+        out[split] = SequenceList(seqs, inputs) if inputs is not None else list(seqs)
+    return out
 
 
 def _load_navigation(env: str, count: str, splits: Sequence[str], **kwargs):

@@ -22,7 +22,7 @@ import torch
 from pyro_seq.infer.fivo import FIVO
 from pyro_seq.infer.iwae import IWAE
 from pyro_seq.infer.protocol import program_device, program_owner
-from pyro_seq.ops.padding import pad_sequences
+from pyro_seq.ops.padding import check_input_list, inputs_of, pad_sequences
 from pyro_seq.ops.resampling import DEFAULT_RESAMPLING
 from pyro_seq.validation import positive_int, validate_sequences
 
@@ -66,8 +66,25 @@ class LikelihoodEstimate:
 
 
 def _batches(data, batch_size, device=None):
-    """Yield ``(x, mask)`` batches from the accepted data formats (checked against the model's
-    ``device`` when known)."""
+    """Yield ``(x, mask, inputs)`` batches from the accepted data formats (checked against the
+    model's ``device`` when known); ``inputs`` is None unless the data are a
+    :class:`~pyro_seq.ops.SequenceList` with inputs."""
+    inputs = inputs_of(data)
+    if inputs is not None:
+        check_input_list(data, inputs)
+        bs = batch_size or len(data)
+        for i in range(0, len(data), bs):
+            chunk, u = data[i:i + bs], inputs[i:i + bs]
+            x, mask = validate_sequences(*pad_sequences(chunk, dtype=chunk[0].dtype),
+                                         device=device)
+            yield x, mask, pad_sequences(u, dtype=chunk[0].dtype)[0].to(x.device)
+        return
+    for x, mask in _plain_batches(data, batch_size, device):
+        yield x, mask, None
+
+
+def _plain_batches(data, batch_size, device=None):
+    """``(x, mask)`` batches of data without known inputs."""
     if torch.is_tensor(data):
         data = (data, None)
     if isinstance(data, tuple) and len(data) == 2 and torch.is_tensor(data[0]) and data[0].dim() == 3:
@@ -97,13 +114,14 @@ def _batches(data, batch_size, device=None):
             yield x[i:i + bs], mask[i:i + bs]
 
 
-def _iwae_log_z(model, guide, x, mask, num_particles, particles_per_pass, max_plate_nesting):
+def _iwae_log_z(model, guide, x, mask, num_particles, particles_per_pass, max_plate_nesting,
+                **kwargs):
     """IWAE estimate, drawing the ``K`` particles in chunks of ``particles_per_pass``."""
     chunks, remaining = [], num_particles
     while remaining > 0:
         k = min(remaining, particles_per_pass)
         iwae = IWAE(num_particles=k, vectorize_particles=True, max_plate_nesting=max_plate_nesting)
-        log_z, _ = iwae.log_z(model, guide, x, mask)
+        log_z, _ = iwae.log_z(model, guide, x, mask, **kwargs)
         chunks.append(log_z.double() + torch.log(torch.tensor(float(k), dtype=torch.float64)))
         remaining -= k
     # log (1/K) sum_k w_k = logsumexp_j (log_mean_j + log K_j) - log K
@@ -119,7 +137,9 @@ def estimate_log_likelihood(model, guide, data, method="iwae", num_particles=100
         protocol (``init``/``step``).
     :param guide: the proposal (e.g. ``m.guide``); it need not be reparameterized (no gradient
         is taken; :meth:`FIVO.log_z <pyro_seq.infer.FIVO.log_z>` accepts any guide).
-    :param data: a list of ``(T_i, D)`` sequences, a ``(batch, T, D)`` tensor, an ``(x, mask)``
+    :param data: a list of ``(T_i, D)`` sequences (a :class:`~pyro_seq.ops.SequenceList` with
+        known inputs passes them to the programs as ``inputs=``), a ``(batch, T, D)`` tensor,
+        an ``(x, mask)``
         batch, or an iterable of ``(x, mask)`` batches, on the device of the model's parameters
         (``model.device`` of a :class:`~pyro_seq.models.base.StepProgram`; a ValueError naming
         the tensor otherwise).
@@ -170,15 +190,17 @@ def _estimate(model, guide, data, method, num_particles, batch_size, particles_p
     """The estimation loop of :func:`estimate_log_likelihood`; appends to ``estimates`` and
     ``lengths``."""
     with torch.no_grad():
-        for x, mask in _batches(data, batch_size, program_device(model)):
+        for x, mask, inputs in _batches(data, batch_size, program_device(model)):
+            kwargs = {} if inputs is None else {"inputs": inputs}
             if method == "iwae":
                 log_z = _iwae_log_z(model, guide, x, mask, num_particles,
-                                    particles_per_pass or num_particles, max_plate_nesting)
+                                    particles_per_pass or num_particles, max_plate_nesting,
+                                    **kwargs)
             else:
                 fivo = FIVO(num_particles=num_particles, resample=resample,
                             ess_threshold=ess_threshold, resampling=resampling,
                             max_plate_nesting=max_plate_nesting)
-                log_z, _ = fivo.log_z(model, guide, x, mask)
+                log_z, _ = fivo.log_z(model, guide, x, mask, **kwargs)
             if log_z.shape != (x.shape[0],):
                 raise ValueError(
                     f"{method}: got {tuple(log_z.shape)} estimates for a batch of {x.shape[0]} "

@@ -201,7 +201,7 @@ class GuideRecord:
 
     :param SequenceModel owner: the model whose guide ran.
     :param SequenceState state: the guide's state (its ``shared`` dict is what is shared).
-    :param tuple inputs: validated ``(x, mask, observed)`` (``observed`` may be None).
+    :param tuple inputs: validated ``(x, mask, observed, inputs)`` (the last two may be None).
     """
 
     def __init__(self, owner, state, inputs):
@@ -224,10 +224,12 @@ class GuideRecord:
 
     def matches(self, owner, inputs):
         """The model ``owner`` on validated ``inputs`` may use what this guide run computed:
-        same model, equal inputs, same grad mode, equal parameters (see the class docs)."""
+        same model, equal data, missing entries and known inputs, same grad mode, equal
+        parameters (see the class docs)."""
         if owner is not self.owner or torch.is_grad_enabled() != self.grad_enabled:
             return False
-        if not all(_same_tensor(a, b) for a, b in zip(inputs, self.inputs)):
+        if len(inputs) != len(self.inputs) or not all(
+                _same_tensor(a, b) for a, b in zip(inputs, self.inputs)):
             return False
         current = self._parameters()
         if len(current) != len(self.values):
@@ -484,7 +486,8 @@ class StepProgram:
         x, mask = self._validate(state, x, mask, observed, inputs)
         pyro.module(owner.module_name, owner)
         T = x.shape[1]
-        inputs = (x, mask, state.shared.get("observed"))
+        # what a guide run's record must match: the data, the missing entries, the known inputs
+        inputs = (x, mask, state.shared.get("observed"), state.shared.get("inputs"))
         latents = None
         if self.role == "model" and owner.scores_all_steps(state, x, mask):
             latents = replayed_latents(owner.latent_names, T)

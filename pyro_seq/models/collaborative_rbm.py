@@ -30,7 +30,7 @@ from torch import nn
 
 from pyro_seq.distributions.rbm import VISIBLE_TYPES
 from pyro_seq.distributions.sparse_rbm import SparseRBM
-from pyro_seq.models.contract import EnergyBasedModel
+from pyro_seq.models.contract import EnergyBasedModel, example
 
 __all__ = ["CollaborativeRBM"]
 
@@ -57,6 +57,7 @@ class CollaborativeRBM(EnergyBasedModel):
             "SVI(model.model, model.guide, optim, ContrastiveDivergence(k)) on "
             "pyro_seq.data.simulate_students data"))
     evaluation_methods = ()  #: evaluated by prediction (:meth:`predict`, the CBD metric)
+    small_example = example(obs_dim=4, num_hidden=3)
 
     def __init__(self, num_questions, num_hidden=15, visible="bernoulli", num_options=2,
                  num_trials=2, num_factors=None, conditional=False, init_scale=1e-3):

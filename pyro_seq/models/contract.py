@@ -32,6 +32,8 @@ Declarations (class attributes unless said otherwise):
 ``frame_shape``             ``(H, W)`` or ``(C, H, W)`` when each step is an image, else None
 ``weight_init_schemes``     schemes of ``TrainConfig.init`` that redraw its weights
 ``lr_multipliers``          per-parameter factors on the learning rate (name or prefix -> factor)
+``small_example``           the data and options of a small instance (:func:`example`), which
+                            the surface tests build: every model meets every surface
 ==========================  =====================================================================
 
 Methods every model has (defaults here): :meth:`ModelContract.generate`,
@@ -46,15 +48,27 @@ once or step by step) is decided from that call's own arguments
 
 from types import MappingProxyType
 
+import torch
 from torch import nn
 
-__all__ = ["EnergyBasedModel", "ModelContract", "TASKS", "Unsupported", "support_table"]
+from pyro_seq.validation import validate_inputs
+
+__all__ = ["EnergyBasedModel", "ModelContract", "TASKS", "Unsupported", "example",
+           "support_table"]
 
 #: Task names of :mod:`pyro_seq.tasks` (and the command that runs each).
 TASKS = ("generate", "impute", "denoise", "forecast")
 #: The command line's name for each task.
 TASK_COMMANDS = {"generate": "sample", "impute": "impute", "denoise": "denoise",
                  "forecast": "forecast"}
+
+
+def example(obs_dim=4, input_dim=0, length=5, **options):
+    """A model's ``small_example``: the data (``obs_dim`` features and ``input_dim`` known
+    inputs per step, sequences of ``length`` steps) and the :meth:`ModelContract.for_data`
+    ``options`` of a small instance, which the surface tests and smoke runs build."""
+    return MappingProxyType({"obs_dim": obs_dim, "input_dim": input_dim, "length": length,
+                             "options": MappingProxyType(options)})
 
 
 class Unsupported(ValueError):
@@ -80,6 +94,7 @@ class ModelContract(nn.Module):
     frame_shape = None
     weight_init_schemes = ()
     lr_multipliers = MappingProxyType({})
+    small_example = example()
 
     # ------------------------------------------------------------------ checks
 
@@ -147,6 +162,28 @@ class ModelContract(nn.Module):
         self.require(method, "impute_method")
         raise NotImplementedError(f"{self.module_name} declares imputation method {method!r} "
                                   "but does not define impute_steps")
+
+    def generate_inputs(self, inputs, num_sequences, num_steps, like):
+        """``inputs=`` of this model's ``generate``: ``(num_sequences, num_steps, input_dim)``,
+        required when ``self.input_dim > 0`` and refused otherwise (the package's
+        :func:`~pyro_seq.validation.validate_inputs`, its message prefixed by ``generate:``).
+
+        :returns: the inputs in the dtype and on the device of ``like``, or None.
+        """
+        shape = (num_sequences, num_steps, self.input_dim)
+        if inputs is None and self.input_dim:
+            raise ValueError(f"generate: {self.module_name} was built with input_dim="
+                             f"{self.input_dim} and needs inputs= (the known inputs u_t) of shape "
+                             f"(num_sequences, num_steps, input_dim) = {shape}")
+        if inputs is not None and not self.input_dim:
+            raise ValueError(f"generate: {self.module_name} takes no inputs (input_dim=0), got "
+                             f"inputs=; build it with input_dim= to condition on known inputs")
+        every = torch.ones(num_sequences, num_steps, dtype=torch.bool, device=like.device)
+        try:
+            return validate_inputs(inputs, (num_sequences, num_steps), self.input_dim, every,
+                                   like.dtype, like.device)
+        except ValueError as e:
+            raise ValueError(f"generate: {e}") from None
 
     def training_epoch(self, epoch):
         """Called by :func:`pyro_seq.train.fit` before each (0-based) epoch, e.g. for a warm-up;

@@ -45,48 +45,10 @@ import torch.nn as nn
 
 from pyro_seq.models.base import (SequenceModel, cache_guide_prior, masked, normal,
                                   on_real_steps, prior_from_guide)
+from pyro_seq.models.contract import example
 from pyro_seq.models.emission import make_emission, stack_params
 from pyro_seq.nn import MLP, BackwardRNN, Combiner, GatedTransition, cat_broadcast, combiner_scan
-from pyro_seq.validation import positive_int, validate_generate_args, validate_inputs
-
-
-def check_input_dim(value):
-    """A model's ``input_dim`` (known input features per step) as an int >= 0; 0 = no inputs.
-
-    :raises ValueError: naming the value otherwise (negatives, fractions, booleans, strings).
-    """
-    if not isinstance(value, (bool, str, bytes)):
-        try:
-            if float(value) == 0:
-                return 0
-            return positive_int("input_dim", value)
-        except (TypeError, ValueError, OverflowError):
-            pass
-    raise ValueError(f"input_dim (known input features per step) must be a non-negative "
-                     f"integer, got {value!r}; pass 0 for a model without inputs")
-
-
-def generate_inputs(model, inputs, num_sequences, num_steps, like):
-    """``inputs=`` of a model's ``generate``: ``(num_sequences, num_steps, input_dim)``, required
-    when ``model.input_dim > 0`` and refused otherwise (the package's
-    :func:`~pyro_seq.validation.validate_inputs`, its message prefixed by ``generate:``).
-
-    :returns: the inputs in the dtype and on the device of ``like``, or None.
-    """
-    shape = (num_sequences, num_steps, model.input_dim)
-    if inputs is None and model.input_dim:
-        raise ValueError(f"generate: {model.module_name} was built with input_dim="
-                         f"{model.input_dim} and needs inputs= (the known inputs u_t) of shape "
-                         f"(num_sequences, num_steps, input_dim) = {shape}")
-    if inputs is not None and not model.input_dim:
-        raise ValueError(f"generate: {model.module_name} takes no inputs (input_dim=0), got "
-                         f"inputs=; build it with input_dim= to condition on known inputs")
-    every = torch.ones(num_sequences, num_steps, dtype=torch.bool, device=like.device)
-    try:
-        return validate_inputs(inputs, (num_sequences, num_steps), model.input_dim, every,
-                               like.dtype, like.device)
-    except ValueError as e:
-        raise ValueError(f"generate: {e}") from None
+from pyro_seq.validation import validate_generate_args, validate_input_dim
 
 
 class InputGatedTransition(GatedTransition):
@@ -136,12 +98,13 @@ class DMM(SequenceModel):
 
     time_parallel = True
     module_name = "dmm"
+    small_example = example(z_dim=2, transition_dim=4, emission_dim=4, rnn_dim=4)
 
     def __init__(self, obs_dim, z_dim=100, transition_dim=200, emission_dim=100, rnn_dim=600,
                  inference="smoothing", rnn_cell="rnn", likelihood="bernoulli", min_scale=1e-3,
                  residual=False, input_dim=0, **emission_kwargs):
         super().__init__(obs_dim)
-        self.input_dim = input_dim = check_input_dim(input_dim)
+        self.input_dim = input_dim = validate_input_dim(input_dim)
         self.binary_observations = likelihood == "bernoulli"
         if inference not in ("smoothing", "filtering"):
             raise ValueError(f"inference must be 'smoothing' or 'filtering', got {inference!r}")
@@ -246,7 +209,7 @@ class DMM(SequenceModel):
             emission parameters per step (Bernoulli logits, or a ``(loc, scale)`` pair).
         """
         num_sequences, num_steps = validate_generate_args(num_sequences, num_steps)
-        u = generate_inputs(self, inputs, num_sequences, num_steps, self.z_0)
+        u = self.generate_inputs(inputs, num_sequences, num_steps, self.z_0)
         z = self.z_0.expand(num_sequences, self.z_dim)
         xs, params = [], []
         for t in range(num_steps):

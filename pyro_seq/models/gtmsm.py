@@ -168,6 +168,7 @@ import torch
 import torch.nn as nn
 
 from pyro_seq.models.base import SequenceModel, StepProgram, masked
+from pyro_seq.models.contract import example
 from pyro_seq.models.emission import bernoulli_likelihood
 from pyro_seq.nn import MLP, GaussianHead, cat_broadcast
 from pyro_seq.nn.conv import FRAME_NETWORKS, frame_networks
@@ -321,6 +322,8 @@ class GTMSM(SequenceModel):
     latent_names = ("s", "z")
     tasks = frozenset()
     impute_methods = ()
+    small_example = example(obs_dim=4, input_dim=5, length=6, tau=3, num_neighbours=3, z_dim=2,
+                            hidden_dims=[5], wall_hidden=4)
     unsupported = MappingProxyType(dict(
         SequenceModel.unsupported,
         generate="a GTM-SM predicts frames from a memory of observed frames and actions; use "

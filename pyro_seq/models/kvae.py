@@ -76,6 +76,7 @@ import torch.nn as nn
 
 from pyro_seq.distributions.scored_value import ScoredValue
 from pyro_seq.models.base import SequenceModel, masked, stack_time
+from pyro_seq.models.contract import example
 from pyro_seq.models.emission import bernoulli_likelihood
 from pyro_seq.nn import GaussianHead
 from pyro_seq.nn.conv import FRAME_NETWORKS, frame_networks
@@ -175,7 +176,9 @@ class KVAE(SequenceModel):
     module_name = "kvae"
     latent_names = ("a",)
     time_parallel = True  #: when :meth:`scores_all_steps` allows it (no missing frame)
-    impute_methods = ("iterative", "importance", "smoothing", "filtering", "generation")
+    impute_methods = ("smoothing", "filtering", "generation", "iterative", "importance")
+    small_example = example(obs_dim=16, input_dim=1, length=6, encoder="mlp", hidden_dims=[4],
+                            lstm_dim=4, z_dim=2, num_modes=2, dynamics_warmup_epochs=1)
 
     def __init__(self, image_shape=(32, 32), a_dim=2, z_dim=4, num_modes=3, control_dim=0,
                  lstm_dim=50, encoder="conv", channels=32, conv_layers=3, hidden_dims=(128, 128),

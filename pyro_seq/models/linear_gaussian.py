@@ -43,6 +43,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from pyro_seq.models.base import SequenceModel, check_sequences
+from pyro_seq.models.contract import example
 from pyro_seq.ops.kalman import _sym, covariance_problem, kalman_filter
 from pyro_seq.validation import positive_int, validate_generate_args
 
@@ -80,6 +81,7 @@ class LinearGaussianSequenceModel(SequenceModel):
     """
 
     module_name = "linear_gaussian_ssm"
+    small_example = example(obs_dim=2, state_dim=2)
 
     def __init__(self, obs_dim, state_dim, A=None, C=None, Q=None, R=None, init_loc=None,
                  init_cov=None, learnable=True, guide="smoothing", jitter=0.0):

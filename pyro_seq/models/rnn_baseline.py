@@ -26,6 +26,7 @@ polyphonic-music setting (GRU 300, one hidden layer of 500 units, leaky ReLU 1/3
 import torch
 
 from pyro_seq.models.base import SequenceModel
+from pyro_seq.models.contract import example
 from pyro_seq.models.emission import make_emission, stack_params
 from pyro_seq.models.base import shift_right
 from pyro_seq.nn import ForwardRNN
@@ -52,6 +53,7 @@ class RNNBaseline(SequenceModel):
     time_parallel = True
     latent_names = ()
     module_name = "rnn_baseline"
+    small_example = example(d_dim=4, hidden_dim=4)
 
     def __init__(self, obs_dim, d_dim=300, hidden_dim=500, cell="gru", likelihood="bernoulli",
                  activation="clipped_leaky_relu", **emission_kwargs):

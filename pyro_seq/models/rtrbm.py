@@ -37,7 +37,7 @@ import torch
 from torch import nn
 
 from pyro_seq.distributions.rbm import RBM
-from pyro_seq.models.contract import EnergyBasedModel
+from pyro_seq.models.contract import EnergyBasedModel, example
 from pyro_seq.validation import (check_device, module_device, positive_int, validate_generate_args,
                                  validate_sequences)
 
@@ -67,6 +67,7 @@ class RTRBM(EnergyBasedModel):
 
     module_name = "rtrbm"
     tasks = frozenset({"generate"})
+    small_example = example(obs_dim=5, num_hidden=3)
     unsupported = MappingProxyType(dict(
         EnergyBasedModel.unsupported,
         impute="an RTRBM has no recognition model to condition on the observed steps; impute "
@@ -292,6 +293,7 @@ class SRTRBM(RTRBM):
     """
 
     module_name = "srtrbm"
+    small_example = example(obs_dim=6, num_groups=2, hidden_per_group=2)
 
     def __init__(self, num_visible, num_hidden, W_mask, U_mask=None, init_scale=0.01):
         super().__init__(num_visible, num_hidden, init_scale)

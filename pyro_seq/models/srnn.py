@@ -32,12 +32,12 @@ import pyro
 import pyro.distributions as dist
 import torch
 
-from pyro_seq.models.base import (SequenceModel, _same_tensor, cache_guide_prior, masked, normal,
+from pyro_seq.models.base import (SequenceModel, cache_guide_prior, masked, normal,
                                   prior_from_guide, shift_right)
-from pyro_seq.models.dmm import check_input_dim, generate_inputs
+from pyro_seq.models.contract import example
 from pyro_seq.models.emission import make_emission, stack_params
 from pyro_seq.nn import BackwardRNN, ForwardRNN, GaussianMLP, MLP, cat_broadcast
-from pyro_seq.validation import validate_generate_args
+from pyro_seq.validation import validate_generate_args, validate_input_dim
 
 
 class SRNN(SequenceModel):
@@ -69,6 +69,7 @@ class SRNN(SequenceModel):
     time_parallel = True
     weight_init_schemes = ("srnn", "normal")  #: the SRNN authors' initialisation (pyro_seq.nn.init)
     module_name = "srnn"
+    small_example = example(d_dim=4, z_dim=2, hidden_dim=4)
     # d_{1:T} and its prior projection are the same in model and guide (eq. 5.1): a model
     # replayed against the guide's trace takes them from the guide (see models.base)
     shared_with_guide = ("d", "prior_context")
@@ -78,7 +79,7 @@ class SRNN(SequenceModel):
                  residual=True, likelihood="bernoulli", activation="clipped_leaky_relu",
                  min_scale=1e-3, variance="softplus", input_dim=0, **emission_kwargs):
         super().__init__(obs_dim)
-        self.input_dim = input_dim = check_input_dim(input_dim)
+        self.input_dim = input_dim = validate_input_dim(input_dim)
         self.binary_observations = likelihood == "bernoulli"
         if inference not in ("smoothing", "filtering"):
             raise ValueError(f"inference must be 'smoothing' or 'filtering', got {inference!r}")
@@ -109,13 +110,6 @@ class SRNN(SequenceModel):
 
     # generative model: eq. 5.1, 5.3
     def model_init(self, state, x, mask):
-        record = state.guide_record
-        if (self.input_dim and record is not None
-                and not _same_tensor(record.shared.get("inputs"), state.shared.get("inputs"))):
-            # the guide ran on other known inputs: its d_{1:T} and priors are not this model's
-            state.guide_record = None
-            for key in self.shared_with_guide:
-                state.shared.pop(key, None)
         d = state.shared.get("d")          # set by guide_init when both share a state (FIVO)
         if d is None:
             d = state.shared["d"] = self._deterministic_states(x, mask, state.shared.get("inputs"))
@@ -188,7 +182,7 @@ class SRNN(SequenceModel):
         """
         num_sequences, num_steps = validate_generate_args(num_sequences, num_steps)
         h0 = self.deterministic.h0  # zeros on the model's device and in its dtype
-        k = generate_inputs(self, inputs, num_sequences, num_steps, h0)
+        k = self.generate_inputs(inputs, num_sequences, num_steps, h0)
         x_prev = h0.new_zeros(num_sequences, 1, self.obs_dim)
         h = h0.expand(1, num_sequences, -1).contiguous()
         z = h0.new_zeros(num_sequences, self.z_dim)

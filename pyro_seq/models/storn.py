@@ -50,6 +50,7 @@ import torch.nn as nn
 
 from pyro_seq.distributions.wiener import wiener_transition
 from pyro_seq.models.base import SequenceModel, masked, normal
+from pyro_seq.models.contract import example
 from pyro_seq.models.emission import make_emission, stack_params
 from pyro_seq.models.base import shift_right  # u_t = x_{t-1}, x_0 = 0
 from pyro_seq.nn import GaussianHead, cat_broadcast
@@ -153,6 +154,7 @@ class STORN(SequenceModel):
 
     time_parallel = True
     module_name = "storn"
+    small_example = example(z_dim=2, rnn_dim=4, emission_dim=4)
 
     def __init__(self, obs_dim, z_dim=100, rnn_dim=300, emission_dim=500, prior="white",
                  likelihood="bernoulli", cell="tanh", activation="tanh", min_scale=1e-3,

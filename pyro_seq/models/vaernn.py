@@ -35,6 +35,7 @@ import torch
 import torch.nn as nn
 
 from pyro_seq.models.base import SequenceModel, masked, normal
+from pyro_seq.models.contract import example
 from pyro_seq.models.emission import make_emission, stack_params
 from pyro_seq.models.base import shift_right
 from pyro_seq.nn import ForwardRNN, GaussianHead, cat_broadcast, make_activation
@@ -76,6 +77,7 @@ class VAERNN(SequenceModel):
 
     time_parallel = True
     module_name = "vaernn"
+    small_example = example(d_dim=4, z_dim=2, hidden_dim=4)
 
     def __init__(self, obs_dim, d_dim=300, z_dim=100, hidden_dim=500, skip=False,
                  likelihood="bernoulli", activation="clipped_leaky_relu", min_scale=1e-3,

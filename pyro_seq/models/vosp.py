@@ -44,6 +44,7 @@ import pyro
 import torch
 
 from pyro_seq.models.base import SequenceModel, masked, normal, shift_right
+from pyro_seq.models.contract import example
 from pyro_seq.models.emission import make_emission, stack_params
 from pyro_seq.models.storn import StepRNN, latent_prior
 from pyro_seq.nn import GaussianHead, cat_broadcast
@@ -77,6 +78,7 @@ class VOSP(SequenceModel):
 
     time_parallel = True
     module_name = "vosp"
+    small_example = example(z_dim=2, rnn_dim=4, emission_dim=4)
     shared_with_guide = ("h",)
     shared_with_guide_modules = ("encoder",)
 

@@ -42,6 +42,7 @@ import torch
 
 from pyro_seq.distributions.wiener import kl_diagonal_normal_wiener
 from pyro_seq.models.base import SequenceModel, masked, normal
+from pyro_seq.models.contract import example
 from pyro_seq.models.emission import make_emission, stack_params
 from pyro_seq.models.storn import StepRNN, latent_prior
 from pyro_seq.nn import GaussianHead, reverse_padded
@@ -75,6 +76,7 @@ class VRAE(SequenceModel):
 
     time_parallel = True
     module_name = "vrae"
+    small_example = example(z_dim=2, encoder_dim=4, decoder_dim=4, emission_dim=4)
 
     def __init__(self, obs_dim, z_dim=8, encoder_dim=300, decoder_dim=300, emission_dim=500,
                  prior="wiener", likelihood="bernoulli", cell="tanh", activation="tanh",

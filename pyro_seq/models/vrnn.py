@@ -80,11 +80,11 @@ import torch
 import torch.nn as nn
 
 from pyro_seq.models.base import SequenceModel, masked, normal
-from pyro_seq.models.dmm import check_input_dim, generate_inputs
+from pyro_seq.models.contract import example
 from pyro_seq.models.emission import make_emission, stack_params
 from pyro_seq.nn import GaussianMLP
 from pyro_seq.nn import MLP, BackwardRNN, GaussianHead, cat_broadcast
-from pyro_seq.validation import positive_int, validate_generate_args
+from pyro_seq.validation import positive_int, validate_generate_args, validate_input_dim
 
 __all__ = ["VRNN"]
 
@@ -158,12 +158,13 @@ class VRNN(SequenceModel):
     """
 
     module_name = "vrnn"
+    small_example = example(d_dim=4, z_dim=2, hidden_dim=4, feature_dim=4)
 
     def __init__(self, obs_dim, d_dim=64, z_dim=64, hidden_dim=64, feature_dim=64,
                  inference="filtering", cell="lstm", likelihood="bernoulli", activation="relu",
                  min_scale=1e-3, variance="softplus", input_dim=0, **emission_kwargs):
         super().__init__(obs_dim)
-        self.input_dim = input_dim = check_input_dim(input_dim)
+        self.input_dim = input_dim = validate_input_dim(input_dim)
         d_dim, z_dim = positive_int("d_dim", d_dim), positive_int("z_dim", z_dim)
         hidden_dim = positive_int("hidden_dim", hidden_dim)
         feature_dim = positive_int("feature_dim", feature_dim)
@@ -306,7 +307,7 @@ class VRNN(SequenceModel):
         """
         num_sequences, num_steps = validate_generate_args(num_sequences, num_steps)
         like = next(self.parameters())
-        k = generate_inputs(self, inputs, num_sequences, num_steps, like)
+        k = self.generate_inputs(inputs, num_sequences, num_steps, like)
         hidden = self._first_hidden(like, num_sequences, None if k is None else k[:, 0])
         xs, params = [], []
         for t in range(num_steps):

@@ -38,7 +38,7 @@ from pyro_seq.ops.nonlinear import (
     unscented_kalman_smoother,
 )
 from pyro_seq.ops.particle_filter import ParticleFilterResult, bootstrap_particle_filter
-from pyro_seq.ops.padding import pad_sequences
+from pyro_seq.ops.padding import SequenceList, inputs_of, pad_sequences
 from pyro_seq.ops.resampling import (
     DEFAULT_RESAMPLING,
     RESAMPLE_CRITERIA,
@@ -57,6 +57,8 @@ __all__ = [
     "RESAMPLING_SCHEMES",
     "covariance_problem",
     "pad_sequences",
+    "inputs_of",
+    "SequenceList",
     "PARALLEL_THRESHOLD",
     "STEADY_STATE_TOL",
     "GaussianFilterResult",

@@ -72,8 +72,8 @@ class SingleProcess:
     rank, world_size, is_main = 0, 1, True
     device = torch.device("cpu")
 
-    def shard(self, x, mask):
-        return x, mask
+    def shard(self, x, mask, inputs=None):
+        return x, mask, inputs
 
     def shard_list(self, sequences):
         return sequences
@@ -103,14 +103,18 @@ class ProcessGroup(SingleProcess):
         self.rank, self.world_size, self.is_main = rank, world_size, rank == 0
         self.device = torch.device("cpu") if device is None else torch.device(device)
 
-    def shard(self, x, mask):
-        """This rank's rows ``rank::N``, cut to their own longest sequence (padded steps score
-        exactly 0, so only the padding work changes)."""
-        x, mask = x[self.rank::self.world_size], mask[self.rank::self.world_size]
+    def shard(self, x, mask, inputs=None):
+        """This rank's rows ``rank::N`` of ``x``, ``mask`` and ``inputs`` (None stays None), cut
+        to their own longest sequence (padded steps score exactly 0, so only the padding work
+        changes)."""
+        rows = slice(self.rank, None, self.world_size)
+        x, mask = x[rows], mask[rows]
+        inputs = None if inputs is None else inputs[rows]
         if mask.shape[0]:
-            length = int(mask.sum(-1).max())
-            x, mask = x[:, :max(length, 1)], mask[:, :max(length, 1)]
-        return x, mask
+            length = max(int(mask.sum(-1).max()), 1)
+            x, mask = x[:, :length], mask[:, :length]
+            inputs = None if inputs is None else inputs[:, :length]
+        return x, mask, inputs
 
     def shard_list(self, sequences):
         return sequences[self.rank::self.world_size]

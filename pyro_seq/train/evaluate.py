@@ -14,20 +14,24 @@ import pyro.poutine as poutine
 import torch
 
 from pyro_seq.data.batching import SequenceLoader
+from pyro_seq.ops.padding import SequenceList, inputs_of
 from pyro_seq.validation import module_device, validate_sequence_list
 
 
-def elbo_terms(model, x, mask):
+def elbo_terms(model, x, mask, inputs=None):
     """One-sample ELBO terms per sequence, from a guide trace and the model replayed on it.
 
     :param model: a :class:`~pyro_seq.models.SequenceModel`.
     :param torch.Tensor x: ``(batch, T, D)``; ``mask`` ``(batch, T)``.
+    :param inputs: known inputs ``(batch, T, U)`` of a model with ``input_dim = U``, or None.
     :returns: dict of ``(batch,)`` tensors: ``log_likelihood`` (sum of observed-site log
         probabilities), ``kl`` (sum over latent sites of ``log q - log p``, a one-sample KL
         estimate) and ``elbo = log_likelihood - kl``.
     """
-    guide_trace = poutine.trace(model.guide).get_trace(x, mask)
-    model_trace = poutine.trace(poutine.replay(model.model, trace=guide_trace)).get_trace(x, mask)
+    kwargs = {} if inputs is None else {"inputs": inputs}
+    guide_trace = poutine.trace(model.guide).get_trace(x, mask, **kwargs)
+    model_trace = poutine.trace(poutine.replay(model.model, trace=guide_trace)).get_trace(
+        x, mask, **kwargs)
     batch = x.shape[0]
     log_lik = x.new_zeros(batch)
     kl = x.new_zeros(batch)
@@ -93,7 +97,9 @@ def evaluate_bound(model, sequences, batch_size=32, method="elbo", num_particles
     """Bound on ``log p(x)`` over a list of sequences, in total and in nats per time step.
 
     :param model: a :class:`~pyro_seq.models.SequenceModel`.
-    :param list sequences: tensors ``(T_i, D)`` on any device (batches are moved to the model's).
+    :param list sequences: tensors ``(T_i, D)`` on any device (batches are moved to the model's);
+        a :class:`~pyro_seq.data.SequenceList` carries the known inputs of a model with
+        ``input_dim``.
     :param str method: ``"elbo"`` (average of ``num_particles`` one-sample ELBOs; also reports
         the KL term), ``"iwae"`` or ``"smc"`` (see :func:`pyro_seq.infer.estimate_log_likelihood`).
         Energy-based models (``model.energy_based``, e.g. RTRBM) take ``"exact"``, ``"ais"``
@@ -105,7 +111,8 @@ def evaluate_bound(model, sequences, batch_size=32, method="elbo", num_particles
     """
     if not sequences:
         raise ValueError("evaluate_bound needs at least one sequence")
-    validate_sequence_list(sequences, model.obs_dim, model.binary_observations, "sequences")
+    validate_sequence_list(sequences, model.obs_dim, model.binary_observations, "sequences",
+                           inputs=inputs_of(sequences), input_dim=model.input_dim)
     model.require(method, "method")
     if int(num_particles) < 1:
         raise ValueError(f"num_particles must be >= 1, got {num_particles}")
@@ -120,8 +127,9 @@ def evaluate_bound(model, sequences, batch_size=32, method="elbo", num_particles
             steps = 0
             loader = SequenceLoader(sequences, batch_size, shuffle=False, dtype=model_dtype(model),
                                     device=model_device(model))
-            for x, mask in loader:
-                terms = [elbo_terms(model, x, mask) for _ in range(num_particles)]
+            for x, mask, *inputs in loader:
+                u = inputs[0] if inputs else None
+                terms = [elbo_terms(model, x, mask, u) for _ in range(num_particles)]
                 total += sum(float(t["elbo"].sum()) for t in terms) / num_particles
                 kl_total += sum(float(t["kl"].sum()) for t in terms) / num_particles
                 steps += int(mask.sum())
@@ -131,8 +139,10 @@ def evaluate_bound(model, sequences, batch_size=32, method="elbo", num_particles
             from pyro_seq.infer import estimate_log_likelihood
 
             dtype, device = model_dtype(model), model_device(model)
-            est = estimate_log_likelihood(model.model, model.guide,
-                                          [s.to(device=device, dtype=dtype) for s in sequences],
+            moved = SequenceList([s.to(device=device, dtype=dtype) for s in sequences],
+                                 None if inputs_of(sequences) is None else
+                                 [u.to(device=device, dtype=dtype) for u in inputs_of(sequences)])
+            est = estimate_log_likelihood(model.model, model.guide, moved,
                                           method=method,
                                           num_particles=num_particles, batch_size=batch_size)
             result = {"total": float(est.total), "num_steps": int(est.num_steps),

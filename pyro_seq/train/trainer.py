@@ -98,6 +98,7 @@ from pyro.optim.clipped_adam import ClippedAdam as _TorchClippedAdam
 from tqdm.auto import tqdm
 
 from pyro_seq.data.batching import SequenceLoader
+from pyro_seq.ops.padding import inputs_of
 from pyro_seq.models.contract import Unsupported
 from pyro_seq.nn.init import INIT_SCHEMES
 from pyro_seq.train.checkpoint import (load_checkpoint, load_weights, restore, save_checkpoint,
@@ -425,8 +426,11 @@ def fit(model, train_sequences, valid_sequences, config, out_dir, resume=True):
     """Train ``model`` with SVI; resumable, logged and checkpointed in ``out_dir``.
 
     :param model: a :class:`~pyro_seq.models.SequenceModel`.
-    :param list train_sequences: tensors ``(T_i, D)``.
-    :param list valid_sequences: tensors ``(T_i, D)`` (may be empty: no early stopping).
+    :param list train_sequences: tensors ``(T_i, D)``; a
+        :class:`~pyro_seq.data.SequenceList` carries known inputs ``(T_i, U)`` (controls,
+        actions) for a model with ``input_dim = U``, which every update passes as ``inputs=``.
+    :param list valid_sequences: tensors ``(T_i, D)``, with inputs as the training data (may be
+        empty: no early stopping).
     :param TrainConfig config: settings.
     :param out_dir: folder for ``checkpoint.pt``, ``best.pt``, ``log.csv``, ``log.json``,
         ``loss_curve.png``.
@@ -467,10 +471,12 @@ def fit(model, train_sequences, valid_sequences, config, out_dir, resume=True):
     if not model.trains_on_sequences:
         raise Unsupported(model.refusal("fit", "surface"))
     check_objective(model, config.objective)  # before anything is spawned or written
-    # the package's one validator, on every sequence before anything is written or trained
-    validate_sequence_list(train_sequences, model.obs_dim, model.binary_observations, "train")
-    if valid_sequences:
-        validate_sequence_list(valid_sequences, model.obs_dim, model.binary_observations, "valid")
+    # the package's one validator, on every sequence (and its known inputs) before anything is
+    # written or trained
+    for name, seqs in (("train", train_sequences), ("valid", valid_sequences)):
+        if seqs or name == "train":
+            validate_sequence_list(seqs, model.obs_dim, model.binary_observations, name,
+                                   inputs=inputs_of(seqs), input_dim=model.input_dim)
     from pyro_seq.train.distributed import check_launch, launch_environment
 
     launch = launch_environment()  # under torchrun: this process is one rank, spawn nothing
@@ -581,12 +587,13 @@ def _fit(model, train_sequences, valid_sequences, config, out_dir, resume, comm,
         if config.lr_schedule == "exponential":
             _set_lr(optim, lr, model)
         total_loss, epoch_start, num_batches = 0.0, time.time(), 0
-        for x, mask in loader.batches(epoch):
-            x, mask = comm.shard(x, mask)  # this rank's rows (all of them in one process)
+        for x, mask, *inputs in loader.batches(epoch):
+            # this rank's rows (all of them in one process), and their known inputs
+            x, mask, u = comm.shard(x, mask, inputs[0] if inputs else None)
             beta = kl_beta(global_step, config)
             if annealer is not None:
                 annealer.beta = beta
-            kwargs = {}
+            kwargs = {} if u is None else {"inputs": u}
             if config.missing_prob > 0:  # appendix 6.10: missing steps inside the sequences
                 kwargs["observed"] = _missing_steps(mask, config, global_step, comm.rank)
             with pyro.validation_enabled(config.pyro_validation):

@@ -31,13 +31,16 @@ def test_shapes_types_and_ranges():
     assert 0 <= int(v.actions.min()) and int(v.actions.max()) <= 4
     assert 0 <= int(v.positions.min()) and int(v.positions.max()) <= 8
     assert 0.0 <= float(v.frames.min()) and float(v.frames.max()) <= 1.0
-    seqs = v.as_sequences()
+    seqs = v.as_sequences(pack_actions=True)  # the compatibility path
     assert len(seqs) == 3 and seqs[0].shape == (40, 64 + 5)
     assert torch.equal(seqs[1][:, 64:].argmax(-1), v.actions[1])
     assert torch.equal(seqs[1][:, 64:].sum(-1), torch.ones(40))
     c = image_navigation(2, 5, colour=True, **QUIET)
     assert c.frames.shape == (2, 5, 3, 8, 8) and c.images.shape == (2, 3, 32, 32)
-    assert c.as_sequences(pack_actions=False)[0].shape == (5, 192)
+    framed = c.as_sequences()  # frames, with the actions as known inputs
+    assert framed[0].shape == (5, 192) and framed.input_dim == 5
+    assert torch.equal(framed.inputs[1].argmax(-1), c.actions[1])
+    assert torch.equal(framed.inputs[1].sum(-1), torch.ones(5))
 
 
 def test_deterministic_prefix_and_seed_dependence():

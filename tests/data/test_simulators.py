@@ -84,6 +84,10 @@ def test_shapes_binary_frames_and_fields(make):
         assert torch.allclose(v.positions.double(), v.states[..., :2], atol=1e-5)
     seqs = v.as_sequences()
     assert len(seqs) == 3 and seqs[0].shape == (5, size * size)
+    if make is pendulum:  # the torques travel as known inputs
+        assert [torch.equal(u, c) for u, c in zip(seqs.inputs, v.controls.float())] == [True] * 3
+    else:
+        assert not hasattr(seqs, "inputs")
     assert torch.equal(seqs[1].view(5, size, size), v.frames[1])
     assert len(v) == 3 and v.num_steps == 5 and v.dt == v.params.dt
     assert _same(v.subset(slice(1, 3)), make(3, num_steps=5, **QUIET).subset([1, 2]))

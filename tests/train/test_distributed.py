@@ -137,11 +137,14 @@ def test_shards_are_cut_to_their_own_longest_sequence():
     lengths = torch.tensor([9, 3, 7, 2, 4])
     mask = torch.arange(9) < lengths[:, None]
     x = torch.randn(5, 9, 2)
+    u = torch.randn(5, 9, 3)
     for rank, (rows, longest) in enumerate((([0, 2, 4], 9), ([1, 3], 3))):
-        xs, ms = ProcessGroup(rank, 2).shard(x, mask)
+        xs, ms, us = ProcessGroup(rank, 2).shard(x, mask, u)
         assert torch.equal(xs, x[rows, :longest]) and torch.equal(ms, mask[rows, :longest])
-    xs, ms = ProcessGroup(5, 6).shard(x, mask)
-    assert xs.shape[0] == 0 and ms.shape[0] == 0
+        assert torch.equal(us, u[rows, :longest])  # known inputs follow their rows
+        assert ProcessGroup(rank, 2).shard(x, mask)[2] is None
+    xs, ms, us = ProcessGroup(5, 6).shard(x, mask, u)
+    assert xs.shape[0] == 0 and ms.shape[0] == 0 and us.shape[0] == 0
 
 
 def test_parameters_no_rank_touched_keep_no_gradient_and_no_optimizer_state(tmp_path):

@@ -59,7 +59,7 @@ def _gradients(name, rows, comm=None):
     pyro.module(model.module_name, model)
     loss = make_objective("elbo")
     if comm is not None:
-        x, mask = comm.shard(x, mask)
+        x, mask, _ = comm.shard(x, mask)
         loss = AllReduceGradients(loss, comm)
     with _row_noise(rows) as calls:
         value = loss.loss_and_grads(model.model, model.guide, x, mask)

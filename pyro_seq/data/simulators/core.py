@@ -46,6 +46,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 import numpy as np
 import torch
 
+from ...ops.padding import SequenceList
 from ...validation import positive_int
 from ..chorales import cache_dir
 from .balls import (POLYGON_WALLS, BallParams, PongParams, require_pymunk, simulate_ball,
@@ -144,8 +145,14 @@ class SimulatedVideos:
 
     def as_sequences(self) -> List[torch.Tensor]:
         """The videos as the package's sequence models take them: a list of ``N`` tensors
-        ``(T, H*W)`` (row-major pixels), ready for :func:`~pyro_seq.data.pad_sequences`."""
-        return list(self.frames.flatten(2).unbind(0))
+        ``(T, H*W)`` (row-major pixels), ready for :func:`~pyro_seq.data.pad_sequences`; for
+        the pendulum a :class:`~pyro_seq.data.SequenceList` carrying the torques ``(T, 1)`` as
+        known inputs (``inputs=`` of a KVAE with ``control_dim=1``, a DMM with
+        ``input_dim=1``)."""
+        frames = self.frames.flatten(2).unbind(0)
+        if self.controls is None:
+            return list(frames)
+        return SequenceList(frames, self.controls.float().unbind(0))
 
 
 def _config(name: str, params, num_steps: int) -> Dict[str, Any]:

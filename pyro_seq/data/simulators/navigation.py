@@ -55,6 +55,7 @@ from typing import List, Optional, Tuple, Union
 import numpy as np
 import torch
 
+from ...ops.padding import SequenceList
 from ...validation import positive_int
 from .core import SPLITS, _cache_directory, _cached_sizes, _read_cache, _write_cache
 
@@ -178,15 +179,17 @@ class NavigationVideos:
         """``float32`` ``(N, T, 5)``: the actions one-hot, as ``inputs=`` of the GTM-SM."""
         return torch.nn.functional.one_hot(self.actions, len(ACTIONS)).float()
 
-    def as_sequences(self, pack_actions: bool = True) -> List[torch.Tensor]:
-        """A list of ``N`` tensors ``(T, F + 5)``: the flattened frame (``F = 64`` or ``192``)
-        followed by the one-hot action (``pack_actions=True``, what
-        :class:`~pyro_seq.models.GTMSM` with ``pack_actions=True`` and the trainer take), or
-        ``(T, F)`` frames only."""
+    def as_sequences(self, pack_actions: bool = False) -> List[torch.Tensor]:
+        """The videos as the package's models take them: a :class:`~pyro_seq.data.SequenceList`
+        of ``N`` flattened frames ``(T, F)`` (``F = 64`` or ``192``) carrying the one-hot
+        actions ``(T, 5)`` as known inputs (``inputs=`` of :class:`~pyro_seq.models.GTMSM` and
+        of any model with ``input_dim = 5``); with ``pack_actions=True`` (a compatibility path,
+        for a GTM-SM built with ``pack_actions=True``) a plain list of ``(T, F + 5)``: each
+        frame followed by its one-hot action."""
         x = self.frames.flatten(2)
         if pack_actions:
-            x = torch.cat([x, self.one_hot_actions()], -1)
-        return list(x.unbind(0))
+            return list(torch.cat([x, self.one_hot_actions()], -1).unbind(0))
+        return SequenceList(x.unbind(0), self.one_hot_actions().unbind(0))
 
     def subset(self, index) -> "NavigationVideos":
         """The sequences ``index`` (int, slice, list or tensor) as a new object."""
