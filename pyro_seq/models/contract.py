@@ -149,8 +149,12 @@ class ModelContract(nn.Module):
     # ------------------------------------------------------------------ hooks
 
     def generate(self, num_sequences, num_steps):
-        """Draw ``num_sequences`` sequences of ``num_steps`` steps from the model:
-        ``(num_sequences, num_steps, obs_dim)``. Models that declare ``"generate"`` override it."""
+        """Draw ``num_sequences`` sequences of ``num_steps`` steps from the model.
+
+        :returns: ``(x, params)``: samples ``(num_sequences, num_steps, obs_dim)`` and the
+            emission parameters of each step (Bernoulli logits, Gaussian means, ...). Models
+            that declare ``"generate"`` override it; a model with ``input_dim`` also takes
+            ``inputs=`` ``(num_sequences, num_steps, input_dim)``."""
         self.require("generate")
         raise NotImplementedError(f"{self.module_name} declares 'generate' but does not define it")
 

@@ -223,17 +223,20 @@ class LinearGaussianSequenceModel(SequenceModel):
 
     @torch.no_grad()
     def generate(self, num_sequences, num_steps):
-        """Ancestral samples ``(num_sequences, num_steps, D)``: ``z_1 ~ N(m_0, P_0)``,
-        ``z_t ~ N(A z_{t-1}, Q)``, ``x_t ~ N(C z_t, R)`` (Fraccaro 2018, eq. 3.1-3.2)."""
+        """Ancestral samples: ``z_1 ~ N(m_0, P_0)``, ``z_t ~ N(A z_{t-1}, Q)``,
+        ``x_t ~ N(C z_t, R)`` (Fraccaro 2018, eq. 3.1-3.2).
+
+        :returns: ``(x, means)``: samples and the emission means ``C z_t``, both
+            ``(num_sequences, num_steps, D)``."""
         B, T = validate_generate_args(num_sequences, num_steps)
         z = dist.MultivariateNormal(self.init_loc, scale_tril=self.init_tril).sample((B,))
-        frames = []
+        frames, means = [], []
         for t in range(T):
             if t > 0:
                 z = dist.MultivariateNormal(_matvec(self.A, z), scale_tril=self.Q_tril).sample()
-            frames.append(dist.MultivariateNormal(_matvec(self.C, z),
-                                                  scale_tril=self.R_tril).sample())
-        return torch.stack(frames, 1)
+            means.append(_matvec(self.C, z))
+            frames.append(dist.MultivariateNormal(means[-1], scale_tril=self.R_tril).sample())
+        return torch.stack(frames, 1), torch.stack(means, 1)
 
     # ---------------------------------------------------------------- guides
     def guide_init(self, state, x, mask):
