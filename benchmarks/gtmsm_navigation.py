@@ -1,24 +1,29 @@
 """GTM-SM on image navigation (thesis 7.4.1, Fig. 7.2d): frame error per prediction step
 against SRNN and VRNN baselines.
 
-1. Data: :func:`pyro_seq.data.simulators.image_navigation` (cached), every step the flattened
-   8x8 frame followed by the one-hot action (``as_sequences()``). Training sequences have
-   ``tau + pred`` steps (thesis: 256 + 32), test sequences ``tau + test_pred`` (256 + 256).
-2. Models, each trained with :func:`pyro_seq.train.fit` on the packed sequences (resumable:
-   ``benchmarks/checkpoints/gtmsm_<tag>/<model>/checkpoint.pt``, tqdm progress):
+1. Data: :func:`pyro_seq.data.simulators.image_navigation` (cached): the flattened 8x8 frames,
+   with the one-hot actions as known inputs ``u_t`` (``as_sequences()``, a
+   :class:`~pyro_seq.data.SequenceList`). Training sequences have ``tau + pred`` steps (thesis:
+   256 + 32), test sequences ``tau + test_pred`` (256 + 256).
+2. Models, each trained with :func:`pyro_seq.train.fit`, which passes the actions as
+   ``inputs=`` (resumable: ``benchmarks/checkpoints/gtmsm_<tag>/<model>/checkpoint.pt``, tqdm
+   progress):
 
-   * ``gtmsm``: :class:`pyro_seq.models.GTMSM` with ``pack_actions=True`` (thesis 7.7.1:
-     16-d codes, r = 1e-3, 5 neighbours, Adam 1e-3);
+   * ``gtmsm``: :class:`pyro_seq.models.GTMSM` (thesis 7.7.1: 16-d codes, r = 1e-3, 5
+     neighbours, Adam 1e-3), actions as inputs;
    * ``srnn``, ``vrnn``: :class:`~pyro_seq.models.SRNN` / :class:`~pyro_seq.models.VRNN` with a
-     Gaussian likelihood on the same packed features (they model the actions as observations
-     too; they have no memory besides their RNN state).
+     Gaussian likelihood on the frames and the actions as known inputs (``input_dim=5``: the
+     SRNN's deterministic layer and the VRNN's recurrence read ``u_t``); they have no memory
+     besides their RNN state. (Until 2026-11-27 the baselines saw the actions packed into their
+     observations, 69 features per step, scored as observations; ``--packed`` reproduces that.)
 
 3. Prediction on the test sequences: the frames after ``tau`` are hidden, the actions kept.
    GTM-SM: :meth:`~pyro_seq.models.GTMSM.predict` (noise-free states, the prior mean of the
-   memory mixture, decoded); baselines: :func:`pyro_seq.tasks.impute` with
-   ``method="importance"`` (``K`` paths from the guide with the frames marked unobserved,
-   self-normalised weights: an estimate of ``E[x_miss | x_obs]``). Reported: the mean absolute
-   pixel error per prediction step, and the error of predicting the mean memorised frame.
+   memory mixture, decoded); baselines: :func:`pyro_seq.tasks.impute` with the actions as
+   ``inputs=``, ``method="importance"`` (``K`` paths from the guide with the frames marked
+   unobserved, self-normalised weights: an estimate of ``E[x_miss | x_obs]``) or
+   ``"iterative"`` (Bayer & Osendorfer 2014, sec. 4.3). Reported: the mean absolute pixel
+   error per prediction step, and the error of predicting the mean memorised frame.
 
 JSON in ``benchmarks/results/gtmsm_<tag>.json`` (settings, machine, per-step errors, training
 histories); the finished evaluations are kept in ``<checkpoints>/evaluations.json`` so that a
@@ -80,6 +85,9 @@ def parse_args(argv=None):
     p.add_argument("--gtmsm-variant", default="",
                    help="name suffix of this GTM-SM's results and checkpoints (gtmsm_<variant>), "
                         "so that several GTM-SM settings share one tag's baselines")
+    p.add_argument("--packed", action="store_true",
+                   help="the earlier setting: actions packed into every model's observations "
+                        "(baselines score them as observations) instead of known inputs")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--tag", default=None)
@@ -111,7 +119,8 @@ def build(name, args):
         small = dict(hidden_dims=(16,), z_dim=4, wall_hidden=4) if args.smoke else {}
         warmup = None if args.gtmsm_neighbour_warmup is None else \
             tuple(args.gtmsm_neighbour_warmup)
-        model = GTMSM(tau=args.tau, pack_actions=True, displacements=args.gtmsm_displacements,
+        model = GTMSM(tau=args.tau, pack_actions=args.packed,
+                      displacements=args.gtmsm_displacements,
                       neighbour_warmup=warmup, wall_lr_multiplier=args.gtmsm_wall_lr,
                       displacement_lr_multiplier=0.0 if args.gtmsm_true_m else
                       args.gtmsm_displacement_lr, **small)
@@ -125,7 +134,9 @@ def build(name, args):
     opts = dict(d_dim=size, z_dim=min(16, size), hidden_dim=size, likelihood="gaussian")
     if cls is VRNN:
         opts["feature_dim"] = size
-    return cls(64 + 5, **opts)
+    if args.packed:
+        return cls(64 + 5, **opts)
+    return cls(64, input_dim=5, **opts)  # the actions as known inputs u_t
 
 
 def predict_frames(name, model, test, args):
@@ -137,6 +148,9 @@ def predict_frames(name, model, test, args):
     with torch.no_grad():
         if name.startswith("gtmsm"):
             return model.predict(x[..., :64], test.actions, tau=args.tau)["frames"]
+        u = test.one_hot_actions()
+        if not args.packed:
+            x = x[..., :64]
         observed = torch.ones(x.shape, dtype=torch.bool)
         observed[:, args.tau:, :64] = False
         out = []
@@ -144,7 +158,8 @@ def predict_frames(name, model, test, args):
         for i in range(0, x.shape[0], 8):
             res = impute(model, x[i:i + 8], observed[i:i + 8], method=method,
                          num_particles=args.particles,
-                         generator=torch.Generator().manual_seed(args.seed + i))
+                         generator=torch.Generator().manual_seed(args.seed + i),
+                         inputs=None if args.packed else u[i:i + 8])
             out.append(res.probs[:, args.tau:, :64])
         return torch.cat(out)
 
@@ -286,8 +301,8 @@ def main(argv=None):
                              seed=args.seed, progress=not args.smoke, init="none")
         start = time.time()
         folder = ckpt / name.removesuffix("_iterative")  # one trained model, two predictions
-        history = fit(model, train.as_sequences(pack_actions=True),
-                      valid.as_sequences(pack_actions=True), config, folder)
+        history = fit(model, train.as_sequences(pack_actions=args.packed),
+                      valid.as_sequences(pack_actions=args.packed), config, folder)
         seconds = time.time() - start
         frames = predict_frames(name, model, test, args)
         errors = (frames - truth).abs().mean(-1)  # (N, test_pred)

@@ -658,9 +658,12 @@ def _data_help():
             f"aeon package); a Boulanger-Lewandowski piano-roll pickle by name: {pickles}, "
             "looked up in the folders of $PYRO_SEQ_DATA, then the cache (nothing is "
             f"downloaded); simulated videos: {', '.join(SIMULATED)} (NAME:N: N training "
-            f"sequences); the GTM-SM's image navigation: {', '.join(NAVIGATION)} (NAME:N or "
-            "NAME:N:T: N training sequences of T steps); or the path of a "
-            "Boulanger-Lewandowski piano-roll pickle (e.g. jsb_chorales.pickle)")
+            "sequences; the pendulum's torques are known inputs); the GTM-SM's image "
+            f"navigation: {', '.join(NAVIGATION)} (NAME:N or NAME:N:T: N training sequences of "
+            "T steps; the actions are known inputs); the path of a Boulanger-Lewandowski "
+            "piano-roll pickle (e.g. jsb_chorales.pickle); or the path of a .pt file written by "
+            "pyro_seq.data.save_dataset (your own real or binary sequences, with or without "
+            "known inputs)")
 
 
 def _train_defaults():

@@ -204,5 +204,6 @@ def test_train_help_lists_every_data_form_load_dataset_accepts(capsys, monkeypat
     for name in ("chorales", "japanese_vowels", *NAMED_PICKLES, *NAMED_PICKLES.values(),
                  *SIMULATED, *NAVIGATION):
         assert re.search(rf"(?<![\w.]){re.escape(name)}(?![\w])", data_help), name
-    for form in ("NAME:N", "NAME:N:T", "$PYRO_SEQ_DATA", "path of a Boulanger-Lewandowski"):
+    for form in ("NAME:N", "NAME:N:T", "$PYRO_SEQ_DATA", "path of a Boulanger-Lewandowski",
+                 ".pt file written by pyro_seq.data.save_dataset", "known inputs"):
         assert form in data_help, form

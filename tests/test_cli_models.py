@@ -226,3 +226,35 @@ def test_forecast_command_on_real_valued_data(tmp_path, capsys):
     assert len(result["mean_absolute_error_by_step"]) == 3 and result["mean_absolute_error"] > 0
     assert (out / "forecast_test_0.png").stat().st_size > 0
     assert "mean absolute error" in capsys.readouterr().out
+
+
+def test_pendulum_trains_the_controlled_kvae_and_a_dmm_conditioned_on_the_torques(
+        tmp_path, monkeypatch, capsys):
+    """The pendulum's torques travel as known inputs: ``--data pendulum`` trains the KVAE with
+    controls of Fraccaro (2018), Table 6.1 (control_dim 1) and a DMM conditioned on them."""
+    import json
+
+    from pyro_seq.cli import _load_run
+
+    monkeypatch.setenv("PYRO_SEQ_CACHE", str(tmp_path / "cache"))
+    kvae = ["--model-option", "encoder=\"mlp\"", "--model-option", "hidden_dims=[8]",
+            "--model-option", "lstm_dim=4", "--model-option", "z_dim=2"]
+    dmm = ["--z-dim", "2", "--model-option", "rnn_dim=6", "--model-option", "transition_dim=6",
+           "--model-option", "emission_dim=6"]
+    for name, options in (("kvae", kvae), ("dmm", dmm)):
+        out = tmp_path / name
+        assert main(["train", "--model", name, "--data", "pendulum:5", "--epochs", "1",
+                     "--batch-size", "5", "--quiet", "--out", str(out)] + options) == 0
+        assert json.loads((out / "config.json").read_text())["input_dim"] == 1
+        _, model = _load_run(out)
+        assert model.input_dim == 1  # KVAE: B_t u_t; DMM: p(z_t | z_{t-1}, u_t)
+        assert main(["impute", str(out), "--drop", "2", "--iterations", "2"]) == 0
+        assert main(["forecast", str(out), "--prefix", "4", "--steps", "2", "--num-samples",
+                     "2"]) == 0
+    # a model that takes no inputs trains on the frames alone only when asked
+    with pytest.raises(SystemExit, match="takes no inputs .*"):
+        main(["train", "--model", "storn", "--data", "pendulum:5", "--epochs", "1", "--quiet",
+              "--out", str(tmp_path / "storn")])
+    assert main(["train", "--model", "storn", "--data", "pendulum:5", "--epochs", "1", "--quiet",
+                 "--ignore-inputs", "--model-option", "rnn_dim=4", "--model-option",
+                 "emission_dim=4", "--z-dim", "2", "--out", str(tmp_path / "storn")]) == 0
