@@ -295,15 +295,28 @@ def cmd_train(args):
                              "--out or --restart")
         if (out_dir / "best.pt").exists():  # resuming: the weights must be this model's
             _load_best(model, out_dir, args.model, load=False)
+    from pyro_seq.train.distributed import launch_environment
+
+    try:  # under torchrun this process is one rank: rank 0 writes and prints
+        launch = launch_environment()
+    except ValueError as e:
+        raise SystemExit(f"pyro-seq: error: {e}") from None
+    main_rank = launch is None or launch.rank == 0
+    if launch is not None:
+        run["train"]["world_size"] = launch.world_size  # what the launcher ran
     out_dir.mkdir(parents=True, exist_ok=True)
-    cfg_path.write_text(json.dumps(run, indent=1))
-    print(f"training {args.model} on {args.data}: {len(data['train'])} train / "
-          f"{len(data['valid'])} valid sequences, objective {args.objective} (K={args.particles})")
+    if main_rank:
+        cfg_path.write_text(json.dumps(run, indent=1))
+        print(f"training {args.model} on {args.data}: {len(data['train'])} train / "
+              f"{len(data['valid'])} valid sequences, objective {args.objective} "
+              f"(K={args.particles})")
     try:
         history = fit(model, data["train"], data["valid"], config, out_dir,
                       resume=not args.restart)
     except (ValueError, FloatingPointError) as e:  # a resume mismatch, a diverged run
         raise SystemExit(f"pyro-seq: error: {e}") from None
+    if not main_rank:
+        return 0
     if history:
         print(f"last epoch: {json.dumps(history[-1])}")
     if data.get("test"):

@@ -188,8 +188,8 @@ class TrainConfig:
             raise ValueError("epochs must be >= 0 and batch_size >= 1")
         if not 0.0 <= self.kl_start <= 1.0:
             raise ValueError(f"kl_start must be in [0, 1], got {self.kl_start}")
-        if self.lr <= 0:
-            raise ValueError(f"lr must be positive, got {self.lr}")
+        if not (math.isfinite(self.lr) and self.lr > 0):
+            raise ValueError(f"lr must be a positive finite number, got {self.lr}")
         if self.lr_schedule not in LR_SCHEDULES:
             raise ValueError(f"lr_schedule must be one of {LR_SCHEDULES}, got {self.lr_schedule!r}")
         if self.lr_decay_after is not None:
