@@ -55,7 +55,13 @@ class CollaborativeRBM(EnergyBasedModel):
         EnergyBasedModel.unsupported,
         fit="its data are (student, question, answer) triples, not sequences; train it with "
             "SVI(model.model, model.guide, optim, ContrastiveDivergence(k)) on "
-            "pyro_seq.data.simulate_students data"))
+            "pyro_seq.data.simulate_students data",
+        **{task: "it models students' answers, not sequences; predict answers with "
+                 "CollaborativeRBM.predict" for task in ("generate", "impute", "denoise",
+                                                         "forecast")},
+        **{f"method:{m}": "it is evaluated by predicting held-out answers "
+                          "(CollaborativeRBM.predict, benchmarks/cf_students.py)"
+           for m in ("elbo", "iwae", "smc", "ais", "exact", "pseudo_likelihood")}))
     evaluation_methods = ()  #: evaluated by prediction (:meth:`predict`, the CBD metric)
     small_example = example(obs_dim=4, num_hidden=3)
 

@@ -27,7 +27,8 @@ Declarations (class attributes unless said otherwise):
                             ``"generate"`` (``pyro-seq sample``), ``"impute"``, ``"denoise"``,
                             ``"forecast"``
 ``impute_methods``          methods of :func:`pyro_seq.tasks.impute` it supports
-``unsupported``             per task (or objective, or method) a one-line reason and what to use
+``unsupported``             per task (or objective, or method; ``"<kind>:<name>"`` where the
+                            same name is of two kinds) a one-line reason and what to use
                             instead, for the refusal message
 ``frame_shape``             ``(H, W)`` or ``(C, H, W)`` when each step is an image, else None
 ``weight_init_schemes``     schemes of ``TrainConfig.init`` that redraw its weights
@@ -122,7 +123,7 @@ class ModelContract(nn.Module):
         label = TASK_COMMANDS.get(what, what) if kind == "task" else what
         noun = {"impute_method": "imputation method", "method": "evaluation method"}.get(kind, kind)
         head = f"{self.module_name} does not support {noun} {label}"
-        reason = self.unsupported.get(what)
+        reason = self.unsupported.get(f"{kind}:{what}", self.unsupported.get(what))
         if reason:
             return f"{head}: {reason}"
         options = {"objective": self.objectives, "method": self.evaluation_methods,
@@ -218,6 +219,8 @@ class EnergyBasedModel(ModelContract):
         "meanfield": "it is energy-based (no latent sites); use objective cd",
         "iwae": "it is energy-based (no latent sites); use objective cd",
         "fivo": "it is energy-based (no latent sites); use objective cd",
+        **{f"method:{m}": "it is energy-based (an unnormalised likelihood, no guide); evaluate "
+                          "it with ais, exact or pseudo_likelihood" for m in ("elbo", "iwae", "smc")},
     })
 
     def initialise(self, train_sequences, scheme="bias"):
