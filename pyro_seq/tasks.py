@@ -37,6 +37,7 @@ import torch
 from pyro.poutine.messenger import Messenger
 
 from pyro_seq.models.contract import ModelContract
+from pyro_seq.pyro_internals import is_subsample
 from pyro_seq.validation import (check_device, module_device, prepare_sequences, validate_inputs,
                                  validate_sequences)
 
@@ -233,7 +234,7 @@ class _GuideMode(Messenger):
     def _pyro_sample(self, msg):
         if msg["is_observed"] or msg["value"] is not None:
             return
-        if type(msg["fn"]).__name__ == "_Subsample":
+        if is_subsample(msg):
             return
         msg["value"] = msg["fn"].mean
         msg["done"] = True
@@ -319,7 +320,7 @@ def _forecast(model, x_prefix, steps, num_samples, mask, target, inputs):
         **_kw(None if u_all is None else u_all[:, :T]))
     latents = {name: site["value"] for name, site in guide_trace.nodes.items()
                if site["type"] == "sample" and not site["is_observed"]
-               and type(site["fn"]).__name__ != "_Subsample"}
+               and not is_subsample(site)}
     samples, means = [], []
     for k in range(int(steps)):
         x_ext = torch.cat([x, x.new_zeros(S * B, 1, D)], 1)              # step T + k unknown
@@ -330,7 +331,7 @@ def _forecast(model, x_prefix, steps, num_samples, mask, target, inputs):
             **_kw(None if u_all is None else u_all[:, :T + k + 1]))
         for name, site in trace.nodes.items():                            # keep the new latents
             if site["type"] == "sample" and not site["is_observed"] and name not in latents \
-                    and type(site["fn"]).__name__ != "_Subsample":
+                    and not is_subsample(site):
                 latents[name] = site["value"]
         fn = trace.nodes[f"x_{T + k + 1}"]["fn"]
         mean = fn.mean.expand(S * B, D)

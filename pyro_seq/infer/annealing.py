@@ -42,12 +42,13 @@ import math
 import torch
 from pyro.distributions.util import scale_and_mask
 from pyro.infer.trace_elbo import Trace_ELBO
-from pyro.infer.util import check_fully_reparametrized, is_validation_enabled, torch_item
+from pyro.infer.util import is_validation_enabled, torch_item
 from pyro.poutine.messenger import Messenger
 from pyro.util import warn_if_nan
 from torch.distributions import kl_divergence
 
 from pyro_seq.infer.protocol import is_step_program
+from pyro_seq.pyro_internals import is_reparameterized
 
 __all__ = ["LatentScale", "linear_schedule", "FreeBits_ELBO", "HandledStepProgram"]
 
@@ -274,8 +275,9 @@ class FreeBits_ELBO(Trace_ELBO):
                 elbo = elbo + model_site["log_prob_sum"]
                 continue
             guide_site = guide_trace.nodes[name]
-            if is_validation_enabled():
-                check_fully_reparametrized(guide_site)
+            if is_validation_enabled() and not is_reparameterized(guide_site):
+                raise NotImplementedError(  # the message of Pyro's check_fully_reparametrized
+                    "All distributions in the guide must be fully reparameterized.")
             kl, count = self._site_kl(name, model_site, guide_site)
             key = self._group_key(name)
             if self.group == "dim":
@@ -291,7 +293,7 @@ class FreeBits_ELBO(Trace_ELBO):
                 raise NotImplementedError(
                     f"FreeBits_ELBO does not support auxiliary guide site {name!r}"
                 )
-        loss = -(elbo.detach() if torch._C._get_tracing_state() else torch_item(elbo))
+        loss = -(elbo.detach() if torch.jit.is_tracing() else torch_item(elbo))
         return loss, -elbo
 
     def loss(self, model, guide, *args, **kwargs):

@@ -56,6 +56,7 @@ from pyro.util import warn_if_nan
 from torch.distributions import Independent
 
 from pyro_seq.distributions.rbm import EnergyBasedDistribution
+from pyro_seq.pyro_internals import masked_distribution_mask
 
 __all__ = ["ContrastiveDivergence", "energy_site"]
 
@@ -72,7 +73,7 @@ def energy_site(fn):
     masks, event_dims = [], 0
     while True:
         if isinstance(fn, MaskedDistribution):
-            masks.append((fn._mask, event_dims))
+            masks.append((masked_distribution_mask(fn), event_dims))
             fn = fn.base_dist
         elif isinstance(fn, Independent):
             event_dims += fn.reinterpreted_batch_ndims

@@ -141,6 +141,7 @@ from pyro.util import check_if_enumerated, warn_if_nan
 
 from pyro_seq.infer.log_z_bound import LogZBound
 from pyro_seq.ops.resampling import log_mean_exp
+from pyro_seq.pyro_internals import is_reparameterized, vectorized_num_particles
 from pyro_seq.validation import positive_int
 
 __all__ = ["IWAE"]
@@ -265,7 +266,7 @@ def _full(tensor, shape, like):
 
 def check_fully_reparameterized(guide_trace, who):
     for name, site in guide_trace.nodes.items():
-        if site["type"] == "sample" and not is_identically_zero(site["score_parts"].score_function):
+        if site["type"] == "sample" and not is_reparameterized(site):
             raise ValueError(
                 f"{who} needs a fully reparameterized guide, but guide site {name!r} "
                 f"({type(site['fn']).__name__}) has no rsample; use "
@@ -557,7 +558,7 @@ class IWAE(LogZBound):
     def _replay_detached(self, model, guide, traces, args, kwargs):
         """Model and guide replayed at the detached guide samples (DReG's second pass)."""
         if self._vectorized:
-            model, guide = self._vectorized_num_particles(model), self._vectorized_num_particles(guide)
+            model, guide = vectorized_num_particles(self, model), vectorized_num_particles(self, guide)
         replays = []
         for model_trace, guide_trace in traces:
             check_fully_reparameterized(guide_trace, "IWAE(gradient_estimator='dreg')")

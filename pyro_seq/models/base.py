@@ -83,13 +83,13 @@ import pyro
 import pyro.distributions as dist
 import torch
 from pyro.distributions.torch_distribution import MaskedDistribution
-from pyro.poutine.runtime import _PYRO_STACK
 
 from pyro_seq.distributions.scored_value import PresampledValue, ScoredValue
 from pyro_seq.models.contract import ModelContract
 from pyro_seq.models.emission import ObservedElements
 from pyro_seq.nn.init import bernoulli_output_layer, init_output_bias, init_weights
 from pyro_seq.ops.state import SequenceState
+from pyro_seq.pyro_internals import active_messengers, preserves_sample_values
 from pyro_seq.validation import (module_device, positive_int, prepare_sequences, validate_inputs,
                                  validate_mask, validate_sequences)
 
@@ -104,36 +104,19 @@ def _observed_emission(fn, element_mask):
     return ObservedElements(fn, element_mask)
 
 
-def _value_preserving_messengers():
-    """Handler types that never change the value a ``pyro.sample`` statement returns."""
-    from pyro.poutine.block_messenger import BlockMessenger
-    from pyro.poutine.broadcast_messenger import BroadcastMessenger
-    from pyro.poutine.indep_messenger import IndepMessenger
-    from pyro.poutine.infer_config_messenger import InferConfigMessenger
-    from pyro.poutine.markov_messenger import MarkovMessenger
-    from pyro.poutine.mask_messenger import MaskMessenger
-    from pyro.poutine.scale_messenger import ScaleMessenger
-    from pyro.poutine.seed_messenger import SeedMessenger
-    from pyro.poutine.trace_messenger import TraceMessenger
-
-    return (BlockMessenger, BroadcastMessenger, IndepMessenger, InferConfigMessenger,
-            MarkovMessenger, MaskMessenger, ScaleMessenger, SeedMessenger, TraceMessenger)
-
-
 def _sole_replay():
     """The one :class:`~pyro.poutine.replay_messenger.ReplayMessenger` on the handler stack
     (with a trace) when every other active handler is known not to change sample values
-    (messengers may declare ``preserves_sample_values = True``); otherwise None."""
+    (:func:`pyro_seq.pyro_internals.preserves_sample_values`); otherwise None."""
     from pyro.poutine.replay_messenger import ReplayMessenger
 
-    safe = _value_preserving_messengers()
     replay = None
-    for messenger in _PYRO_STACK:
+    for messenger in active_messengers():
         if isinstance(messenger, ReplayMessenger):
             if replay is not None:
                 return None
             replay = messenger
-        elif not (isinstance(messenger, safe) or getattr(messenger, "preserves_sample_values", False)):
+        elif not preserves_sample_values(messenger):
             return None
     if replay is None or replay.trace is None:
         return None
@@ -149,13 +132,11 @@ def plain_guide_stack(plate):
     from pyro.poutine.indep_messenger import IndepMessenger
     from pyro.poutine.replay_messenger import ReplayMessenger
 
-    safe = _value_preserving_messengers()
-    for messenger in _PYRO_STACK:
+    for messenger in active_messengers():
         if isinstance(messenger, IndepMessenger):
             if messenger is not plate:
                 return False
-        elif isinstance(messenger, ReplayMessenger) or not (
-                isinstance(messenger, safe) or getattr(messenger, "preserves_sample_values", False)):
+        elif isinstance(messenger, ReplayMessenger) or not preserves_sample_values(messenger):
             return False
     return True
 
