@@ -72,6 +72,7 @@ from pyro_seq.ops.resampling import (
     resample,
 )
 from pyro_seq.ops.state import SequenceState
+from pyro_seq.pyro_internals import is_reparameterized
 from pyro_seq.infer.protocol import program_device, require_step_program
 from pyro_seq.validation import positive_int, prepare_sequences
 
@@ -150,7 +151,7 @@ def _check_reparameterized(guide_sites):
     """Refuse a guide site without ``rsample`` (the training objective's gradient would lack
     its score-function term); the same message for loss, differentiable_loss, loss_and_grads."""
     for site in guide_sites:
-        if not site["fn"].has_rsample:
+        if not is_reparameterized(site):
             raise ValueError(
                 f"FIVO's training objective (loss, differentiable_loss, loss_and_grads) needs a "
                 f"fully reparameterized guide, but guide site {site['name']!r} "
