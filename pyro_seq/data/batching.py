@@ -14,8 +14,8 @@ from typing import Iterator, List, Optional, Sequence, Tuple, Union
 import numpy as np
 import torch
 
-from pyro_seq.ops.padding import (SequenceList, _check_seq_list, check_input_list, inputs_of,
-                                  pad_sequences)
+from pyro_seq.ops.padding import (SequenceList, check_input_list, inputs_of, pad_sequences)
+from pyro_seq.ops.padding import check_seq_list as _check_seq_list
 from pyro_seq.validation import validate_sequences
 
 __all__ = [

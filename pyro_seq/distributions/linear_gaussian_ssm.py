@@ -32,17 +32,17 @@ from pyro.distributions.torch_distribution import TorchDistribution
 from torch import Tensor
 
 from pyro_seq.ops.kalman import (
-    _check_devices,
-    _covariance_ok,
-    _validate_parameters,
     KalmanFilterResult,
     KalmanSmootherResult,
-    _broadcast_shapes,
     kalman_filter,
     kalman_sample,
     kalman_smoother,
     lgssm_sample,
 )
+from pyro_seq.ops.lgssm import check_devices as _check_devices
+from pyro_seq.ops.lgssm import covariance_ok as _covariance_ok
+from pyro_seq.ops.lgssm import validate_parameters as _validate_parameters
+from pyro_seq.ops.linalg import broadcast_shapes as _broadcast_shapes
 from pyro_seq.validation import as_bool_mask, check_device
 
 __all__ = ["LinearGaussianSSM", "LGSSMFilterResult", "LGSSMForecast"]

@@ -66,7 +66,7 @@ from pyro_seq.infer.iwae import _reduce_site
 from pyro_seq.infer.log_z_bound import LogZBound
 from pyro_seq.ops.resampling import (
     DEFAULT_RESAMPLING,
-    _check_resampling_args,
+    check_resampling_args as _check_resampling_args,
     effective_sample_size,
     log_mean_exp,
     resample,

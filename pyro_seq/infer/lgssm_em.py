@@ -119,7 +119,8 @@ from typing import NamedTuple, Optional
 
 import torch
 
-from pyro_seq.ops.kalman import _sym, kalman_filter, kalman_smoother
+from pyro_seq.ops.kalman import kalman_filter, kalman_smoother
+from pyro_seq.ops.linalg import sym as _sym
 from pyro_seq.validation import as_bool_mask, check_device
 
 __all__ = [

@@ -80,8 +80,9 @@ from pyro_seq.models.contract import example
 from pyro_seq.models.emission import bernoulli_likelihood
 from pyro_seq.nn import GaussianHead
 from pyro_seq.nn.conv import FRAME_NETWORKS, frame_networks
-from pyro_seq.ops.kalman import (_mv, kalman_filter, kalman_predict, kalman_smoother,
-                                 kalman_update, psd_sqrt)
+from pyro_seq.ops.kalman import (kalman_filter, kalman_predict, kalman_smoother, kalman_update,
+                                 psd_sqrt)
+from pyro_seq.ops.linalg import mv as _mv
 from pyro_seq.validation import (module_device, positive_int, square_frame_shape,
                                   validate_generate_args, validate_inputs, validate_mask,
                                   validate_sequences)

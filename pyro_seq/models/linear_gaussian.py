@@ -44,7 +44,8 @@ import torch.nn.functional as F
 
 from pyro_seq.models.base import SequenceModel, check_sequences
 from pyro_seq.models.contract import example
-from pyro_seq.ops.kalman import _sym, covariance_problem, kalman_filter
+from pyro_seq.ops.kalman import covariance_problem, kalman_filter
+from pyro_seq.ops.linalg import sym as _sym
 from pyro_seq.validation import positive_int, validate_generate_args
 
 __all__ = ["LinearGaussianSequenceModel"]

@@ -1,8 +1,13 @@
 """Pure tensor math with no Pyro state.
 
 * :mod:`~pyro_seq.ops.state`: the resamplable state of the step protocol.
-* :mod:`~pyro_seq.ops.kalman` (+ :mod:`~pyro_seq.ops.kalman_parallel`): exact Kalman filter,
-  RTS smoother and posterior sampling, sequential and parallel-in-time.
+* :mod:`~pyro_seq.ops.kalman`: exact Kalman filter, RTS smoother and posterior sampling,
+  sequential and parallel-in-time (the public API), built from :mod:`~pyro_seq.ops.lgssm`
+  (parameter bundle, argument checks, the prepared model), :mod:`~pyro_seq.ops.kalman_steps`
+  (per-step formulas), :mod:`~pyro_seq.ops.kalman_sequential` (loops over time) and
+  :mod:`~pyro_seq.ops.kalman_parallel` (associative scans).
+* :mod:`~pyro_seq.ops.linalg`: batched linear algebra (symmetrisation, products with the data
+  batch folded into columns, Cholesky with jitter, solves with singular PSD matrices).
 * :mod:`~pyro_seq.ops.nonlinear`: extended and unscented Kalman filters and smoothers.
 * :mod:`~pyro_seq.ops.particle_filter`: the bootstrap particle filter (thesis eq. 3.20).
 * :mod:`~pyro_seq.ops.resampling`: log-mean-exp, effective sample size, resampling schemes and

@@ -29,29 +29,20 @@ from typing import Callable, List, Optional, Sequence
 import torch
 from torch import Tensor
 
-from pyro_seq.ops.kalman import (
-    _Model,
-    _at,
-    _broadcast_shapes,
-    _cat_time,
-    _fold_columns,
-    _gain,
-    _measurement_update,
-    _predicted_covs,
-    _slice_time,
-    _sym,
-)
+from pyro_seq.ops.kalman_steps import kalman_gain, measurement_update, predicted_covs
+from pyro_seq.ops.lgssm import PreparedLGSSM, at_time, cat_time, slice_time
+from pyro_seq.ops.linalg import broadcast_shapes, fold_columns, sym
 
 __all__ = ["associative_scan", "covariance_scan", "affine_scan", "backward_scan"]
 
 
 def _cat0(a: Tensor, b: Tensor) -> Tensor:
-    shape = _broadcast_shapes(a.shape[1:], b.shape[1:])
+    shape = broadcast_shapes(a.shape[1:], b.shape[1:])
     return torch.cat([a.expand(a.shape[:1] + shape), b.expand(b.shape[:1] + shape)], 0)
 
 
 def _interleave(even: Tensor, odd: Tensor) -> Tensor:
-    shape = _broadcast_shapes(even.shape[1:], odd.shape[1:])
+    shape = broadcast_shapes(even.shape[1:], odd.shape[1:])
     even = even.expand(even.shape[:1] + shape)
     odd = odd.expand(odd.shape[:1] + shape)
     n = odd.shape[0]
@@ -129,7 +120,7 @@ def _combine_filter(earlier: List[Tensor], later: List[Tensor]) -> List[Tensor]:
     return [torch.cat([X[..., :S], C, J], -1)]
 
 
-def covariance_scan(mdl: _Model):
+def covariance_scan(mdl: PreparedLGSSM):
     """Filtered covariances by a parallel scan, then the batched measurement update.
 
     Elements (thesis eqs. 3.6-3.7 per step): for t = 1, A = 0, C = Sigma_1 (measurement
@@ -144,14 +135,14 @@ def covariance_scan(mdl: _Model):
         where ``pb`` is the parameter/mask batch shape.
     """
     T, S = mdl.T, mdl.S
-    C0, R0 = _at(mdl.C, 0, 2), _at(mdl.R, 0, 2)
-    _, _, Sigma1 = _measurement_update(mdl.init_cov, C0, R0)
+    C0, R0 = at_time(mdl.C, 0, 2), at_time(mdl.R, 0, 2)
+    _, _, Sigma1 = measurement_update(mdl.init_cov, C0, R0)
     if T > 1:
-        At = _slice_time(mdl.A, 1, None, 2)
-        Qt = _slice_time(mdl.Q, 1, None, 2)
-        Ct = _slice_time(mdl.C, 1, None, 2)
-        Rt = _slice_time(mdl.R, 1, None, 2)
-        L, K, Ce = _measurement_update(Qt, Ct, Rt)
+        At = slice_time(mdl.A, 1, None, 2)
+        Qt = slice_time(mdl.Q, 1, None, 2)
+        Ct = slice_time(mdl.C, 1, None, 2)
+        Rt = slice_time(mdl.R, 1, None, 2)
+        L, K, Ce = measurement_update(Qt, Ct, Rt)
         eye = torch.eye(S, dtype=K.dtype, device=K.device)
         Ae = (eye - K @ Ct) @ At
         W = torch.linalg.solve_triangular(L, Ct @ At, upper=False)
@@ -159,12 +150,12 @@ def covariance_scan(mdl: _Model):
         zero = torch.zeros((1, S, S), dtype=Ae.dtype, device=Ae.device)
         first = torch.cat(torch.broadcast_tensors(zero, Sigma1.unsqueeze(-3), zero), -1)
         rest = torch.cat(torch.broadcast_tensors(Ae, Ce, Je), -1)
-        (packed,) = associative_scan(_combine_filter, [_cat_time(first, rest, 2, T)], [2])
-        prefix_C = _sym(packed[..., S : 2 * S])
+        (packed,) = associative_scan(_combine_filter, [cat_time(first, rest, 2, T)], [2])
+        prefix_C = sym(packed[..., S : 2 * S])
     else:
         prefix_C = Sigma1.unsqueeze(-3)
-    pcovs = _predicted_covs(mdl, prefix_C)
-    L, K = _gain(pcovs, mdl.C, mdl.R)
+    pcovs = predicted_covs(mdl, prefix_C)
+    L, K = kalman_gain(pcovs, mdl.C, mdl.R)
     return pcovs, prefix_C, L, K
 
 
@@ -198,7 +189,7 @@ def affine_scan(F: Tensor, g: Tensor) -> Tensor:
     """
     S = F.shape[-1]
     F = torch.cat([torch.zeros_like(F[..., :1, :, :]), F[..., 1:, :, :]], -3)
-    Fp, G, unfold = _fold_columns(F, g)
+    Fp, G, unfold = fold_columns(F, g)
     (packed,) = associative_scan(_combine_affine, [torch.cat([Fp, G], -1)], [2])
     return unfold(packed[..., S:])
 
@@ -220,21 +211,21 @@ def backward_scan(
     E = torch.cat([J, zero.expand(J.shape[:-3] + (1, S, S))], -3)
     g = _cat_time_end(h, zT)
     if Pc is None:
-        Ep, G, unfold = _fold_columns(E, g)
+        Ep, G, unfold = fold_columns(E, g)
         (packed,) = associative_scan(_combine_affine, [torch.cat([Ep, G], -1)], [2],
                                      reverse=True)
         return unfold(packed[..., S:]), None
     L = _cat_time_end(Pc, PT, 2)
-    Ep, G, unfold, Lp = _fold_columns(E, g, L)
+    Ep, G, unfold, Lp = fold_columns(E, g, L)
     (packed,) = associative_scan(_combine_affine_cov, [torch.cat([Ep, Lp, G], -1)], [2],
                                  reverse=True)
-    return unfold(packed[..., 2 * S :]), unfold.restore(_sym(packed[..., S : 2 * S]))
+    return unfold(packed[..., 2 * S :]), unfold.restore(sym(packed[..., S : 2 * S]))
 
 
 def _cat_time_end(rest: Tensor, last: Tensor, event_ndim: int = 1) -> Tensor:
     last = last.unsqueeze(-event_ndim - 1)
     ev = rest.shape[rest.dim() - event_ndim :]
-    batch = _broadcast_shapes(
+    batch = broadcast_shapes(
         rest.shape[: rest.dim() - event_ndim - 1], last.shape[: last.dim() - event_ndim - 1]
     )
     n = rest.shape[-event_ndim - 1]

@@ -69,7 +69,8 @@ from typing import NamedTuple
 
 import torch
 
-from pyro_seq.ops.kalman import _element_mask, _jitter_cholesky, _observed_finite, _psd_solve, _sym
+from pyro_seq.ops.lgssm import element_mask, observed_finite
+from pyro_seq.ops.linalg import jitter_cholesky, psd_solve, sym
 
 __all__ = [
     "GaussianFilterResult",
@@ -142,9 +143,9 @@ _EKF_HINT = ("; for the EKF this usually means f or h is not differentiable at t
 
 def _cholesky(P, what):
     """Cholesky factor of a symmetric PSD matrix (the shared jitter-Cholesky of
-    :func:`pyro_seq.ops.kalman._jitter_cholesky`: a tiny relative jitter for numerically
+    :func:`pyro_seq.ops.linalg.jitter_cholesky`: a tiny relative jitter for numerically
     semi-definite inputs, a clear error for NaN/inf or indefinite ones)."""
-    return _jitter_cholesky(P, what, _EKF_HINT)
+    return jitter_cholesky(P, what, _EKF_HINT)
 
 
 def _time_slice(param, t, num_matrix_dims):
@@ -172,8 +173,8 @@ def _prepare(x, mask, initial_loc, initial_cov, transition_cov, observation_cov)
     if T == 0:
         raise ValueError(f"x has T = 0 time steps (shape {tuple(x.shape)}); the filters need T >= 1")
     if mask is not None:
-        mask = _element_mask(mask, T, D, x.shape[:-2])  # (..., T, D)
-    mask = _observed_finite(x, mask, nan_as_missing=False)  # NaN/inf only where masked
+        mask = element_mask(mask, T, D, x.shape[:-2])  # (..., T, D)
+    mask = observed_finite(x, mask, nan_as_missing=False)  # NaN/inf only where masked
     if mask is None:
         mask = torch.ones(x.shape, dtype=torch.bool, device=x.device)
     for name, p, k in (("transition_cov", transition_cov, 2), ("observation_cov", observation_cov, 2)):
@@ -212,7 +213,7 @@ def _measurement_update(m_pred, P_pred, x_t, obs_mean, P_zx, P_xx, R, observed):
     both = obs.unsqueeze(-1) * obs.unsqueeze(-2)
     P_zx = P_zx * obs.unsqueeze(-2)
     R = R * both + torch.diag_embed(1 - obs)
-    S_t = _sym(P_xx * both + R)
+    S_t = sym(P_xx * both + R)
     L = _cholesky(S_t, "the innovation covariance C Sigma_{t|t-1} C^T + R")
     r = ((x_t - obs_mean) * obs).unsqueeze(-1)  # (..., D, 1)
     batch = torch.broadcast_shapes(L.shape[:-2], r.shape[:-2], P_zx.shape[:-2])
@@ -220,7 +221,7 @@ def _measurement_update(m_pred, P_pred, x_t, obs_mean, P_zx, P_xx, R, observed):
     W = torch.linalg.solve_triangular(L, _mT(P_zx).expand(batch + (D, P_zx.shape[-2])), upper=False)
     v = torch.linalg.solve_triangular(L, r.expand(batch + (D, 1)), upper=False)
     m = m_pred + (_mT(W) @ v).squeeze(-1)
-    P = _sym(P_pred - _mT(W) @ W)
+    P = sym(P_pred - _mT(W) @ W)
     log_lik = (
         -0.5 * v.squeeze(-1).pow(2).sum(-1)
         - L.diagonal(dim1=-1, dim2=-2).log().sum(-1)
@@ -245,7 +246,7 @@ def _run_gaussian_filter(predict, update, x, mask, initial_loc, initial_cov, tra
             D = torch.zeros_like(P)
         else:
             m_pred, P_pred, D = predict(m, P, t)
-            P_pred = _sym(P_pred + _time_slice(transition_cov, t, 2))
+            P_pred = sym(P_pred + _time_slice(transition_cov, t, 2))
         obs_mean, P_zx, P_xx = update(m_pred, P_pred, t)
         R = _time_slice(observation_cov, t, 2)
         m, P, ll = _measurement_update(m_pred, P_pred, x[..., t, :], obs_mean, P_zx, P_xx, R, mask[..., t, :])
@@ -288,10 +289,10 @@ def gaussian_rts_smoother(filtered):
         P_p = filtered.predicted_covs[..., t + 1, :, :]
         D = filtered.predicted_cross_covs[..., t + 1, :, :]
         # D P_p^+ (P_p symmetric; pseudo-inverse only where P_p is rank-deficient)
-        J = _mT(_psd_solve(P_p, _mT(D), "the predicted covariance Sigma_{t+1|t}"))
+        J = _mT(psd_solve(P_p, _mT(D), "the predicted covariance Sigma_{t+1|t}"))
         cross.append(P_s @ _mT(J))
         m_s = m_f + (J @ (m_s - m_p).unsqueeze(-1)).squeeze(-1)
-        P_s = _sym(P_f + J @ (P_s - P_p) @ _mT(J))
+        P_s = sym(P_f + J @ (P_s - P_p) @ _mT(J))
         means.append(m_s)
         covs.append(P_s)
         gains.append(J)

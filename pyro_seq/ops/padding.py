@@ -9,7 +9,7 @@ from typing import List, Optional, Sequence, Tuple
 
 import torch
 
-__all__ = ["SequenceList", "check_input_list", "inputs_of", "pad_sequences"]
+__all__ = ["SequenceList", "check_input_list", "check_seq_list", "inputs_of", "pad_sequences"]
 
 
 class SequenceList(list):
@@ -83,7 +83,9 @@ def check_input_list(seqs, inputs, what="inputs"):
             raise ValueError(f"{what}[{i}] holds NaN or infinite values")
 
 
-def _check_seq_list(seqs: Sequence[torch.Tensor], what: str = "seqs") -> None:
+def check_seq_list(seqs: Sequence[torch.Tensor], what: str = "seqs") -> None:
+    """Refuse anything but a non-empty list of 2-D ``(T_i, D)`` tensors, each with at least
+    one step and all with the same D: ``ValueError`` naming ``what[i]``."""
     if isinstance(seqs, torch.Tensor) or len(seqs) == 0:
         raise ValueError(f"{what}: expected a non-empty list of (T_i, D) tensors")
     d = None
@@ -118,7 +120,7 @@ def pad_sequences(
         ``x[i, :T_i] = seqs[i]`` and zeros after; ``mask`` ``bool`` of shape ``(B, T)``,
         ``True`` exactly at ``t < T_i``.
     """
-    _check_seq_list(seqs)
+    check_seq_list(seqs)
     device = seqs[0].device
     lengths = [s.shape[0] for s in seqs]
     x = torch.zeros(len(seqs), max(lengths), seqs[0].shape[1], dtype=dtype, device=device)

@@ -39,8 +39,8 @@ import torch
 
 from pyro_seq.ops.resampling import (
     DEFAULT_RESAMPLING,
-    _check_resampling_args,
-    _deprecated_alias,
+    check_resampling_args,
+    deprecated_alias,
     effective_sample_size,
     normalize_log_weights,
     resample as _resample,
@@ -168,9 +168,9 @@ def bootstrap_particle_filter(
             resample = "never"
         else:
             ess_threshold = t
-    resampling = _deprecated_alias(name, "resampling_scheme", resampling_scheme, "resampling",
+    resampling = deprecated_alias(name, "resampling_scheme", resampling_scheme, "resampling",
                                    resampling, DEFAULT_RESAMPLING)
-    _check_resampling_args(resample, ess_threshold, resampling, where=name)
+    check_resampling_args(resample, ess_threshold, resampling, where=name)
     if isinstance(num_particles, bool) or int(num_particles) != num_particles or num_particles < 1:
         raise ValueError(f"{name}: num_particles must be a positive integer, got {num_particles!r}")
     K = int(num_particles)

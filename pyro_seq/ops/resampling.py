@@ -52,6 +52,7 @@ __all__ = [
     "DEFAULT_RESAMPLING",
     "RESAMPLE_CRITERIA",
     "RESAMPLING_SCHEMES",
+    "check_resampling_args",
     "effective_sample_size",
     "log_mean_exp",
     "normalize_log_weights",
@@ -63,7 +64,7 @@ RESAMPLE_CRITERIA = ("ess", "always", "never")
 DEFAULT_RESAMPLING = "systematic"
 
 
-def _deprecated_alias(fn_name, old_name, old_value, new_name, new_value, new_default, stacklevel=3):
+def deprecated_alias(fn_name, old_name, old_value, new_name, new_value, new_default, stacklevel=3):
     """Resolve a deprecated keyword: warn (FutureWarning naming ``new_name``) and return the
     value to use. A conflicting non-default ``new_value`` raises ``ValueError``."""
     if old_value is None:
@@ -77,7 +78,7 @@ def _deprecated_alias(fn_name, old_name, old_value, new_name, new_value, new_def
     return old_value
 
 
-def _check_resampling_args(resample=None, ess_threshold=None, resampling=None, where="resampling"):
+def check_resampling_args(resample=None, ess_threshold=None, resampling=None, where="resampling"):
     """Validate the shared resampling arguments (see the module docstring); ``None`` skips one.
 
     :raises ValueError: with a message naming the argument and its allowed values.
@@ -157,7 +158,7 @@ def resample(log_weights, resampling=DEFAULT_RESAMPLING, generator=None, *, sche
         ``b``. For the stratified and systematic schemes the indices are sorted along the
         particle dimension. Computed without gradient (integer indices are never differentiable).
     """
-    resampling = _deprecated_alias("resample", "scheme", scheme, "resampling", resampling, DEFAULT_RESAMPLING)
+    resampling = deprecated_alias("resample", "scheme", scheme, "resampling", resampling, DEFAULT_RESAMPLING)
     if resampling not in RESAMPLING_SCHEMES:
         raise ValueError(f"resample: unknown resampling scheme {resampling!r}; choose `resampling` from "
                          f"{RESAMPLING_SCHEMES}")

@@ -223,7 +223,7 @@ def test_smoother_with_large_rank_one_prior_matches_dense(seed, method):
 def test_psd_solve_names_the_failing_matrix():
     """A clearly indefinite rank-deficient matrix is refused, and the message names its
     batch index and its own eigenvalues (it used to print the batch's overall minimum)."""
-    from pyro_seq.ops.kalman import _psd_solve
+    from pyro_seq.ops.linalg import psd_solve
 
     good = torch.diag(torch.tensor([1.0, 0.0], dtype=F64))
     bad = torch.diag(torch.tensor([1.0, -0.5], dtype=F64))
@@ -231,4 +231,4 @@ def test_psd_solve_names_the_failing_matrix():
     P = torch.stack([good, bad, worse])
     with pytest.raises(ValueError, match=r"at index \(1,\) \(smallest eigenvalue -0\.5, "
                                          r"largest 1\)"):
-        _psd_solve(P, torch.ones(3, 2, 1, dtype=F64), "P")
+        psd_solve(P, torch.ones(3, 2, 1, dtype=F64), "P")
