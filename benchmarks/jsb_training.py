@@ -19,6 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch  # noqa: E402
 
 from common import ROOT, data_file, write_result  # noqa: E402
+from pyro_seq.cli import add_train_options, train_config_from_args  # noqa: E402
 from pyro_seq.data import load_piano_rolls  # noqa: E402
 from pyro_seq.train import evaluate_bound, fit  # noqa: E402
 
@@ -27,52 +28,20 @@ def run(name, data_name, build_model, model_settings, config, target, reference,
         eval_seeds=1):
     """Parse the common options, train (resuming), evaluate and write the JSON result."""
     parser = argparse.ArgumentParser(description=f"{name}: {reference}")
-    parser.add_argument("--epochs", type=int, default=config.epochs, help="maximum epochs in total")
-    parser.add_argument("--time-limit", type=float, default=None,
-                        help="stop this invocation after this many seconds (resume later)")
     parser.add_argument("--data", default=None, help=f"path of {data_name}")
     parser.add_argument("--out", default=None,
                         help="checkpoint folder, resumed if it exists "
                              "(default benchmarks/checkpoints/<name>[_<tag>])")
-    parser.add_argument("--threads", type=int, default=None, help="torch threads")
     parser.add_argument("--eval-only", action="store_true", help="only evaluate the best weights")
-    parser.add_argument("--quiet", action="store_true", help="no progress bar")
-    parser.add_argument("--lr", type=float, default=config.lr, help="Adam learning rate")
-    parser.add_argument("--lr-schedule", default=config.lr_schedule,
-                        choices=("plateau", "exponential", "constant"),
-                        help="learning-rate schedule (the script's config sets the recorded one)")
-    parser.add_argument("--init", default=config.init, help="weight initialisation (TrainConfig.init)")
-    parser.add_argument("--lrd", type=float, default=config.lrd, help="learning-rate decay per update")
-    parser.add_argument("--lr-decay-after", type=int, default=config.lr_decay_after,
-                        help="epochs at the full rate before the per-epoch decay starts")
-    parser.add_argument("--lr-decay-factor", type=float, default=config.lr_decay_factor,
-                        help="divide the rate by this once per epoch after --lr-decay-after")
-    parser.add_argument("--kl-anneal-steps", type=int, default=config.kl_anneal_steps,
-                        help="updates over which the KL weight rises linearly to 1")
-    parser.add_argument("--weight-decay", type=float, default=config.weight_decay,
-                        help="L2 penalty added to the gradient by ClippedAdam")
-    parser.add_argument("--betas", type=float, nargs=2, default=config.betas, help="Adam betas")
-    parser.add_argument("--batch-size", type=int, default=config.batch_size, help="minibatch size")
-    parser.add_argument("--plateau-patience", type=int, default=config.plateau_patience,
-                        help="epochs without improvement before the plateau schedule cuts the rate")
-    parser.add_argument("--patience", type=int, default=config.patience,
-                        help="early stopping after this many epochs without improvement "
-                             "(omit for the script's setting; 0 turns it off)")
     parser.add_argument("--eval-seeds", type=int, default=eval_seeds,
                         help="evaluate the test ELBO with seeds 0..N-1 and report the mean (and "
                              "its standard error); the target is judged on the mean")
     parser.add_argument("--tag", default="", help="suffix of the result name (a variant run)")
+    add_train_options(parser, defaults=config)  # every TrainConfig field; the script's values
     args = parser.parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    config.epochs, config.time_limit, config.progress = args.epochs, args.time_limit, not args.quiet
-    config.num_threads, config.lr, config.lrd = args.threads, args.lr, args.lrd
-    config.weight_decay = args.weight_decay
-    config.lr_decay_after, config.lr_decay_factor = args.lr_decay_after, args.lr_decay_factor
-    config.kl_anneal_steps = args.kl_anneal_steps
-    config.lr_schedule, config.init = args.lr_schedule, args.init
-    config.betas, config.batch_size = tuple(args.betas), args.batch_size
-    config.plateau_patience, config.patience = args.plateau_patience, (args.patience or None)
+    config = train_config_from_args(args, config)
+    if config.num_threads:
+        torch.set_num_threads(config.num_threads)
     if args.tag:
         name = f"{name}_{args.tag}"
     if args.out is None:

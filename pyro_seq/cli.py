@@ -25,7 +25,7 @@ Re-running ``train`` with the same ``--out`` resumes where it stopped.
 import argparse
 import json
 import sys
-from dataclasses import asdict
+from dataclasses import MISSING, asdict
 from pathlib import Path
 
 import torch
@@ -239,7 +239,7 @@ def _on(device, tensor):
 
 
 def cmd_train(args):
-    from pyro_seq.train import TrainConfig, evaluate_bound, fit
+    from pyro_seq.train import evaluate_bound, fit
 
     out_dir = Path(args.out)
     _device(args.device)  # before the data are read
@@ -253,19 +253,7 @@ def cmd_train(args):
         options["z_dim"] = args.z_dim
     if args.inference is not None:
         options["inference"] = args.inference
-    config = TrainConfig(
-        epochs=args.epochs, batch_size=args.batch_size, objective=args.objective,
-        num_particles=args.particles, cd_steps=args.cd_steps, lr=args.lr, clip_norm=args.clip_norm,
-        lr_schedule=args.lr_schedule, plateau_factor=args.plateau_factor,
-        plateau_patience=args.plateau_patience, plateau_min_lr=args.plateau_min_lr,
-        lrd=args.lrd, lr_decay_after=args.lr_decay_after, lr_decay_factor=args.lr_decay_factor,
-        kl_start=args.kl_start, kl_anneal_steps=args.kl_anneal_steps, free_bits=args.free_bits,
-        missing_prob=args.missing_prob,
-        chunk_length=args.chunk_length, patience=args.patience or None, seed=args.seed,
-        init=args.init, schedule_during_annealing=args.schedule_during_annealing,
-        plateau_restore_best=args.plateau_restore_best,
-        time_limit=args.time_limit, num_threads=args.threads,
-        progress=not args.quiet, world_size=args.nproc, device=args.device)
+    config = train_config_from_args(args)
     try:
         config.validate()
     except ValueError as e:
@@ -273,17 +261,18 @@ def cmd_train(args):
     run = {"model": args.model, "obs_dim": obs_dim, "input_dim": input_dim,
            "model_options": options, "data": args.data, "ignore_inputs": args.ignore_inputs,
            "train": {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(config).items()}}
-    torch.manual_seed(args.seed)
+    torch.manual_seed(config.seed)
     model = build_model(args.model, obs_dim, options, input_dim)
     from pyro_seq.train.objectives import check_objective, make_objective
 
     try:
-        check_objective(model, args.objective)
-        make_objective(args.objective, args.particles, args.free_bits, cd_steps=args.cd_steps)
+        check_objective(model, config.objective)
+        make_objective(config.objective, config.num_particles, config.free_bits,
+                       cd_steps=config.cd_steps)
     except ValueError as e:
         raise SystemExit(f"pyro-seq: error: {e}") from None
-    if args.missing_prob > 0 and model.energy_based:  # the trainer refuses it, after writing
-        raise SystemExit(f"pyro-seq: error: --missing-prob {args.missing_prob} marks steps "
+    if config.missing_prob > 0 and model.energy_based:  # the trainer refuses it, after writing
+        raise SystemExit(f"pyro-seq: error: --missing-prob {config.missing_prob} marks steps "
                          f"unobserved, which needs a latent-variable model; {args.model} is "
                          "energy-based: train it without --missing-prob")
     _check_data(data, model, args.data)  # before anything is written to --out
@@ -308,8 +297,8 @@ def cmd_train(args):
     if main_rank:
         cfg_path.write_text(json.dumps(run, indent=1))
         print(f"training {args.model} on {args.data}: {len(data['train'])} train / "
-              f"{len(data['valid'])} valid sequences, objective {args.objective} "
-              f"(K={args.particles})")
+              f"{len(data['valid'])} valid sequences, objective {config.objective} "
+              f"(K={config.num_particles})")
     try:
         history = fit(model, data["train"], data["valid"], config, out_dir,
                       resume=not args.restart)
@@ -679,10 +668,101 @@ def _data_help():
             "known inputs)")
 
 
-def _train_defaults():
-    from pyro_seq.train import TrainConfig
+#: The ``train`` flags that are no :class:`~pyro_seq.train.TrainConfig` field, and why: what
+#: is trained on what, and where :func:`~pyro_seq.train.fit` writes (every other ``train``
+#: flag is generated from a field by :func:`add_train_options`).
+TRAIN_RUN_OPTIONS = {
+    "--model": "the architecture (config.json's model), built before training",
+    "--data": "the data set (config.json's data), fit's sequences",
+    "--z-dim": "a model constructor option (config.json's model_options)",
+    "--inference": "a model constructor option (config.json's model_options)",
+    "--model-option": "model constructor options (config.json's model_options)",
+    "--out": "the run folder, fit's out_dir",
+    "--restart": "fit's resume=False: ignore the folder's checkpoint",
+    "--ignore-inputs": "drops the data's known inputs before fit sees them",
+}
 
-    return TrainConfig()
+
+def _field_help(option, default, flags, own_default):
+    """The help of ``option``'s flag: its doc (field names in double backquotes become their
+    flags) and its ``default``, with the reason where it is the command line's own
+    (``own_default``: the field declares one and the parser uses it)."""
+    import re
+
+    text = re.sub(r"``(\w+)``", lambda m: flags.get(m.group(1), m.group(1)), option.doc)
+    if option.invert:
+        return f"do not {text}"
+    shown = ("on" if default else "off") if isinstance(default, bool) else (
+        "none" if default is None else
+        " ".join(map(str, default)) if isinstance(default, tuple) else default)
+    if own_default:
+        text += (f" (default {shown} here, {option.default} in TrainConfig: "
+                 f"{option.cli_default_why})")
+    else:
+        text += f" (default {shown})"
+    return text.replace("%", "%%")
+
+
+def add_train_options(parser, defaults=None):
+    """Add a flag for every field of :class:`~pyro_seq.train.TrainConfig` to ``parser`` (an
+    :class:`argparse.ArgumentParser`), under one argument group per group of
+    :data:`pyro_seq.train.config.GROUPS`. Each flag's destination is the field's name, its
+    type the range check its declaration names (e.g. :data:`POSITIVE_INT`), its help the
+    field's doc; :func:`train_config_from_args` turns the parsed flags into the configuration.
+
+    :param defaults: a :class:`~pyro_seq.train.TrainConfig` whose values become the flags'
+        defaults (e.g. a benchmark's settings); None: the fields' defaults, with the command
+        line's own where a field declares one (``cli_default``, said in the help).
+    """
+    from pyro_seq.train.config import GROUPS, options
+
+    opts = [o for o in options() if o.cli_excluded is None]
+    flags = {o.name: o.flag for o in opts}
+    groups = {key: parser.add_argument_group(f"training: {title}")
+              for key, title in GROUPS.items()}
+    for o in opts:
+        default = o.command_line_default if defaults is None else getattr(defaults, o.name)
+        own = defaults is None and o.cli_default is not MISSING
+        kwargs = dict(dest=o.name, default=default, help=_field_help(o, default, flags, own))
+        if o.invert:
+            kwargs.update(action="store_false")
+        elif isinstance(o.default, bool):
+            kwargs.update(action=argparse.BooleanOptionalAction)
+        else:
+            if o.check is not None:
+                kwargs["type"] = globals()[o.check]
+            metavar = o.flag[2:].upper().replace("-", "_")
+            if o.choices is not None:  # shown as {a,b,...}
+                kwargs["choices"] = o.choices
+            elif o.nargs is not None:
+                kwargs.update(nargs=o.nargs,
+                              metavar=tuple(f"{metavar}{i + 1}" for i in range(o.nargs)))
+            else:
+                kwargs["metavar"] = metavar
+        groups[o.group].add_argument(o.flag, **kwargs)
+    return parser
+
+
+def train_config_from_args(args, base=None):
+    """The :class:`~pyro_seq.train.TrainConfig` of flags parsed by a parser that
+    :func:`add_train_options` built: every field from its flag (a ``cli_none`` value such as
+    ``--patience 0`` becomes None); fields without a flag from ``base`` (default: their
+    defaults). Not validated (:meth:`~pyro_seq.train.TrainConfig.validate`)."""
+    import dataclasses
+
+    from pyro_seq.train.config import TrainConfig, options
+
+    values = {}
+    for o in options():
+        if o.cli_excluded is not None:
+            continue
+        value = getattr(args, o.name)
+        if o.cli_none is not None and value == o.cli_none:
+            value = None
+        elif o.nargs is not None and value is not None:
+            value = tuple(value)
+        values[o.name] = value
+    return TrainConfig(**values) if base is None else dataclasses.replace(base, **values)
 
 
 def make_parser():
@@ -694,72 +774,6 @@ def make_parser():
     p.add_argument("--model", choices=model_names(), default="srnn",
                    help="architecture (default srnn; what each supports: docs, API, models)")
     p.add_argument("--data", default="chorales", help=_data_help())
-    p.add_argument("--objective", choices=("elbo", "meanfield", "iwae", "fivo", "cd"),
-                   default="elbo",
-                   help="training objective (default elbo = Trace_ELBO; cd = contrastive "
-                        "divergence, for --model rtrbm)")
-    p.add_argument("--particles", type=POSITIVE_INT, default=1, help="samples K of the objective")
-    p.add_argument("--cd-steps", type=POSITIVE_INT, default=1,
-                   help="Gibbs sweeps k of --objective cd")
-    p.add_argument("--epochs", type=COUNT, default=100, help="maximum number of epochs")
-    p.add_argument("--batch-size", type=POSITIVE_INT, default=20, help="sequences per minibatch")
-    p.add_argument("--lr", type=POSITIVE, default=1e-3, help="Adam learning rate")
-    p.add_argument("--clip-norm", type=POSITIVE, default=10.0,
-                   help="gradient norm clip per tensor")
-    defaults = _train_defaults()
-    p.add_argument("--lr-schedule", choices=("plateau", "exponential", "constant"),
-                   default=defaults.lr_schedule,
-                   help="plateau (default): multiply the rate by --plateau-factor when the "
-                        "validation ELBO has not improved for --plateau-patience + 1 epochs; "
-                        "exponential: constant for --lr-decay-after epochs, then divided by "
-                        "--lr-decay-factor per epoch (the SRNN code); constant: --lr, times "
-                        "--lrd after every update")
-    p.add_argument("--plateau-factor", type=FRACTION, default=defaults.plateau_factor,
-                   help=f"rate multiplier on a validation plateau (default {defaults.plateau_factor})")
-    p.add_argument("--plateau-patience", type=COUNT, default=defaults.plateau_patience,
-                   help="epochs without validation improvement tolerated before the rate is "
-                        f"reduced (default {defaults.plateau_patience})")
-    p.add_argument("--plateau-restore-best", action=argparse.BooleanOptionalAction,
-                   default=defaults.plateau_restore_best,
-                   help="when the plateau schedule lowers the rate, go back to the weights of "
-                        "the best validation epoch (default on)")
-    p.add_argument("--plateau-min-lr", type=NON_NEGATIVE, default=defaults.plateau_min_lr,
-                   help=f"lowest rate of the plateau schedule (default {defaults.plateau_min_lr:g})")
-    p.add_argument("--lrd", type=POSITIVE, default=defaults.lrd,
-                   help="learning-rate decay per step (--lr-schedule constant)")
-    p.add_argument("--lr-decay-after", type=COUNT, default=defaults.lr_decay_after,
-                   help="epochs at the full rate (--lr-schedule exponential)")
-    p.add_argument("--lr-decay-factor", type=AT_LEAST_ONE, default=defaults.lr_decay_factor,
-                   help="divide the rate by this per epoch after --lr-decay-after")
-    from pyro_seq.train.trainer import INITS
-
-    p.add_argument("--init", choices=INITS, default=defaults.init,
-                   help="initialisation of a fresh run (never on resume): srnn = the SRNN "
-                        "code's weights for an SRNN plus, for Bernoulli emissions, the output "
-                        "bias from the training notes' frequencies; bias = the output bias only; "
-                        f"none = as built (default {defaults.init})")
-    p.add_argument("--missing-prob", type=PROBABILITY_BELOW_ONE, default=0.0,
-                   help="train with each step missing with this probability (thesis app. 6.10)")
-    p.add_argument("--kl-start", type=PROBABILITY, default=0.2, help="initial KL weight beta")
-    p.add_argument("--kl-anneal-steps", type=COUNT, default=1000,
-                   help="updates over which beta rises linearly to 1 (0: no annealing)")
-    p.add_argument("--schedule-during-annealing", action=argparse.BooleanOptionalAction,
-                   default=defaults.schedule_during_annealing,
-                   help="step the plateau schedule and early stopping while beta < 1 too")
-    p.add_argument("--free-bits", type=NON_NEGATIVE, default=0.0,
-                   help="free bits per latent site (nats)")
-    p.add_argument("--chunk-length", type=POSITIVE_INT, default=None,
-                   help="train on windows of this length")
-    p.add_argument("--patience", type=COUNT, default=defaults.patience,
-                   help="stop after this many epochs without validation improvement; the best "
-                        f"weights are kept (default {defaults.patience}; 0: never stop early)")
-    p.add_argument("--time-limit", type=POSITIVE, default=None,
-                   help="stop after this many seconds")
-    p.add_argument("--threads", type=POSITIVE_INT, default=None, help="torch CPU threads")
-    _device_option(p, defaults.device)
-    p.add_argument("--nproc", type=POSITIVE_INT, default=1,
-                   help="data-parallel processes (torch.distributed: gloo on CPU, nccl on CUDA); "
-                        "each takes a shard of every minibatch")
     p.add_argument("--z-dim", type=POSITIVE_INT, default=None, help="latent size")
     p.add_argument("--inference", choices=("smoothing", "filtering", "prior", "landmark"),
                    default=None,
@@ -767,13 +781,12 @@ def make_parser():
                         "4.2), prior or landmark (GTM-SM; thesis appendix 7.10)")
     p.add_argument("--model-option", action="append", metavar="KEY=VALUE",
                    help="further model constructor option (JSON value), repeatable")
-    p.add_argument("--seed", type=SEED, default=0)
     p.add_argument("--out", required=True, help="run folder")
     p.add_argument("--restart", action="store_true", help="ignore an existing checkpoint")
     p.add_argument("--ignore-inputs", action="store_true",
                    help="train without the known inputs (controls, actions) the data carry, "
                         "e.g. a model that takes none on the pendulum")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_train_options(p)  # every TrainConfig field, in its group
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("evaluate", help="bound on the test set in nats per time step")

@@ -207,3 +207,144 @@ def test_train_help_lists_every_data_form_load_dataset_accepts(capsys, monkeypat
     for form in ("NAME:N", "NAME:N:T", "$PYRO_SEQ_DATA", "path of a Boulanger-Lewandowski",
                  ".pt file written by pyro_seq.data.save_dataset", "known inputs"):
         assert form in data_help, form
+
+
+# --- the train flags are TrainConfig's fields ---------------------------------------------------
+
+#: The train flags of the command line before they were generated from TrainConfig: each must
+#: keep working under its name.
+EARLIER_TRAIN_FLAGS = (
+    "--model", "--data", "--objective", "--particles", "--cd-steps", "--epochs", "--batch-size",
+    "--lr", "--clip-norm", "--lr-schedule", "--plateau-factor", "--plateau-patience",
+    "--plateau-restore-best", "--no-plateau-restore-best", "--plateau-min-lr", "--lrd",
+    "--lr-decay-after", "--lr-decay-factor", "--init", "--missing-prob", "--kl-start",
+    "--kl-anneal-steps", "--schedule-during-annealing", "--no-schedule-during-annealing",
+    "--free-bits", "--chunk-length", "--patience", "--time-limit", "--threads", "--device",
+    "--nproc", "--z-dim", "--inference", "--model-option", "--seed", "--out", "--restart",
+    "--ignore-inputs", "--quiet")
+
+
+def _train_parser():
+    import argparse
+
+    from pyro_seq.cli import make_parser
+
+    parser = make_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return parser, sub.choices["train"]
+
+
+def test_train_flags_are_the_fields_of_train_config_or_documented_run_options():
+    """Every TrainConfig field has a train flag (or its declaration says why not) whose
+    destination is the field; every other train flag is a documented run option."""
+    import dataclasses
+
+    from pyro_seq.cli import TRAIN_RUN_OPTIONS
+    from pyro_seq.train import TrainConfig
+    from pyro_seq.train.config import GROUPS, options
+
+    _, train = _train_parser()
+    actions = {a.option_strings[0]: a for a in train._actions
+               if a.option_strings and a.dest != "help"}
+    every_flag = {s for a in train._actions for s in a.option_strings}
+    names = [f.name for f in dataclasses.fields(TrainConfig)]
+    declared = options()
+    assert [o.name for o in declared] == names
+    for o in declared:
+        assert o.group in GROUPS and o.doc and "\n" not in o.doc, o.name
+        if o.cli_excluded is not None:
+            assert o.cli_excluded.strip() and o.flag not in every_flag, o.name
+        else:
+            assert actions[o.flag].dest == o.name, o.name
+    run_flags = {flag for flag, a in actions.items() if a.dest not in names}
+    assert run_flags == set(TRAIN_RUN_OPTIONS)
+    assert all(why.strip() for why in TRAIN_RUN_OPTIONS.values())
+    assert set(EARLIER_TRAIN_FLAGS) <= every_flag, set(EARLIER_TRAIN_FLAGS) - every_flag
+    assert "extra" not in names
+
+
+def test_train_defaults_are_fits_except_the_declared_kl_annealing(tmp_path, capsys,
+                                                                   monkeypatch):
+    """With no flags the command line trains with TrainConfig's defaults, except the overrides
+    its declarations name (KL annealing from 0.2 over 1000 updates), which the help says."""
+    import dataclasses
+
+    from pyro_seq.cli import main, train_config_from_args
+    from pyro_seq.train import TrainConfig
+    from pyro_seq.train.config import options
+
+    parser, _ = _train_parser()
+    config = train_config_from_args(parser.parse_args(["train", "--out", str(tmp_path)]))
+    overrides = {o.name: o.cli_default for o in options()
+                 if o.cli_default is not dataclasses.MISSING}
+    assert overrides == {"kl_start": 0.2, "kl_anneal_steps": 1000}
+    assert config == dataclasses.replace(TrainConfig(), **overrides)
+    assert (TrainConfig().kl_start, TrainConfig().kl_anneal_steps) == (1.0, 0)
+    monkeypatch.setenv("COLUMNS", "1000")
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert ("--kl-start KL_START initial KL weight beta (default 0.2 here, 1.0 in TrainConfig: "
+            "the command line anneals the KL weight unless told otherwise)") in text
+    assert "(default 1000 here, 0 in TrainConfig: " in text
+
+
+def _other_value(o, parser_action):
+    """A command-line value of field ``o`` other than its default, as argv strings, and the
+    value TrainConfig should receive."""
+    if o.invert:
+        return [o.flag], not o.default
+    if isinstance(o.default, bool):
+        return [o.flag if not o.default else "--no-" + o.flag[2:]], not o.default
+    if o.choices is not None:
+        value = next(c for c in o.choices if c != o.default)
+        return [o.flag, value], value
+    parse = parser_action.type or str  # --device: a string, checked later
+    for text in ("0.25", "2", "7"):
+        try:
+            value = parse(text)
+        except Exception:
+            continue
+        if o.nargs is not None:
+            return [o.flag] + [text] * o.nargs, (value,) * o.nargs
+        if value != o.default and value != o.cli_none:
+            return [o.flag, text], value
+    raise AssertionError(f"no test value for {o.name}")
+
+
+def test_every_train_flag_reaches_its_field(tmp_path):
+    """Each flag set to a value other than its default gives TrainConfig that value (and
+    --patience 0 gives None: no early stopping); the rest stay at their defaults."""
+    from pyro_seq.cli import train_config_from_args
+    from pyro_seq.train.config import options
+
+    parser, train = _train_parser()
+    actions = {a.option_strings[0]: a for a in train._actions if a.option_strings}
+    base = train_config_from_args(parser.parse_args(["train", "--out", str(tmp_path)]))
+    for o in options():
+        argv, expected = _other_value(o, actions[o.flag])
+        config = train_config_from_args(parser.parse_args(["train", "--out", "x"] + argv))
+        assert getattr(config, o.name) == expected, (o.name, argv)
+        assert all(getattr(config, p.name) == getattr(base, p.name) for p in options()
+                   if p.name != o.name), o.name
+    config = train_config_from_args(parser.parse_args(["train", "--out", "x", "--patience", "0"]))
+    assert config.patience is None
+
+
+def test_add_train_options_takes_a_scripts_settings_as_defaults():
+    """The benchmark scripts' parsers: defaults are the script's TrainConfig (no command-line
+    overrides), and a flag changes only its field."""
+    import argparse
+    import dataclasses
+
+    from pyro_seq.cli import add_train_options, train_config_from_args
+    from pyro_seq.train import TrainConfig
+
+    script = TrainConfig(epochs=5000, lr=3e-4, betas=(0.96, 0.999), lrd=0.99996,
+                         weight_decay=2.0, kl_start=0.5, kl_anneal_steps=12000, patience=None,
+                         lr_schedule="constant", init="none", valid_batch_size=80)
+    parser = add_train_options(argparse.ArgumentParser(), defaults=script)
+    assert train_config_from_args(parser.parse_args([]), script) == script
+    changed = train_config_from_args(parser.parse_args(["--betas", "0.9", "0.99", "--patience",
+                                                        "3", "--quiet"]), script)
+    assert changed == dataclasses.replace(script, betas=(0.9, 0.99), patience=3, progress=False)

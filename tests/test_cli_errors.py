@@ -187,7 +187,11 @@ TRAIN_BAD = [("--particles", "0"), ("--particles", "-2"), ("--cd-steps", "0"), (
              ("--missing-prob", "1"), ("--missing-prob", "-0.1"), ("--kl-start", "1.5"),
              ("--kl-anneal-steps", "-1"), ("--free-bits", "-1"), ("--chunk-length", "0"),
              ("--patience", "-1"), ("--time-limit", "0"), ("--threads", "0"), ("--nproc", "0"),
-             ("--z-dim", "0"), ("--seed", "-1"), ("--seed", str(2 ** 64))]
+             ("--z-dim", "0"), ("--seed", "-1"), ("--seed", str(2 ** 64)),
+             ("--betas", "0.9 1"), ("--betas", "0.9 -0.1"), ("--weight-decay", "-1"),
+             ("--plateau-cooldown", "-1"), ("--plateau-threshold", "-1"),
+             ("--valid-batch-size", "0"), ("--missing-keep-first", "-1"),
+             ("--dist-timeout", "0"), ("--dist-timeout", "nan")]
 RUN_BAD = {
     "evaluate": [("--particles", "0"), ("--particles", "-1"), ("--betas", "0"), ("--betas", "1"),
                  ("--batch-size", "0"), ("--seed", "-1")],
@@ -204,10 +208,12 @@ RUN_BAD = {
 @pytest.mark.parametrize("option,value", TRAIN_BAD)
 def test_train_refuses_out_of_range_options_in_one_line(runs, tmp_path, capsys, option, value):
     out = tmp_path / "run"
+    parts = value.split()  # --betas takes a pair (the second value is the bad one)
+    given = [f"{option}={value}"] if len(parts) == 1 else [option, *parts]
     argv = ["train", "--model", "dmm", "--data", runs["data"], "--epochs", "1", "--quiet",
-            "--out", out] + TINY_DMM + [f"{option}={value}"]  # "=": values such as -1e-3
+            "--out", out] + TINY_DMM + given  # "=": values such as -1e-3
     line = one_line_error(argv, capsys)
-    assert line.startswith(f"pyro-seq train: error: argument {option}: ") and value in line
+    assert line.startswith(f"pyro-seq train: error: argument {option}: ") and parts[-1] in line
     assert not out.exists()                                    # nothing written
 
 

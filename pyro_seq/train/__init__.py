@@ -2,10 +2,11 @@
 
 from pyro_seq.train.checkpoint import (CheckpointError, load_checkpoint, load_weights, restore,
                                        save_checkpoint, save_weights)
+from pyro_seq.train.config import INITS, LR_SCHEDULES, TrainConfig
 from pyro_seq.train.evaluate import elbo_terms, evaluate_bound
+from pyro_seq.train.loop import TrainHistory, fit, initialise
 from pyro_seq.train.objectives import ENERGY_OBJECTIVES, OBJECTIVES, make_objective
-from pyro_seq.train.trainer import (INITS, LR_SCHEDULES, TrainConfig, TrainHistory, epoch_lr, fit,
-                                    initialise, kl_beta, lr_multiplier, make_optimizer)
+from pyro_seq.train.schedules import epoch_lr, kl_beta, lr_multiplier, make_optimizer
 
 __all__ = [
     "CheckpointError",

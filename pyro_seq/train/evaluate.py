@@ -67,14 +67,12 @@ def model_device(model):
 ENERGY_METHODS = ("exact", "ais", "pseudo_likelihood")
 
 
-def _evaluate_energy_based(model, sequences, batch_size, method, num_particles, num_betas):
+def _evaluate_energy_based(model, batches, method, num_particles, num_betas):
     """Log-likelihood (exact or AIS) or pseudo-log-likelihood of an energy-based model."""
     model.require(method, "method")
     chains = num_particles if num_particles > 1 else 100
     total, variance, steps = 0.0, 0.0, 0
-    loader = SequenceLoader(sequences, batch_size, shuffle=False, dtype=model_dtype(model),
-                            device=model_device(model))
-    for x, mask in loader:
+    for x, mask in batches:
         if method == "pseudo_likelihood":
             total += float(model.pseudo_log_likelihood(x, mask).sum())
         else:
@@ -116,18 +114,30 @@ def evaluate_bound(model, sequences, batch_size=32, method="elbo", num_particles
     model.require(method, "method")
     if int(num_particles) < 1:
         raise ValueError(f"num_particles must be >= 1, got {num_particles}")
+    return _evaluate_bound(model, sequences, batch_size, method, num_particles, num_betas)
+
+
+@torch.no_grad()
+def _evaluate_bound(model, sequences, batch_size=32, method="elbo", num_particles=1,
+                    num_betas=1000, loader=None):
+    """:func:`evaluate_bound` on sequences that the caller has validated (it does not check
+    them again: :func:`~pyro_seq.train.fit` validates its validation sequences once and
+    evaluates them every epoch). ``loader``: the unshuffled
+    :class:`~pyro_seq.data.SequenceLoader` of ``sequences`` with ``batch_size``, in the model's
+    dtype and on its device, built once by the caller (default: built here)."""
+    if loader is None and (model.energy_based or method == "elbo"):
+        loader = SequenceLoader(sequences, batch_size, shuffle=False, dtype=model_dtype(model),
+                                device=model_device(model))
     was_training = model.training
     model.eval()
     try:
         if model.energy_based:
-            result = _evaluate_energy_based(model, sequences, batch_size, method, num_particles,
+            result = _evaluate_energy_based(model, loader.batches(0), method, num_particles,
                                             num_betas)
         elif method == "elbo":
             total = kl_total = 0.0
             steps = 0
-            loader = SequenceLoader(sequences, batch_size, shuffle=False, dtype=model_dtype(model),
-                                    device=model_device(model))
-            for x, mask, *inputs in loader:
+            for x, mask, *inputs in loader.batches(0):
                 u = inputs[0] if inputs else None
                 terms = [elbo_terms(model, x, mask, u) for _ in range(num_particles)]
                 total += sum(float(t["elbo"].sum()) for t in terms) / num_particles

@@ -10,6 +10,7 @@ import torch
 from pyro_seq.models import DMM, SRNN
 from pyro_seq.train import (TrainConfig, elbo_terms, epoch_lr, evaluate_bound, fit, kl_beta,
                             load_checkpoint, load_weights)
+from pyro_seq.train import loop as loop_module
 from pyro_seq.train import trainer as trainer_module
 
 
@@ -71,7 +72,7 @@ def test_plateau_rule_factor_patience_threshold_and_min_lr(tmp_path, monkeypatch
     """The rate of each epoch under a scripted validation curve: halved after patience + 1
     epochs without an improvement of more than the threshold, never below min_lr."""
     curve = iter([-5.0, -4.0, -3.9995, -4.2, -3.0, -3.5, -3.6, -3.7, -3.8])
-    monkeypatch.setattr(trainer_module, "evaluate_bound",
+    monkeypatch.setattr(loop_module, "_evaluate_bound",
                         lambda *a, **k: {"per_step": next(curve), "kl_per_step": 0.0})
     cfg = TrainConfig(epochs=9, batch_size=5, lr=0.01, plateau_patience=1, plateau_factor=0.5,
                       plateau_threshold=1e-3, plateau_min_lr=0.003, progress=False)
@@ -88,11 +89,11 @@ def test_plateau_restore_best_continues_from_the_best_epoch(tmp_path, monkeypatc
     """plateau_restore_best: at the epoch where the rate is halved the weights go back to those
     of the best epoch so far (the checkpoint of that epoch equals best.pt), in the model and in
     Pyro's param store; without it the weights of that epoch stay (they differ from best.pt)."""
-    original = trainer_module.save_checkpoint
+    original = loop_module.save_checkpoint
 
     def run(restore, folder):
         curve = iter([-5.0, -4.0, -4.5, -3.0])
-        monkeypatch.setattr(trainer_module, "evaluate_bound",
+        monkeypatch.setattr(loop_module, "_evaluate_bound",
                             lambda *a, **k: {"per_step": next(curve), "kl_per_step": 0.0})
         saved = {}
 
@@ -100,7 +101,7 @@ def test_plateau_restore_best_continues_from_the_best_epoch(tmp_path, monkeypatc
             saved[epoch] = {k: v.detach().clone() for k, v in model.state_dict().items()}
             return original(path, model=model, epoch=epoch, **kw)
 
-        monkeypatch.setattr(trainer_module, "save_checkpoint", keep)
+        monkeypatch.setattr(loop_module, "save_checkpoint", keep)
         model = tiny_srnn()
         cfg = TrainConfig(epochs=4, batch_size=4, lr=0.01, plateau_patience=0, patience=None,
                           plateau_restore_best=restore, progress=False)
@@ -123,7 +124,7 @@ def test_plateau_restore_best_continues_from_the_best_epoch(tmp_path, monkeypatc
 
 def test_stopping_restores_the_best_weights_into_model_and_param_store(tmp_path, monkeypatch):
     curve = iter([-5.0, -4.0, -4.5, -4.6, -4.7, -4.8])
-    monkeypatch.setattr(trainer_module, "evaluate_bound",
+    monkeypatch.setattr(loop_module, "_evaluate_bound",
                         lambda *a, **k: {"per_step": next(curve), "kl_per_step": 0.0})
     model = tiny_srnn()
     cfg = TrainConfig(epochs=50, batch_size=4, lr=0.01, patience=3, progress=False)
@@ -153,7 +154,7 @@ def test_stopping_restores_the_best_weights_into_model_and_param_store(tmp_path,
 
 def test_time_limit_and_last_epoch_also_restore_the_best_weights(tmp_path, monkeypatch):
     curve = iter([-4.0, -5.0, -6.0, -7.0])
-    monkeypatch.setattr(trainer_module, "evaluate_bound",
+    monkeypatch.setattr(loop_module, "_evaluate_bound",
                         lambda *a, **k: {"per_step": next(curve), "kl_per_step": 0.0})
     data = toy_sequences(8), toy_sequences(3, seed=1)
     cfg = dict(batch_size=4, lr=0.01, progress=False)
@@ -224,7 +225,7 @@ def test_schedule_and_early_stopping_wait_for_the_end_of_kl_annealing(tmp_path, 
         curve = iter([-5.0, -6.0, -7.0, -8.0, -9.0, -10.0, -11.0])
         return lambda *a, **k: {"per_step": next(curve), "kl_per_step": 0.0}
 
-    monkeypatch.setattr(trainer_module, "evaluate_bound", falling())
+    monkeypatch.setattr(loop_module, "_evaluate_bound", falling())
     cfg = TrainConfig(epochs=7, batch_size=4, lr=0.01, patience=3, plateau_patience=0,
                       kl_start=0.2, kl_anneal_steps=8, schedule_during_annealing=False,
                       progress=False)
@@ -234,7 +235,7 @@ def test_schedule_and_early_stopping_wait_for_the_end_of_kl_annealing(tmp_path, 
     # the scheduler's first reading is epoch 4 (its reference); epoch 5 is its first bad epoch
     assert [row["lr"] for row in history] == [0.01, 0.01, 0.01, 0.01, 0.01, 0.005]
     assert history.best_epoch == 1
-    monkeypatch.setattr(trainer_module, "evaluate_bound", falling())
+    monkeypatch.setattr(loop_module, "_evaluate_bound", falling())
     no_annealing = TrainConfig(epochs=7, batch_size=4, lr=0.01, patience=3, plateau_patience=0,
                                progress=False)
     history = fit(tiny_srnn(), toy_sequences(8), toy_sequences(3, seed=1), no_annealing,
@@ -246,7 +247,7 @@ def test_schedule_during_annealing_steps_the_schedule_while_beta_rises(tmp_path,
     """With schedule_during_annealing the falling bound of the test above halves the rate and
     counts towards patience from epoch 1 (beta 0.4), exactly as without annealing."""
     curve = iter([-5.0, -6.0, -7.0, -8.0, -9.0, -10.0, -11.0])
-    monkeypatch.setattr(trainer_module, "evaluate_bound",
+    monkeypatch.setattr(loop_module, "_evaluate_bound",
                         lambda *a, **k: {"per_step": next(curve), "kl_per_step": 0.0})
     cfg = TrainConfig(epochs=7, batch_size=4, lr=0.01, patience=3, plateau_patience=0,
                       kl_start=0.2, kl_anneal_steps=8, schedule_during_annealing=True,
@@ -266,7 +267,7 @@ def test_time_limit_counts_wall_or_training_seconds(tmp_path, monkeypatch):
         _time.sleep(0.6)
         return {"per_step": -5.0, "kl_per_step": 0.0}
 
-    monkeypatch.setattr(trainer_module, "evaluate_bound", slow_bound)
+    monkeypatch.setattr(loop_module, "_evaluate_bound", slow_bound)
     common = dict(epochs=3, batch_size=4, lr=0.01, time_limit=1.0, progress=False)
     wall = fit(tiny_srnn(), toy_sequences(8), toy_sequences(3, seed=1), TrainConfig(**common),
                tmp_path / "wall")
@@ -438,6 +439,44 @@ def test_training_with_missing_steps_passes_observed_masks(tmp_path, monkeypatch
     assert all(o is None for _, o in seen)
     with pytest.raises(ValueError, match="missing_prob"):
         TrainConfig(missing_prob=1.0).validate()
+
+
+def test_fit_validates_the_sequences_once_and_builds_their_batches_once(tmp_path, monkeypatch):
+    """fit checks the training and validation sequences once, before training; the validation
+    bound of every epoch reuses one set of batches and checks nothing again (the public
+    evaluate_bound still checks what it is given)."""
+    from pyro_seq.data import batching
+    from pyro_seq.train import evaluate as evaluate_module
+
+    checked, built = [], []
+    real_check = evaluate_module.validate_sequence_list
+
+    def check(seqs, obs_dim=None, binary=False, name="sequences", **kwargs):
+        checked.append(name)
+        return real_check(seqs, obs_dim, binary, name, **kwargs)
+
+    class CountingLoader(batching.SequenceLoader):
+        def __init__(self, seqs, *args, **kwargs):
+            built.append(len(seqs))
+            super().__init__(seqs, *args, **kwargs)
+
+    for module in (loop_module, evaluate_module):
+        monkeypatch.setattr(module, "validate_sequence_list", check)
+        monkeypatch.setattr(module, "SequenceLoader", CountingLoader)
+    train, valid = toy_sequences(8), toy_sequences(3, seed=1)
+    cfg = TrainConfig(epochs=3, batch_size=4, progress=False, patience=None)
+    history = fit(tiny_srnn(), train, valid, cfg, tmp_path / "run")
+    assert len(history) == 3 and all("valid_elbo_per_step" in row for row in history)
+    assert checked == ["train", "valid"]
+    assert built == [8, 3]  # the training batches and the validation batches, once each
+    checked.clear()
+    evaluate_bound(tiny_srnn(), valid)
+    assert checked == ["sequences"]
+    bad = valid[:2] + [torch.full((4, 6), 0.5)]  # not binary: the SRNN's Bernoulli refuses it
+    with pytest.raises(ValueError, match=r"^valid\[2\]: "):
+        fit(tiny_srnn(), train, bad, cfg, tmp_path / "bad")
+    with pytest.raises(ValueError, match=r"^sequences\[2\]: "):
+        evaluate_bound(tiny_srnn(), bad)
 
 
 def test_lr_multiplier_matches_the_longest_parameter_name_prefix():
