@@ -61,7 +61,7 @@ on the idle core. Hence: expect an efficiency well below 1 on this machine; the 
 how much of the second core data parallelism turns into training.
 
 Past one machine (the plan; not implemented). The package spawns its ranks itself
-(``torch.multiprocessing.spawn`` in ``pyro_seq.train.trainer._fit_distributed``) and joins them
+(``torch.multiprocessing.spawn`` in ``pyro_seq.train.processes.fit_processes``) and joins them
 on ``MASTER_ADDR=127.0.0.1`` and a free local port (``init_process_group``). On several nodes the
 launcher would be ``torchrun``::
 

@@ -282,11 +282,7 @@ FOREIGN_ATTRIBUTES = {"_validate_args", "_mask", "_init", "_trans", "_obs"}
 #: Modules whose ``_``-prefixed names are private to Pyro or torch.distributions.
 PRIVATE_ROOTS = ("pyro", "torch.distributions")
 
-ALLOWED = {
-    # routed after the ops split (issue 24): default_validate_args() and gaussian_hmm_factors()
-    "pyro_seq/ops/kalman.py": {"_validate_args"},
-    "pyro_seq/distributions/linear_gaussian_ssm.py": {"_validate_args", "_init", "_trans", "_obs"},
-}
+ALLOWED = {}
 
 
 def _under_private_root(dotted):

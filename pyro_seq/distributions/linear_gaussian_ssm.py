@@ -39,10 +39,12 @@ from pyro_seq.ops.kalman import (
     kalman_smoother,
     lgssm_sample,
 )
+from pyro_seq.ops.lgssm import LGSSMParams
 from pyro_seq.ops.lgssm import check_devices as _check_devices
 from pyro_seq.ops.lgssm import covariance_ok as _covariance_ok
 from pyro_seq.ops.lgssm import validate_parameters as _validate_parameters
 from pyro_seq.ops.linalg import broadcast_shapes as _broadcast_shapes
+from pyro_seq.pyro_internals import default_validate_args, gaussian_hmm_factors
 from pyro_seq.validation import as_bool_mask, check_device
 
 __all__ = ["LinearGaussianSSM", "LGSSMFilterResult", "LGSSMForecast"]
@@ -386,7 +388,7 @@ class LinearGaussianSSM(TorchDistribution):
         )
         event_shape = torch.Size((num_steps if num_steps is not None else 1, D))
         validate = (validate_args if validate_args is not None
-                    else torch.distributions.Distribution._validate_args)
+                    else default_validate_args())
         if validate:
             self._validate_parameters()
         # the parameters were validated above with messages that name the problem
@@ -402,9 +404,7 @@ class LinearGaussianSSM(TorchDistribution):
 
     def _validate_parameters(self):
         """The Kalman ops' parameter checks (one validator, the same messages)."""
-        _validate_parameters(self.initial_loc, self.initial_cov, self.transition_matrix,
-                             self.transition_cov, self.observation_matrix, self.observation_cov,
-                             self.control_matrix, self.controls,
+        _validate_parameters(*self.params, self.controls,
                              ("observation_offset", self.observation_offset))
 
     @classmethod
@@ -475,9 +475,10 @@ class LinearGaussianSSM(TorchDistribution):
             loc = (cov @ f.info_vec[..., x_dim:].unsqueeze(-1)).squeeze(-1)
             return -cov @ P[..., x_dim:, :x_dim], loc, cov
 
-        mu0, P0 = moments(hmm._init)
-        A, b, Q = affine(hmm._trans, S)
-        C, d, R = affine(hmm._obs, S)
+        init, trans, obs = gaussian_hmm_factors(hmm)
+        mu0, P0 = moments(init)
+        A, b, Q = affine(trans, S)
+        C, d, R = affine(obs, S)
         # time entry 0 of the HMM's transition produces z_1 from z_0
         A1 = A[..., 0, :, :] if A.dim() > 2 else A
         b1 = b[..., 0, :] if b.dim() > 1 else b
@@ -512,19 +513,17 @@ class LinearGaussianSSM(TorchDistribution):
         new._validate_args = self.__dict__.get("_validate_args")
         return new
 
+    @property
+    def params(self) -> LGSSMParams:
+        """The parameters as one :class:`~pyro_seq.ops.lgssm.LGSSMParams` (the controls and
+        the observation offset are not parameters of the bundle)."""
+        return LGSSMParams(self.initial_loc, self.initial_cov, self.transition_matrix,
+                           self.transition_cov, self.observation_matrix, self.observation_cov,
+                           self.control_matrix)
+
     def _params(self):
-        return dict(
-            initial_loc=self.initial_loc,
-            initial_cov=self.initial_cov,
-            transition_matrix=self.transition_matrix,
-            transition_cov=self.transition_cov,
-            observation_matrix=self.observation_matrix,
-            observation_cov=self.observation_cov,
-            control_matrix=self.control_matrix,
-            controls=self.controls,
-            # checked once at construction (or switched off by the user): not again per call
-            validate_args=False,
-        )
+        # validated once at construction (or switched off by the user): not again per call
+        return dict(self.params._asdict(), controls=self.controls, validate_args=False)
 
     def _offset(self, start: int, stop: int) -> Optional[Tensor]:
         """d_t for steps ``start..stop-1``, ``(..., stop-start|1, D)``, or None."""

@@ -115,11 +115,12 @@ and ``"scalar"`` keep the diagonal, resp. ``tr(R)/D I``, of the full update, whi
 exact maximizer within the family.
 """
 
-from typing import NamedTuple, Optional
+from typing import NamedTuple
 
 import torch
 
 from pyro_seq.ops.kalman import kalman_filter, kalman_smoother
+from pyro_seq.ops.lgssm import LGSSMParams
 from pyro_seq.ops.linalg import sym as _sym
 from pyro_seq.validation import as_bool_mask, check_device
 
@@ -148,24 +149,6 @@ LEARNABLE_PARAMS = (
 )
 
 
-class LGSSMParams(NamedTuple):
-    """Time-invariant LGSSM parameters (no batch dims).
-
-    ``initial_loc (S,)`` mu_{1|0}, ``initial_cov (S, S)`` Sigma_{1|0}, ``transition_matrix
-    (S, S)`` A, ``transition_cov (S, S)`` Q, ``observation_matrix (D, S)`` C,
-    ``observation_cov (D, D)`` R, ``control_matrix (S, U)`` B or None (with ``controls`` given
-    and ``B`` None, ``u_t`` is added to the state directly, as in :mod:`pyro_seq.ops.kalman`).
-    """
-
-    initial_loc: torch.Tensor
-    initial_cov: torch.Tensor
-    transition_matrix: torch.Tensor
-    transition_cov: torch.Tensor
-    observation_matrix: torch.Tensor
-    observation_cov: torch.Tensor
-    control_matrix: Optional[torch.Tensor] = None
-
-
 class EMResult(NamedTuple):
     """Output of :func:`lgssm_em`.
 
@@ -179,17 +162,7 @@ class EMResult(NamedTuple):
 
 
 def _args(params, controls, mask):
-    return dict(
-        initial_loc=params.initial_loc,
-        initial_cov=params.initial_cov,
-        transition_matrix=params.transition_matrix,
-        transition_cov=params.transition_cov,
-        observation_matrix=params.observation_matrix,
-        observation_cov=params.observation_cov,
-        control_matrix=params.control_matrix,
-        controls=controls,
-        mask=mask,
-    )
+    return dict(params._asdict(), controls=controls, mask=mask)
 
 
 def lgssm_log_likelihood(x, params, mask=None, controls=None, method="auto", *, step_mask=None,

@@ -159,6 +159,7 @@ from pyro_seq.ops.lgssm import (COV_TOL_EPS, LGSSMParams, PreparedLGSSM, cat_tim
                                 check_devices, covariance_problem, prepare, slice_time,
                                 validate_parameters)
 from pyro_seq.ops.linalg import broadcast_shapes, jitter_cholesky, mv, sym
+from pyro_seq.pyro_internals import default_validate_args
 from pyro_seq.validation import check_device
 
 __all__ = [
@@ -256,7 +257,7 @@ def _prepare(observations, initial_loc, initial_cov, transition_matrix, transiti
     """:func:`~pyro_seq.ops.lgssm.prepare` on the arguments of the public functions, with
     ``validate_args=None`` read from ``torch.distributions`` (module docstring)."""
     if validate_args is None:
-        validate_args = torch.distributions.Distribution._validate_args
+        validate_args = default_validate_args()
     params = LGSSMParams(initial_loc, initial_cov, transition_matrix, transition_cov,
                          observation_matrix, observation_cov, control_matrix)
     return prepare(observations, params, controls, mask, nan_as_missing, validate_args)

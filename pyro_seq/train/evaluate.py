@@ -114,11 +114,11 @@ def evaluate_bound(model, sequences, batch_size=32, method="elbo", num_particles
     model.require(method, "method")
     if int(num_particles) < 1:
         raise ValueError(f"num_particles must be >= 1, got {num_particles}")
-    return _evaluate_bound(model, sequences, batch_size, method, num_particles, num_betas)
+    return evaluate_checked_bound(model, sequences, batch_size, method, num_particles, num_betas)
 
 
 @torch.no_grad()
-def _evaluate_bound(model, sequences, batch_size=32, method="elbo", num_particles=1,
+def evaluate_checked_bound(model, sequences, batch_size=32, method="elbo", num_particles=1,
                     num_betas=1000, loader=None):
     """:func:`evaluate_bound` on sequences that the caller has validated (it does not check
     them again: :func:`~pyro_seq.train.fit` validates its validation sequences once and

@@ -80,10 +80,10 @@ from pyro_seq.train.checkpoint import (load_checkpoint, load_weights, restore, s
                                        save_weights)
 from pyro_seq.train.config import INITS
 from pyro_seq.train.distributed import AllReduceGradients, SingleProcess
-from pyro_seq.train.evaluate import _evaluate_bound, model_device, model_dtype
+from pyro_seq.train.evaluate import evaluate_checked_bound, model_device, model_dtype
 from pyro_seq.train.objectives import check_objective, make_objective
-from pyro_seq.train.schedules import (_check_schedule_of_checkpoint, _current_lr, _set_lr,
-                                      _set_lr_in_state, epoch_lr, kl_beta, make_optimizer)
+from pyro_seq.train.schedules import (check_schedule_of_checkpoint, current_lr, set_lr,
+                                      set_lr_in_state, epoch_lr, kl_beta, make_optimizer)
 from pyro_seq.validation import parse_device, validate_sequence_list
 
 __all__ = ["MONITORED_BOUND", "TrainHistory", "fit", "initialise"]
@@ -242,11 +242,11 @@ def fit(model, train_sequences, valid_sequences, config, out_dir, resume=True):
 
         return fit_processes(model, train_sequences, valid_sequences, config, out_dir, resume,
                              launch)
-    return _fit(model, train_sequences, valid_sequences, config, out_dir, resume, SingleProcess(),
+    return fit_rank(model, train_sequences, valid_sequences, config, out_dir, resume, SingleProcess(),
                 parse_device(config.device))
 
 
-def _fit(model, train_sequences, valid_sequences, config, out_dir, resume, comm, device):
+def fit_rank(model, train_sequences, valid_sequences, config, out_dir, resume, comm, device):
     """The body of :func:`fit` on one rank (``comm``: :mod:`pyro_seq.train.distributed`),
     training on ``device`` (a :class:`torch.device`, this rank's), on sequences that
     :func:`fit` has validated."""
@@ -278,11 +278,11 @@ class _Validation:
         """The bound ``method`` over every rank's validation sequences: ``total``,
         ``num_steps``, ``per_step`` and ``kl_per_step``."""
         if self.comm.world_size == 1:
-            return _evaluate_bound(model, self.sequences, self.batch_size, method=method,
+            return evaluate_checked_bound(model, self.sequences, self.batch_size, method=method,
                                    num_particles=num_particles, loader=self.loader)
         total = steps = kl = 0.0
         if self.sequences:
-            r = _evaluate_bound(model, self.sequences, self.batch_size, method=method,
+            r = evaluate_checked_bound(model, self.sequences, self.batch_size, method=method,
                                 num_particles=num_particles, loader=self.loader)
             total, steps = r["total"], r["num_steps"]
             kl = r.get("kl_per_step", 0.0) * steps
@@ -365,9 +365,9 @@ class _Run:
             raise ValueError(f"{path} was written by {saved_world} process(es); resume it "
                              f"with world_size={saved_world} (got {comm.world_size}) or train "
                              f"into a new folder")
-        _check_schedule_of_checkpoint(payload["optimizer"], config, path)
+        check_schedule_of_checkpoint(payload["optimizer"], config, path)
         if config.lr_schedule == "exponential":  # optimizers are rebuilt lazily from this state
-            _set_lr_in_state(payload["optimizer"], epoch_lr(payload["epoch"], config), self.model)
+            set_lr_in_state(payload["optimizer"], epoch_lr(payload["epoch"], config), self.model)
         payload = restore(payload, model=self.model, optimizer=self.optim, path=path)
         self.history, self.start_epoch = TrainHistory(payload["history"]), payload["epoch"]
         self.global_step = payload["global_step"]
@@ -404,13 +404,13 @@ class _Run:
         model.training_epoch(epoch)  # e.g. the KVAE's dynamics warm-up
         self.lr = epoch_lr(epoch, config)
         if config.lr_schedule == "exponential":
-            _set_lr(optim, self.lr, model)
+            set_lr(optim, self.lr, model)
         total_loss, epoch_start, num_batches = 0.0, time.time(), 0
         for x, mask, *inputs in self.loader.batches(epoch):
             total_loss += self._update(epoch, x, mask, inputs[0] if inputs else None)
             num_batches += 1
         if config.lr_schedule == "plateau":
-            self.lr = _current_lr(optim, config.lr, model)  # the rate of this epoch's updates
+            self.lr = current_lr(optim, config.lr, model)  # the rate of this epoch's updates
         row = {"epoch": epoch + 1, "step": self.global_step,
                "beta": kl_beta(self.global_step, config),
                "lr": self.lr * config.lrd ** self.global_step, "seconds": time.time() - epoch_start}
@@ -486,7 +486,7 @@ class _Run:
         best epoch's weights come back (``plateau_restore_best``)."""
         lr = self.lr
         self.optim.step(watched)  # each scheduler: reduce the rate on a plateau
-        new_lr = _current_lr(self.optim, lr, self.model)
+        new_lr = current_lr(self.optim, lr, self.model)
         back_to_best = new_lr < lr and self.restore_best and self.best_state is not None
         if back_to_best:  # in place: the param store and the optimizer hold these
             self.model.load_state_dict(self.best_state)

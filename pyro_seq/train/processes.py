@@ -19,7 +19,7 @@ import torch
 
 from pyro_seq.train.checkpoint import load_checkpoint, load_weights
 from pyro_seq.train.distributed import rank_device
-from pyro_seq.train.loop import TrainHistory, _fit
+from pyro_seq.train.loop import TrainHistory, fit_rank
 from pyro_seq.validation import parse_device
 
 __all__ = ["fit_processes"]
@@ -46,7 +46,7 @@ def _worker(rank, world_size, port, model, train_sequences, valid_sequences, con
     comm = init_process_group(rank, world_size, port, config.dist_backend, config.dist_timeout,
                               device=device)
     try:
-        _fit(model, train_sequences, valid_sequences, config, Path(out_dir), resume, comm, device)
+        fit_rank(model, train_sequences, valid_sequences, config, Path(out_dir), resume, comm, device)
     finally:
         dist.destroy_process_group()
 
@@ -108,7 +108,7 @@ def _fit_launched(model, train_sequences, valid_sequences, config, out_dir, resu
         check_same_run(comm, train_sequences, valid_sequences, dict(settings, resume=resume))
         check_shared_folder(comm, out_dir)
         broadcast_weights(comm, model)
-        return _fit(model, train_sequences, valid_sequences, config, out_dir, resume, comm,
+        return fit_rank(model, train_sequences, valid_sequences, config, out_dir, resume, comm,
                     comm.device)
     finally:
         if joined:

@@ -66,7 +66,7 @@ def lr_multiplier(model, param_name):
     return 1.0 if match is None else float(multipliers[match])
 
 
-def _set_lr(optim, lr, model=None):
+def set_lr(optim, lr, model=None):
     """Set the rate of every optimizer Pyro has created so far (times :func:`lr_multiplier`)."""
     store = pyro.get_param_store()
     for param, opt in optim.optim_objs.items():
@@ -74,7 +74,7 @@ def _set_lr(optim, lr, model=None):
             group["lr"] = lr * lr_multiplier(model, store.param_name(param))
 
 
-def _set_lr_in_state(state, lr, model=None):
+def set_lr_in_state(state, lr, model=None):
     """Set the rate in a saved ``PyroOptim.get_state()`` (per parameter torch state dicts)."""
     for name, opt_state in state.items():
         for group in opt_state["param_groups"]:
@@ -108,7 +108,7 @@ def make_optimizer(config, model=None):
                               "cooldown": config.plateau_cooldown, "min_lr": config.plateau_min_lr})
 
 
-def _current_lr(optim, default, model=None):
+def current_lr(optim, default, model=None):
     """The base rate of the optimizers Pyro has created (all equal once divided by their
     :func:`lr_multiplier`), ``default`` before the first."""
     for param, obj in optim.optim_objs.items():
@@ -118,7 +118,7 @@ def _current_lr(optim, default, model=None):
     return default
 
 
-def _check_schedule_of_checkpoint(state, config, path):
+def check_schedule_of_checkpoint(state, config, path):
     """Refuse to resume a checkpoint whose optimizer state belongs to another kind of schedule
     (a plateau checkpoint holds a scheduler state per parameter)."""
     saved_plateau = any(isinstance(v, dict) and "scheduler" in v for v in state.values())

@@ -72,7 +72,7 @@ def test_plateau_rule_factor_patience_threshold_and_min_lr(tmp_path, monkeypatch
     """The rate of each epoch under a scripted validation curve: halved after patience + 1
     epochs without an improvement of more than the threshold, never below min_lr."""
     curve = iter([-5.0, -4.0, -3.9995, -4.2, -3.0, -3.5, -3.6, -3.7, -3.8])
-    monkeypatch.setattr(loop_module, "_evaluate_bound",
+    monkeypatch.setattr(loop_module, "evaluate_checked_bound",
                         lambda *a, **k: {"per_step": next(curve), "kl_per_step": 0.0})
     cfg = TrainConfig(epochs=9, batch_size=5, lr=0.01, plateau_patience=1, plateau_factor=0.5,
                       plateau_threshold=1e-3, plateau_min_lr=0.003, progress=False)
@@ -93,7 +93,7 @@ def test_plateau_restore_best_continues_from_the_best_epoch(tmp_path, monkeypatc
 
     def run(restore, folder):
         curve = iter([-5.0, -4.0, -4.5, -3.0])
-        monkeypatch.setattr(loop_module, "_evaluate_bound",
+        monkeypatch.setattr(loop_module, "evaluate_checked_bound",
                             lambda *a, **k: {"per_step": next(curve), "kl_per_step": 0.0})
         saved = {}
 
@@ -124,7 +124,7 @@ def test_plateau_restore_best_continues_from_the_best_epoch(tmp_path, monkeypatc
 
 def test_stopping_restores_the_best_weights_into_model_and_param_store(tmp_path, monkeypatch):
     curve = iter([-5.0, -4.0, -4.5, -4.6, -4.7, -4.8])
-    monkeypatch.setattr(loop_module, "_evaluate_bound",
+    monkeypatch.setattr(loop_module, "evaluate_checked_bound",
                         lambda *a, **k: {"per_step": next(curve), "kl_per_step": 0.0})
     model = tiny_srnn()
     cfg = TrainConfig(epochs=50, batch_size=4, lr=0.01, patience=3, progress=False)
@@ -154,7 +154,7 @@ def test_stopping_restores_the_best_weights_into_model_and_param_store(tmp_path,
 
 def test_time_limit_and_last_epoch_also_restore_the_best_weights(tmp_path, monkeypatch):
     curve = iter([-4.0, -5.0, -6.0, -7.0])
-    monkeypatch.setattr(loop_module, "_evaluate_bound",
+    monkeypatch.setattr(loop_module, "evaluate_checked_bound",
                         lambda *a, **k: {"per_step": next(curve), "kl_per_step": 0.0})
     data = toy_sequences(8), toy_sequences(3, seed=1)
     cfg = dict(batch_size=4, lr=0.01, progress=False)
@@ -225,7 +225,7 @@ def test_schedule_and_early_stopping_wait_for_the_end_of_kl_annealing(tmp_path, 
         curve = iter([-5.0, -6.0, -7.0, -8.0, -9.0, -10.0, -11.0])
         return lambda *a, **k: {"per_step": next(curve), "kl_per_step": 0.0}
 
-    monkeypatch.setattr(loop_module, "_evaluate_bound", falling())
+    monkeypatch.setattr(loop_module, "evaluate_checked_bound", falling())
     cfg = TrainConfig(epochs=7, batch_size=4, lr=0.01, patience=3, plateau_patience=0,
                       kl_start=0.2, kl_anneal_steps=8, schedule_during_annealing=False,
                       progress=False)
@@ -235,7 +235,7 @@ def test_schedule_and_early_stopping_wait_for_the_end_of_kl_annealing(tmp_path, 
     # the scheduler's first reading is epoch 4 (its reference); epoch 5 is its first bad epoch
     assert [row["lr"] for row in history] == [0.01, 0.01, 0.01, 0.01, 0.01, 0.005]
     assert history.best_epoch == 1
-    monkeypatch.setattr(loop_module, "_evaluate_bound", falling())
+    monkeypatch.setattr(loop_module, "evaluate_checked_bound", falling())
     no_annealing = TrainConfig(epochs=7, batch_size=4, lr=0.01, patience=3, plateau_patience=0,
                                progress=False)
     history = fit(tiny_srnn(), toy_sequences(8), toy_sequences(3, seed=1), no_annealing,
@@ -247,7 +247,7 @@ def test_schedule_during_annealing_steps_the_schedule_while_beta_rises(tmp_path,
     """With schedule_during_annealing the falling bound of the test above halves the rate and
     counts towards patience from epoch 1 (beta 0.4), exactly as without annealing."""
     curve = iter([-5.0, -6.0, -7.0, -8.0, -9.0, -10.0, -11.0])
-    monkeypatch.setattr(loop_module, "_evaluate_bound",
+    monkeypatch.setattr(loop_module, "evaluate_checked_bound",
                         lambda *a, **k: {"per_step": next(curve), "kl_per_step": 0.0})
     cfg = TrainConfig(epochs=7, batch_size=4, lr=0.01, patience=3, plateau_patience=0,
                       kl_start=0.2, kl_anneal_steps=8, schedule_during_annealing=True,
@@ -267,7 +267,7 @@ def test_time_limit_counts_wall_or_training_seconds(tmp_path, monkeypatch):
         _time.sleep(0.6)
         return {"per_step": -5.0, "kl_per_step": 0.0}
 
-    monkeypatch.setattr(loop_module, "_evaluate_bound", slow_bound)
+    monkeypatch.setattr(loop_module, "evaluate_checked_bound", slow_bound)
     common = dict(epochs=3, batch_size=4, lr=0.01, time_limit=1.0, progress=False)
     wall = fit(tiny_srnn(), toy_sequences(8), toy_sequences(3, seed=1), TrainConfig(**common),
                tmp_path / "wall")
