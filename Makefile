@@ -1,6 +1,7 @@
 # Two entry points that work on a fresh machine with only Python 3.11:
 #   make demo   -- create .venv, install, train SRNN on the built-in chorales, save figures + MIDI
-#   make test   -- create .venv if needed, install test extras, run the test suite
+#   make test   -- create .venv if needed, install test extras, lint (ruff), run the test suite
+#   make lint   -- fix what ruff can fix and format the code
 #   make docs   -- build the documentation site into docs/_build/html (warnings are errors)
 PYTHON ?= python3
 VENV   ?= .venv
@@ -8,7 +9,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.pyro-seq-installed
 DEMO_OUT ?= demo_out
 
-.PHONY: test demo install clean docs
+.PHONY: test demo install clean docs lint
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -21,8 +22,17 @@ $(STAMP): setup.cfg pyproject.toml | $(BIN)/python
 
 install: $(STAMP)
 
+LINTED := pyro_seq tests benchmarks tutorials docs/conf.py
+
 test: $(STAMP)
+	$(BIN)/ruff check $(LINTED)
+	$(BIN)/ruff format --check $(LINTED)
+	$(BIN)/mypy
 	$(BIN)/python -m pytest -q -rs tests
+
+lint: $(STAMP)
+	$(BIN)/ruff check --fix $(LINTED)
+	$(BIN)/ruff format $(LINTED)
 
 demo: $(STAMP)
 	$(BIN)/pyro-seq train --model srnn --data chorales --epochs 200 --time-limit 240 --threads 1 \

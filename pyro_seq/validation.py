@@ -11,14 +11,26 @@ This module depends on :mod:`torch` only, so that every layer may import it.
 """
 
 import math
-from typing import Optional, Tuple
+from typing import Any, Literal, Optional, Tuple, overload
 
 import torch
 
-__all__ = ["as_bool_mask", "check_device", "module_device", "parse_device", "positive_int",
-           "prepare_sequences", "square_frame_shape", "validate_generate_args",
-           "validate_input_dim", "validate_inputs", "validate_mask", "validate_observed", "validate_sequence_list",
-           "validate_sequences"]
+__all__ = [
+    "as_bool_mask",
+    "check_device",
+    "module_device",
+    "parse_device",
+    "positive_int",
+    "prepare_sequences",
+    "square_frame_shape",
+    "validate_generate_args",
+    "validate_input_dim",
+    "validate_inputs",
+    "validate_mask",
+    "validate_observed",
+    "validate_sequence_list",
+    "validate_sequences",
+]
 
 
 def parse_device(spec, name: str = "device") -> torch.device:
@@ -33,19 +45,26 @@ def parse_device(spec, name: str = "device") -> torch.device:
         device = spec if isinstance(spec, torch.device) else torch.device(str(spec))
     except (RuntimeError, TypeError, ValueError):
         device = None
-    if device is None or device.type not in ("cpu", "cuda") or (
-            device.type == "cpu" and device.index not in (None, 0)):
+    if (
+        device is None
+        or device.type not in ("cpu", "cuda")
+        or (device.type == "cpu" and device.index not in (None, 0))
+    ):
         raise ValueError(f"{name} must be 'cpu', 'cuda' or 'cuda:N', got {spec!r}")
     if device.type == "cpu":
         return torch.device("cpu")
     if not torch.cuda.is_available():
-        raise ValueError(f"{name} {spec!r} asks for CUDA, but torch.cuda.is_available() is False "
-                         f"(torch {torch.__version__}, CUDA build {torch.version.cuda}); use "
-                         f"{name} 'cpu' on this machine")
+        raise ValueError(
+            f"{name} {spec!r} asks for CUDA, but torch.cuda.is_available() is False "
+            f"(torch {torch.__version__}, CUDA build {torch.version.cuda}); use "
+            f"{name} 'cpu' on this machine"
+        )
     count = torch.cuda.device_count()
     if device.index is not None and device.index >= count:
-        raise ValueError(f"{name} {spec!r} does not exist: this machine has {count} CUDA "
-                         f"device(s), cuda:0..cuda:{count - 1}")
+        raise ValueError(
+            f"{name} {spec!r} does not exist: this machine has {count} CUDA "
+            f"device(s), cuda:0..cuda:{count - 1}"
+        )
     if device.index is None:  # the device tensors moved "to cuda" land on, with its index
         device = torch.device("cuda", torch.cuda.current_device())
     return device
@@ -74,11 +93,21 @@ def check_device(name: str, tensor, device, where: str = "the model's parameters
     """
     if device is None or not torch.is_tensor(tensor) or tensor.device == device:
         return
-    raise ValueError(f"{name} is on device {tensor.device}, but {where} on {device}; move it "
-                     f"there first ({name}.to({str(device)!r}))")
+    raise ValueError(
+        f"{name} is on device {tensor.device}, but {where} on {device}; move it "
+        f"there first ({name}.to({str(device)!r}))"
+    )
 
 
-def positive_int(name: str, value, optional: bool = False) -> Optional[int]:
+@overload
+def positive_int(name: str, value: Any, optional: Literal[False] = False) -> int: ...
+
+
+@overload
+def positive_int(name: str, value: Any, optional: bool) -> Optional[int]: ...
+
+
+def positive_int(name: str, value: Any, optional: bool = False) -> Optional[int]:
     """``value`` as an ``int`` if it is a whole number >= 1 (``3`` or ``3.0``; not ``True``).
 
     :param str name: the argument's name, for the message.
@@ -101,7 +130,9 @@ def _first(index_mask: torch.Tensor) -> Tuple[int, ...]:
     return tuple(int(v) for v in index_mask.nonzero()[0])
 
 
-def as_bool_mask(mask, name: str = "mask", labels: Optional[Tuple[str, ...]] = None) -> torch.Tensor:
+def as_bool_mask(
+    mask, name: str = "mask", labels: Optional[Tuple[str, ...]] = None
+) -> torch.Tensor:
     """``mask`` as a bool tensor: the package's one check of mask *values* (any shape).
 
     A bool tensor is returned as it is; a tensor of another dtype must hold exactly 0 and 1 (a
@@ -114,8 +145,10 @@ def as_bool_mask(mask, name: str = "mask", labels: Optional[Tuple[str, ...]] = N
     try:
         mask = torch.as_tensor(mask)
     except (TypeError, ValueError, RuntimeError) as e:  # torch: "Could not infer dtype of ..."
-        raise TypeError(f"{name} must be a bool tensor or an array-like of 0 and 1, got "
-                        f"{type(mask).__name__} ({e})") from None
+        raise TypeError(
+            f"{name} must be a bool tensor or an array-like of 0 and 1, got "
+            f"{type(mask).__name__} ({e})"
+        ) from None
     if mask.dtype == torch.bool:
         return mask
     if mask.is_complex():
@@ -123,14 +156,19 @@ def as_bool_mask(mask, name: str = "mask", labels: Optional[Tuple[str, ...]] = N
     bad = (mask != 0) & (mask != 1)  # NaN compares unequal to both
     if bool(bad.any()):
         i = _first(bad)
-        where = (f"({', '.join(f'{n} {v}' for n, v in zip(labels, i))})"
-                 if labels is not None and len(labels) == len(i) else f"index {i}")
-        raise ValueError(f"{name} must be bool or contain only 0 and 1 (dtype {mask.dtype}), found "
-                         f"{mask[i].item()!r} at {where}; {int(bad.sum())} such entries")
+        where = (
+            f"({', '.join(f'{n} {v}' for n, v in zip(labels, i))})"
+            if labels is not None and len(labels) == len(i)
+            else f"index {i}"
+        )
+        raise ValueError(
+            f"{name} must be bool or contain only 0 and 1 (dtype {mask.dtype}), found "
+            f"{mask[i].item()!r} at {where}; {int(bad.sum())} such entries"
+        )
     return mask != 0
 
 
-def validate_mask(mask, shape: Tuple[int, int], device=None, name: str = "mask") -> torch.Tensor:
+def validate_mask(mask, shape: Tuple[int, ...], device=None, name: str = "mask") -> torch.Tensor:
     """Check a ``(batch, T)`` padding mask and return it as a bool tensor.
 
     A mask is accepted when it is a bool tensor, or a tensor of any other dtype whose entries
@@ -148,11 +186,13 @@ def validate_mask(mask, shape: Tuple[int, int], device=None, name: str = "mask")
     if mask is None:
         return torch.ones(shape, dtype=torch.bool, device=device)
     if not torch.is_tensor(mask):
-        raise ValueError(f"{name} must be a bool torch.Tensor of shape {tuple(shape)}, "
-                         f"got {type(mask).__name__}")
+        raise ValueError(
+            f"{name} must be a bool torch.Tensor of shape {tuple(shape)}, got {type(mask).__name__}"
+        )
     if tuple(mask.shape) != tuple(shape):
-        raise ValueError(f"{name} shape {tuple(mask.shape)} does not match x's (batch, T) = "
-                         f"{tuple(shape)}")
+        raise ValueError(
+            f"{name} shape {tuple(mask.shape)} does not match x's (batch, T) = {tuple(shape)}"
+        )
     check_device(name, mask, device, "x is")
     return as_bool_mask(mask, name, ("batch", "step"))
 
@@ -174,24 +214,29 @@ def validate_observed(observed, shape, device=None) -> Optional[torch.Tensor]:
         return None
     B, T, D = shape
     if not torch.is_tensor(observed):
-        raise ValueError(f"observed must be a bool torch.Tensor of shape {(B, T)} or {(B, T, D)}, "
-                         f"got {type(observed).__name__}")
+        raise ValueError(
+            f"observed must be a bool torch.Tensor of shape {(B, T)} or {(B, T, D)}, "
+            f"got {type(observed).__name__}"
+        )
     if tuple(observed.shape) == (B, T):
         per_step = True
     elif tuple(observed.shape) == (B, T, D):
         per_step = False
     else:
-        raise ValueError(f"observed shape {tuple(observed.shape)} is neither (batch, T) = {(B, T)} "
-                         f"nor (batch, T, D) = {(B, T, D)}")
+        raise ValueError(
+            f"observed shape {tuple(observed.shape)} is neither (batch, T) = {(B, T)} "
+            f"nor (batch, T, D) = {(B, T, D)}"
+        )
     check_device("observed", observed, device, "x is")
-    observed = as_bool_mask(observed, "observed", ("batch", "step", "feature")[:observed.dim()])
+    observed = as_bool_mask(observed, "observed", ("batch", "step", "feature")[: observed.dim()])
     if per_step:
         observed = observed.unsqueeze(-1).expand(B, T, D)
     return observed
 
 
-def validate_inputs(inputs, shape: Tuple[int, int], input_dim: int, mask: torch.Tensor,
-                    dtype=None, device=None) -> Optional[torch.Tensor]:
+def validate_inputs(
+    inputs, shape: Tuple[int, int], input_dim: int, mask: torch.Tensor, dtype=None, device=None
+) -> Optional[torch.Tensor]:
     """Check known inputs (controls ``u_t``, actions): ``(batch, T, input_dim)``, floating point
     and finite at the real steps of ``mask`` (padded steps may hold anything and are zeroed).
 
@@ -204,26 +249,33 @@ def validate_inputs(inputs, shape: Tuple[int, int], input_dim: int, mask: torch.
     """
     if inputs is None:
         if input_dim:
-            raise ValueError(f"this model needs inputs= (controls), a tensor of shape "
-                             f"(batch, T, {input_dim})")
+            raise ValueError(
+                f"this model needs inputs= (controls), a tensor of shape (batch, T, {input_dim})"
+            )
         return None
     if not input_dim:
-        raise ValueError("this model takes no inputs= (its input_dim is 0); build it with known "
-                         "inputs to condition on them (input_dim= of DMM, SRNN and VRNN, "
-                         "control_dim= of the KVAE, num_actions of the GTM-SM)")
+        raise ValueError(
+            "this model takes no inputs= (its input_dim is 0); build it with known "
+            "inputs to condition on them (input_dim= of DMM, SRNN and VRNN, "
+            "control_dim= of the KVAE, num_actions of the GTM-SM)"
+        )
     if not torch.is_tensor(inputs) or not inputs.is_floating_point():
-        raise ValueError(f"inputs must be a floating-point tensor, got "
-                         f"{getattr(inputs, 'dtype', type(inputs).__name__)}")
+        raise ValueError(
+            f"inputs must be a floating-point tensor, got "
+            f"{getattr(inputs, 'dtype', type(inputs).__name__)}"
+        )
     expected = tuple(shape) + (input_dim,)
     if tuple(inputs.shape) != expected:
-        raise ValueError(f"inputs must have shape (batch, T, input_dim) = {expected}, got "
-                         f"{tuple(inputs.shape)}")
+        raise ValueError(
+            f"inputs must have shape (batch, T, input_dim) = {expected}, got {tuple(inputs.shape)}"
+        )
     check_device("inputs", inputs, device)
     inputs = torch.where(mask.unsqueeze(-1), inputs, inputs.new_zeros(()))
     if not bool(torch.isfinite(inputs).all()):
         b, t, d = _first(~torch.isfinite(inputs))
-        raise ValueError(f"inputs has a non-finite value at a real step: sequence {b}, step {t}, "
-                         f"element {d}")
+        raise ValueError(
+            f"inputs has a non-finite value at a real step: sequence {b}, step {t}, element {d}"
+        )
     return inputs if dtype is None else inputs.to(dtype)
 
 
@@ -266,8 +318,9 @@ def validate_sequences(
     return _validate_sequences(x, mask, obs_dim, binary, prefix_mask, observed, device)[:2]
 
 
-def prepare_sequences(x, mask=None, obs_dim: Optional[int] = None, binary: bool = False,
-                      observed=None, device=None):
+def prepare_sequences(
+    x, mask=None, obs_dim: Optional[int] = None, binary: bool = False, observed=None, device=None
+):
     """:func:`validate_sequences`, then zero-fill the entries ``observed`` marks missing.
 
     What every program and task does with a batch that may have missing values: the networks
@@ -288,7 +341,8 @@ def _validate_sequences(x, mask, obs_dim, binary, prefix_mask, observed, device=
         raise TypeError(f"x must be a torch.Tensor of shape (batch, T, D), got {type(x).__name__}")
     if x.dim() != 3:
         raise ValueError(
-            f"x must have 3 dimensions (batch, T, D), got {x.dim()} with shape {tuple(x.shape)}")
+            f"x must have 3 dimensions (batch, T, D), got {x.dim()} with shape {tuple(x.shape)}"
+        )
     if not x.is_floating_point():
         raise ValueError(f"x must be a floating-point tensor, got dtype {x.dtype}")
     B, T, D = x.shape
@@ -310,7 +364,8 @@ def _validate_sequences(x, mask, obs_dim, binary, prefix_mask, observed, device=
         raise ValueError(
             f"x contains {int((~finite).sum())} NaN/inf values; first: {kind} at "
             f"(batch {b}, step {t}, feature {d}), a {where} step (use zeros at padded steps; mark "
-            "missing observations with observed=)")
+            "missing observations with observed=)"
+        )
     lengths = mask.sum(1)
     if bool((lengths == 0).any()):
         b = int((lengths == 0).nonzero()[0])
@@ -320,7 +375,8 @@ def _validate_sequences(x, mask, obs_dim, binary, prefix_mask, observed, device=
         if not bool((prefix == mask).all()):
             b = int((prefix != mask).any(1).nonzero()[0])
             raise ValueError(
-                f"mask row {b} is not a prefix (True steps must come first, then padding)")
+                f"mask row {b} is not a prefix (True steps must come first, then padding)"
+            )
     if binary:
         bad = ((x != 0) & (x != 1)) & mask.unsqueeze(-1)
         if seen is not None:
@@ -329,12 +385,19 @@ def _validate_sequences(x, mask, obs_dim, binary, prefix_mask, observed, device=
             b, t, d = _first(bad)
             raise ValueError(
                 f"x must be binary (0/1) for a Bernoulli model, found {x[b, t, d].item()!r} at "
-                f"(batch {b}, step {t}, feature {d}); {int(bad.sum())} non-binary values in all")
+                f"(batch {b}, step {t}, feature {d}); {int(bad.sum())} non-binary values in all"
+            )
     return x, mask, seen
 
 
-def validate_sequence_list(seqs, obs_dim: Optional[int] = None, binary: bool = False,
-                           name: str = "sequences", inputs=None, input_dim: Optional[int] = None):
+def validate_sequence_list(
+    seqs,
+    obs_dim: Optional[int] = None,
+    binary: bool = False,
+    name: str = "sequences",
+    inputs=None,
+    input_dim: Optional[int] = None,
+):
     """Check a list of ``(T_i, D)`` sequences (a data split) before any training starts.
 
     Each sequence is checked as a batch of one by :func:`validate_sequences`, so the message is
@@ -354,8 +417,10 @@ def validate_sequence_list(seqs, obs_dim: Optional[int] = None, binary: bool = F
         raise ValueError(f"{name}: expected a non-empty list of (T_i, D) tensors")
     for i, s in enumerate(seqs):
         if not torch.is_tensor(s) or s.dim() != 2:
-            raise ValueError(f"{name}[{i}]: expected a (T, D) tensor, got "
-                             f"{tuple(s.shape) if torch.is_tensor(s) else type(s).__name__}")
+            raise ValueError(
+                f"{name}[{i}]: expected a (T, D) tensor, got "
+                f"{tuple(s.shape) if torch.is_tensor(s) else type(s).__name__}"
+            )
         try:
             validate_sequences(s.unsqueeze(0), None, obs_dim, binary)
         except ValueError as e:
@@ -363,13 +428,17 @@ def validate_sequence_list(seqs, obs_dim: Optional[int] = None, binary: bool = F
     if input_dim is None:
         return
     if inputs is None and input_dim:
-        raise ValueError(f"{name}: the model takes {input_dim} known inputs per step "
-                         "(controls, actions), but the data carry none; pass a SequenceList "
-                         "with inputs")
+        raise ValueError(
+            f"{name}: the model takes {input_dim} known inputs per step "
+            "(controls, actions), but the data carry none; pass a SequenceList "
+            "with inputs"
+        )
     if inputs is not None and not input_dim:
-        raise ValueError(f"{name}: the data carry known inputs ({inputs[0].shape[-1]} per step), "
-                         "but the model takes none (input_dim 0); build it with inputs, or "
-                         "leave the inputs out of the data")
+        raise ValueError(
+            f"{name}: the data carry known inputs ({inputs[0].shape[-1]} per step), "
+            "but the model takes none (input_dim 0); build it with inputs, or "
+            "leave the inputs out of the data"
+        )
     if inputs is None:
         return
     if len(inputs) != len(seqs):
@@ -377,13 +446,16 @@ def validate_sequence_list(seqs, obs_dim: Optional[int] = None, binary: bool = F
     for i, (s, u) in enumerate(zip(seqs, inputs)):
         expected = (s.shape[0], input_dim)
         if not torch.is_tensor(u) or tuple(u.shape) != expected or not u.is_floating_point():
-            raise ValueError(f"{name} inputs[{i}]: expected a floating tensor of shape (T, U) = "
-                             f"{expected}, got {getattr(u, 'dtype', type(u).__name__)} "
-                             f"{tuple(getattr(u, 'shape', ()))}")
+            raise ValueError(
+                f"{name} inputs[{i}]: expected a floating tensor of shape (T, U) = "
+                f"{expected}, got {getattr(u, 'dtype', type(u).__name__)} "
+                f"{tuple(getattr(u, 'shape', ()))}"
+            )
         if not bool(torch.isfinite(u).all()):
             b, t = _first(~torch.isfinite(u))
-            raise ValueError(f"{name} inputs[{i}] has a NaN or infinite value at step {b}, "
-                             f"feature {t}")
+            raise ValueError(
+                f"{name} inputs[{i}] has a NaN or infinite value at step {b}, feature {t}"
+            )
 
 
 def validate_generate_args(num_sequences, num_steps) -> Tuple[int, int]:
@@ -397,17 +469,23 @@ def validate_generate_args(num_sequences, num_steps) -> Tuple[int, int]:
         booleans, strings, NaN, None).
     """
     out = []
-    for name, value, what in (("num_sequences", num_sequences, "sequences to draw"),
-                              ("num_steps", num_steps, "steps per sequence")):
-        is_bool = isinstance(value, bool) or str(getattr(value, "dtype", "")) in ("bool",
-                                                                                 "torch.bool")
+    for name, value, what in (
+        ("num_sequences", num_sequences, "sequences to draw"),
+        ("num_steps", num_steps, "steps per sequence"),
+    ):
+        is_bool = isinstance(value, bool) or str(getattr(value, "dtype", "")) in (
+            "bool",
+            "torch.bool",
+        )
         try:
             if is_bool:
                 raise ValueError
             out.append(positive_int(name, value))
         except ValueError:
-            raise ValueError(f"generate: {name} (the number of {what}) must be a positive "
-                             f"integer, got {value!r}; pass an int >= 1") from None
+            raise ValueError(
+                f"generate: {name} (the number of {what}) must be a positive "
+                f"integer, got {value!r}; pass an int >= 1"
+            ) from None
     return out[0], out[1]
 
 
@@ -420,8 +498,10 @@ def square_frame_shape(num_values: int, name: str = "frame_shape") -> Tuple[int,
         return (side, side)
     if num_values % 3 == 0 and 3 * side3 * side3 == num_values:
         return (3, side3, side3)
-    raise ValueError(f"{num_values} values per step are not a square frame; pass "
-                     f"{name}=[H,W] (--model-option {name}=[H,W])")
+    raise ValueError(
+        f"{num_values} values per step are not a square frame; pass "
+        f"{name}=[H,W] (--model-option {name}=[H,W])"
+    )
 
 
 def validate_input_dim(value) -> int:
@@ -436,5 +516,7 @@ def validate_input_dim(value) -> int:
             return positive_int("input_dim", value)
         except (TypeError, ValueError, OverflowError):
             pass
-    raise ValueError(f"input_dim (known input features per step) must be a non-negative "
-                     f"integer, got {value!r}; pass 0 for a model without inputs")
+    raise ValueError(
+        f"input_dim (known input features per step) must be a non-negative "
+        f"integer, got {value!r}; pass 0 for a model without inputs"
+    )

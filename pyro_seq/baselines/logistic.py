@@ -55,12 +55,15 @@ def _check_size(name: str, value) -> int:
     return int(value)
 
 
-def _check_indices(student, question, num_students: int, num_questions: int
-                   ) -> Tuple[torch.Tensor, torch.Tensor]:
+def _check_indices(
+    student, question, num_students: int, num_questions: int
+) -> Tuple[torch.Tensor, torch.Tensor]:
     student, question = torch.as_tensor(student), torch.as_tensor(question)
     if student.dim() != 1 or question.dim() != 1 or student.shape != question.shape:
-        raise ValueError(f"student and question must be 1-D tensors of the same length, got shapes "
-                         f"{tuple(student.shape)} and {tuple(question.shape)}")
+        raise ValueError(
+            f"student and question must be 1-D tensors of the same length, got shapes "
+            f"{tuple(student.shape)} and {tuple(question.shape)}"
+        )
     return _check_index_pair(student, question, num_students, num_questions)
 
 
@@ -123,8 +126,9 @@ class LogisticBaseline(nn.Module):
         penalty = l2 * (self.alpha.square().sum() + self.beta.square().sum())
         return (nll + penalty) / eta.shape[0]
 
-    def fit(self, student, question, correct, l2: float = 0.5, max_iter: int = 500,
-            tol: float = 1e-12) -> List[float]:
+    def fit(
+        self, student, question, correct, l2: float = 0.5, max_iter: int = 500, tol: float = 1e-12
+    ) -> List[float]:
         """Minimise eq. (2) over ``(mu, alpha, beta)`` by full-batch L-BFGS (strong Wolfe line
         search), starting from ``alpha = beta = 0``, ``mu = logit(mean(correct))``.
 
@@ -150,13 +154,17 @@ class LogisticBaseline(nn.Module):
         student, question = _check_indices(student, question, self.num_students, self.num_questions)
         correct = torch.as_tensor(correct)
         if correct.shape != student.shape:
-            raise ValueError(f"correct must have the shape of student, {tuple(student.shape)}, "
-                             f"got {tuple(correct.shape)}")
+            raise ValueError(
+                f"correct must have the shape of student, {tuple(student.shape)}, "
+                f"got {tuple(correct.shape)}"
+            )
         if student.shape[0] == 0:
             raise ValueError("fit needs at least one answer, got N = 0")
         if correct.is_complex() or bool(((correct != 0) & (correct != 1)).any()):
-            raise ValueError("correct must hold only 0 and 1 (1 = correct); for multiple-choice "
-                             "answers pass (answer == 0)")
+            raise ValueError(
+                "correct must hold only 0 and 1 (1 = correct); for multiple-choice "
+                "answers pass (answer == 0)"
+            )
         if isinstance(l2, bool) or not isinstance(l2, numbers.Real) or not l2 >= 0:
             raise ValueError(f"l2 must be a number >= 0, got {l2!r}")
         if isinstance(tol, bool) or not isinstance(tol, numbers.Real) or not tol >= 0:
@@ -170,9 +178,16 @@ class LogisticBaseline(nn.Module):
             self.mu.fill_(math.log(rate / (1 - rate)))
             self.alpha.zero_()
             self.beta.zero_()
-        opt = torch.optim.LBFGS(self.parameters(), lr=1.0, max_iter=1, max_eval=50, history_size=20,
-                                tolerance_grad=0.0, tolerance_change=0.0,
-                                line_search_fn="strong_wolfe")
+        opt = torch.optim.LBFGS(
+            self.parameters(),
+            lr=1.0,
+            max_iter=1,
+            max_eval=50,
+            history_size=20,
+            tolerance_grad=0.0,
+            tolerance_change=0.0,
+            line_search_fn="strong_wolfe",
+        )
 
         def closure():
             opt.zero_grad()
@@ -200,10 +215,13 @@ class ConstantBaseline(nn.Module):
 
     def __init__(self, probability: float = 0.5):
         super().__init__()
-        if isinstance(probability, bool) or not isinstance(probability, numbers.Real) \
-                or not 0 <= probability <= 1:
+        if (
+            isinstance(probability, bool)
+            or not isinstance(probability, numbers.Real)
+            or not 0 <= probability <= 1
+        ):
             raise ValueError(f"probability must be a number in [0, 1], got {probability!r}")
-        self.probability = float(probability)
+        self.probability: float = float(probability)
 
     def fit(self, *args, **kwargs) -> List[float]:
         """Nothing to learn (same call signature as :meth:`LogisticBaseline.fit`); returns ``[]``."""
@@ -213,8 +231,10 @@ class ConstantBaseline(nn.Module):
         """``(N,)`` tensor (default dtype) filled with ``probability``."""
         student = torch.as_tensor(student)
         if student.dim() != 1 or torch.as_tensor(question).shape != student.shape:
-            raise ValueError(f"student and question must be 1-D tensors of the same length, got "
-                             f"shapes {tuple(student.shape)} and {tuple(torch.as_tensor(question).shape)}")
+            raise ValueError(
+                f"student and question must be 1-D tensors of the same length, got "
+                f"shapes {tuple(student.shape)} and {tuple(torch.as_tensor(question).shape)}"
+            )
         return torch.full(student.shape, self.probability)
 
     predict = forward

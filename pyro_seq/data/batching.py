@@ -14,7 +14,7 @@ from typing import Iterator, List, Optional, Sequence, Tuple, Union
 import numpy as np
 import torch
 
-from pyro_seq.ops.padding import (SequenceList, check_input_list, inputs_of, pad_sequences)
+from pyro_seq.ops.padding import SequenceList, check_input_list, inputs_of, pad_sequences
 from pyro_seq.ops.padding import check_seq_list as _check_seq_list
 from pyro_seq.validation import validate_sequences
 
@@ -127,11 +127,14 @@ class SequenceLoader:
         dtype: torch.dtype = torch.float32,
         device: Union[str, torch.device, None] = None,
         inputs: Optional[Sequence[torch.Tensor]] = None,
-    ):
+    ) -> None:
         if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
-        if not isinstance(bucket_batches, int) or isinstance(bucket_batches, bool) \
-                or bucket_batches < 1:
+        if (
+            not isinstance(bucket_batches, int)
+            or isinstance(bucket_batches, bool)
+            or bucket_batches < 1
+        ):
             raise ValueError(f"bucket_batches must be a positive int, got {bucket_batches!r}")
         if not isinstance(seed, numbers.Integral) or isinstance(seed, bool) or seed < 0:
             raise ValueError(f"seed must be a non-negative int, got {seed!r}")
@@ -145,16 +148,16 @@ class SequenceLoader:
         self.items: List[torch.Tensor] = list(items)
         #: the known inputs of each item, or None
         self.inputs: Optional[List[torch.Tensor]] = inputs_of(items)
-        self.lengths = np.array([s.shape[0] for s in self.items])
-        self.batch_size = batch_size
-        self.shuffle = shuffle
-        self.seed = int(seed)
-        self.drop_last = drop_last
-        self.sort_by_length = sort_by_length
-        self.bucket_batches = bucket_batches
-        self.dtype = dtype
-        self.device = device
-        self.epoch = 0
+        self.lengths: np.ndarray = np.array([s.shape[0] for s in self.items])
+        self.batch_size: int = batch_size
+        self.shuffle: bool = shuffle
+        self.seed: int = int(seed)
+        self.drop_last: bool = drop_last
+        self.sort_by_length: bool = sort_by_length
+        self.bucket_batches: int = bucket_batches
+        self.dtype: torch.dtype = dtype
+        self.device: Union[str, torch.device, None] = device
+        self.epoch: int = 0
 
     def set_epoch(self, epoch: int) -> None:
         """Make the next ``iter(self)`` yield the batches of epoch ``epoch``."""
@@ -207,7 +210,7 @@ class SequenceLoader:
             u, _ = pad_sequences([self.inputs[i] for i in idx], dtype=self.dtype)
             yield x, mask, (u if self.device is None else u.to(self.device))
 
-    def __iter__(self) -> Iterator[Tuple[torch.Tensor, torch.Tensor]]:
+    def __iter__(self) -> Iterator[Tuple[torch.Tensor, ...]]:
         epoch = self.epoch
         self.epoch += 1
         return self.batches(epoch)

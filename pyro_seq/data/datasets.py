@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Dict, List, Sequence, Union
+from typing import Any, Dict, List, Sequence, Union
 
 import torch
 
@@ -35,7 +35,7 @@ NAMED_PICKLES = {
 
 
 def _search_dirs() -> List[Path]:
-    dirs = []
+    dirs: List[Path] = []
     env = os.environ.get("PYRO_SEQ_DATA")
     if env:
         dirs.extend(Path(d).expanduser() for d in env.split(os.pathsep) if d)
@@ -137,11 +137,12 @@ def save_dataset(path: Union[str, "os.PathLike[str]"], splits: Dict[str, Sequenc
     """
     if not os.fspath(path).endswith(".pt"):
         raise ValueError(f"a dataset file must end in .pt, got {os.fspath(path)!r}")
-    payload = {"format": "pyro_seq.dataset/1", "splits": {}, "inputs": {}}
+    payload: Dict[str, Any] = {"format": "pyro_seq.dataset/1", "splits": {}, "inputs": {}}
     for name, seqs in splits.items():
         payload["splits"][name] = [torch.as_tensor(s).detach().cpu() for s in seqs]
-        if inputs_of(seqs) is not None:
-            payload["inputs"][name] = [u.detach().cpu() for u in inputs_of(seqs)]
+        inputs = inputs_of(seqs)
+        if inputs is not None:
+            payload["inputs"][name] = [u.detach().cpu() for u in inputs]
     if payload["inputs"] and set(payload["inputs"]) != set(payload["splits"]):
         raise ValueError("known inputs must be given for every split or for none")
     torch.save(payload, path)
@@ -154,8 +155,10 @@ def _load_tensor_file(path: str, splits: Sequence[str]):
     try:
         payload = torch.load(path, weights_only=True, map_location="cpu")
     except Exception as e:  # truncated or not a torch file: say which and what to do
-        raise ValueError(f"{path} is not a dataset written by pyro_seq.data.save_dataset "
-                         f"({type(e).__name__}: {e})") from None
+        raise ValueError(
+            f"{path} is not a dataset written by pyro_seq.data.save_dataset "
+            f"({type(e).__name__}: {e})"
+        ) from None
     if not (isinstance(payload, dict) and payload.get("format") == "pyro_seq.dataset/1"):
         raise ValueError(f"{path} is not a dataset written by pyro_seq.data.save_dataset")
     out = {}
@@ -172,7 +175,8 @@ def _load_tensor_file(path: str, splits: Sequence[str]):
 def _load_navigation(env: str, count: str, splits: Sequence[str], **kwargs):
     from .simulators import image_navigation
 
-    sizes, n_steps = {}, {}
+    sizes: Dict[str, int] = {}
+    n_steps: Dict[str, Any] = {}
     if count:
         parts = count.split(":")
         try:
@@ -180,16 +184,23 @@ def _load_navigation(env: str, count: str, splits: Sequence[str], **kwargs):
         except ValueError:
             values = [0]
         if len(values) > 2 or min(values) < 1:
-            raise ValueError(f"dataset {env}:{count}: expected {env}:N or {env}:N:T with "
-                             "positive ints")
+            raise ValueError(
+                f"dataset {env}:{count}: expected {env}:N or {env}:N:T with positive ints"
+            )
         n = values[0]
         sizes = {"train": n, "valid": max(1, n // 5), "test": max(1, n // 5)}
         if len(values) == 2:
             n_steps = {"num_steps": values[1]}
-    flags = {"obstacles": env.endswith("_obstacles"), "colour": env.endswith("_colour")}
-    return {split: image_navigation(sizes.get(split), split=split, **flags, **n_steps,
-                                    **kwargs).as_sequences()
-            for split in splits}
+    flags: Dict[str, Any] = {
+        "obstacles": env.endswith("_obstacles"),
+        "colour": env.endswith("_colour"),
+    }
+    return {
+        split: image_navigation(
+            sizes.get(split), split=split, **flags, **n_steps, **kwargs
+        ).as_sequences()
+        for split in splits
+    }
 
 
 def _load_simulated(env: str, count: str, splits: Sequence[str], **kwargs):
@@ -204,5 +215,7 @@ def _load_simulated(env: str, count: str, splits: Sequence[str], **kwargs):
         if n < 1:
             raise ValueError(f"dataset {env}:{count}: the count after ':' must be a positive int")
         sizes = {"train": n, "valid": max(1, n // 5), "test": max(1, n // 5)}
-    return {split: simulate(env, sizes.get(split), split=split, **kwargs).as_sequences()
-            for split in splits}
+    return {
+        split: simulate(env, sizes.get(split), split=split, **kwargs).as_sequences()
+        for split in splits
+    }

@@ -13,7 +13,7 @@ beat lasts ``steps_per_beat`` steps (so one step is an exact number of ticks and
 from __future__ import annotations
 
 import os
-from typing import List, Tuple, Union
+from typing import Dict, List, Tuple, Union
 
 import numpy as np
 import torch
@@ -128,7 +128,7 @@ def midi_to_piano_roll(
         raise ValueError(f"step_seconds must be positive, got {step_seconds}")
     mid = mido.MidiFile(os.fspath(path))
     now = 0.0
-    active = {}  # (channel, note) -> onset time in seconds
+    active: Dict[Tuple[int, int], float] = {}  # (channel, note) -> onset time in seconds
     notes: List[Tuple[int, float, float]] = []
     for msg in mid:  # merged tracks, msg.time in seconds since the previous message
         now += msg.time
@@ -143,7 +143,7 @@ def midi_to_piano_roll(
             active[key] = now
         elif key in active:
             notes.append((msg.note, active.pop(key), now))
-    for (channel, note), start in active.items():  # never released: hold to the end
+    for (_channel, note), start in active.items():  # never released: hold to the end
         notes.append((note, start, now))
     T = max(1, int(round(now / step_seconds)))
     roll = torch.zeros(T, NUM_KEYS)
@@ -155,5 +155,5 @@ def midi_to_piano_roll(
             )
         a = int(round(start / step_seconds))
         b = max(a + 1, int(round(stop / step_seconds)))
-        roll[a:min(b, T), note - LOWEST_NOTE] = 1.0
+        roll[a : min(b, T), note - LOWEST_NOTE] = 1.0
     return roll

@@ -79,8 +79,13 @@ def _canonical_dtype(dtype: Any, where: str) -> np.dtype:
     """
     if not isinstance(dtype, np.dtype):
         raise UnsafePickleError(f"{where}: expected a numpy dtype, got {type(dtype).__name__}")
-    if dtype.kind not in _NUMERIC_KINDS or dtype.hasobject or dtype.fields is not None \
-            or dtype.subdtype is not None or dtype.names is not None:
+    if (
+        dtype.kind not in _NUMERIC_KINDS
+        or dtype.hasobject
+        or dtype.fields is not None
+        or dtype.subdtype is not None
+        or dtype.names is not None
+    ):
         raise UnsafePickleError(
             f"{where}: numpy dtype {dtype!r} (kind {dtype.kind!r}) is refused; only boolean, "
             "integer, float and complex dtypes are admitted"
@@ -114,13 +119,20 @@ class _PendingDtype:
         # elsize/alignment -1 and flags those of the fresh dtype.
         if self._built:
             raise UnsafePickleError("numpy.dtype: state set twice")
-        if not (isinstance(state, tuple) and len(state) in (8, 9) and state[0] in (3, 4)
-                and state[1] in ("<", ">", "|", "=")
-                and all(v is None for v in state[2:5] + state[8:])
-                and state[5] == -1 and state[6] == -1 and state[7] == self.dtype.flags):
+        if not (
+            isinstance(state, tuple)
+            and len(state) in (8, 9)
+            and state[0] in (3, 4)
+            and state[1] in ("<", ">", "|", "=")
+            and all(v is None for v in state[2:5] + state[8:])
+            and state[5] == -1
+            and state[6] == -1
+            and state[7] == self.dtype.flags
+        ):
             raise UnsafePickleError(
                 f"numpy.dtype: refusing state {_short(state)} for {self.dtype} (only plain "
-                "numeric dtypes are admitted)")
+                "numeric dtypes are admitted)"
+            )
         self._built = True
         if state[1] in "<>" and self.dtype.byteorder != "|":
             self.dtype = _canonical_dtype(self.dtype.newbyteorder(state[1]), "numpy.dtype")
@@ -133,8 +145,7 @@ def _short(obj: Any, limit: int = 80) -> str:
 
 def _real_dtype(dtype: Any, where: str) -> np.dtype:
     if not isinstance(dtype, _PendingDtype):
-        raise UnsafePickleError(
-            f"{where}: expected a numpy dtype, got {type(dtype).__name__}")
+        raise UnsafePickleError(f"{where}: expected a numpy dtype, got {type(dtype).__name__}")
     return dtype.dtype
 
 
@@ -153,7 +164,8 @@ def _safe_dtype(obj: Any, align: bool = False, copy: bool = False) -> _PendingDt
 def _payload_length(data: Any, where: str) -> int:
     if not isinstance(data, (bytes, bytearray, str)):
         raise UnsafePickleError(
-            f"{where}: refusing payload of type {type(data).__name__} (expected bytes)")
+            f"{where}: refusing payload of type {type(data).__name__} (expected bytes)"
+        )
     return len(data)  # a str here is Python 2 bytes decoded as latin1: one char per byte
 
 
@@ -163,14 +175,18 @@ def _safe_scalar(dtype: Any, data: Any = None) -> np.generic:
     if n != dtype.itemsize:
         raise UnsafePickleError(
             f"numpy scalar: {n} bytes of data for dtype {dtype} (itemsize {dtype.itemsize}); "
-            "refused")
+            "refused"
+        )
     return _numpy_core("multiarray").scalar(dtype, data)
 
 
 def _check_shape(shape: Any, where: str) -> int:
     """Number of elements of a shape: a tuple of at most 32 non-negative ints."""
-    if not isinstance(shape, tuple) or len(shape) > 32 \
-            or not all(type(n) is int and n >= 0 for n in shape):
+    if (
+        not isinstance(shape, tuple)
+        or len(shape) > 32
+        or not all(type(n) is int and n >= 0 for n in shape)
+    ):
         raise UnsafePickleError(f"{where}: invalid shape {_short(shape)}")
     size = 1
     for n in shape:
@@ -183,7 +199,8 @@ def _check_size(shape: Any, dtype: np.dtype, nbytes: int, where: str) -> None:
     if size * dtype.itemsize != nbytes:
         raise UnsafePickleError(
             f"{where}: shape {_short(shape)} of {dtype} needs {size * dtype.itemsize} bytes but "
-            f"the file holds {nbytes}; refused")
+            f"the file holds {nbytes}; refused"
+        )
 
 
 class _NDArrayMarker:
@@ -235,28 +252,36 @@ def _safe_reconstruct(cls: Any, shape: Any, typecode: Any) -> _PendingArray:
         )
     # numpy always writes _reconstruct(ndarray, (0,), b'b') (Python 2: 'b') and sets the real
     # shape and data with BUILD; any other shape is an allocation the file's bytes do not back.
-    if not (isinstance(shape, tuple) and len(shape) == 1 and type(shape[0]) is int
-            and shape[0] == 0 and typecode in (b"b", "b")):
+    if not (
+        isinstance(shape, tuple)
+        and len(shape) == 1
+        and type(shape[0]) is int
+        and shape[0] == 0
+        and typecode in (b"b", "b")
+    ):
         raise UnsafePickleError(
             f"numpy _reconstruct: refusing shape {_short(shape)} and type code "
-            f"{_short(typecode)}; numpy's pickles use (0,) and b'b'")
+            f"{_short(typecode)}; numpy's pickles use (0,) and b'b'"
+        )
     return _PendingArray()
 
 
-def _safe_frombuffer(buf: Any, dtype: Any, shape: Any, order: Any,
-                     axis_order: Any = None) -> np.ndarray:
+def _safe_frombuffer(
+    buf: Any, dtype: Any, shape: Any, order: Any, axis_order: Any = None
+) -> np.ndarray:
     dtype = _real_dtype(dtype, "numpy _frombuffer")
     if not isinstance(buf, (bytes, bytearray)):
-        raise UnsafePickleError(
-            f"numpy _frombuffer: refusing buffer of type {type(buf).__name__}"
-        )
+        raise UnsafePickleError(f"numpy _frombuffer: refusing buffer of type {type(buf).__name__}")
     _check_size(shape, dtype, len(buf), "numpy _frombuffer")
     if order not in ("C", "F", "K"):
         raise UnsafePickleError(f"numpy _frombuffer: invalid order {_short(order)}")
     if axis_order is not None:
-        if order != "K" or not isinstance(axis_order, tuple) \
-                or sorted(axis_order) != list(range(len(shape))) \
-                or not all(type(i) is int for i in axis_order):
+        if (
+            order != "K"
+            or not isinstance(axis_order, tuple)
+            or sorted(axis_order) != list(range(len(shape)))
+            or not all(type(i) is int for i in axis_order)
+        ):
             raise UnsafePickleError(f"numpy _frombuffer: invalid axis order {_short(axis_order)}")
         return _numpy_core("numeric")._frombuffer(buf, dtype, shape, order, axis_order)
     return _numpy_core("numeric")._frombuffer(buf, dtype, shape, order)
@@ -282,7 +307,8 @@ def _scalar_builtin(kind: type, name: str) -> Callable[..., Any]:
     def make(*args):
         if not all(isinstance(a, _SCALAR_ARGS) for a in args):
             raise UnsafePickleError(
-                f"{name}() of {', '.join(type(a).__name__ for a in args)} is refused")
+                f"{name}() of {', '.join(type(a).__name__ for a in args)} is refused"
+            )
         return kind(*args)
 
     make.__name__ = name
@@ -305,11 +331,13 @@ class _CopyBudget:
                     n = len(args[0])
                 except TypeError:
                     raise UnsafePickleError(
-                        f"{name}() of {type(args[0]).__name__} is refused") from None
+                        f"{name}() of {type(args[0]).__name__} is refused"
+                    ) from None
                 self.left -= n
                 if self.left < 0:
                     raise UnsafePickleError(
-                        f"{name}(): the pickle copies more items than its size can hold; refused")
+                        f"{name}(): the pickle copies more items than its size can hold; refused"
+                    )
             return kind(*args)
 
         make.__name__ = name
@@ -317,9 +345,18 @@ class _CopyBudget:
 
 
 _BUILTIN_TYPES: Dict[str, type] = {
-    "dict": dict, "list": list, "tuple": tuple, "set": set, "frozenset": frozenset,
-    "int": int, "float": float, "complex": complex, "bool": bool, "str": str,
-    "bytes": bytes, "bytearray": bytearray,
+    "dict": dict,
+    "list": list,
+    "tuple": tuple,
+    "set": set,
+    "frozenset": frozenset,
+    "int": int,
+    "float": float,
+    "complex": complex,
+    "bool": bool,
+    "str": str,
+    "bytes": bytes,
+    "bytearray": bytearray,
 }
 _PY2_BUILTIN_TYPES: Dict[str, type] = dict(_BUILTIN_TYPES, unicode=str, long=int)
 
@@ -383,19 +420,24 @@ def _scan_opcodes(data: bytes) -> int:
     ops = 0
     try:
         for op, arg, pos in pickletools.genops(data):
-            if op.name in _MEMO_PUT and arg > ops:
+            assert pos is not None  # genops over bytes reports every position
+            # the arguments of memo puts and frames are ints (pickletools' argument readers)
+            if op.name in _MEMO_PUT and arg > ops:  # type: ignore[operator]
                 raise UnsafePickleError(
                     f"malformed pickle: memo index {arg} at byte {pos} after only {ops} opcodes "
-                    "(a crafted file); refused")
-            if op.name == "FRAME" and arg > len(data) - pos - 9:  # 9: opcode and length
+                    "(a crafted file); refused"
+                )
+            if op.name == "FRAME" and arg > len(data) - pos - 9:  # type: ignore[operator]  # 9: opcode and length
                 raise UnsafePickleError(
                     f"malformed pickle: frame of {arg} bytes at byte {pos} but only "
-                    f"{len(data) - pos - 9} remain (truncated or crafted file); refused")
+                    f"{len(data) - pos - 9} remain (truncated or crafted file); refused"
+                )
             ops += 1
     except ValueError as e:  # pickletools: length past the end, bad opcode, no STOP, ...
         raise UnsafePickleError(
             f"malformed pickle: {e} (truncated or crafted file); refused"
         ) from None
+    assert pos is not None  # genops yields up to STOP or raises
     return pos + 1
 
 
@@ -409,7 +451,7 @@ def _resolve(obj: Any) -> Any:
     array is rebuilt. Raises :class:`UnsafePickleError` on any other type.
     """
     done: Dict[int, Any] = {}
-    busy = set()      # tuples being resolved (a cycle back to one cannot see its rebuilt copy)
+    busy = set()  # tuples being resolved (a cycle back to one cannot see its rebuilt copy)
     cyclic = set()
 
     def visit(o: Any) -> Any:
@@ -458,7 +500,9 @@ def _resolve(obj: Any) -> Any:
                 raise UnsafePickleError("loaded object holds an array in a self-referencing tuple")
             done[key] = new
             return new
-        raise UnsafePickleError(f"loaded object contains a refused type {t.__module__}.{t.__name__}")
+        raise UnsafePickleError(
+            f"loaded object contains a refused type {t.__module__}.{t.__name__}"
+        )
 
     try:
         return visit(obj)
@@ -493,8 +537,11 @@ def safe_load(file: Union[str, os.PathLike, BinaryIO], *, encoding: str = "latin
     end = _scan_opcodes(data)
     if start is not None:
         file.seek(start + end)
-    unpickler = RestrictedUnpickler(io.BytesIO(data[:end]) if end < len(data) else io.BytesIO(data),
-                                    encoding=encoding, copy_budget=len(data))
+    unpickler = RestrictedUnpickler(
+        io.BytesIO(data[:end]) if end < len(data) else io.BytesIO(data),
+        encoding=encoding,
+        copy_budget=len(data),
+    )
     try:
         obj = unpickler.load()
     except UnsafePickleError:
@@ -505,7 +552,8 @@ def safe_load(file: Union[str, os.PathLike, BinaryIO], *, encoding: str = "latin
         # unknown protocol or extension code, a call with the wrong arguments, deep nesting...
         raise UnsafePickleError(
             f"malformed pickle: {type(e).__name__}: {_short(str(e), 200)} (truncated or crafted "
-            "file); refused") from None
+            "file); refused"
+        ) from None
     return _resolve(obj)
 
 

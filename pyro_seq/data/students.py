@@ -168,7 +168,9 @@ class StudentResponses:
         Returns:
             float64 tensor of that shape: the floor model's predictions.
         """
-        student, question = _check_index_pair(student, question, self.num_students, self.num_questions)
+        student, question = _check_index_pair(
+            student, question, self.num_students, self.num_questions
+        )
         a = self.discrimination[question]
         return torch.sigmoid(a * (self.ability[student] - self.difficulty[question]))
 
@@ -184,8 +186,9 @@ class StudentResponses:
         offsets[1:] = torch.cumsum(counts, 0)
         return offsets, ans.question, ans.answer
 
-    def batches(self, batch_size: int, split: str = "train", shuffle: bool = True,
-                seed: int = 0) -> Iterator[StudentBatch]:
+    def batches(
+        self, batch_size: int, split: str = "train", shuffle: bool = True, seed: int = 0
+    ) -> Iterator[StudentBatch]:
         """Per-student minibatches of one split, as :class:`StudentBatch` (CSR form).
 
         Every student with at least one answer in ``split`` appears in exactly one batch (in the
@@ -213,12 +216,14 @@ class StudentResponses:
             perm = np.random.default_rng(seed).permutation(students.shape[0])
             students = students[torch.from_numpy(perm)]
         for start in range(0, students.shape[0], batch_size):
-            ids = students[start:start + batch_size]
+            ids = students[start : start + batch_size]
             c = counts[ids]
             batch_offsets = torch.zeros(ids.shape[0] + 1, dtype=torch.int64)
             batch_offsets[1:] = torch.cumsum(c, 0)
             # position of answer j of row i in the split: offsets[ids[i]] + j
-            within = torch.arange(int(batch_offsets[-1])) - torch.repeat_interleave(batch_offsets[:-1], c)
+            within = torch.arange(int(batch_offsets[-1])) - torch.repeat_interleave(
+                batch_offsets[:-1], c
+            )
             idx = torch.repeat_interleave(offsets[ids], c) + within
             yield StudentBatch(ids, batch_offsets, question[idx], answer[idx])
 
@@ -237,19 +242,31 @@ def _check_index_pair(student, question, num_students: int, num_questions: int):
         if idx.dtype.is_floating_point or idx.dtype.is_complex or idx.dtype == torch.bool:
             raise ValueError(f"{name} must be an integer index tensor, got dtype {idx.dtype}")
         if idx.numel() and (int(idx.min()) < 0 or int(idx.max()) >= n):
-            raise ValueError(f"{name} indices must lie in [0, {n - 1}], got range "
-                             f"[{int(idx.min())}, {int(idx.max())}]")
+            raise ValueError(
+                f"{name} indices must lie in [0, {n - 1}], got range "
+                f"[{int(idx.min())}, {int(idx.max())}]"
+            )
     if student.shape != question.shape:
-        raise ValueError(f"student shape {tuple(student.shape)} and question shape "
-                         f"{tuple(question.shape)} differ")
+        raise ValueError(
+            f"student shape {tuple(student.shape)} and question shape "
+            f"{tuple(question.shape)} differ"
+        )
     return student.long(), question.long()
 
 
-def _answers(student: np.ndarray, question: np.ndarray, answer: np.ndarray, num_questions: int,
-             num_options: int) -> Answers:
+def _answers(
+    student: np.ndarray,
+    question: np.ndarray,
+    answer: np.ndarray,
+    num_questions: int,
+    num_options: int,
+) -> Answers:
     order = np.argsort(student * num_questions + question, kind="stable")
-    return Answers(*(torch.from_numpy(np.ascontiguousarray(v[order], dtype=np.int64))
-                     for v in (student, question, answer)), num_options=num_options)
+    columns = [
+        torch.from_numpy(np.ascontiguousarray(v[order], dtype=np.int64))
+        for v in (student, question, answer)
+    ]
+    return Answers(columns[0], columns[1], columns[2], num_options=num_options)
 
 
 def simulate_students(
@@ -281,21 +298,28 @@ def simulate_students(
     """
     S = _check_int("num_students", num_students, 1)
     Q = _check_int("num_questions", num_questions, 2)
-    if isinstance(observed_fraction, bool) or not isinstance(observed_fraction, numbers.Real) \
-            or not 0 < observed_fraction <= 1:
+    if (
+        isinstance(observed_fraction, bool)
+        or not isinstance(observed_fraction, numbers.Real)
+        or not 0 < observed_fraction <= 1
+    ):
         raise ValueError(f"observed_fraction must be a number in (0, 1], got {observed_fraction!r}")
     if isinstance(num_options, bool) or num_options not in (2, 4):
-        raise ValueError(f"num_options must be 2 (binary answers) or 4 (multiple choice), "
-                         f"got {num_options!r}")
+        raise ValueError(
+            f"num_options must be 2 (binary answers) or 4 (multiple choice), got {num_options!r}"
+        )
     seed = _check_int("seed", seed, 0)
-    if isinstance(test_fraction, bool) or not isinstance(test_fraction, numbers.Real) \
-            or not 0 <= test_fraction < 1:
+    if (
+        isinstance(test_fraction, bool)
+        or not isinstance(test_fraction, numbers.Real)
+        or not 0 <= test_fraction < 1
+    ):
         raise ValueError(f"test_fraction must be a number in [0, 1), got {test_fraction!r}")
 
     params_ss, pattern_ss, answer_ss, distractor_ss = np.random.SeedSequence(seed).spawn(4)
     rng = np.random.default_rng(params_ss)
-    ability = rng.standard_normal(S)                                   # eq. (1)
-    difficulty = rng.standard_normal(Q)                                # eq. (2)
+    ability = rng.standard_normal(S)  # eq. (1)
+    difficulty = rng.standard_normal(Q)  # eq. (2)
     discrimination = np.exp(_DISCRIMINATION_SIGMA * rng.standard_normal(Q))
 
     # eq. (4): n_s questions per student, a uniformly random subset in uniformly random order
@@ -304,7 +328,7 @@ def simulate_students(
     question = np.empty(int(n.sum()), dtype=np.int64)
     pos = 0
     for s in range(S):
-        question[pos:pos + n[s]] = rng.choice(Q, size=n[s], replace=False, shuffle=True)
+        question[pos : pos + n[s]] = rng.choice(Q, size=n[s], replace=False, shuffle=True)
         pos += n[s]
     student = np.repeat(np.arange(S, dtype=np.int64), n)
 
@@ -315,7 +339,7 @@ def simulate_students(
     distractor = None
     if num_options == 2:
         answer = correct.astype(np.int64)
-    else:                                                              # eqs. (5)-(6)
+    else:  # eqs. (5)-(6)
         rng = np.random.default_rng(distractor_ss)
         distractor = rng.dirichlet(np.ones(3), size=Q)
         cdf = np.cumsum(distractor[question], axis=1)
@@ -331,7 +355,13 @@ def simulate_students(
     train = _answers(student[~is_test], question[~is_test], answer[~is_test], Q, num_options)
     test = _answers(student[is_test], question[is_test], answer[is_test], Q, num_options)
     return StudentResponses(
-        train=train, test=test, num_students=S, num_questions=Q, num_options=num_options,
-        ability=torch.from_numpy(ability), difficulty=torch.from_numpy(difficulty),
+        train=train,
+        test=test,
+        num_students=S,
+        num_questions=Q,
+        num_options=num_options,
+        ability=torch.from_numpy(ability),
+        difficulty=torch.from_numpy(difficulty),
         discrimination=torch.from_numpy(discrimination),
-        distractor=None if distractor is None else torch.from_numpy(distractor))
+        distractor=None if distractor is None else torch.from_numpy(distractor),
+    )

@@ -49,6 +49,7 @@ from pyro_seq.validation import as_bool_mask, check_device
 
 __all__ = ["LinearGaussianSSM", "LGSSMFilterResult", "LGSSMForecast"]
 
+
 class LGSSMForecast(NamedTuple):
     """Forecast of ``steps`` future steps given x_{1:T} (thesis Sec. 3.4.2).
 
@@ -84,7 +85,8 @@ class LGSSMFilterResult(MultivariateNormal):
         self.covariance_matrix = result.covs[..., -1, :, :]
         # the moments come from a validated model: no argument checks (they would factorise)
         super(torch.distributions.MultivariateNormal, self).__init__(
-            self.loc.shape[:-1], self.loc.shape[-1:], validate_args=False)
+            self.loc.shape[:-1], self.loc.shape[-1:], validate_args=False
+        )
         self._validate_args = bool(validate_args)
 
     @property
@@ -107,8 +109,10 @@ class LGSSMFilterResult(MultivariateNormal):
         self.__dict__["_cholesky"] = value
 
     def expand(self, batch_shape, _instance=None):
-        return LGSSMFilterResult(_expand_filter(self.result, torch.Size(batch_shape)),
-                                 validate_args=self.__dict__.get("_validate_args"))
+        return LGSSMFilterResult(
+            _expand_filter(self.result, torch.Size(batch_shape)),
+            validate_args=self.__dict__.get("_validate_args"),
+        )
 
     means = property(lambda self: self.result.means)
     covs = property(lambda self: self.result.covs)
@@ -174,8 +178,13 @@ def _resolve_masks(observation_mask, step_mask, T: Optional[int], D: int):
         m = as_bool_mask(observation_mask, "observation_mask")
         strict = step_mask is not None
         elementwise = m.dim() >= 2 and m.shape[-1] in (D, 1) and (T is None or m.shape[-2] == T)
-        if (elementwise and not strict and D > 1 and tuple(m.shape[-2:]) == (D, D)
-                and T in (None, D)):
+        if (
+            elementwise
+            and not strict
+            and D > 1
+            and tuple(m.shape[-2:]) == (D, D)
+            and T in (None, D)
+        ):
             raise ValueError(
                 f"observation_mask of shape {tuple(m.shape)} is ambiguous: with T == D == {D} it "
                 "reads both as a per-element mask (..., T, D) and as a per-step mask (..., T). "
@@ -208,9 +217,17 @@ def _expand_mask(mask: Tensor, T: int, D: int, name: str = "mask") -> Tensor:
 
 _DEFAULT = object()  # "use the constructor's value"
 
-_PARAM_NAMES = ("initial_loc", "initial_cov", "transition_matrix", "transition_cov",
-                "observation_matrix", "observation_cov", "control_matrix", "controls",
-                "observation_offset")
+_PARAM_NAMES = (
+    "initial_loc",
+    "initial_cov",
+    "transition_matrix",
+    "transition_cov",
+    "observation_matrix",
+    "observation_cov",
+    "control_matrix",
+    "controls",
+    "observation_offset",
+)
 
 
 class LinearGaussianSSM(TorchDistribution):
@@ -323,17 +340,25 @@ class LinearGaussianSSM(TorchDistribution):
         if observation_matrix.shape[-1] != S:
             raise ValueError(f"observation_matrix must end in (D, {S})")
         if observation_offset is not None and observation_offset.shape[-1] != D:
-            raise ValueError(f"observation_offset must end in D = {D}; got "
-                             f"{tuple(observation_offset.shape)}")
+            raise ValueError(
+                f"observation_offset must end in D = {D}; got {tuple(observation_offset.shape)}"
+            )
         if num_steps is not None and (int(num_steps) != num_steps or num_steps < 1):
             raise ValueError(f"num_steps must be a positive integer (T >= 1); got {num_steps}")
         # one device for every tensor (always checked: no host synchronisation)
-        _check_devices(("initial_loc", initial_loc), ("initial_cov", initial_cov),
-                       ("transition_matrix", transition_matrix), ("transition_cov", transition_cov),
-                       ("observation_matrix", observation_matrix),
-                       ("observation_cov", observation_cov), ("control_matrix", control_matrix),
-                       ("controls", controls), ("observation_offset", observation_offset),
-                       ("observation_mask", observation_mask), ("step_mask", step_mask))
+        _check_devices(
+            ("initial_loc", initial_loc),
+            ("initial_cov", initial_cov),
+            ("transition_matrix", transition_matrix),
+            ("transition_cov", transition_cov),
+            ("observation_matrix", observation_matrix),
+            ("observation_cov", observation_cov),
+            ("control_matrix", control_matrix),
+            ("controls", controls),
+            ("observation_offset", observation_offset),
+            ("observation_mask", observation_mask),
+            ("step_mask", step_mask),
+        )
         self.initial_loc = initial_loc
         self.initial_cov = initial_cov
         self.transition_matrix = transition_matrix
@@ -348,10 +373,15 @@ class LinearGaussianSSM(TorchDistribution):
         self.obs_dim = D
         self.method = method
 
-        named = [("transition_matrix", transition_matrix, 2), ("transition_cov", transition_cov, 2),
-                 ("observation_matrix", observation_matrix, 2),
-                 ("observation_cov", observation_cov, 2), ("control_matrix", control_matrix, 2),
-                 ("controls", controls, 1), ("observation_offset", observation_offset, 1)]
+        named = [
+            ("transition_matrix", transition_matrix, 2),
+            ("transition_cov", transition_cov, 2),
+            ("observation_matrix", observation_matrix, 2),
+            ("observation_cov", observation_cov, 2),
+            ("control_matrix", control_matrix, 2),
+            ("controls", controls, 1),
+            ("observation_offset", observation_offset, 1),
+        ]
         for name, p, ev in named:
             if _time_size(p, ev) == 0:
                 raise ValueError(f"{name} has a time dimension of size 0; T must be >= 1")
@@ -387,8 +417,7 @@ class LinearGaussianSSM(TorchDistribution):
             bshape(mask, 1),
         )
         event_shape = torch.Size((num_steps if num_steps is not None else 1, D))
-        validate = (validate_args if validate_args is not None
-                    else default_validate_args())
+        validate = validate_args if validate_args is not None else default_validate_args()
         if validate:
             self._validate_parameters()
         # the parameters were validated above with messages that name the problem
@@ -404,12 +433,21 @@ class LinearGaussianSSM(TorchDistribution):
 
     def _validate_parameters(self):
         """The Kalman ops' parameter checks (one validator, the same messages)."""
-        _validate_parameters(*self.params, self.controls,
-                             ("observation_offset", self.observation_offset))
+        _validate_parameters(
+            *self.params, self.controls, ("observation_offset", self.observation_offset)
+        )
 
     @classmethod
-    def from_scale_tril(cls, initial_loc, initial_scale_tril, transition_matrix,
-                        transition_scale_tril, observation_matrix, observation_scale_tril, **kwargs):
+    def from_scale_tril(
+        cls,
+        initial_loc,
+        initial_scale_tril,
+        transition_matrix,
+        transition_scale_tril,
+        observation_matrix,
+        observation_scale_tril,
+        **kwargs,
+    ):
         """Build from lower-triangular square roots ``L`` of the covariances (``cov = L L^T``).
 
         A convenience for parameterisations that learn Cholesky factors (any real lower
@@ -417,12 +455,20 @@ class LinearGaussianSSM(TorchDistribution):
         run on ``L L^T`` as with the main constructor. Shapes as for the constructor, with each
         ``*_scale_tril`` shaped like the covariance it replaces. Other keywords are passed on.
         """
+
         def cov(L):
             L = L.tril()
             return L @ L.transpose(-1, -2)
 
-        return cls(initial_loc, cov(initial_scale_tril), transition_matrix, cov(transition_scale_tril),
-                   observation_matrix, cov(observation_scale_tril), **kwargs)
+        return cls(
+            initial_loc,
+            cov(initial_scale_tril),
+            transition_matrix,
+            cov(transition_scale_tril),
+            observation_matrix,
+            cov(observation_scale_tril),
+            **kwargs,
+        )
 
     @classmethod
     def from_gaussian_hmm(cls, hmm, num_steps: Optional[int] = None, **kwargs):
@@ -460,7 +506,9 @@ class LinearGaussianSSM(TorchDistribution):
         from pyro.ops.gaussian import AffineNormal
 
         if not isinstance(hmm, GaussianHMM):
-            raise ValueError(f"from_gaussian_hmm expects a pyro GaussianHMM, got {type(hmm).__name__}")
+            raise ValueError(
+                f"from_gaussian_hmm expects a pyro GaussianHMM, got {type(hmm).__name__}"
+            )
         S = hmm.hidden_dim
 
         def moments(g):  # Gaussian -> (loc, cov)
@@ -495,8 +543,19 @@ class LinearGaussianSSM(TorchDistribution):
         offset = d if d.requires_grad or bool((d != 0).any()) else None
         if num_steps is None:
             num_steps = hmm.duration
-        return cls(initial_loc, initial_cov, A, Q, C, R, None, controls, num_steps=num_steps,
-                   observation_offset=offset, **kwargs)
+        return cls(
+            initial_loc,
+            initial_cov,
+            A,
+            Q,
+            C,
+            R,
+            None,
+            controls,
+            num_steps=num_steps,
+            observation_offset=offset,
+            **kwargs,
+        )
 
     # ----------------------------------------------------------------------------------
     # Pyro / torch distribution protocol
@@ -505,8 +564,14 @@ class LinearGaussianSSM(TorchDistribution):
     def expand(self, batch_shape, _instance=None):
         new = self._get_checked_instance(LinearGaussianSSM, _instance)
         batch_shape = torch.Size(batch_shape)
-        for name in _PARAM_NAMES + ("num_steps", "observation_mask", "hidden_dim", "obs_dim",
-                                    "method", "nan_as_missing"):
+        for name in _PARAM_NAMES + (
+            "num_steps",
+            "observation_mask",
+            "hidden_dim",
+            "obs_dim",
+            "method",
+            "nan_as_missing",
+        ):
             setattr(new, name, getattr(self, name))
         # parameters stay unexpanded (all computations broadcast); results are expanded
         super(LinearGaussianSSM, new).__init__(batch_shape, self.event_shape, validate_args=False)
@@ -517,9 +582,15 @@ class LinearGaussianSSM(TorchDistribution):
     def params(self) -> LGSSMParams:
         """The parameters as one :class:`~pyro_seq.ops.lgssm.LGSSMParams` (the controls and
         the observation offset are not parameters of the bundle)."""
-        return LGSSMParams(self.initial_loc, self.initial_cov, self.transition_matrix,
-                           self.transition_cov, self.observation_matrix, self.observation_cov,
-                           self.control_matrix)
+        return LGSSMParams(
+            self.initial_loc,
+            self.initial_cov,
+            self.transition_matrix,
+            self.transition_cov,
+            self.observation_matrix,
+            self.observation_cov,
+            self.control_matrix,
+        )
 
     def _params(self):
         # validated once at construction (or switched off by the user): not again per call
@@ -536,8 +607,14 @@ class LinearGaussianSSM(TorchDistribution):
             raise ValueError(f"observation_offset covers {d.shape[-2]} steps, {stop} are needed")
         return d[..., start:stop, :]
 
-    def _data(self, x: Tensor, observation_mask=None, step_mask=None, num_steps=_DEFAULT,
-              default_mask=_DEFAULT):
+    def _data(
+        self,
+        x: Tensor,
+        observation_mask=None,
+        step_mask=None,
+        num_steps=_DEFAULT,
+        default_mask=_DEFAULT,
+    ):
         """Check ``x (..., T, D)`` and resolve its mask (``num_steps`` and ``default_mask``
         default to the constructor's; :meth:`predict` passes others). Returns ``(x', mask)``: ``x'`` has
         zeros at masked entries (``torch.where``, so a NaN there reaches neither values nor
@@ -548,7 +625,9 @@ class LinearGaussianSSM(TorchDistribution):
             raise ValueError(f"expected observations of shape (..., T, {D}); got {shape}")
         T = x.shape[-2]
         if T == 0:
-            raise ValueError("observations have no time steps (T = 0); LinearGaussianSSM needs T >= 1")
+            raise ValueError(
+                "observations have no time steps (T = 0); LinearGaussianSSM needs T >= 1"
+            )
         device = self.initial_loc.device
         check_device("observations", x, device, "the LinearGaussianSSM's parameters are")
         for name, m in (("observation_mask", observation_mask), ("step_mask", step_mask)):
@@ -574,8 +653,11 @@ class LinearGaussianSSM(TorchDistribution):
                 n_nan = int((torch.isnan(x) & bad).sum())
                 n_inf = int(bad.sum()) - n_nan
                 first = tuple(int(i) for i in bad.nonzero()[0])
-                what = " and ".join(s for s in (f"{n_nan} NaN" if n_nan else "",
-                                                f"{n_inf} infinite" if n_inf else "") if s)
+                what = " and ".join(
+                    s
+                    for s in (f"{n_nan} NaN" if n_nan else "", f"{n_inf} infinite" if n_inf else "")
+                    if s
+                )
                 raise ValueError(
                     f"observations contain {what} value(s) at entries that are not masked "
                     f"(first at index {first}). Mark missing entries with observation_mask "
@@ -616,8 +698,10 @@ class LinearGaussianSSM(TorchDistribution):
         shape = torch.Size(sample_shape) + self.batch_shape
         T, S, D = self.num_steps, self.hidden_dim, self.obs_dim
         dtype, device = self.initial_loc.dtype, self.initial_loc.device
-        noise = (torch.randn(shape + (T, S), dtype=dtype, device=device),
-                 torch.randn(shape + (T, D), dtype=dtype, device=device))
+        noise = (
+            torch.randn(shape + (T, S), dtype=dtype, device=device),
+            torch.randn(shape + (T, D), dtype=dtype, device=device),
+        )
         out = lgssm_sample(**self._params(), num_steps=T, noise=noise, method=self.method)
         x = out.observations
         if self.observation_offset is not None:
@@ -628,8 +712,12 @@ class LinearGaussianSSM(TorchDistribution):
     # Inference
     # ----------------------------------------------------------------------------------
 
-    def filter(self, x: Tensor, observation_mask: Optional[Tensor] = None,
-               step_mask: Optional[Tensor] = None) -> LGSSMFilterResult:
+    def filter(
+        self,
+        x: Tensor,
+        observation_mask: Optional[Tensor] = None,
+        step_mask: Optional[Tensor] = None,
+    ) -> LGSSMFilterResult:
         """Kalman filter (thesis eq. 3.11). As ``GaussianHMM.filter(value)`` it returns the
         posterior of the final state p(z_T | x_{1:T}), a ``MultivariateNormal`` with batch shape
         ``broadcast(batch_shape, x.shape[:-2])``; the returned :class:`LGSSMFilterResult` also
@@ -639,25 +727,37 @@ class LinearGaussianSSM(TorchDistribution):
         constructor's masks when either is given."""
         xc, mask = self._data(x, observation_mask, step_mask)
         res = kalman_filter(xc, **self._params(), mask=mask, method=self.method)
-        return LGSSMFilterResult(_expand_filter(res, self._out_batch(x)),
-                                 validate_args=self._validate_args)
+        return LGSSMFilterResult(
+            _expand_filter(res, self._out_batch(x)), validate_args=self._validate_args
+        )
 
-    def smooth(self, x: Tensor, observation_mask: Optional[Tensor] = None,
-               step_mask: Optional[Tensor] = None) -> KalmanSmootherResult:
+    def smooth(
+        self,
+        x: Tensor,
+        observation_mask: Optional[Tensor] = None,
+        step_mask: Optional[Tensor] = None,
+    ) -> KalmanSmootherResult:
         """RTS smoother: smoothed means ``(..., T, S)``, covs ``(..., T, S, S)``,
         ``cross_covs`` Cov(z_{t+1}, z_t | x) ``(..., T-1, S, S)``, see
         :class:`pyro_seq.ops.KalmanSmootherResult`. Masks as in :meth:`filter`."""
         xc, mask = self._data(x, observation_mask, step_mask)
         res = kalman_smoother(xc, **self._params(), mask=mask, method=self.method)
         batch = self._out_batch(x)
+        means, covs, cross_covs, gains = (
+            _expand_to(r, batch, 3 if i else 2) for i, r in enumerate(res[:4])
+        )
         return KalmanSmootherResult(
-            *(_expand_to(r, batch, 3 if i else 2) for i, r in enumerate(res[:4])),
-            _expand_filter(res.filtered, batch),
+            means, covs, cross_covs, gains, _expand_filter(res.filtered, batch)
         )
 
-    def sample_posterior(self, x: Tensor, sample_shape=torch.Size(),
-                         observation_mask: Optional[Tensor] = None, noise=None,
-                         step_mask: Optional[Tensor] = None) -> Tensor:
+    def sample_posterior(
+        self,
+        x: Tensor,
+        sample_shape=torch.Size(),
+        observation_mask: Optional[Tensor] = None,
+        noise=None,
+        step_mask: Optional[Tensor] = None,
+    ) -> Tensor:
         """Reparameterized draws of z_{1:T} ~ p(z_{1:T} | x_{1:T}) by forward-filtering
         backward-sampling: ``sample_shape + batch + (T, S)``. ``noise`` (standard normal of
         that shape) fixes the randomness; masks as in :meth:`filter`."""
@@ -667,10 +767,17 @@ class LinearGaussianSSM(TorchDistribution):
         T = x.shape[-2]
         xc = xc.expand(batch + xc.shape[-2:])
         if noise is None:
-            noise = torch.randn(sample_shape + batch + (T, self.hidden_dim), dtype=xc.dtype,
-                                device=xc.device)
-        res = kalman_sample(xc, **self._params(), mask=mask, sample_shape=sample_shape,
-                            noise=noise, method=self.method)
+            noise = torch.randn(
+                sample_shape + batch + (T, self.hidden_dim), dtype=xc.dtype, device=xc.device
+            )
+        res = kalman_sample(
+            xc,
+            **self._params(),
+            mask=mask,
+            sample_shape=sample_shape,
+            noise=noise,
+            method=self.method,
+        )
         return res.samples
 
     def rsample_posterior(self, value: Tensor, sample_shape=torch.Size(), noise=None) -> Tensor:
@@ -682,8 +789,13 @@ class LinearGaussianSSM(TorchDistribution):
         :meth:`sample_posterior`."""
         return self.sample_posterior(value, sample_shape, noise=noise)
 
-    def predict(self, x: Tensor, steps: int, observation_mask: Optional[Tensor] = None,
-                step_mask: Optional[Tensor] = None) -> LGSSMForecast:
+    def predict(
+        self,
+        x: Tensor,
+        steps: int,
+        observation_mask: Optional[Tensor] = None,
+        step_mask: Optional[Tensor] = None,
+    ) -> LGSSMForecast:
         """Forecast ``steps`` future observations by treating them as missing (thesis
         Sec. 3.4.2): p(x_{T+k} | x_{1:T}) = N(C m_{T+k} + d_{T+k}, C P_{T+k} C^T + R) with m,
         P the filter's predictions. Time-varying parameters/controls/offsets must cover
@@ -694,28 +806,44 @@ class LinearGaussianSSM(TorchDistribution):
         if int(steps) != steps or steps < 1:
             raise ValueError(f"steps must be a positive integer; got {steps}")
         if x.dim() < 2 or x.shape[-1] != self.obs_dim:
-            raise ValueError(f"expected observations of shape (..., T, {self.obs_dim}); got "
-                             f"{tuple(x.shape)}")
+            raise ValueError(
+                f"expected observations of shape (..., T, {self.obs_dim}); got {tuple(x.shape)}"
+            )
         T_obs = x.shape[-2]
         T = T_obs + steps
         if self.num_steps is not None and self.num_steps != T:
-            if any(_time_size(p, 2) not in (None, 1) for p in (
-                    self.transition_matrix, self.transition_cov, self.observation_matrix,
-                    self.observation_cov, self.control_matrix)) or self.controls is not None \
-                    or _time_size(self.observation_offset, 1) not in (None, 1):
+            if (
+                any(
+                    _time_size(p, 2) not in (None, 1)
+                    for p in (
+                        self.transition_matrix,
+                        self.transition_cov,
+                        self.observation_matrix,
+                        self.observation_cov,
+                        self.control_matrix,
+                    )
+                )
+                or self.controls is not None
+                or _time_size(self.observation_offset, 1) not in (None, 1)
+            ):
                 raise ValueError(
                     f"time-varying parameters cover {self.num_steps} steps; predict needs "
                     f"x.shape[-2] + steps = {T}"
                 )
         base = self.observation_mask
-        if observation_mask is None and step_mask is None and base is not None \
-                and base.shape[-2] not in (1, T_obs):
+        if (
+            observation_mask is None
+            and step_mask is None
+            and base is not None
+            and base.shape[-2] not in (1, T_obs)
+        ):
             base = None  # the constructor's mask covers another length (e.g. T + steps)
         xc, mask = self._data(x, observation_mask, step_mask, num_steps=None, default_mask=base)
         if mask is None:
             mask = torch.ones(T_obs, self.obs_dim, dtype=torch.bool, device=x.device)
-        future = torch.zeros(mask.shape[:-2] + (steps, self.obs_dim), dtype=torch.bool,
-                             device=x.device)
+        future = torch.zeros(
+            mask.shape[:-2] + (steps, self.obs_dim), dtype=torch.bool, device=x.device
+        )
         mask = torch.cat([mask, future], -2)
         xp = torch.cat([xc, xc.new_zeros(xc.shape[:-2] + (steps, self.obs_dim))], -2)
         res = kalman_filter(xp, **self._params(), mask=mask, method=self.method)
@@ -735,8 +863,10 @@ class LinearGaussianSSM(TorchDistribution):
         covs = 0.5 * (covs + covs.mT)
         batch = _broadcast_shapes(self.batch_shape, x.shape[:-2], means.shape[:-2])
         return LGSSMForecast(
-            _expand_to(means, batch, 2), _expand_to(covs, batch, 3),
-            _expand_to(m, batch, 2), _expand_to(P, batch, 3),
+            _expand_to(means, batch, 2),
+            _expand_to(covs, batch, 3),
+            _expand_to(m, batch, 2),
+            _expand_to(P, batch, 3),
         )
 
     # ----------------------------------------------------------------------------------
@@ -762,17 +892,22 @@ class LinearGaussianSSM(TorchDistribution):
             )
         if not torch.is_tensor(data) or data.dim() < 2 or data.shape[-1] != self.obs_dim:
             shape = tuple(data.shape) if torch.is_tensor(data) else type(data).__name__
-            raise ValueError(f"prefix_condition expects data of shape (..., t, {self.obs_dim}); "
-                             f"got {shape}")
+            raise ValueError(
+                f"prefix_condition expects data of shape (..., t, {self.obs_dim}); got {shape}"
+            )
         t = data.shape[-2]
         if not 1 <= t < T:
-            raise ValueError(f"prefix_condition needs 1 <= t < T = {T} observed steps to "
-                             f"forecast the rest; data has t = {t}")
+            raise ValueError(
+                f"prefix_condition needs 1 <= t < T = {T} observed steps to "
+                f"forecast the rest; data has t = {t}"
+            )
         mask = self.observation_mask
         kw = {}
         if mask is not None:  # per element, (..., T, D): step_mask=True says so
-            kw = dict(observation_mask=mask[..., :t, :],
-                      step_mask=torch.ones((), dtype=torch.bool, device=mask.device))
+            kw = dict(
+                observation_mask=mask[..., :t, :],
+                step_mask=torch.ones((), dtype=torch.bool, device=mask.device),
+            )
         fc = self.predict(data, T - t, **kw)
         P = fc.state_covs[..., 0, :, :]
 
@@ -782,14 +917,21 @@ class LinearGaussianSSM(TorchDistribution):
             return p[(..., slice(t, None)) + (slice(None),) * event_ndim]
 
         new = LinearGaussianSSM(
-            fc.state_means[..., 0, :], 0.5 * (P + P.mT),
-            tail(self.transition_matrix, 2), tail(self.transition_cov, 2),
-            tail(self.observation_matrix, 2), tail(self.observation_cov, 2),
-            tail(self.control_matrix, 2), tail(self.controls, 1), num_steps=T - t,
+            fc.state_means[..., 0, :],
+            0.5 * (P + P.mT),
+            tail(self.transition_matrix, 2),
+            tail(self.transition_cov, 2),
+            tail(self.observation_matrix, 2),
+            tail(self.observation_cov, 2),
+            tail(self.control_matrix, 2),
+            tail(self.controls, 1),
+            num_steps=T - t,
             observation_mask=None if mask is None else mask[..., t:, :],
             step_mask=None if mask is None else kw["step_mask"],
             observation_offset=tail(self.observation_offset, 1),
-            nan_as_missing=self.nan_as_missing, method=self.method, validate_args=False,
+            nan_as_missing=self.nan_as_missing,
+            method=self.method,
+            validate_args=False,
         )
         new._validate_args = self._validate_args
         return new
@@ -818,11 +960,16 @@ class LinearGaussianSSM(TorchDistribution):
         The result has time-varying parameters of length T (``other``'s when ``duration`` is
         None) and batch shape ``broadcast(batch_shape, other.batch_shape)``.
         """
-        from torch.distributions import Independent, MultivariateNormal as MVN, Normal
+        from torch.distributions import Independent, Normal
+        from torch.distributions import MultivariateNormal as MVN
 
-        if not (isinstance(other, Independent) and (
+        if not (
+            isinstance(other, Independent)
+            and (
                 (isinstance(other.base_dist, Normal) and other.reinterpreted_batch_ndims == 2)
-                or (isinstance(other.base_dist, MVN) and other.reinterpreted_batch_ndims == 1))):
+                or (isinstance(other.base_dist, MVN) and other.reinterpreted_batch_ndims == 1)
+            )
+        ):
             got = type(other).__name__
             if isinstance(other, Independent):
                 got += f"({type(other.base_dist).__name__}, {other.reinterpreted_batch_ndims})"
@@ -833,8 +980,10 @@ class LinearGaussianSSM(TorchDistribution):
         T = self.num_steps if self.num_steps is not None else other.event_shape[0]
         D, S = self.obs_dim, self.hidden_dim
         if tuple(other.event_shape) != (T, D):
-            raise ValueError(f"conjugate_update needs other.event_shape == (T, D) = ({T}, {D}); "
-                             f"got {tuple(other.event_shape)}")
+            raise ValueError(
+                f"conjugate_update needs other.event_shape == (T, D) = ({T}, {D}); "
+                f"got {tuple(other.event_shape)}"
+            )
         if self.observation_mask is not None or self.nan_as_missing:
             raise NotImplementedError(
                 "LinearGaussianSSM.conjugate_update is not implemented for a model with "
@@ -858,12 +1007,24 @@ class LinearGaussianSSM(TorchDistribution):
         R = self.observation_cov
         Rg = R + G
         # the normaliser: this model with observation noise R + G, evaluated at l
-        log_normalizer = LinearGaussianSSM(
-            self.initial_loc, self.initial_cov, self.transition_matrix, self.transition_cov,
-            self.observation_matrix, Rg, self.control_matrix, self.controls, num_steps=T,
-            observation_offset=self.observation_offset, method=self.method,
-            validate_args=False,
-        ).log_prob(loc).expand(out_batch)
+        log_normalizer = (
+            LinearGaussianSSM(
+                self.initial_loc,
+                self.initial_cov,
+                self.transition_matrix,
+                self.transition_cov,
+                self.observation_matrix,
+                Rg,
+                self.control_matrix,
+                self.controls,
+                num_steps=T,
+                observation_offset=self.observation_offset,
+                method=self.method,
+                validate_args=False,
+            )
+            .log_prob(loc)
+            .expand(out_batch)
+        )
 
         # observation factor of the product: W = (R + G)^{-1} R
         L = torch.linalg.cholesky(Rg)
@@ -882,21 +1043,27 @@ class LinearGaussianSSM(TorchDistribution):
 
         # information of the pseudo-observations l_t ~ N(C z_t + d_t, R_t + G_t)
         C_b = C.expand(Rg.shape[:-2] + C.shape[-2:])
-        RinvC = torch.cholesky_solve(C_b, L)                          # (..., T, D, S)
-        J = C_b.mT @ RinvC                                            # (..., T, S, S)
-        h = (RinvC.mT @ resid.unsqueeze(-1)).squeeze(-1)              # (..., T, S)
+        RinvC = torch.cholesky_solve(C_b, L)  # (..., T, D, S)
+        J = C_b.mT @ RinvC  # (..., T, S, S)
+        h = (RinvC.mT @ resid.unsqueeze(-1)).squeeze(-1)  # (..., T, S)
         J = 0.5 * (J + J.mT)
         b = self.controls
         if b is not None and self.control_matrix is not None:
-            b = (self.control_matrix @ b.unsqueeze(-1)).squeeze(-1)   # (..., T|1, S)
+            b = (self.control_matrix @ b.unsqueeze(-1)).squeeze(-1)  # (..., T|1, S)
         eye = torch.eye(S, dtype=J.dtype, device=J.device)
 
         def update(loc_prior, cov, lam, eta):  # N(loc_prior, cov) times exp(-z'Λz/2 + η'z)
             N = eye + cov @ lam
             new_cov = torch.linalg.solve(N, cov)
-            return N, 0.5 * (new_cov + new_cov.mT), (
-                torch.linalg.solve(N, (loc_prior + (cov @ eta.unsqueeze(-1)).squeeze(-1))
-                                   .unsqueeze(-1)).squeeze(-1))
+            return (
+                N,
+                0.5 * (new_cov + new_cov.mT),
+                (
+                    torch.linalg.solve(
+                        N, (loc_prior + (cov @ eta.unsqueeze(-1)).squeeze(-1)).unsqueeze(-1)
+                    ).squeeze(-1)
+                ),
+            )
 
         A_new, Q_new, b_new = [None] * T, [None] * T, [None] * T
         lam, eta = step(J, T - 1, 2), step(h, T - 1, 1)
@@ -922,9 +1089,20 @@ class LinearGaussianSSM(TorchDistribution):
         A_new = torch.stack(torch.broadcast_tensors(*A_new), -3)
         Q_new = torch.stack(torch.broadcast_tensors(*Q_new), -3)
         b_new = torch.stack(torch.broadcast_tensors(*b_new), -2)
-        updated = LinearGaussianSSM(init_loc, init_cov, A_new, Q_new, new_C, new_R, None, b_new,
-                                    num_steps=T, observation_offset=new_d, method=self.method,
-                                    validate_args=False)
+        updated = LinearGaussianSSM(
+            init_loc,
+            init_cov,
+            A_new,
+            Q_new,
+            new_C,
+            new_R,
+            None,
+            b_new,
+            num_steps=T,
+            observation_offset=new_d,
+            method=self.method,
+            validate_args=False,
+        )
         updated._validate_args = self._validate_args
         if updated.batch_shape != out_batch:
             updated = updated.expand(out_batch)

@@ -6,10 +6,19 @@ needs (see ``tutorials/custom_model.py``) are exported here too: :func:`normal`,
 :func:`stack_params`.
 """
 
-from pyro_seq.models.base import (SequenceModel, StepProgram, check_sequences, masked, normal,
-                                  shift_right, stack_time)
-from pyro_seq.models.contract import EnergyBasedModel, ModelContract, Unsupported
+from typing import Dict, Type
+
+from pyro_seq.models.base import (
+    SequenceModel,
+    StepProgram,
+    check_sequences,
+    masked,
+    normal,
+    shift_right,
+    stack_time,
+)
 from pyro_seq.models.collaborative_rbm import CollaborativeRBM
+from pyro_seq.models.contract import EnergyBasedModel, ModelContract, Unsupported
 from pyro_seq.models.dmm import DMM
 from pyro_seq.models.emission import make_emission, stack_params
 from pyro_seq.models.gtmsm import GTMSM
@@ -26,13 +35,49 @@ from pyro_seq.models.vrnn import VRNN
 
 #: The models by the name the command line and the docs use (``pyro-seq train --model NAME``);
 #: every surface reads what each declares (:mod:`pyro_seq.models.contract`).
-MODELS = {"dmm": DMM, "srnn": SRNN, "vrnn": VRNN, "vaernn": VAERNN, "storn": STORN, "vosp": VOSP,
-          "vrae": VRAE, "rnn": RNNBaseline, "kvae": KVAE, "gtmsm": GTMSM,
-          "lgssm": LinearGaussianSequenceModel, "rtrbm": RTRBM, "srtrbm": SRTRBM,
-          "collaborative_rbm": CollaborativeRBM}
+MODELS: Dict[str, Type[ModelContract]] = {
+    "dmm": DMM,
+    "srnn": SRNN,
+    "vrnn": VRNN,
+    "vaernn": VAERNN,
+    "storn": STORN,
+    "vosp": VOSP,
+    "vrae": VRAE,
+    "rnn": RNNBaseline,
+    "kvae": KVAE,
+    "gtmsm": GTMSM,
+    "lgssm": LinearGaussianSequenceModel,
+    "rtrbm": RTRBM,
+    "srtrbm": SRTRBM,
+    "collaborative_rbm": CollaborativeRBM,
+}
 
-__all__ = ["MODELS", "CollaborativeRBM", "DMM", "EnergyBasedModel", "GTMSM", "KVAE",
-           "LinearGaussianSequenceModel", "ModelContract", "RNNBaseline", "RTRBM", "SRNN", "SRTRBM",
-           "STORN", "SequenceModel", "StepProgram", "Unsupported", "VAERNN", "VOSP", "VRAE", "VRNN",
-           "check_sequences", "make_emission", "masked", "normal", "shift_right", "stack_params",
-           "stack_time"]
+__all__ = [
+    "MODELS",
+    "CollaborativeRBM",
+    "DMM",
+    "EnergyBasedModel",
+    "GTMSM",
+    "KVAE",
+    "LinearGaussianSequenceModel",
+    "ModelContract",
+    "RNNBaseline",
+    "RTRBM",
+    "SRNN",
+    "SRTRBM",
+    "STORN",
+    "SequenceModel",
+    "StepProgram",
+    "Unsupported",
+    "VAERNN",
+    "VOSP",
+    "VRAE",
+    "VRNN",
+    "check_sequences",
+    "make_emission",
+    "masked",
+    "normal",
+    "shift_right",
+    "stack_params",
+    "stack_time",
+]

@@ -78,11 +78,13 @@ apart.
 
 import functools
 from types import MappingProxyType
+from typing import Callable, FrozenSet, List, Mapping, Optional, Sequence, Tuple, Union
 
 import pyro
 import pyro.distributions as dist
 import torch
-from pyro.distributions.torch_distribution import MaskedDistribution
+from pyro.distributions.torch_distribution import MaskedDistribution, TorchDistribution
+from torch import nn
 
 from pyro_seq.distributions.scored_value import PresampledValue, ScoredValue
 from pyro_seq.models.contract import ModelContract
@@ -90,9 +92,14 @@ from pyro_seq.models.emission import ObservedElements
 from pyro_seq.nn.init import bernoulli_output_layer, init_output_bias, init_weights
 from pyro_seq.ops.state import SequenceState
 from pyro_seq.pyro_internals import active_messengers, preserves_sample_values
-from pyro_seq.validation import (module_device, positive_int, prepare_sequences, validate_inputs,
-                                 validate_mask, validate_sequences)
-
+from pyro_seq.validation import (
+    module_device,
+    positive_int,
+    prepare_sequences,
+    validate_inputs,
+    validate_mask,
+    validate_sequences,
+)
 
 #: Alias of :func:`pyro_seq.validation.validate_sequences`, the package's one validator.
 check_sequences = validate_sequences
@@ -168,8 +175,12 @@ def _same_tensor(a, b):
         return a is None and b is None
     if a is b:
         return True
-    return (a.shape == b.shape and a.dtype == b.dtype and a.device == b.device
-            and bool(torch.equal(a, b)))
+    return (
+        a.shape == b.shape
+        and a.dtype == b.dtype
+        and a.device == b.device
+        and bool(torch.equal(a, b))
+    )
 
 
 class GuideRecord:
@@ -195,8 +206,11 @@ class GuideRecord:
         self.steps = {}
 
     def _parameters(self):
-        return [p for name in self.owner.shared_with_guide_modules
-                for p in getattr(self.owner, name).parameters()]
+        return [
+            p
+            for name in self.owner.shared_with_guide_modules
+            for p in getattr(self.owner, name).parameters()
+        ]
 
     def append(self, key, z_prev, value):
         """Record ``value`` (a tensor or tuple of tensors) computed at ``z_prev`` by the guide
@@ -210,14 +224,17 @@ class GuideRecord:
         if owner is not self.owner or torch.is_grad_enabled() != self.grad_enabled:
             return False
         if len(inputs) != len(self.inputs) or not all(
-                _same_tensor(a, b) for a, b in zip(inputs, self.inputs)):
+            _same_tensor(a, b) for a, b in zip(inputs, self.inputs)
+        ):
             return False
         current = self._parameters()
         if len(current) != len(self.values):
             return False
         with torch.no_grad():
-            return all(p.requires_grad == r and _same_tensor(p.detach(), v)
-                       for p, v, r in zip(current, self.values, self.requires_grad))
+            return all(
+                p.requires_grad == r and _same_tensor(p.detach(), v)
+                for p, v, r in zip(current, self.values, self.requires_grad)
+            )
 
     def steps_at(self, key, history):
         """The per-step values under ``key``, stacked with time at dim -2, when the guide
@@ -262,7 +279,7 @@ class _StepMasked(MaskedDistribution):
         return super().expand(batch_shape, _instance)
 
 
-def masked(fn, mask):
+def masked(fn: TorchDistribution, mask: torch.Tensor) -> MaskedDistribution:
     """``fn.mask(mask)`` for a per-step site: the same distribution, whose ``expand`` to the
     batch shape it already has returns itself. Pyro's plates expand every site's distribution
     to the plate shape; the stock ``MaskedDistribution`` then rebuilds itself and every layer
@@ -272,7 +289,7 @@ def masked(fn, mask):
     return _StepMasked(fn, mask)
 
 
-def shift_right(x):
+def shift_right(x: torch.Tensor) -> torch.Tensor:
     """``u_t = x_{t-1}`` with ``u_1 = 0``: ``(batch, T, D) -> (batch, T, D)``."""
     return torch.cat([torch.zeros_like(x[:, :1]), x[:, :-1]], dim=1)
 
@@ -319,13 +336,13 @@ def on_real_steps(fn, inputs, mask):
     return unpack(out) if torch.is_tensor(out) else tuple(unpack(v) for v in out)
 
 
-def stack_time(values):
+def stack_time(values: Sequence[torch.Tensor]) -> torch.Tensor:
     """Stack per-step tensors ``(..., F)`` into ``(..., T, F)`` after broadcasting them."""
     shape = torch.broadcast_shapes(*(v.shape for v in values))
     return torch.stack([v.expand(shape) for v in values], dim=-2)
 
 
-def normal(loc, scale):
+def normal(loc: torch.Tensor, scale: torch.Tensor) -> TorchDistribution:
     """Diagonal Gaussian with event shape ``(dim,)``: the latent layer of DMM and SRNN."""
     return dist.Normal(loc, scale).to_event(1)
 
@@ -341,6 +358,10 @@ def time_steps(params):
     return list(zip(*(p.unbind(-2) for p in params)))
 
 
+#: A step index, or ``slice(None)`` for every step at once (time-parallel scoring).
+Step = Union[int, slice]
+
+
 class StepProgram:
     """A Pyro program given by ``init``/``step``; calling it runs the whole sequence.
 
@@ -348,23 +369,24 @@ class StepProgram:
     :param str role: ``"model"`` or ``"guide"``.
     """
 
-    def __init__(self, owner, role):
+    def __init__(self, owner: "SequenceModel", role: str) -> None:
         self._owner = owner
         self.role = role
         self._init = getattr(owner, f"{role}_init")
         self._step = getattr(owner, f"{role}_step")
-        self._plate, self._plate_key = None, None
+        self._plate: Optional[pyro.plate] = None
+        self._plate_key: Optional[tuple] = None
 
     def __repr__(self):
         return f"{type(self._owner).__name__}.{self.role}"
 
     @property
-    def owner(self):
+    def owner(self) -> "SequenceModel":
         """The :class:`SequenceModel` whose parameters and networks the program uses."""
         return self._owner
 
     @property
-    def device(self):
+    def device(self) -> Optional[torch.device]:
         """The device of the owner's parameters, where ``x``, ``mask`` and ``observed`` must be.
 
         Drivers such as :class:`~pyro_seq.infer.FIVO` check their batch against it before
@@ -372,7 +394,7 @@ class StepProgram:
         return module_device(self._owner)
 
     @property
-    def dtype(self):
+    def dtype(self) -> torch.dtype:
         """The floating dtype of the owner's parameters, or buffers without parameters (the
         default dtype without either): ``x`` and ``inputs`` are converted to it."""
         for tensors in (self._owner.parameters(), self._owner.buffers()):
@@ -381,7 +403,7 @@ class StepProgram:
                     return p.dtype
         return torch.get_default_dtype()
 
-    def plate(self, x, num_sequences=None):
+    def plate(self, x: torch.Tensor, num_sequences: Optional[int] = None) -> pyro.plate:
         """The batch plate; ``num_sequences`` (data-set size) scales a minibatch to the full sum.
 
         The plate object is reused while the batch size and ``num_sequences`` stay the same
@@ -391,12 +413,18 @@ class StepProgram:
         if self._plate_key != key:
             batch = x.shape[0]
             if num_sequences is None:
-                self._plate = pyro.plate("sequences", batch, dim=-1, device=x.device)
+                # pyro.plate takes a torch.device too (its annotation says str)
+                self._plate = pyro.plate("sequences", batch, dim=-1, device=x.device)  # type: ignore[arg-type]
             else:
-                self._plate = pyro.plate("sequences", num_sequences,
-                                         subsample=torch.arange(batch, device=x.device), dim=-1,
-                                         device=x.device)
+                self._plate = pyro.plate(
+                    "sequences",
+                    num_sequences,
+                    subsample=torch.arange(batch, device=x.device),
+                    dim=-1,
+                    device=x.device,  # type: ignore[arg-type]
+                )
             self._plate_key = key
+        assert self._plate is not None  # built above for this key
         return self._plate
 
     def _validate(self, state, x, mask, observed, inputs=None):
@@ -408,8 +436,9 @@ class StepProgram:
         ``input_dim`` is positive. ``x``, ``mask``, ``observed`` and ``inputs`` must be on the
         device of the model's parameters (a ValueError naming the tensor otherwise)."""
         owner = self._owner
-        x, mask, seen = prepare_sequences(x, mask, owner.obs_dim, owner.binary_observations,
-                                          observed, device=self.device)
+        x, mask, seen = prepare_sequences(
+            x, mask, owner.obs_dim, owner.binary_observations, observed, device=self.device
+        )
         x = x.to(self.dtype)  # float64 data into a float32 model (and back), as the loader does
         if seen is not None:
             state.shared["observed"] = seen
@@ -418,7 +447,15 @@ class StepProgram:
             state.shared["inputs"] = u
         return x, mask
 
-    def init(self, state, x, mask=None, num_sequences=None, observed=None, inputs=None):
+    def init(
+        self,
+        state: SequenceState,
+        x: torch.Tensor,
+        mask: Optional[torch.Tensor] = None,
+        num_sequences: Optional[int] = None,
+        observed: Optional[torch.Tensor] = None,
+        inputs: Optional[torch.Tensor] = None,
+    ) -> None:
         """Register parameters and fill ``state`` for step 0 (inside the batch plate).
 
         Validates ``(x, mask)`` once per sequence pass (:func:`~pyro_seq.validation.validate_sequences`
@@ -434,7 +471,16 @@ class StepProgram:
         with self.plate(x, num_sequences):
             self._init(state, x, mask)
 
-    def step(self, state, t, x, mask=None, num_sequences=None, observed=None, inputs=None):
+    def step(
+        self,
+        state: SequenceState,
+        t: int,
+        x: torch.Tensor,
+        mask: Optional[torch.Tensor] = None,
+        num_sequences: Optional[int] = None,
+        observed: Optional[torch.Tensor] = None,
+        inputs: Optional[torch.Tensor] = None,
+    ) -> None:
         """Run step ``t`` (0-based) inside the batch plate.
 
         ``mask`` is the one given to :meth:`init` (validated there); a mask that is None or not
@@ -447,7 +493,14 @@ class StepProgram:
         with self.plate(x, num_sequences):
             self._step(state, t, x, mask)
 
-    def __call__(self, x, mask=None, num_sequences=None, observed=None, inputs=None):
+    def __call__(
+        self,
+        x: torch.Tensor,
+        mask: Optional[torch.Tensor] = None,
+        num_sequences: Optional[int] = None,
+        observed: Optional[torch.Tensor] = None,
+        inputs: Optional[torch.Tensor] = None,
+    ) -> SequenceState:
         """Run the whole sequence: ``init`` then ``step`` for t = 0..T-1 in ``pyro.markov``.
 
         :param torch.Tensor x: ``(batch, T, D)``.
@@ -468,24 +521,25 @@ class StepProgram:
         pyro.module(owner.module_name, owner)
         T = x.shape[1]
         # what a guide run's record must match: the data, the missing entries, the known inputs
-        inputs = (x, mask, state.shared.get("observed"), state.shared.get("inputs"))
+        run_inputs = (x, mask, state.shared.get("observed"), state.shared.get("inputs"))
         latents = None
         if self.role == "model" and owner.scores_all_steps(state, x, mask):
             latents = replayed_latents(owner.latent_names, T)
             if latents is not None and owner.shared_with_guide:
-                record = replayed_guide_record(owner, inputs)
+                record = replayed_guide_record(owner, run_inputs)
                 if record is not None:  # the guide's tensors for the same inputs and weights
                     state.guide_record = record
-                    state.shared.update({k: record.shared[k] for k in owner.shared_with_guide
-                                         if k in record.shared})
+                    state.shared.update(
+                        {k: record.shared[k] for k in owner.shared_with_guide if k in record.shared}
+                    )
         elif self.role == "guide" and owner.shared_with_guide:
-            state.guide_record = GuideRecord(owner, state, inputs)
+            state.guide_record = GuideRecord(owner, state, run_inputs)
         with self.plate(x, num_sequences):
             self._init(state, x, mask)
             if latents is not None:  # every latent fixed by a replay: score all steps at once
                 state.replayed = latents
                 for name, values in latents.items():
-                    history = [state[name]] + values[:-1]     # z_{0:T-1}
+                    history = [state[name]] + values[:-1]  # z_{0:T-1}
                     state[name] = stack_time(history)
                 self._step(state, slice(None), x, mask)
             elif not self._scanned_guide(state, x, mask):
@@ -501,8 +555,12 @@ class StepProgram:
         """Whether the guide ran every step at once (:meth:`SequenceModel.guide_scan`): only a
         model that defines it, only under :func:`plain_guide_stack`, only if it accepts."""
         owner = self._owner
-        return (self.role == "guide" and type(owner).guide_scan is not SequenceModel.guide_scan
-                and plain_guide_stack(self._plate) and owner.guide_scan(state, x, mask))
+        return (
+            self.role == "guide"
+            and type(owner).guide_scan is not SequenceModel.guide_scan
+            and plain_guide_stack(self._plate)
+            and owner.guide_scan(state, x, mask)
+        )
 
 
 class SequenceModel(ModelContract):
@@ -515,41 +573,47 @@ class SequenceModel(ModelContract):
     """
 
     module_name = "sequence_model"
-    objectives = ("elbo", "meanfield", "iwae", "fivo")
-    evaluation_methods = ("elbo", "iwae", "smc")
-    tasks = frozenset({"generate", "impute", "denoise", "forecast"})
-    impute_methods = ("iterative", "importance")
-    unsupported = MappingProxyType({
-        "cd": "contrastive divergence trains energy-based models; use elbo, iwae or fivo",
-        "exact": "its likelihood has no closed form; use iwae or smc for a bound",
-        "ais": "AIS estimates the partition functions of energy-based models; use iwae or smc",
-        "pseudo_likelihood": "it is not energy-based; use elbo, iwae or smc",
-        **{method: "imputing whole frames through a Kalman smoother over encodings needs an "
-                   "LGSSM over the codes (kvae); use iterative or importance"
-           for method in ("smoothing", "filtering", "generation")},
-    })
+    objectives: Tuple[str, ...] = ("elbo", "meanfield", "iwae", "fivo")
+    evaluation_methods: Tuple[str, ...] = ("elbo", "iwae", "smc")
+    tasks: FrozenSet[str] = frozenset({"generate", "impute", "denoise", "forecast"})
+    impute_methods: Tuple[str, ...] = ("iterative", "importance")
+    unsupported: Mapping[str, str] = MappingProxyType(
+        {
+            "cd": "contrastive divergence trains energy-based models; use elbo, iwae or fivo",
+            "exact": "its likelihood has no closed form; use iwae or smc for a bound",
+            "ais": "AIS estimates the partition functions of energy-based models; use iwae or smc",
+            "pseudo_likelihood": "it is not energy-based; use elbo, iwae or smc",
+            **{
+                method: "imputing whole frames through a Kalman smoother over encodings needs an "
+                "LGSSM over the codes (kvae); use iterative or importance"
+                for method in ("smoothing", "filtering", "generation")
+            },
+        }
+    )
 
-    def __init__(self, obs_dim):
+    def __init__(self, obs_dim: int) -> None:
         super().__init__()
         self.obs_dim = positive_int("obs_dim", obs_dim)
         self.model = StepProgram(self, "model")
         self.guide = StepProgram(self, "guide")
 
-    def scores_all_steps(self, state, x, mask):
+    def scores_all_steps(self, state: SequenceState, x: torch.Tensor, mask: torch.Tensor) -> bool:
         """Whether a full-sequence model run with ``x``, ``mask`` and ``state.shared`` (its
         ``observed`` and ``inputs``) may score every step at once when a replay fixes every
         latent (module docstring). Decided per call from its arguments only; the default is
         ``time_parallel``."""
         return self.time_parallel
 
-    def initialise(self, train_sequences, scheme="bias"):
+    def initialise(
+        self, train_sequences: Sequence[torch.Tensor], scheme: str = "bias"
+    ) -> List[str]:
         """``TrainConfig.init`` on a fresh start: ``"none"`` does nothing; a scheme of
         :data:`pyro_seq.nn.INIT_SCHEMES` redraws the weights with
         :func:`~pyro_seq.nn.init_weights` when the model lists it in ``weight_init_schemes``;
         every scheme but ``"none"`` sets a Bernoulli emission's output bias to the logits of the
         training set's frequencies (:func:`~pyro_seq.nn.init_output_bias`). Returns the names of
         what was initialised (``"weights"``, ``"output_bias"``)."""
-        done = []
+        done: List[str] = []
         if scheme == "none":
             return done
         if scheme in self.weight_init_schemes:
@@ -563,6 +627,8 @@ class SequenceModel(ModelContract):
     # Subclasses that call ``observe`` define ``self.emitter(features) -> params`` (a module)
     # and ``self.likelihood(params) -> distribution`` with event shape ``(obs_dim,)``.
 
+    emitter: nn.Module  #: set by subclasses that call ``observe``: features -> parameters
+    likelihood: Callable[..., TorchDistribution]  #: parameters -> distribution (``observe``)
     time_parallel = False  #: the steps accept ``t = slice(None)`` (see the module docstring)
     latent_names = ("z",)  #: latent site prefixes; ``state[name]`` holds the previous value
     #: keys of ``state.shared`` a time-parallel model run takes from its guide's run, and the
@@ -570,7 +636,15 @@ class SequenceModel(ModelContract):
     shared_with_guide = ()
     shared_with_guide_modules = ()
 
-    def sample_latent(self, state, name, t, make_dist, params, mask):
+    def sample_latent(
+        self,
+        state: SequenceState,
+        name: str,
+        t: Step,
+        make_dist: Callable[..., TorchDistribution],
+        params: Sequence[torch.Tensor],
+        mask: torch.Tensor,
+    ) -> torch.Tensor:
         """Sample the latent site(s) ``f"{name}_{t+1}"`` from ``make_dist(*params)``.
 
         :param str name: site prefix (also the ``state`` key of the latent history).
@@ -585,7 +659,14 @@ class SequenceModel(ModelContract):
         self._emit_steps(name, make_dist, params, expected, mask, ScoredValue, "replayed")
         return stack_time(expected)
 
-    def sample_presampled(self, name, make_dist, params, values, mask):
+    def sample_presampled(
+        self,
+        name: str,
+        make_dist: Callable[..., TorchDistribution],
+        params: Sequence[torch.Tensor],
+        values: torch.Tensor,
+        mask: torch.Tensor,
+    ) -> torch.Tensor:
         """Emit the guide sites ``f"{name}_{t+1}"`` for every step at once, with values drawn
         ahead (reparameterised) by the caller: the site distributions are ``make_dist`` at the
         per-step slices of ``params`` and each site returns its slice of ``values``
@@ -594,8 +675,9 @@ class SequenceModel(ModelContract):
 
         :param tuple params: tensors ``(..., T, dim)``; ``values`` ``(..., T, dim)``.
         """
-        self._emit_steps(name, make_dist, params, list(values.unbind(-2)), mask,
-                         PresampledValue, "drawn")
+        self._emit_steps(
+            name, make_dist, params, list(values.unbind(-2)), mask, PresampledValue, "drawn"
+        )
         return values
 
     @staticmethod
@@ -611,14 +693,21 @@ class SequenceModel(ModelContract):
             if value is not values[i]:
                 raise RuntimeError(f"site {name}_{i + 1} did not take its {what} value")
 
-    def guide_scan(self, state, x, mask):
+    def guide_scan(self, state: SequenceState, x: torch.Tensor, mask: torch.Tensor) -> bool:
         """Optionally run every guide step at once, after ``guide_init``: return True when done
         (all latent sites emitted, e.g. by :meth:`sample_presampled`, and ``state`` as the step
         loop leaves it), False to let the step loop run. Called only for a full-sequence guide
         run under :func:`plain_guide_stack`; the default does nothing."""
         return False
 
-    def observe(self, state, t, x, mask, features):
+    def observe(
+        self,
+        state: SequenceState,
+        t: Step,
+        x: torch.Tensor,
+        mask: torch.Tensor,
+        features: torch.Tensor,
+    ) -> None:
         """Observe ``x_t`` (site ``f"x_{t+1}"``) from emission ``features`` ``(..., F)``.
 
         Per step when driven by ``step``; deferred to one batched evaluation of
@@ -642,8 +731,9 @@ class SequenceModel(ModelContract):
 
     def _observe_deferred(self, state, x, mask):
         features, state.deferred_features = state.deferred_features, None
-        self._emit_observations(self.emitter(stack_time(features)), x, mask,
-                                state.shared.get("observed"))
+        self._emit_observations(
+            self.emitter(stack_time(features)), x, mask, state.shared.get("observed")
+        )
 
     def _emit_observations(self, params, x, mask, seen=None):
         """One site ``x_{t+1}`` per step from emission parameters with time at dim -2."""
@@ -664,14 +754,18 @@ class SequenceModel(ModelContract):
             fn = ScoredValue((like, functools.partial(step_fn, t)), values[t], log_probs[t])
             pyro.sample(f"x_{t + 1}", masked(fn, mask[:, t]), obs=values[t])
 
-    def model_init(self, state, x, mask):
+    def model_init(self, state: SequenceState, x: torch.Tensor, mask: torch.Tensor) -> None:
         raise NotImplementedError
 
-    def model_step(self, state, t, x, mask):
+    def model_step(
+        self, state: SequenceState, t: Step, x: torch.Tensor, mask: torch.Tensor
+    ) -> None:
         raise NotImplementedError
 
-    def guide_init(self, state, x, mask):
+    def guide_init(self, state: SequenceState, x: torch.Tensor, mask: torch.Tensor) -> None:
         raise NotImplementedError
 
-    def guide_step(self, state, t, x, mask):
+    def guide_step(
+        self, state: SequenceState, t: Step, x: torch.Tensor, mask: torch.Tensor
+    ) -> None:
         raise NotImplementedError

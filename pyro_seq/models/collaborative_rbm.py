@@ -22,6 +22,7 @@ answer at the question.
 """
 
 from types import MappingProxyType
+from typing import Tuple
 
 import pyro
 import torch
@@ -51,22 +52,40 @@ class CollaborativeRBM(EnergyBasedModel):
 
     module_name = "collaborative_rbm"
     trains_on_sequences = False  #: its data are (student, question, answer) triples
-    unsupported = MappingProxyType(dict(
-        EnergyBasedModel.unsupported,
-        fit="its data are (student, question, answer) triples, not sequences; train it with "
+    unsupported = MappingProxyType(
+        dict(
+            EnergyBasedModel.unsupported,
+            fit="its data are (student, question, answer) triples, not sequences; train it with "
             "SVI(model.model, model.guide, optim, ContrastiveDivergence(k)) on "
             "pyro_seq.data.simulate_students data",
-        **{task: "it models students' answers, not sequences; predict answers with "
-                 "CollaborativeRBM.predict" for task in ("generate", "impute", "denoise",
-                                                         "forecast")},
-        **{f"method:{m}": "it is evaluated by predicting held-out answers "
-                          "(CollaborativeRBM.predict, benchmarks/cf_students.py)"
-           for m in ("elbo", "iwae", "smc", "ais", "exact", "pseudo_likelihood")}))
-    evaluation_methods = ()  #: evaluated by prediction (:meth:`predict`, the CBD metric)
+            **{
+                task: "it models students' answers, not sequences; predict answers with "
+                "CollaborativeRBM.predict"
+                for task in ("generate", "impute", "denoise", "forecast")
+            },
+            **{
+                f"method:{m}": "it is evaluated by predicting held-out answers "
+                "(CollaborativeRBM.predict, benchmarks/cf_students.py)"
+                for m in ("elbo", "iwae", "smc", "ais", "exact", "pseudo_likelihood")
+            },
+        )
+    )
+    evaluation_methods: Tuple[
+        str, ...
+    ] = ()  #: evaluated by prediction (:meth:`predict`, the CBD metric)
     small_example = example(obs_dim=4, num_hidden=3)
 
-    def __init__(self, num_questions, num_hidden=15, visible="bernoulli", num_options=2,
-                 num_trials=2, num_factors=None, conditional=False, init_scale=1e-3):
+    def __init__(
+        self,
+        num_questions,
+        num_hidden=15,
+        visible="bernoulli",
+        num_options=2,
+        num_trials=2,
+        num_factors=None,
+        conditional=False,
+        init_scale=1e-3,
+    ):
         super().__init__()
         if visible not in VISIBLE_TYPES:
             raise ValueError(f"visible must be one of {VISIBLE_TYPES}, got {visible!r}")
@@ -116,9 +135,18 @@ class CollaborativeRBM(EnergyBasedModel):
                 raise ValueError("a conditional CollaborativeRBM needs seen=(row, column)")
             seen_row, seen_col = seen
             hidden_bias = self.b + self.b.new_zeros(num_rows, self.b.shape[0]).index_add(
-                0, seen_row, self.D[:, seen_col].T)
-        return SparseRBM(self.weights(), self.c, hidden_bias, row, column, num_rows,
-                         visible=self.visible, num_trials=self.num_trials)
+                0, seen_row, self.D[:, seen_col].T
+            )
+        return SparseRBM(
+            self.weights(),
+            self.c,
+            hidden_bias,
+            row,
+            column,
+            num_rows,
+            visible=self.visible,
+            num_trials=self.num_trials,
+        )
 
     def model(self, row, column, answer, num_rows, num_students=None, seen=None):
         """Observe a minibatch of students' answers through their sub-RBMs (site ``"answers"``).
@@ -133,9 +161,16 @@ class CollaborativeRBM(EnergyBasedModel):
         pyro.module(self.module_name, self)
         fn = self.distribution(row, column, num_rows, seen)
         device = self.b.device
-        plate = (pyro.plate("students", num_rows, device=device) if num_students is None else
-                 pyro.plate("students", num_students,
-                            subsample=torch.arange(num_rows, device=device), device=device))
+        plate = (
+            pyro.plate("students", num_rows, device=device)
+            if num_students is None
+            else pyro.plate(
+                "students",
+                num_students,
+                subsample=torch.arange(num_rows, device=device),
+                device=device,
+            )
+        )
         with plate:
             pyro.sample("answers", fn, obs=self.encode(answer))
 

@@ -86,8 +86,11 @@ class DND:
     def __repr__(self) -> str:
         if self.keys is None:
             return f"DND(key_dim={self.key_dim}, empty)"
-        return (f"DND(key_dim={self.key_dim}, batch={self.keys.shape[0]}, size={len(self)}, "
-                f"value_shape={tuple(self.values.shape[2:])})")
+        assert self.values is not None  # keys and values are written together
+        return (
+            f"DND(key_dim={self.key_dim}, batch={self.keys.shape[0]}, size={len(self)}, "
+            f"value_shape={tuple(self.values.shape[2:])})"
+        )
 
     def write(self, keys: torch.Tensor, values: torch.Tensor) -> "DND":
         """Append entries to every sequence's memory (differentiably: a concatenation).
@@ -101,22 +104,29 @@ class DND:
         if not (torch.is_tensor(keys) and torch.is_tensor(values)):
             raise ValueError("DND.write takes tensors keys and values")
         if keys.dim() not in (2, 3) or keys.shape[-1] != self.key_dim:
-            raise ValueError(f"DND.write: keys must be (batch, {self.key_dim}) or "
-                             f"(batch, m, {self.key_dim}), got {tuple(keys.shape)}")
+            raise ValueError(
+                f"DND.write: keys must be (batch, {self.key_dim}) or "
+                f"(batch, m, {self.key_dim}), got {tuple(keys.shape)}"
+            )
         if keys.dim() == 2:
             keys, values = keys.unsqueeze(1), values.unsqueeze(1)
         if values.dim() < 2 or values.shape[:2] != keys.shape[:2]:
-            raise ValueError(f"DND.write: values {tuple(values.shape)} do not match keys "
-                             f"{tuple(keys.shape)} in (batch, m)")
+            raise ValueError(
+                f"DND.write: values {tuple(values.shape)} do not match keys "
+                f"{tuple(keys.shape)} in (batch, m)"
+            )
         if not bool(torch.isfinite(keys).all()):
             raise ValueError("DND.write: keys must be finite")
         if self.keys is None:
             self.keys, self.values = keys, values
             return self
+        assert self.values is not None  # keys and values are written together
         if keys.shape[0] != self.keys.shape[0] or values.shape[2:] != self.values.shape[2:]:
-            raise ValueError(f"DND.write: batch {keys.shape[0]} and value shape "
-                             f"{tuple(values.shape[2:])} differ from the memory's "
-                             f"{self.keys.shape[0]} and {tuple(self.values.shape[2:])}")
+            raise ValueError(
+                f"DND.write: batch {keys.shape[0]} and value shape "
+                f"{tuple(values.shape[2:])} differ from the memory's "
+                f"{self.keys.shape[0]} and {tuple(self.values.shape[2:])}"
+            )
         self.keys = torch.cat([self.keys, keys], 1)
         self.values = torch.cat([self.values, values], 1)
         return self
@@ -135,30 +145,41 @@ class DND:
             raise ValueError(f"k must be a positive int, got {k!r}")
         if self.keys is None:
             raise RuntimeError("DND.read: the memory is empty; write(keys, values) before reading")
+        assert self.values is not None  # keys and values are written together
         if not torch.is_tensor(queries) or queries.dim() < 2 or queries.shape[-1] != self.key_dim:
-            raise ValueError(f"DND.read: queries must be (*lead, batch, {self.key_dim}), got "
-                             f"{tuple(getattr(queries, 'shape', ()))}")
+            raise ValueError(
+                f"DND.read: queries must be (*lead, batch, {self.key_dim}), got "
+                f"{tuple(getattr(queries, 'shape', ()))}"
+            )
         batch = self.keys.shape[0]
         if queries.shape[-2] not in (1, batch):
-            raise ValueError(f"DND.read: queries have batch {queries.shape[-2]}, the memory {batch}")
+            raise ValueError(
+                f"DND.read: queries have batch {queries.shape[-2]}, the memory {batch}"
+            )
         if not bool(torch.isfinite(queries).all()):
             raise ValueError("DND.read: queries must be finite")
         lead = queries.shape[:-2]
         n, kk = len(self), min(k, len(self))
-        diff = queries.unsqueeze(-2) - self.keys            # (*lead, batch, n, d)
-        sq = diff.pow(2).sum(-1)                            # (*lead, batch, n)
+        diff = queries.unsqueeze(-2) - self.keys  # (*lead, batch, n, d)
+        sq = diff.pow(2).sum(-1)  # (*lead, batch, n)
         order = torch.sort(sq.detach(), dim=-1, stable=True).indices[..., :kk]
         sq_k = torch.gather(sq, -1, order)
         positive = sq_k > 0
-        dist = torch.where(positive, torch.where(positive, sq_k, torch.ones_like(sq_k)).sqrt(),
-                           torch.zeros_like(sq_k))
+        dist = torch.where(
+            positive,
+            torch.where(positive, sq_k, torch.ones_like(sq_k)).sqrt(),
+            torch.zeros_like(sq_k),
+        )
         full = lead + (batch,)
         vshape = self.values.shape[2:]
         flat_values = self.values.reshape(batch, n, -1).expand(full + (n, -1))
         V = flat_values.shape[-1]
         values = torch.gather(flat_values, -2, order.unsqueeze(-1).expand(full + (kk, V)))
-        keys = torch.gather(self.keys.expand(full + (n, self.key_dim)), -2,
-                            order.unsqueeze(-1).expand(full + (kk, self.key_dim)))
+        keys = torch.gather(
+            self.keys.expand(full + (n, self.key_dim)),
+            -2,
+            order.unsqueeze(-1).expand(full + (kk, self.key_dim)),
+        )
         return DNDRead(dist, sq_k, values.reshape(full + (kk,) + vshape), keys, order)
 
 
@@ -199,8 +220,9 @@ def nearest_earlier(keys: torch.Tensor, k: int) -> EarlierRead:
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise ValueError(f"k must be a positive int, got {k!r}")
     if not torch.is_tensor(keys) or keys.dim() != 3:
-        raise ValueError(f"nearest_earlier: keys must be (batch, n, d), got "
-                         f"{tuple(getattr(keys, 'shape', ()))}")
+        raise ValueError(
+            f"nearest_earlier: keys must be (batch, n, d), got {tuple(getattr(keys, 'shape', ()))}"
+        )
     if not bool(torch.isfinite(keys).all()):
         raise ValueError("nearest_earlier: keys must be finite")
     batch, n, d = keys.shape
@@ -211,7 +233,7 @@ def nearest_earlier(keys: torch.Tensor, k: int) -> EarlierRead:
         dist = dist.masked_fill(later, float("inf"))
         order = torch.sort(dist, dim=-1, stable=True).indices[..., :kk]  # (batch, n, kk)
     slots = torch.arange(kk, device=keys.device)
-    valid = slots < torch.arange(n, device=keys.device).unsqueeze(-1)   # (n, kk): j < i
+    valid = slots < torch.arange(n, device=keys.device).unsqueeze(-1)  # (n, kk): j < i
     order = torch.where(valid, order, torch.zeros_like(order))
     chosen = torch.gather(keys, 1, order.reshape(batch, n * kk, 1).expand(batch, n * kk, d))
     chosen = chosen.reshape(batch, n, kk, d)
@@ -219,8 +241,9 @@ def nearest_earlier(keys: torch.Tensor, k: int) -> EarlierRead:
     valid = valid.expand(batch, n, kk)
     sq_k = torch.where(valid, sq_k, torch.zeros_like(sq_k))
     positive = sq_k > 0
-    dist = torch.where(positive, torch.where(positive, sq_k, torch.ones_like(sq_k)).sqrt(),
-                       torch.zeros_like(sq_k))
+    dist = torch.where(
+        positive, torch.where(positive, sq_k, torch.ones_like(sq_k)).sqrt(), torch.zeros_like(sq_k)
+    )
     if kk < k:  # fewer entries than slots: pad
         pad = (0, k - kk)
         dist, sq_k = (torch.nn.functional.pad(v, pad) for v in (dist, sq_k))

@@ -194,9 +194,7 @@ def affine_scan(F: Tensor, g: Tensor) -> Tensor:
     return unfold(packed[..., S:])
 
 
-def backward_scan(
-    J: Tensor, h: Tensor, Pc: Optional[Tensor], zT: Tensor, PT: Optional[Tensor]
-):
+def backward_scan(J: Tensor, h: Tensor, Pc: Optional[Tensor], zT: Tensor, PT: Optional[Tensor]):
     """All suffixes of the backward recursion z_t = J_t z_{t+1} + h_t (+ noise of cov Pc_t).
 
     RTS smoother (``Pc`` given): returns smoothed means ``b + (T, S)`` and covariances
@@ -212,13 +210,14 @@ def backward_scan(
     g = _cat_time_end(h, zT)
     if Pc is None:
         Ep, G, unfold = fold_columns(E, g)
-        (packed,) = associative_scan(_combine_affine, [torch.cat([Ep, G], -1)], [2],
-                                     reverse=True)
+        (packed,) = associative_scan(_combine_affine, [torch.cat([Ep, G], -1)], [2], reverse=True)
         return unfold(packed[..., S:]), None
+    assert PT is not None  # the smoother passes PT with Pc
     L = _cat_time_end(Pc, PT, 2)
     Ep, G, unfold, Lp = fold_columns(E, g, L)
-    (packed,) = associative_scan(_combine_affine_cov, [torch.cat([Ep, Lp, G], -1)], [2],
-                                 reverse=True)
+    (packed,) = associative_scan(
+        _combine_affine_cov, [torch.cat([Ep, Lp, G], -1)], [2], reverse=True
+    )
     return unfold(packed[..., 2 * S :]), unfold.restore(sym(packed[..., S : 2 * S]))
 
 
@@ -229,4 +228,6 @@ def _cat_time_end(rest: Tensor, last: Tensor, event_ndim: int = 1) -> Tensor:
         rest.shape[: rest.dim() - event_ndim - 1], last.shape[: last.dim() - event_ndim - 1]
     )
     n = rest.shape[-event_ndim - 1]
-    return torch.cat([rest.expand(batch + (n,) + ev), last.expand(batch + (1,) + ev)], -event_ndim - 1)
+    return torch.cat(
+        [rest.expand(batch + (n,) + ev), last.expand(batch + (1,) + ev)], -event_ndim - 1
+    )

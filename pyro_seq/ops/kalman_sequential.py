@@ -19,8 +19,14 @@ import torch
 from torch import Tensor
 
 from pyro_seq.ops.lgssm import PreparedLGSSM
-from pyro_seq.ops.linalg import (broadcast_shapes, fold_columns, fused_addmm, repeat_last,
-                                 step_addmm, tri_solve_lower_transposed)
+from pyro_seq.ops.linalg import (
+    broadcast_shapes,
+    fold_columns,
+    fused_addmm,
+    repeat_last,
+    step_addmm,
+    tri_solve_lower_transposed,
+)
 
 __all__ = ["backward_covariance_pass", "backward_mean_pass", "covariance_pass", "mean_pass"]
 
@@ -55,9 +61,14 @@ def covariance_pass(mdl: PreparedLGSSM, steady_state_tol: float = 0.0):
         for T = 1; every covariance-side quantity of step t >= ``steady_from`` (T when the
         steady-state shortcut was not taken) repeats that of step ``steady_from``.
     """
-    T, S, D = mdl.T, mdl.S, mdl.D
-    cb = broadcast_shapes(mdl.init_cov.shape[:-2], mdl.A.shape[:-3], mdl.Q.shape[:-3],
-                          mdl.C.shape[:-3], mdl.R.shape[:-3])
+    T, S = mdl.T, mdl.S
+    cb = broadcast_shapes(
+        mdl.init_cov.shape[:-2],
+        mdl.A.shape[:-3],
+        mdl.Q.shape[:-3],
+        mdl.C.shape[:-3],
+        mdl.R.shape[:-3],
+    )
     n = cb.numel()
     lead = (n,) if n != 1 else ()
     C0 = _flat_time_entries(mdl.C, cb, 1, 2)[0]
@@ -75,10 +86,12 @@ def covariance_pass(mdl: PreparedLGSSM, steady_state_tol: float = 0.0):
         ATs = [a.mT for a in As] if mdl.A.shape[-3] > 1 else [As[0].mT] * T
     P0 = mdl.init_cov.expand(cb + (S, S)).reshape(lead + (S, S))
     needs_grad = torch.is_grad_enabled() and any(
-        t is not None and t.requires_grad for t in (mdl.init_cov, mdl.A, mdl.Q, mdl.C, mdl.R))
+        t is not None and t.requires_grad for t in (mdl.init_cov, mdl.A, mdl.Q, mdl.C, mdl.R)
+    )
     if n == 1 and T > 1 and not needs_grad:
-        return _covariance_loop_2d_nograd(mdl, P0, C0, Cs, Rs, CTs, ABs, QBs, ATs, cb,
-                                          steady_state_tol)
+        return _covariance_loop_2d_nograd(
+            mdl, P0, C0, Cs, Rs, CTs, ABs, QBs, ATs, cb, steady_state_tol
+        )
     Ph = 0.5 * P0
     CPh = 0.5 * (C0 @ P0)
     Phs, Ls, Whs, covs, infos, ASigs = [Ph], [], [], [], [], []
@@ -87,9 +100,10 @@ def covariance_pass(mdl: PreparedLGSSM, steady_state_tol: float = 0.0):
     two_d = n == 1
     addmm = torch.addmm if two_d else torch.baddbmm
     mm = torch.mm if two_d else torch.bmm
+    Sigma: Tensor  # assigned at the end of every step, read from the second
     for t in range(T):
         if t > 0:
-            Y = mm(ABs[t], Sigma)  # [A; C A] Sigma
+            Y = mm(ABs[t], Sigma)  # noqa: F821 (Sigma of step t - 1)  [A; C A] Sigma
             Z = addmm(QBs[t], Y, ATs[t], beta=0.5, alpha=0.5)  # [P; C P] / 2
             Ph, CPh = Z[..., :S, :], Z[..., S:, :]
             ASigs.append(Y[..., :S, :])
@@ -142,8 +156,7 @@ def _covariance_loop_2d_nograd(mdl, P0, C0, Cs, Rs, CTs, ABs, QBs, ATs, cb, stea
     Zs, Ys, Ls, Whs, Cv = Z.unbind(0), Y.unbind(0), Lb.unbind(0), Wh.unbind(0), covs.unbind(0)
     infos = info.unbind(0)
     Sigma = None
-    steady = steady_state_tol > 0 and all(
-        p.shape[-3] == 1 for p in (mdl.A, mdl.Q, mdl.C, mdl.R))
+    steady = steady_state_tol > 0 and all(p.shape[-3] == 1 for p in (mdl.A, mdl.Q, mdl.C, mdl.R))
     settled, steady_from = 0, T
     for t in range(T):
         Zt = Zs[t]
@@ -159,7 +172,7 @@ def _covariance_loop_2d_nograd(mdl, P0, C0, Cs, Rs, CTs, ABs, QBs, ATs, cb, stea
             settled = settled + 1 if _settled(Sigma, Cv[t - 1], steady_state_tol) else 0
             if settled == 2 and t + 1 < T:  # fixed point reached: the rest repeats step t
                 for buf in (Z, Y, Lb, info, Wh, covs):
-                    buf[t + 1:] = buf[t]
+                    buf[t + 1 :] = buf[t]
                 steady_from = t
                 break
     if bool((info != 0).any()):
@@ -235,9 +248,13 @@ def backward_mean_pass(J, g, zT):
     return unfold(torch.stack(out[::-1], dim=-3))
 
 
-def backward_covariance_pass(J: Tensor, covs: Tensor, ASig: Tensor,
-                             repeat_from: Optional[int] = None,
-                             steady_state_tol: float = 0.0) -> Tensor:
+def backward_covariance_pass(
+    J: Tensor,
+    covs: Tensor,
+    ASig: Tensor,
+    repeat_from: Optional[int] = None,
+    steady_state_tol: float = 0.0,
+) -> Tensor:
     """Backward RTS loop on covariances, Sigma_{t|T} = Pc_t + J_t Sigma_{t+1|T} J_t^T from
     Sigma_{T|T} = Sigma_T, with Pc_t = Sigma_t - J_t A_{t+1} Sigma_t (= Sigma_t - J_t
     Sigma_{t+1|t} J_t^T) formed for all t at once. The loop carries halves and runs two
@@ -250,8 +267,9 @@ def backward_covariance_pass(J: Tensor, covs: Tensor, ASig: Tensor,
     if repeat_from is None:
         repeat_from = T1
     u = min(repeat_from + 1, T1)  # distinct coefficients
-    Pch = fused_addmm(covs[..., :u, :, :], J[..., :u, :, :], ASig[..., :u, :, :],
-                      beta=0.5, alpha=-0.5)  # Pc / 2
+    Pch = fused_addmm(
+        covs[..., :u, :, :], J[..., :u, :, :], ASig[..., :u, :, :], beta=0.5, alpha=-0.5
+    )  # Pc / 2
     cb = broadcast_shapes(J.shape[:-3], covs.shape[:-3], Pch.shape[:-3])
     Js = _flat_time_entries(J, cb, T1, 2)
     Pchs = _flat_time_entries(Pch, cb, u, 2)

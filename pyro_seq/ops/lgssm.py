@@ -16,7 +16,7 @@ the parameter bundle, the argument checks and the canonical form the Kalman pass
 """
 
 import math
-from typing import NamedTuple, Optional
+from typing import NamedTuple, Optional, overload
 
 import torch
 from torch import Tensor
@@ -118,14 +118,19 @@ def element_mask(mask: Tensor, T: int, D: int, x_batch: Optional[torch.Size] = N
     elementwise = mask.dim() >= 2 and mask.shape[-2] == T
     if elementwise and mask.shape[-1] == D:
         step_batch = tuple(mask.shape[:-1])
-        if (T == D and x_batch is not None and 0 < len(step_batch) <= len(x_batch)
-                and tuple(x_batch[len(x_batch) - len(step_batch):]) == step_batch):
+        if (
+            T == D
+            and x_batch is not None
+            and 0 < len(step_batch) <= len(x_batch)
+            and tuple(x_batch[len(x_batch) - len(step_batch) :]) == step_batch
+        ):
             raise ValueError(
                 f"mask of shape {tuple(mask.shape)} is ambiguous: with T == D == {T} and "
                 f"observations of batch shape {tuple(x_batch)} it reads both as a per-step mask "
                 "(..., T) and as a per-element mask (..., T, D); pass a per-step mask as "
                 "mask[..., None] (shape (..., T, 1)) or a per-element mask expanded to the "
-                "observations' full shape (..., T, D)")
+                "observations' full shape (..., T, D)"
+            )
         return mask
     if elementwise and mask.shape[-1] == 1 and T != 1:
         return mask.expand(mask.shape[:-1] + (D,))
@@ -206,17 +211,21 @@ def covariance_problem(M: Tensor, definite: bool) -> Optional[str]:
     bad = asym > bound
     if bool(bad.any()):
         i = tuple(bad.nonzero()[0]) if bad.dim() else ()
-        return (f"is not symmetric{batch_index(bad)}: max |M - M^T| = {float(asym[i]):.3g} exceeds "
-                f"{float(bound[i]):.3g} (= {COV_TOL_EPS:g} eps x max |M|); covariances are not "
-                "symmetrised for you, pass 0.5 * (M + M.mT) if the asymmetry is rounding")
+        return (
+            f"is not symmetric{batch_index(bad)}: max |M - M^T| = {float(asym[i]):.3g} exceeds "
+            f"{float(bound[i]):.3g} (= {COV_TOL_EPS:g} eps x max |M|); covariances are not "
+            "symmetrised for you, pass 0.5 * (M + M.mT) if the asymmetry is rounding"
+        )
     bad = ~covariance_ok(M, definite)
     if not bool(bad.any()):
         return None
     i = tuple(bad.nonzero()[0]) if bad.dim() else ()
     lam_min = float(torch.linalg.eigvalsh(Md[i]).min())
     kind = "definite" if definite else "semi-definite"
-    return (f"is not positive {kind}{batch_index(bad)} (Cholesky failed; smallest eigenvalue "
-            f"{lam_min:.3g})")
+    return (
+        f"is not positive {kind}{batch_index(bad)} (Cholesky failed; smallest eigenvalue "
+        f"{lam_min:.3g})"
+    )
 
 
 def check_devices(*named):
@@ -240,21 +249,43 @@ def validate_parameters(initial_loc, initial_cov, A, Q, C, R, control_matrix, co
     singular Q, e.g. noise on the velocity only, is legitimate); ``observation_cov`` symmetric
     and positive definite (:func:`covariance_problem`, tolerances :data:`COV_TOL_EPS`; nothing
     is symmetrised silently). ``extra``: more ``(name, tensor)`` pairs that must be finite."""
-    check_devices(("initial_loc", initial_loc), ("initial_cov", initial_cov),
-                  ("transition_matrix", A), ("transition_cov", Q), ("observation_matrix", C),
-                  ("observation_cov", R), ("control_matrix", control_matrix),
-                  ("controls", controls), *extra)
-    finite = [(n, p) for n, p in (("initial_loc", initial_loc), ("transition_matrix", A),
-                                  ("observation_matrix", C), ("control_matrix", control_matrix),
-                                  ("controls", controls)) + tuple(extra) if p is not None]
-    covs = [(n, M, d) for n, M, d in (("initial_cov", initial_cov, False),
-                                      ("transition_cov", Q, False),
-                                      ("observation_cov", R, True)) if M is not None]
+    check_devices(
+        ("initial_loc", initial_loc),
+        ("initial_cov", initial_cov),
+        ("transition_matrix", A),
+        ("transition_cov", Q),
+        ("observation_matrix", C),
+        ("observation_cov", R),
+        ("control_matrix", control_matrix),
+        ("controls", controls),
+        *extra,
+    )
+    finite = [
+        (n, p)
+        for n, p in (
+            ("initial_loc", initial_loc),
+            ("transition_matrix", A),
+            ("observation_matrix", C),
+            ("control_matrix", control_matrix),
+            ("controls", controls),
+        )
+        + tuple(extra)
+        if p is not None
+    ]
+    covs = [
+        (n, M, d)
+        for n, M, d in (
+            ("initial_cov", initial_cov, False),
+            ("transition_cov", Q, False),
+            ("observation_cov", R, True),
+        )
+        if M is not None
+    ]
     checks = [torch.isfinite(p).all() for _, p in finite]
     checks += [covariance_ok(M, definite).all() for _, M, definite in covs]
     if bool(torch.stack(checks).all()):
         return
-    for (name, p), ok in zip(finite, checks):
+    for (name, _p), ok in zip(finite, checks):
         if not bool(ok):
             raise ValueError(f"{name} contains NaN or inf")
     for name, M, definite in covs:
@@ -266,6 +297,14 @@ def validate_parameters(initial_loc, initial_cov, A, Q, C, R, control_matrix, co
 # ---------------------------------------------------------------------------------------
 # Preparation
 # ---------------------------------------------------------------------------------------
+
+
+@overload
+def _pad_batch(p: Tensor, event_ndim: int, ndim: int) -> Tensor: ...
+
+
+@overload
+def _pad_batch(p: Optional[Tensor], event_ndim: int, ndim: int) -> Optional[Tensor]: ...
 
 
 def _pad_batch(p: Optional[Tensor], event_ndim: int, ndim: int) -> Optional[Tensor]:
@@ -293,14 +332,28 @@ def prepare(
     :func:`pyro_seq.ops.kalman.kalman_filter`). ``ValueError`` for T = 0, a tensor on another
     device, shapes that do not fit, a non-finite observed entry or an invalid parameter.
     """
-    (initial_loc, initial_cov, transition_matrix, transition_cov, observation_matrix,
-     observation_cov, control_matrix) = params
+    (
+        initial_loc,
+        initial_cov,
+        transition_matrix,
+        transition_cov,
+        observation_matrix,
+        observation_cov,
+        control_matrix,
+    ) = params
     x = observations
-    check_devices(("initial_loc", initial_loc), ("initial_cov", initial_cov),
-                  ("transition_matrix", transition_matrix), ("transition_cov", transition_cov),
-                  ("observation_matrix", observation_matrix), ("observation_cov", observation_cov),
-                  ("control_matrix", control_matrix), ("controls", controls),
-                  ("observations", observations), ("mask", mask))
+    check_devices(
+        ("initial_loc", initial_loc),
+        ("initial_cov", initial_cov),
+        ("transition_matrix", transition_matrix),
+        ("transition_cov", transition_cov),
+        ("observation_matrix", observation_matrix),
+        ("observation_cov", observation_cov),
+        ("control_matrix", control_matrix),
+        ("controls", controls),
+        ("observations", observations),
+        ("mask", mask),
+    )
     if x.dim() < 2:
         raise ValueError(f"observations must have shape (..., T, D); got {tuple(x.shape)}")
     T, D = x.shape[-2:]

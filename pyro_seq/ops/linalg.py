@@ -133,12 +133,12 @@ def fold_columns(M: Tensor, v: Tensor, *others: Tensor):
     with ``M' (kb..., T, S, S)``, ``V' (kb..., T, S, N)`` and
     ``unfold(V'') -> (b..., T, S)``; ``others`` (matrices batched like M) are reshaped as M."""
     nb = max([M.dim() - 3, v.dim() - 2] + [o.dim() - 3 for o in others])
-    M, *others = [m.reshape((1,) * (nb - (m.dim() - 3)) + m.shape) for m in (M, *others)]
+    # others: a list of the reshaped matrices from here on
+    M, *others = [m.reshape((1,) * (nb - (m.dim() - 3)) + m.shape) for m in (M, *others)]  # type: ignore[assignment]
     v = v.reshape((1,) * (nb - (v.dim() - 2)) + v.shape)
     data = [i for i in range(nb) if M.shape[i] == 1 and v.shape[i] > 1]
     if any(o.shape[i] != 1 for o in others for i in data):
-        M = M.expand(broadcast_shapes(M.shape[:-3], *(o.shape[:-3] for o in others))
-                     + M.shape[-3:])
+        M = M.expand(broadcast_shapes(M.shape[:-3], *(o.shape[:-3] for o in others)) + M.shape[-3:])
         data = [i for i in range(nb) if M.shape[i] == 1 and v.shape[i] > 1]
     keep = [i for i in range(nb) if i not in data]
     sizes = tuple(v.shape[i] for i in data)
@@ -160,7 +160,7 @@ def fold_columns(M: Tensor, v: Tensor, *others: Tensor):
         shape = tuple(1 if i in data else kshape[keep.index(i)] for i in range(nb))
         return m.reshape(shape + m.shape[-3:])
 
-    unfold.restore = restore
+    unfold.restore = restore  # type: ignore[attr-defined]  # a function attribute
     return (squeeze(M), vp, unfold) + tuple(squeeze(o) for o in others)
 
 
@@ -186,14 +186,19 @@ def fused_kernel(bias: Tensor, X: Tensor, Y: Tensor):
     shapes without broadcasting, else None."""
     if X.dim() == 2 and Y.dim() == 2 and bias.dim() <= 2:
         return torch.addmm
-    if (X.dim() == 3 and Y.dim() == 3 and bias.dim() == 3
-            and bias.shape[0] == X.shape[0] == Y.shape[0]):
+    if (
+        X.dim() == 3
+        and Y.dim() == 3
+        and bias.dim() == 3
+        and bias.shape[0] == X.shape[0] == Y.shape[0]
+    ):
         return torch.baddbmm
     return None
 
 
-def fused_addmm(bias: Tensor, X: Tensor, Y: Tensor, beta: float = 1.0,
-                alpha: float = 1.0) -> Tensor:
+def fused_addmm(
+    bias: Tensor, X: Tensor, Y: Tensor, beta: float = 1.0, alpha: float = 1.0
+) -> Tensor:
     """``beta * bias + alpha * X @ Y`` in one fused kernel where the shapes allow it."""
     kernel = fused_kernel(bias, X, Y)
     if kernel is not None:
@@ -306,8 +311,9 @@ def psd_cholesky(P: Tensor, what: str, scale: Optional[Tensor] = None):
     return torch.linalg.cholesky(torch.where(deficient[..., None, None], eye, P)), deficient
 
 
-def psd_solve(P: Tensor, X: Tensor, what: str, factor=None,
-              scale: Optional[Tensor] = None) -> Tensor:
+def psd_solve(
+    P: Tensor, X: Tensor, what: str, factor=None, scale: Optional[Tensor] = None
+) -> Tensor:
     """Y = P^+ X for symmetric positive semi-definite P (..., n, n), X (..., n, k).
 
     When range(X) lies in range(P), as for the RTS gain system

@@ -18,11 +18,19 @@ one-line message naming the file and what to do about it.
 import os
 import time
 from pathlib import Path
+from typing import Any, Dict, Mapping, Optional, Sequence, Union
 
 import torch
 
-__all__ = ["CheckpointError", "load_checkpoint", "load_weights", "restore", "save_checkpoint",
-           "save_weights", "state_dict_mismatch"]
+__all__ = [
+    "CheckpointError",
+    "load_checkpoint",
+    "load_weights",
+    "restore",
+    "save_checkpoint",
+    "save_weights",
+    "state_dict_mismatch",
+]
 
 _CHECKPOINT_KEYS = ("model", "optimizer", "epoch", "global_step", "history", "torch_rng", "extra")
 
@@ -87,11 +95,21 @@ def _load(path, what, remedy):
         raise CheckpointError(f"cannot read {what} {path}: {e.strerror or e}") from None
     except Exception:  # torch raises RuntimeError, UnpicklingError, EOFError, OSError(EINVAL)...
         raise CheckpointError(
-            f"{what} {path} is truncated or corrupt and cannot be loaded; {remedy}") from None
+            f"{what} {path} is truncated or corrupt and cannot be loaded; {remedy}"
+        ) from None
 
 
-def save_checkpoint(path, *, model, optimizer, epoch, global_step, history, extra=None,
-                    cuda_rng=False):
+def save_checkpoint(
+    path: Union[str, "os.PathLike[str]"],
+    *,
+    model: torch.nn.Module,
+    optimizer: Any,
+    epoch: int,
+    global_step: int,
+    history: Sequence[Mapping[str, Any]],
+    extra: Optional[Mapping[str, Any]] = None,
+    cuda_rng: bool = False,
+) -> None:
     """Write a checkpoint of everything needed to continue training exactly (atomically).
 
     :param path: file to write.
@@ -117,14 +135,15 @@ def save_checkpoint(path, *, model, optimizer, epoch, global_step, history, extr
     _atomic_save(payload, path)
 
 
-def load_checkpoint(path):
+def load_checkpoint(path: Union[str, "os.PathLike[str]"]) -> Dict[str, Any]:
     """Read a checkpoint written by :func:`save_checkpoint` (``weights_only=True``).
 
     :raises FileNotFoundError: no file at ``path``.
     :raises CheckpointError: the file is truncated, corrupt or not a checkpoint.
     """
-    remedy = ("delete it to train in this folder from scratch, or train into a new output "
-              "folder (--out)")
+    remedy = (
+        "delete it to train in this folder from scratch, or train into a new output folder (--out)"
+    )
     payload = _load(path, "checkpoint", remedy)
     if not isinstance(payload, dict) or not all(k in payload for k in _CHECKPOINT_KEYS):
         raise CheckpointError(f"checkpoint {path} is not a pyro-seq training checkpoint; {remedy}")
@@ -139,7 +158,8 @@ def _non_finite(state):
     complex tensor of ``state`` with a NaN or an infinity, else None."""
     for name, value in state.items():
         if (value.is_floating_point() or value.is_complex()) and not bool(
-                torch.isfinite(value).all()):
+            torch.isfinite(value).all()
+        ):
             return f"holds non-finite values (NaN/inf) in the weight {name!r}"
     return None
 
@@ -161,8 +181,11 @@ def state_dict_mismatch(expected, state, limit=3):
     """
     missing = set(expected) - set(state)
     unexpected = set(state) - set(expected)
-    shapes = [(k, tuple(state[k].shape), tuple(expected[k].shape)) for k in sorted(expected)
-              if k in state and tuple(state[k].shape) != tuple(expected[k].shape)]
+    shapes = [
+        (k, tuple(state[k].shape), tuple(expected[k].shape))
+        for k in sorted(expected)
+        if k in state and tuple(state[k].shape) != tuple(expected[k].shape)
+    ]
     parts = []
     if missing:
         parts.append(f"missing keys {_names(missing, limit)}")
@@ -182,8 +205,9 @@ def _is_count(v):
 def _checkpoint_problem(payload):
     """What is wrong with the content of a loaded checkpoint dict, or None."""
     model = payload["model"]
-    if not isinstance(model, dict) or not all(isinstance(k, str) and torch.is_tensor(v)
-                                              for k, v in model.items()):
+    if not isinstance(model, dict) or not all(
+        isinstance(k, str) and torch.is_tensor(v) for k, v in model.items()
+    ):
         return "has a model entry that is not a state_dict of named tensors"
     problem = _non_finite(model)
     if problem is not None:
@@ -200,8 +224,10 @@ def _checkpoint_problem(payload):
     if not (torch.is_tensor(rng) and rng.dtype == expected.dtype and rng.shape == expected.shape):
         return "has a torch_rng entry that is not a torch RNG state"
     cuda = payload.get("cuda_rng")
-    if cuda is not None and not (isinstance(cuda, (list, tuple)) and all(
-            torch.is_tensor(s) and s.dtype == torch.uint8 and s.dim() == 1 for s in cuda)):
+    if cuda is not None and not (
+        isinstance(cuda, (list, tuple))
+        and all(torch.is_tensor(s) and s.dtype == torch.uint8 and s.dim() == 1 for s in cuda)
+    ):
         return "has a cuda_rng entry that is not a list of CUDA RNG states"
     for key in ("optimizer", "extra"):
         if not isinstance(payload[key], dict):
@@ -209,22 +235,25 @@ def _checkpoint_problem(payload):
     return None
 
 
-def save_weights(state_dict, path):
+def save_weights(
+    state_dict: Mapping[str, torch.Tensor], path: Union[str, "os.PathLike[str]"]
+) -> None:
     """Write a model ``state_dict`` (e.g. ``best.pt``) atomically."""
     _atomic_save(state_dict, path)
 
 
-def load_weights(path):
+def load_weights(path: Union[str, "os.PathLike[str]"]) -> Dict[str, torch.Tensor]:
     """Read a ``state_dict`` written by :func:`save_weights` (``weights_only=True``).
 
     :raises FileNotFoundError: no file at ``path``.
     :raises CheckpointError: the file is truncated, corrupt or not a ``state_dict`` of named
         tensors, or holds a NaN or an infinity (training never saves one: a diverged run stops).
     """
-    remedy = ("delete it and train again (train --restart, or a new output folder --out)")
+    remedy = "delete it and train again (train --restart, or a new output folder --out)"
     state = _load(path, "weights file", remedy)
-    if not isinstance(state, dict) or not all(isinstance(k, str) and torch.is_tensor(v)
-                                              for k, v in state.items()):
+    if not isinstance(state, dict) or not all(
+        isinstance(k, str) and torch.is_tensor(v) for k, v in state.items()
+    ):
         raise CheckpointError(f"weights file {path} does not hold a model state_dict; {remedy}")
     problem = _non_finite(state)
     if problem is not None:
@@ -232,7 +261,14 @@ def load_weights(path):
     return state
 
 
-def restore(payload, *, model, optimizer=None, restore_rng=True, path="checkpoint"):
+def restore(
+    payload: Dict[str, Any],
+    *,
+    model: torch.nn.Module,
+    optimizer: Any = None,
+    restore_rng: bool = True,
+    path: Union[str, "os.PathLike[str]"] = "checkpoint",
+) -> Dict[str, Any]:
     """Load a checkpoint's state into ``model`` (and ``optimizer``, RNG); returns ``payload``.
 
     ``restore_rng``: set torch's CPU generator, and, when the checkpoint holds ``cuda_rng`` and
@@ -242,8 +278,7 @@ def restore(payload, *, model, optimizer=None, restore_rng=True, path="checkpoin
         differently shaped entries: a checkpoint of another model), or the optimizer state
         does not fit ``optimizer``. ``path`` names the file in the message.
     """
-    remedy = ("resume with the model it was written for, or train into a new output folder "
-              "(--out)")
+    remedy = "resume with the model it was written for, or train into a new output folder (--out)"
     detail = state_dict_mismatch(model.state_dict(), payload["model"])
     if detail is None:
         try:
@@ -251,18 +286,21 @@ def restore(payload, *, model, optimizer=None, restore_rng=True, path="checkpoin
         except RuntimeError as e:
             detail = " ".join(str(e).split("\n", 1)[-1].split())
     if detail is not None:
-        raise CheckpointError(f"checkpoint {path} does not fit this model ({detail}); "
-                              f"{remedy}") from None
+        raise CheckpointError(
+            f"checkpoint {path} does not fit this model ({detail}); {remedy}"
+        ) from None
     if optimizer is not None:
         try:
             optimizer.set_state(payload["optimizer"])
         except (KeyError, TypeError, ValueError, AttributeError, RuntimeError) as e:
-            raise CheckpointError(f"checkpoint {path} has an optimizer state that does not fit "
-                                  f"({type(e).__name__}: {e}); {remedy}") from None
+            raise CheckpointError(
+                f"checkpoint {path} has an optimizer state that does not fit "
+                f"({type(e).__name__}: {e}); {remedy}"
+            ) from None
     if restore_rng:
         torch.set_rng_state(payload["torch_rng"])
         cuda = payload.get("cuda_rng")
         if cuda and torch.cuda.is_available():
-            for index, state in enumerate(cuda[:torch.cuda.device_count()]):
+            for index, state in enumerate(cuda[: torch.cuda.device_count()]):
                 torch.cuda.set_rng_state(state, index)
     return payload

@@ -72,9 +72,21 @@ class Option(NamedTuple):
         return self.default if self.cli_default is MISSING else self.cli_default
 
 
-def option(default, group, doc, *, flag=None, check=None, choices=None, nargs=None,
-           cli_default=MISSING, cli_default_why=None, cli_none=None, invert=False,
-           cli_excluded=None):
+def option(
+    default,
+    group,
+    doc,
+    *,
+    flag=None,
+    check=None,
+    choices=None,
+    nargs=None,
+    cli_default=MISSING,
+    cli_default_why=None,
+    cli_none=None,
+    invert=False,
+    cli_excluded=None,
+):
     """A :class:`TrainConfig` field: its ``default``, ``group`` (a key of :data:`GROUPS`), a
     one-line ``doc``, and the command-line declaration (see :class:`Option`; ``flag``
     defaults to ``--`` and the field's name with dashes)."""
@@ -82,9 +94,19 @@ def option(default, group, doc, *, flag=None, check=None, choices=None, nargs=No
         raise ValueError(f"group must be one of {tuple(GROUPS)}, got {group!r}")
     if (cli_default is MISSING) != (cli_default_why is None):
         raise ValueError("a CLI default that differs from the field's needs cli_default_why")
-    spec = dict(group=group, doc=doc, flag=flag, check=check, choices=choices, nargs=nargs,
-                cli_default=cli_default, cli_default_why=cli_default_why, cli_none=cli_none,
-                invert=invert, cli_excluded=cli_excluded)
+    spec = dict(
+        group=group,
+        doc=doc,
+        flag=flag,
+        check=check,
+        choices=choices,
+        nargs=nargs,
+        cli_default=cli_default,
+        cli_default_why=cli_default_why,
+        cli_none=cli_none,
+        invert=invert,
+        cli_excluded=cli_excluded,
+    )
     return field(default=default, metadata={"option": spec})
 
 
@@ -98,119 +120,228 @@ class TrainConfig:
 
     # --- objective ---
     objective: str = option(
-        "elbo", "objective", "training objective: elbo (Trace_ELBO), meanfield, iwae (IWAE_K) "
+        "elbo",
+        "objective",
+        "training objective: elbo (Trace_ELBO), meanfield, iwae (IWAE_K) "
         "or fivo (FIVO_K) for latent-variable models; cd (contrastive divergence) for "
-        "energy-based models such as the RTRBM", choices=OBJECTIVES + ENERGY_OBJECTIVES)
-    num_particles: int = option(1, "objective", "samples K of the objective",
-                                flag="--particles", check="POSITIVE_INT")
-    cd_steps: int = option(1, "objective", "Gibbs sweeps k of objective cd (energy-based models)",
-                           check="POSITIVE_INT")
+        "energy-based models such as the RTRBM",
+        choices=OBJECTIVES + ENERGY_OBJECTIVES,
+    )
+    num_particles: int = option(
+        1, "objective", "samples K of the objective", flag="--particles", check="POSITIVE_INT"
+    )
+    cd_steps: int = option(
+        1, "objective", "Gibbs sweeps k of objective cd (energy-based models)", check="POSITIVE_INT"
+    )
     # --- optimiser ---
-    lr: float = option(1e-3, "optimiser", "Adam learning rate (the base rate of every schedule)",
-                       check="POSITIVE")
-    betas: tuple = option((0.9, 0.999), "optimiser",
-                          "Adam's decay rates of the gradient's first and second moments",
-                          check="PROBABILITY_BELOW_ONE", nargs=2)
-    clip_norm: float = option(10.0, "optimiser", "gradient norm clip per parameter tensor",
-                              check="POSITIVE")
-    weight_decay: float = option(0.0, "optimiser", "L2 penalty added to the gradient",
-                                 check="NON_NEGATIVE")
+    lr: float = option(
+        1e-3, "optimiser", "Adam learning rate (the base rate of every schedule)", check="POSITIVE"
+    )
+    betas: tuple = option(
+        (0.9, 0.999),
+        "optimiser",
+        "Adam's decay rates of the gradient's first and second moments",
+        check="PROBABILITY_BELOW_ONE",
+        nargs=2,
+    )
+    clip_norm: float = option(
+        10.0, "optimiser", "gradient norm clip per parameter tensor", check="POSITIVE"
+    )
+    weight_decay: float = option(
+        0.0, "optimiser", "L2 penalty added to the gradient", check="NON_NEGATIVE"
+    )
     # --- learning-rate schedule ---
     lr_schedule: str = option(
-        "plateau", "schedule", "plateau: multiply the rate by ``plateau_factor`` when the "
+        "plateau",
+        "schedule",
+        "plateau: multiply the rate by ``plateau_factor`` when the "
         "validation bound has not improved for ``plateau_patience`` + 1 epochs; exponential: "
         "constant for ``lr_decay_after`` epochs, then divided by ``lr_decay_factor`` per epoch "
         "(the SRNN code); constant: ``lr``, times ``lrd`` after every update",
-        choices=LR_SCHEDULES)
-    plateau_factor: float = option(0.5, "schedule", "rate multiplier on a validation plateau",
-                                   check="FRACTION")
-    plateau_patience: int = option(3, "schedule", "epochs without validation improvement "
-                                   "tolerated before the rate is reduced", check="COUNT")
-    plateau_min_lr: float = option(1e-5, "schedule", "lowest rate of the plateau schedule",
-                                   check="NON_NEGATIVE")
-    plateau_cooldown: int = option(0, "schedule", "epochs the plateau schedule waits after a "
-                                   "reduction before it counts bad epochs again", check="COUNT")
-    plateau_threshold: float = option(1e-3, "schedule", "nats per step by which the validation "
-                                      "bound must beat its best to count as an improvement for "
-                                      "the plateau schedule", check="NON_NEGATIVE")
+        choices=LR_SCHEDULES,
+    )
+    plateau_factor: float = option(
+        0.5, "schedule", "rate multiplier on a validation plateau", check="FRACTION"
+    )
+    plateau_patience: int = option(
+        3,
+        "schedule",
+        "epochs without validation improvement tolerated before the rate is reduced",
+        check="COUNT",
+    )
+    plateau_min_lr: float = option(
+        1e-5, "schedule", "lowest rate of the plateau schedule", check="NON_NEGATIVE"
+    )
+    plateau_cooldown: int = option(
+        0,
+        "schedule",
+        "epochs the plateau schedule waits after a reduction before it counts bad epochs again",
+        check="COUNT",
+    )
+    plateau_threshold: float = option(
+        1e-3,
+        "schedule",
+        "nats per step by which the validation "
+        "bound must beat its best to count as an improvement for "
+        "the plateau schedule",
+        check="NON_NEGATIVE",
+    )
     plateau_restore_best: bool = option(
-        True, "schedule", "when the plateau schedule lowers the rate, go back to the weights "
-        "of the best validation epoch (the optimizer's moments stay)")
-    lrd: float = option(1.0, "schedule", "learning-rate decay per update (``lr_schedule`` "
-                        "constant)", check="POSITIVE")
-    lr_decay_after: Optional[int] = option(None, "schedule", "epochs at the full rate "
-                                           "(``lr_schedule`` exponential)", check="COUNT")
-    lr_decay_factor: float = option(1.0, "schedule", "divide the rate by this per epoch after "
-                                    "``lr_decay_after`` (``lr_schedule`` exponential)",
-                                    check="AT_LEAST_ONE")
+        True,
+        "schedule",
+        "when the plateau schedule lowers the rate, go back to the weights "
+        "of the best validation epoch (the optimizer's moments stay)",
+    )
+    lrd: float = option(
+        1.0,
+        "schedule",
+        "learning-rate decay per update (``lr_schedule`` constant)",
+        check="POSITIVE",
+    )
+    lr_decay_after: Optional[int] = option(
+        None, "schedule", "epochs at the full rate (``lr_schedule`` exponential)", check="COUNT"
+    )
+    lr_decay_factor: float = option(
+        1.0,
+        "schedule",
+        "divide the rate by this per epoch after ``lr_decay_after`` (``lr_schedule`` exponential)",
+        check="AT_LEAST_ONE",
+    )
     # --- KL annealing and free bits ---
     kl_start: float = option(
-        1.0, "annealing", "initial KL weight beta", check="PROBABILITY", cli_default=0.2,
-        cli_default_why="the command line anneals the KL weight unless told otherwise")
+        1.0,
+        "annealing",
+        "initial KL weight beta",
+        check="PROBABILITY",
+        cli_default=0.2,
+        cli_default_why="the command line anneals the KL weight unless told otherwise",
+    )
     kl_anneal_steps: int = option(
-        0, "annealing", "updates over which beta rises linearly from ``kl_start`` to 1 (0: no "
-        "annealing)", check="COUNT", cli_default=1000,
-        cli_default_why="the command line anneals the KL weight unless told otherwise")
+        0,
+        "annealing",
+        "updates over which beta rises linearly from ``kl_start`` to 1 (0: no annealing)",
+        check="COUNT",
+        cli_default=1000,
+        cli_default_why="the command line anneals the KL weight unless told otherwise",
+    )
     schedule_during_annealing: bool = option(
-        True, "annealing", "step the plateau schedule and count early-stopping patience while "
-        "beta < 1 too (off: wait for beta = 1)")
-    free_bits: float = option(0.0, "annealing", "free bits per latent site (nats)",
-                              check="NON_NEGATIVE")
+        True,
+        "annealing",
+        "step the plateau schedule and count early-stopping patience while "
+        "beta < 1 too (off: wait for beta = 1)",
+    )
+    free_bits: float = option(
+        0.0, "annealing", "free bits per latent site (nats)", check="NON_NEGATIVE"
+    )
     # --- minibatches and missing data ---
     batch_size: int = option(20, "batches", "sequences per minibatch", check="POSITIVE_INT")
-    chunk_length: Optional[int] = option(None, "batches", "train on windows of this many steps "
-                                         "(none: whole sequences)", check="POSITIVE_INT")
-    valid_batch_size: int = option(64, "batches", "sequences per batch of the validation bound",
-                                   check="POSITIVE_INT")
+    chunk_length: Optional[int] = option(
+        None,
+        "batches",
+        "train on windows of this many steps (none: whole sequences)",
+        check="POSITIVE_INT",
+    )
+    valid_batch_size: int = option(
+        64, "batches", "sequences per batch of the validation bound", check="POSITIVE_INT"
+    )
     missing_prob: float = option(
-        0.0, "batches", "mark each real step of a training batch unobserved with this "
+        0.0,
+        "batches",
+        "mark each real step of a training batch unobserved with this "
         "probability, drawn from (seed, update) (thesis appendix 6.10)",
-        check="PROBABILITY_BELOW_ONE")
-    missing_keep_first: int = option(3, "batches", "first steps of every sequence that are "
-                                     "never marked unobserved", check="COUNT")
+        check="PROBABILITY_BELOW_ONE",
+    )
+    missing_keep_first: int = option(
+        3,
+        "batches",
+        "first steps of every sequence that are never marked unobserved",
+        check="COUNT",
+    )
     # --- stopping ---
     epochs: int = option(100, "stopping", "maximum number of epochs", check="COUNT")
     patience: Optional[int] = option(
-        12, "stopping", "stop after this many epochs without validation improvement; the best "
-        "weights are kept (None, or 0 on the command line: never stop early)", check="COUNT",
-        cli_none=0)
+        12,
+        "stopping",
+        "stop after this many epochs without validation improvement; the best "
+        "weights are kept (None, or 0 on the command line: never stop early)",
+        check="COUNT",
+        cli_none=0,
+    )
     monitor: str = option(
-        "objective", "stopping", "the validation bound watched by early stopping, the plateau "
+        "objective",
+        "stopping",
+        "the validation bound watched by early stopping, the plateau "
         "schedule and best.pt: objective (the training objective's own bound: IWAE for iwae, "
-        "SMC for fivo, else the ELBO) or elbo", choices=("objective", "elbo"))
-    time_limit: Optional[float] = option(None, "stopping", "stop after this many seconds",
-                                         check="POSITIVE")
+        "SMC for fivo, else the ELBO) or elbo",
+        choices=("objective", "elbo"),
+    )
+    time_limit: Optional[float] = option(
+        None, "stopping", "stop after this many seconds", check="POSITIVE"
+    )
     time_limit_counts: str = option(
-        "wall", "stopping", "what ``time_limit`` counts: wall (this call's wall clock) or "
+        "wall",
+        "stopping",
+        "what ``time_limit`` counts: wall (this call's wall clock) or "
         "training (the seconds of this call's training epochs, validation excluded)",
-        choices=("wall", "training"))
+        choices=("wall", "training"),
+    )
     # --- initialisation and randomness ---
     init: str = option(
-        "bias", "start", "initialisation of a fresh run (never on resume): srnn = the SRNN "
+        "bias",
+        "start",
+        "initialisation of a fresh run (never on resume): srnn = the SRNN "
         "code's weights for an SRNN plus, for Bernoulli emissions, the output bias from the "
         "training notes' frequencies; normal = init_weights(scheme='normal') and that bias; "
-        "bias = the output bias only; none = as built", choices=INITS)
-    seed: int = option(0, "start", "seed of the initial weights, the batch order and the "
-                       "model's random draws", check="SEED")
+        "bias = the output bias only; none = as built",
+        choices=INITS,
+    )
+    seed: int = option(
+        0,
+        "start",
+        "seed of the initial weights, the batch order and the model's random draws",
+        check="SEED",
+    )
     # --- devices and processes ---
-    device: str = option("cpu", "devices", "where the model trains: cpu, cuda or cuda:N (an "
-                         "error, never a CPU fallback, when CUDA is not there)")
-    world_size: int = option(1, "devices", "data-parallel processes (torch.distributed: gloo "
-                             "on CPU, nccl on CUDA); each takes a shard of every minibatch",
-                             flag="--nproc", check="POSITIVE_INT")
-    dist_backend: Optional[str] = option(None, "devices", "process-group backend (none: nccl "
-                                         "on CUDA devices, else gloo)", choices=("gloo", "nccl"))
-    dist_timeout: float = option(120.0, "devices", "seconds a rank waits for the others before "
-                                 "failing", check="POSITIVE")
-    num_threads: Optional[int] = option(None, "devices", "torch CPU threads (none: torch's "
-                                        "default)", flag="--threads", check="POSITIVE_INT")
+    device: str = option(
+        "cpu",
+        "devices",
+        "where the model trains: cpu, cuda or cuda:N (an "
+        "error, never a CPU fallback, when CUDA is not there)",
+    )
+    world_size: int = option(
+        1,
+        "devices",
+        "data-parallel processes (torch.distributed: gloo "
+        "on CPU, nccl on CUDA); each takes a shard of every minibatch",
+        flag="--nproc",
+        check="POSITIVE_INT",
+    )
+    dist_backend: Optional[str] = option(
+        None,
+        "devices",
+        "process-group backend (none: nccl on CUDA devices, else gloo)",
+        choices=("gloo", "nccl"),
+    )
+    dist_timeout: float = option(
+        120.0, "devices", "seconds a rank waits for the others before failing", check="POSITIVE"
+    )
+    num_threads: Optional[int] = option(
+        None,
+        "devices",
+        "torch CPU threads (none: torch's default)",
+        flag="--threads",
+        check="POSITIVE_INT",
+    )
     # --- checks and output ---
     pyro_validation: bool = option(
-        False, "output", "Pyro's per-site validation during the updates (the model checks its "
-        "inputs once per batch either way)")
+        False,
+        "output",
+        "Pyro's per-site validation during the updates (the model checks its "
+        "inputs once per batch either way)",
+    )
     progress: bool = option(True, "output", "show a progress bar", flag="--quiet", invert=True)
 
-    def validate(self):
+    def validate(self) -> "TrainConfig":
         """Check the fields together; returns ``self``. Raises ``ValueError`` naming the field
         (or the combination) that is out of range, and what to use instead."""
         if self.monitor not in ("objective", "elbo"):
@@ -227,15 +358,21 @@ class TrainConfig:
             if self.lr_decay_after < 0 or self.lr_decay_factor < 1.0:
                 raise ValueError("lr_decay_after must be >= 0 and lr_decay_factor >= 1")
             if self.lrd != 1.0:
-                raise ValueError("use either the per-update decay lrd or the per-epoch schedule "
-                                 "lr_decay_after/lr_decay_factor, not both")
+                raise ValueError(
+                    "use either the per-update decay lrd or the per-epoch schedule "
+                    "lr_decay_after/lr_decay_factor, not both"
+                )
         if (self.lr_decay_after is not None) != (self.lr_schedule == "exponential"):
-            raise ValueError("lr_decay_after/lr_decay_factor set the per-epoch schedule: use them "
-                             "with lr_schedule='exponential' (and lr_schedule='exponential' needs "
-                             "lr_decay_after)")
+            raise ValueError(
+                "lr_decay_after/lr_decay_factor set the per-epoch schedule: use them "
+                "with lr_schedule='exponential' (and lr_schedule='exponential' needs "
+                "lr_decay_after)"
+            )
         if self.lrd != 1.0 and self.lr_schedule != "constant":
-            raise ValueError("the per-update decay lrd belongs to lr_schedule='constant', got "
-                             f"lr_schedule={self.lr_schedule!r}")
+            raise ValueError(
+                "the per-update decay lrd belongs to lr_schedule='constant', got "
+                f"lr_schedule={self.lr_schedule!r}"
+            )
         if self.lr_schedule == "plateau":
             if not 0.0 < self.plateau_factor < 1.0:
                 raise ValueError(f"plateau_factor must be in (0, 1), got {self.plateau_factor}")
@@ -244,8 +381,9 @@ class TrainConfig:
             if self.plateau_min_lr < 0 or self.plateau_threshold < 0:
                 raise ValueError("plateau_min_lr and plateau_threshold must be >= 0")
         if self.patience is not None and self.patience < 1:
-            raise ValueError(f"patience must be None (no early stopping) or >= 1, got "
-                             f"{self.patience}")
+            raise ValueError(
+                f"patience must be None (no early stopping) or >= 1, got {self.patience}"
+            )
         if not 0.0 <= self.missing_prob < 1.0:
             raise ValueError(f"missing_prob must be in [0, 1), got {self.missing_prob}")
         if self.missing_keep_first < 0:
@@ -255,8 +393,9 @@ class TrainConfig:
         if not isinstance(self.cd_steps, int) or self.cd_steps < 1:
             raise ValueError(f"cd_steps must be a positive int, got {self.cd_steps!r}")
         if self.time_limit_counts not in ("wall", "training"):
-            raise ValueError(f"time_limit_counts must be 'wall' or 'training', got "
-                             f"{self.time_limit_counts!r}")
+            raise ValueError(
+                f"time_limit_counts must be 'wall' or 'training', got {self.time_limit_counts!r}"
+            )
         if not isinstance(self.world_size, int) or self.world_size < 1:
             raise ValueError(f"world_size must be a positive int, got {self.world_size!r}")
         if self.dist_timeout <= 0:
@@ -267,14 +406,17 @@ class TrainConfig:
             raise ValueError(
                 f"free_bits={self.free_bits} with world_size={self.world_size}: free bits clamps "
                 "each group's KL summed over the whole minibatch, and each rank would clamp its "
-                "own shard instead (a different objective); train with free bits in one process")
+                "own shard instead (a different objective); train with free bits in one process"
+            )
         device = parse_device(self.device, "device")
         if device.type == "cuda" and self.world_size > 1:
             last = rank_device(device, self.world_size - 1)
             if last.index >= torch.cuda.device_count():
-                raise ValueError(f"world_size={self.world_size} on device {self.device!r} needs "
-                                 f"{last} (rank r trains on cuda:{device.index}+r), but this "
-                                 f"machine has {torch.cuda.device_count()} CUDA device(s)")
+                raise ValueError(
+                    f"world_size={self.world_size} on device {self.device!r} needs "
+                    f"{last} (rank r trains on cuda:{device.index}+r), but this "
+                    f"machine has {torch.cuda.device_count()} CUDA device(s)"
+                )
         return self
 
 
@@ -295,10 +437,14 @@ def _field_list():
         lines += ["", f"{title[0].upper()}{title[1:]}:", ""]
         for o in options():
             if o.group == key:
-                cli = ("" if o.cli_default is MISSING else
-                       f"; the command line's is {o.cli_default!r}: {o.cli_default_why}")
+                cli = (
+                    ""
+                    if o.cli_default is MISSING
+                    else f"; the command line's is {o.cli_default!r}: {o.cli_default_why}"
+                )
                 lines.append(f"* ``{o.name}`` [``{o.default!r}``{cli}]: {o.doc}.")
     return "\n".join("    " + line if line else "" for line in lines)
 
 
-TrainConfig.__doc__ = TrainConfig.__doc__.rstrip() + "\n" + _field_list() + "\n"
+# the class has a docstring
+TrainConfig.__doc__ = TrainConfig.__doc__.rstrip() + "\n" + _field_list() + "\n"  # type: ignore[union-attr]

@@ -9,6 +9,7 @@ to the device of the model's parameters (:func:`model_device`), where the bound 
 """
 
 import math
+from typing import Any, Dict, Optional, Sequence
 
 import pyro.poutine as poutine
 import torch
@@ -18,7 +19,9 @@ from pyro_seq.ops.padding import SequenceList, inputs_of
 from pyro_seq.validation import module_device, validate_sequence_list
 
 
-def elbo_terms(model, x, mask, inputs=None):
+def elbo_terms(
+    model: Any, x: torch.Tensor, mask: torch.Tensor, inputs: Optional[torch.Tensor] = None
+) -> Dict[str, torch.Tensor]:
     """One-sample ELBO terms per sequence, from a guide trace and the model replayed on it.
 
     :param model: a :class:`~pyro_seq.models.SequenceModel`.
@@ -31,11 +34,12 @@ def elbo_terms(model, x, mask, inputs=None):
     kwargs = {} if inputs is None else {"inputs": inputs}
     guide_trace = poutine.trace(model.guide).get_trace(x, mask, **kwargs)
     model_trace = poutine.trace(poutine.replay(model.model, trace=guide_trace)).get_trace(
-        x, mask, **kwargs)
+        x, mask, **kwargs
+    )
     batch = x.shape[0]
     log_lik = x.new_zeros(batch)
     kl = x.new_zeros(batch)
-    for name, site in model_trace.nodes.items():
+    for _name, site in model_trace.nodes.items():
         if site["type"] != "sample":
             continue
         lp = site["fn"].log_prob(site["value"])
@@ -43,7 +47,7 @@ def elbo_terms(model, x, mask, inputs=None):
             log_lik = log_lik + lp
         else:
             kl = kl - lp
-    for name, site in guide_trace.nodes.items():
+    for _name, site in guide_trace.nodes.items():
         if site["type"] == "sample" and not site["is_observed"]:
             kl = kl + site["fn"].log_prob(site["value"])
     return {"log_likelihood": log_lik, "kl": kl, "elbo": log_lik - kl}
@@ -76,11 +80,11 @@ def _evaluate_energy_based(model, batches, method, num_particles, num_betas):
         if method == "pseudo_likelihood":
             total += float(model.pseudo_log_likelihood(x, mask).sum())
         else:
-            est = model.log_likelihood(x, mask, method=method,
-                                       num_chains=chains,
-                                       num_betas=num_betas)
+            est = model.log_likelihood(
+                x, mask, method=method, num_chains=chains, num_betas=num_betas
+            )
             total += float(est.log_likelihood.sum())
-            variance += float((est.stderr ** 2).sum())
+            variance += float((est.stderr**2).sum())
         steps += int(mask.sum())
     result = {"total": total, "num_steps": steps, "per_step": total / steps}
     if method == "ais":  # independent per-sequence estimates: their variances add
@@ -91,7 +95,14 @@ def _evaluate_energy_based(model, batches, method, num_particles, num_betas):
 
 
 @torch.no_grad()
-def evaluate_bound(model, sequences, batch_size=32, method="elbo", num_particles=1, num_betas=1000):
+def evaluate_bound(
+    model: Any,
+    sequences: Sequence[torch.Tensor],
+    batch_size: int = 32,
+    method: str = "elbo",
+    num_particles: int = 1,
+    num_betas: int = 1000,
+) -> Dict[str, Any]:
     """Bound on ``log p(x)`` over a list of sequences, in total and in nats per time step.
 
     :param model: a :class:`~pyro_seq.models.SequenceModel`.
@@ -109,8 +120,14 @@ def evaluate_bound(model, sequences, batch_size=32, method="elbo", num_particles
     """
     if not sequences:
         raise ValueError("evaluate_bound needs at least one sequence")
-    validate_sequence_list(sequences, model.obs_dim, model.binary_observations, "sequences",
-                           inputs=inputs_of(sequences), input_dim=model.input_dim)
+    validate_sequence_list(
+        sequences,
+        model.obs_dim,
+        model.binary_observations,
+        "sequences",
+        inputs=inputs_of(sequences),
+        input_dim=model.input_dim,
+    )
     model.require(method, "method")
     if int(num_particles) < 1:
         raise ValueError(f"num_particles must be >= 1, got {num_particles}")
@@ -118,22 +135,29 @@ def evaluate_bound(model, sequences, batch_size=32, method="elbo", num_particles
 
 
 @torch.no_grad()
-def evaluate_checked_bound(model, sequences, batch_size=32, method="elbo", num_particles=1,
-                    num_betas=1000, loader=None):
+def evaluate_checked_bound(
+    model, sequences, batch_size=32, method="elbo", num_particles=1, num_betas=1000, loader=None
+):
     """:func:`evaluate_bound` on sequences that the caller has validated (it does not check
     them again: :func:`~pyro_seq.train.fit` validates its validation sequences once and
     evaluates them every epoch). ``loader``: the unshuffled
     :class:`~pyro_seq.data.SequenceLoader` of ``sequences`` with ``batch_size``, in the model's
     dtype and on its device, built once by the caller (default: built here)."""
     if loader is None and (model.energy_based or method == "elbo"):
-        loader = SequenceLoader(sequences, batch_size, shuffle=False, dtype=model_dtype(model),
-                                device=model_device(model))
+        loader = SequenceLoader(
+            sequences,
+            batch_size,
+            shuffle=False,
+            dtype=model_dtype(model),
+            device=model_device(model),
+        )
     was_training = model.training
     model.eval()
     try:
         if model.energy_based:
-            result = _evaluate_energy_based(model, loader.batches(0), method, num_particles,
-                                            num_betas)
+            result = _evaluate_energy_based(
+                model, loader.batches(0), method, num_particles, num_betas
+            )
         elif method == "elbo":
             total = kl_total = 0.0
             steps = 0
@@ -143,20 +167,35 @@ def evaluate_checked_bound(model, sequences, batch_size=32, method="elbo", num_p
                 total += sum(float(t["elbo"].sum()) for t in terms) / num_particles
                 kl_total += sum(float(t["kl"].sum()) for t in terms) / num_particles
                 steps += int(mask.sum())
-            result = {"total": total, "num_steps": steps, "per_step": total / steps,
-                      "kl_per_step": kl_total / steps}
+            result = {
+                "total": total,
+                "num_steps": steps,
+                "per_step": total / steps,
+                "kl_per_step": kl_total / steps,
+            }
         elif method in ("iwae", "smc"):
             from pyro_seq.infer import estimate_log_likelihood
 
             dtype, device = model_dtype(model), model_device(model)
-            moved = SequenceList([s.to(device=device, dtype=dtype) for s in sequences],
-                                 None if inputs_of(sequences) is None else
-                                 [u.to(device=device, dtype=dtype) for u in inputs_of(sequences)])
-            est = estimate_log_likelihood(model.model, model.guide, moved,
-                                          method=method,
-                                          num_particles=num_particles, batch_size=batch_size)
-            result = {"total": float(est.total), "num_steps": int(est.num_steps),
-                      "per_step": float(est.nats_per_step)}
+            moved = SequenceList(
+                [s.to(device=device, dtype=dtype) for s in sequences],
+                None
+                if inputs_of(sequences) is None
+                else [u.to(device=device, dtype=dtype) for u in inputs_of(sequences)],
+            )
+            est = estimate_log_likelihood(
+                model.model,
+                model.guide,
+                moved,
+                method=method,
+                num_particles=num_particles,
+                batch_size=batch_size,
+            )
+            result = {
+                "total": float(est.total),
+                "num_steps": int(est.num_steps),
+                "per_step": float(est.nats_per_step),
+            }
         else:
             raise ValueError(f"method must be 'elbo', 'iwae' or 'smc', got {method!r}")
     finally:

@@ -67,6 +67,7 @@ import math
 import time
 import warnings
 from pathlib import Path
+from typing import TYPE_CHECKING, List, Optional, Sequence, Union
 
 import pyro
 import torch
@@ -76,15 +77,33 @@ from tqdm.auto import tqdm
 from pyro_seq.data.batching import SequenceLoader
 from pyro_seq.models.contract import Unsupported
 from pyro_seq.ops.padding import inputs_of
-from pyro_seq.train.checkpoint import (load_checkpoint, load_weights, restore, save_checkpoint,
-                                       save_weights)
+from pyro_seq.train.checkpoint import (
+    load_checkpoint,
+    load_weights,
+    restore,
+    save_checkpoint,
+    save_weights,
+)
 from pyro_seq.train.config import INITS
 from pyro_seq.train.distributed import AllReduceGradients, SingleProcess
 from pyro_seq.train.evaluate import evaluate_checked_bound, model_device, model_dtype
 from pyro_seq.train.objectives import check_objective, make_objective
-from pyro_seq.train.schedules import (check_schedule_of_checkpoint, current_lr, set_lr,
-                                      set_lr_in_state, epoch_lr, kl_beta, make_optimizer)
+from pyro_seq.train.schedules import (
+    check_schedule_of_checkpoint,
+    current_lr,
+    epoch_lr,
+    kl_beta,
+    make_optimizer,
+    set_lr,
+    set_lr_in_state,
+)
 from pyro_seq.validation import parse_device, validate_sequence_list
+
+if TYPE_CHECKING:
+    import os
+
+    from pyro_seq.models.contract import ModelContract
+    from pyro_seq.train.config import TrainConfig
 
 __all__ = ["MONITORED_BOUND", "TrainHistory", "fit", "initialise"]
 
@@ -95,7 +114,9 @@ __all__ = ["MONITORED_BOUND", "TrainHistory", "fit", "initialise"]
 MONITORED_BOUND = {"iwae": "iwae", "fivo": "smc"}
 
 
-def initialise(model, train_sequences, scheme="srnn"):
+def initialise(
+    model: "ModelContract", train_sequences: Sequence[torch.Tensor], scheme: str = "srnn"
+) -> List[str]:
     """Apply ``TrainConfig.init`` to a freshly built ``model`` (uses torch's global RNG): the
     model's own :meth:`~pyro_seq.models.ModelContract.initialise` (``"srnn"``/``"normal"``:
     :func:`~pyro_seq.nn.init_weights` on a model that lists the scheme in
@@ -134,8 +155,7 @@ def _missing_steps(mask, config, step, rank=0):
     from pyro_seq.tasks import drop_frames
 
     g = torch.Generator().manual_seed(config.seed * 1_000_003 + step * 101 + rank)
-    return drop_frames(mask, config.missing_prob, generator=g,
-                       keep_first=config.missing_keep_first)
+    return drop_frames(mask, config.missing_prob, generator=g, keep_first=config.missing_keep_first)
 
 
 def _write_logs(out_dir, history):
@@ -160,8 +180,11 @@ def _restores_torch_threads_and_rng(func):
         config = kwargs.get("config", args[3] if len(args) > 3 else None)
         on_cuda = str(getattr(config, "device", "cpu")).startswith("cuda")
         threads, rng_state = torch.get_num_threads(), torch.get_rng_state()
-        cuda_states = (torch.cuda.get_rng_state_all() if torch.cuda.is_available()
-                       and (on_cuda or torch.cuda.is_initialized()) else None)
+        cuda_states = (
+            torch.cuda.get_rng_state_all()
+            if torch.cuda.is_available() and (on_cuda or torch.cuda.is_initialized())
+            else None
+        )
         try:
             return func(*args, **kwargs)
         finally:
@@ -175,7 +198,14 @@ def _restores_torch_threads_and_rng(func):
 
 
 @_restores_torch_threads_and_rng
-def fit(model, train_sequences, valid_sequences, config, out_dir, resume=True):
+def fit(
+    model: "ModelContract",
+    train_sequences: Sequence[torch.Tensor],
+    valid_sequences: Optional[Sequence[torch.Tensor]],
+    config: "TrainConfig",
+    out_dir: Union[str, "os.PathLike[str]"],
+    resume: bool = True,
+) -> "TrainHistory":
     """Train ``model`` with SVI; resumable, logged and checkpointed in ``out_dir``.
 
     :param model: a :class:`~pyro_seq.models.SequenceModel`.
@@ -228,8 +258,14 @@ def fit(model, train_sequences, valid_sequences, config, out_dir, resume=True):
     # written or trained; nothing inside the run checks them again
     for name, seqs in (("train", train_sequences), ("valid", valid_sequences)):
         if seqs or name == "train":
-            validate_sequence_list(seqs, model.obs_dim, model.binary_observations, name,
-                                   inputs=inputs_of(seqs), input_dim=model.input_dim)
+            validate_sequence_list(
+                seqs,
+                model.obs_dim,
+                model.binary_observations,
+                name,
+                inputs=inputs_of(seqs),
+                input_dim=model.input_dim,
+            )
     from pyro_seq.train.distributed import check_launch, launch_environment
 
     launch = launch_environment()  # under torchrun: this process is one rank, spawn nothing
@@ -240,10 +276,19 @@ def fit(model, train_sequences, valid_sequences, config, out_dir, resume=True):
     if (launch.world_size if launch is not None else config.world_size) > 1:
         from pyro_seq.train.processes import fit_processes
 
-        return fit_processes(model, train_sequences, valid_sequences, config, out_dir, resume,
-                             launch)
-    return fit_rank(model, train_sequences, valid_sequences, config, out_dir, resume, SingleProcess(),
-                parse_device(config.device))
+        return fit_processes(
+            model, train_sequences, valid_sequences, config, out_dir, resume, launch
+        )
+    return fit_rank(
+        model,
+        train_sequences,
+        valid_sequences,
+        config,
+        out_dir,
+        resume,
+        SingleProcess(),
+        parse_device(config.device),
+    )
 
 
 def fit_rank(model, train_sequences, valid_sequences, config, out_dir, resume, comm, device):
@@ -271,24 +316,45 @@ class _Validation:
         self.sequences = sequences if comm.world_size == 1 else comm.shard_list(sequences)
         self.loader = None
         if self.sequences:  # the batches of evaluate_bound, padded in the model's dtype there
-            self.loader = SequenceLoader(self.sequences, batch_size, shuffle=False,
-                                         dtype=model_dtype(model), device=model_device(model))
+            self.loader = SequenceLoader(
+                self.sequences,
+                batch_size,
+                shuffle=False,
+                dtype=model_dtype(model),
+                device=model_device(model),
+            )
 
     def bound(self, model, method="elbo", num_particles=1):
         """The bound ``method`` over every rank's validation sequences: ``total``,
         ``num_steps``, ``per_step`` and ``kl_per_step``."""
         if self.comm.world_size == 1:
-            return evaluate_checked_bound(model, self.sequences, self.batch_size, method=method,
-                                   num_particles=num_particles, loader=self.loader)
+            return evaluate_checked_bound(
+                model,
+                self.sequences,
+                self.batch_size,
+                method=method,
+                num_particles=num_particles,
+                loader=self.loader,
+            )
         total = steps = kl = 0.0
         if self.sequences:
-            r = evaluate_checked_bound(model, self.sequences, self.batch_size, method=method,
-                                num_particles=num_particles, loader=self.loader)
+            r = evaluate_checked_bound(
+                model,
+                self.sequences,
+                self.batch_size,
+                method=method,
+                num_particles=num_particles,
+                loader=self.loader,
+            )
             total, steps = r["total"], r["num_steps"]
             kl = r.get("kl_per_step", 0.0) * steps
         total, steps, kl = self.comm.all_sum([total, steps, kl])
-        return {"total": total, "num_steps": int(steps), "per_step": total / steps,
-                "kl_per_step": kl / steps}
+        return {
+            "total": total,
+            "num_steps": int(steps),
+            "per_step": total / steps,
+            "kl_per_step": kl / steps,
+        }
 
 
 class _Run:
@@ -305,16 +371,25 @@ class _Run:
             torch.set_num_threads(config.num_threads)
         pyro.clear_param_store()
         torch.manual_seed(config.seed)  # seeds the CPU and every CUDA generator
-        self.loader = SequenceLoader(train_sequences, config.batch_size, shuffle=True,
-                                     seed=config.seed, chunk_length=config.chunk_length,
-                                     dtype=model_dtype(model), device=device)
+        self.loader = SequenceLoader(
+            train_sequences,
+            config.batch_size,
+            shuffle=True,
+            seed=config.seed,
+            chunk_length=config.chunk_length,
+            dtype=model_dtype(model),
+            device=device,
+        )
         self.energy = model.energy_based
         if self.energy and config.missing_prob > 0:
-            raise ValueError("missing_prob needs a latent-variable model with observed= masks; "
-                             f"{model.module_name} is energy-based")
+            raise ValueError(
+                "missing_prob needs a latent-variable model with observed= masks; "
+                f"{model.module_name} is energy-based"
+            )
         self.optim = make_optimizer(config, model)
-        loss = make_objective(config.objective, config.num_particles, config.free_bits,
-                              cd_steps=config.cd_steps)
+        loss = make_objective(
+            config.objective, config.num_particles, config.free_bits, cd_steps=config.cd_steps
+        )
         model_fn, guide_fn, self.annealer = model.model, model.guide, None
         if config.kl_anneal_steps > 0 and not self.energy:  # no latent sites to anneal
             from pyro_seq.infer import LatentScale
@@ -351,8 +426,9 @@ class _Run:
             if fresh:  # the same initial weights, then a different sampling stream per rank
                 torch.manual_seed(self.config.seed + 7919 * comm.rank)
         if self.valid_sequences:
-            self.validation = _Validation(model, self.valid_sequences, comm,
-                                          self.config.valid_batch_size)
+            self.validation = _Validation(
+                model, self.valid_sequences, comm, self.config.valid_batch_size
+            )
 
     def _resume(self):
         """Weights, optimizer and scheduler states, history, counters and random streams from
@@ -362,9 +438,11 @@ class _Run:
         payload = load_checkpoint(path)
         saved_world = payload["extra"].get("world_size", 1)
         if saved_world != comm.world_size:
-            raise ValueError(f"{path} was written by {saved_world} process(es); resume it "
-                             f"with world_size={saved_world} (got {comm.world_size}) or train "
-                             f"into a new folder")
+            raise ValueError(
+                f"{path} was written by {saved_world} process(es); resume it "
+                f"with world_size={saved_world} (got {comm.world_size}) or train "
+                f"into a new folder"
+            )
         check_schedule_of_checkpoint(payload["optimizer"], config, path)
         if config.lr_schedule == "exponential":  # optimizers are rebuilt lazily from this state
             set_lr_in_state(payload["optimizer"], epoch_lr(payload["epoch"], config), self.model)
@@ -390,9 +468,14 @@ class _Run:
         config = self.config
         self.started = time.time()
         last = self.start_epoch if self._out_of_patience() else config.epochs
-        self.bar = tqdm(range(self.start_epoch, last), initial=self.start_epoch,
-                        total=config.epochs, desc="epochs",
-                        disable=not (config.progress and self.main), unit="epoch")
+        self.bar = tqdm(
+            range(self.start_epoch, last),
+            initial=self.start_epoch,
+            total=config.epochs,
+            desc="epochs",
+            disable=not (config.progress and self.main),
+            unit="epoch",
+        )
         return self.bar
 
     # --- one epoch ----------------------------------------------------------------------------
@@ -411,9 +494,13 @@ class _Run:
             num_batches += 1
         if config.lr_schedule == "plateau":
             self.lr = current_lr(optim, config.lr, model)  # the rate of this epoch's updates
-        row = {"epoch": epoch + 1, "step": self.global_step,
-               "beta": kl_beta(self.global_step, config),
-               "lr": self.lr * config.lrd ** self.global_step, "seconds": time.time() - epoch_start}
+        row = {
+            "epoch": epoch + 1,
+            "step": self.global_step,
+            "beta": kl_beta(self.global_step, config),
+            "lr": self.lr * config.lrd**self.global_step,
+            "seconds": time.time() - epoch_start,
+        }
         if self.energy:  # CD's step value is a monitor per visible element, not a loss per step
             row["train_reconstruction_error"] = total_loss / max(num_batches, 1)
         else:
@@ -435,7 +522,8 @@ class _Run:
         if not math.isfinite(step_loss):
             raise FloatingPointError(
                 f"non-finite loss {step_loss} at epoch {epoch}, step {self.global_step}; "
-                "lower the learning rate or raise min_scale")
+                "lower the learning rate or raise min_scale"
+            )
         self.global_step += 1
         return step_loss
 
@@ -453,8 +541,9 @@ class _Run:
             self.best_state = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
         # while the KL weight still rises the objective changes under the validation bound:
         # best.pt tracks the best epoch, but the schedule and early stopping wait for beta = 1
-        annealing = (self.annealer is not None and row["beta"] < 1.0
-                     and not config.schedule_during_annealing)
+        annealing = (
+            self.annealer is not None and row["beta"] < 1.0 and not config.schedule_during_annealing
+        )
         if not annealing:
             self.bad_epochs = 0 if improved else self.bad_epochs + 1
         if config.lr_schedule == "plateau" and not annealing:
@@ -473,11 +562,15 @@ class _Run:
             val = self.validation.bound(model)
             row.update(valid_elbo_per_step=val["per_step"], valid_kl_per_step=val["kl_per_step"])
             watched = val["per_step"]
-        method = (MONITORED_BOUND.get(config.objective)
-                  if config.monitor == "objective" and not self.energy else None)
+        method = (
+            MONITORED_BOUND.get(config.objective)
+            if config.monitor == "objective" and not self.energy
+            else None
+        )
         if method is not None:  # the training objective's own bound (IWAE_K or FIVO_K)
-            watched = self.validation.bound(model, method=method,
-                                            num_particles=config.num_particles)["per_step"]
+            watched = self.validation.bound(
+                model, method=method, num_particles=config.num_particles
+            )["per_step"]
         row["valid_bound_per_step"] = watched
         return watched
 
@@ -491,9 +584,11 @@ class _Run:
         if back_to_best:  # in place: the param store and the optimizer hold these
             self.model.load_state_dict(self.best_state)
         if new_lr < lr and self.main:
-            self.bar.write(f"epoch {epoch + 1}: validation plateau, learning rate "
-                           f"{lr:.3g} -> {new_lr:.3g}"
-                           + (", weights of the best epoch restored" if back_to_best else ""))
+            self.bar.write(
+                f"epoch {epoch + 1}: validation plateau, learning rate "
+                f"{lr:.3g} -> {new_lr:.3g}"
+                + (", weights of the best epoch restored" if back_to_best else "")
+            )
 
     def checkpoint(self, epoch, row, improved):
         """Log the epoch; rank 0 writes ``best.pt`` (if ``improved``), ``checkpoint.pt`` (with
@@ -509,15 +604,29 @@ class _Run:
         if self.main:
             if improved:
                 save_weights(model.state_dict(), self.out_dir / "best.pt")
-            save_checkpoint(self.ckpt_path, model=model, optimizer=self.optim, epoch=epoch + 1,
-                            global_step=self.global_step, history=self.history, extra=extra,
-                            cuda_rng=self.device.type == "cuda")
+            save_checkpoint(
+                self.ckpt_path,
+                model=model,
+                optimizer=self.optim,
+                epoch=epoch + 1,
+                global_step=self.global_step,
+                history=self.history,
+                extra=extra,
+                cuda_rng=self.device.type == "cuda",
+            )
             _write_logs(self.out_dir, self.history)
-        postfix = ({"recon": f"{row['train_reconstruction_error']:.4f}"} if self.energy else
-                   {"loss/step": f"{row['train_loss_per_step']:.3f}"})
+        postfix = (
+            {"recon": f"{row['train_reconstruction_error']:.4f}"}
+            if self.energy
+            else {"loss/step": f"{row['train_loss_per_step']:.3f}"}
+        )
         if self.validation is not None and not self.energy:
-            postfix.update({"val": f"{row['valid_elbo_per_step']:.3f}",
-                            "KL": f"{row['valid_kl_per_step']:.3f}"})
+            postfix.update(
+                {
+                    "val": f"{row['valid_elbo_per_step']:.3f}",
+                    "KL": f"{row['valid_kl_per_step']:.3f}",
+                }
+            )
         elif self.validation is not None:
             postfix["val pll"] = f"{row['valid_pll_per_step']:.3f}"
         self.bar.set_postfix(postfix)
@@ -531,13 +640,17 @@ class _Run:
             history.stop_reason = "patience"
             return True
         # one decision for all ranks (their clocks differ)
-        this_call = history[len(history) - (epoch + 1 - self.start_epoch):]  # its epochs' rows
-        used = (time.time() - self.started if config.time_limit_counts == "wall"
-                else sum(r["seconds"] for r in this_call))
+        this_call = history[len(history) - (epoch + 1 - self.start_epoch) :]  # its epochs' rows
+        used = (
+            time.time() - self.started
+            if config.time_limit_counts == "wall"
+            else sum(r["seconds"] for r in this_call)
+        )
         if config.time_limit is not None and self.comm.any(used > config.time_limit):
             if self.main:
-                self.bar.write(f"time limit of {config.time_limit:.0f} s reached after epoch "
-                               f"{epoch + 1}")
+                self.bar.write(
+                    f"time limit of {config.time_limit:.0f} s reached after epoch {epoch + 1}"
+                )
             history.stop_reason = "time_limit"
             return True
         return False
@@ -551,9 +664,11 @@ class _Run:
         self.bar.close()
         if self._out_of_patience():
             history.stop_reason = "patience"  # also when a resumed run had already stopped
-        valid = [(row.get("valid_bound_per_step", row.get("valid_elbo_per_step")), -i)
-                 for i, row in enumerate(history)
-                 if "valid_elbo_per_step" in row or "valid_bound_per_step" in row]
+        valid = [
+            (row.get("valid_bound_per_step", row.get("valid_elbo_per_step")), -i)
+            for i, row in enumerate(history)
+            if "valid_elbo_per_step" in row or "valid_bound_per_step" in row
+        ]
         comm.barrier()  # rank 0 has written best.pt
         if valid:  # the first epoch with the highest bound is the one best.pt holds
             value, neg_index = max(valid)
@@ -563,9 +678,13 @@ class _Run:
                 self.model.load_state_dict(load_weights(out_dir / "best.pt"))
                 history.restored_best = True
             else:  # deleted or lost since the epoch that wrote it (a resumed run)
-                warnings.warn(f"{out_dir / 'best.pt'} is missing: the model keeps the weights of "
-                              f"the last epoch, not those of the best epoch {history.best_epoch} "
-                              "(restored_best is False)", RuntimeWarning)
+                warnings.warn(
+                    f"{out_dir / 'best.pt'} is missing: the model keeps the weights of "
+                    f"the last epoch, not those of the best epoch {history.best_epoch} "
+                    "(restored_best is False)",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
         if self.main:
             try:
                 from pyro_seq.train.plots import plot_history
@@ -575,8 +694,14 @@ class _Run:
             except ImportError:  # matplotlib missing: logs are still written
                 pass
             if comm.world_size > 1:  # what the parent process returns
-                (out_dir / "fit_summary.json").write_text(json.dumps({
-                    "stop_reason": history.stop_reason, "best_epoch": history.best_epoch,
-                    "best_valid_elbo_per_step": history.best_valid_elbo_per_step,
-                    "restored_best": history.restored_best}))
+                (out_dir / "fit_summary.json").write_text(
+                    json.dumps(
+                        {
+                            "stop_reason": history.stop_reason,
+                            "best_epoch": history.best_epoch,
+                            "best_valid_elbo_per_step": history.best_valid_elbo_per_step,
+                            "restored_best": history.restored_best,
+                        }
+                    )
+                )
         return history

@@ -3,7 +3,9 @@
 Every objective is a :class:`pyro.infer.ELBO` instance, so switching is a change of ``loss=``.
 """
 
-from pyro.infer import Trace_ELBO, TraceMeanField_ELBO
+from typing import Any
+
+from pyro.infer import ELBO, Trace_ELBO, TraceMeanField_ELBO
 
 OBJECTIVES = ("elbo", "meanfield", "iwae", "fivo")  #: for latent-variable models
 ENERGY_OBJECTIVES = ("cd",)  #: for energy-based models (RTRBM)
@@ -14,12 +16,15 @@ def check_objective(model, objective):
     ValueError): energy-based models train with ``"cd"`` only, latent-variable models with the
     ELBO-type objectives (``model.objectives``, :mod:`pyro_seq.models.contract`)."""
     if objective not in OBJECTIVES + ENERGY_OBJECTIVES:
-        raise ValueError(f"unknown objective {objective!r}; choose from "
-                         f"{OBJECTIVES + ENERGY_OBJECTIVES}")
+        raise ValueError(
+            f"unknown objective {objective!r}; choose from {OBJECTIVES + ENERGY_OBJECTIVES}"
+        )
     model.require(objective, "objective")
 
 
-def make_objective(name, num_particles=1, free_bits=0.0, cd_steps=1, **kwargs):
+def make_objective(
+    name: str, num_particles: int = 1, free_bits: float = 0.0, cd_steps: int = 1, **kwargs: Any
+) -> ELBO:
     """Build the ELBO object for ``name``.
 
     :param str name: ``"elbo"`` (:class:`~pyro.infer.Trace_ELBO`), ``"meanfield"``
@@ -41,8 +46,9 @@ def make_objective(name, num_particles=1, free_bits=0.0, cd_steps=1, **kwargs):
     if num_particles < 1:
         raise ValueError(f"num_particles must be >= 1, got {num_particles}")
     if free_bits and name not in ("elbo", "meanfield"):
-        raise ValueError("free bits apply to the single-sample ELBO; use KL annealing with "
-                         f"{name!r}")
+        raise ValueError(
+            f"free bits apply to the single-sample ELBO; use KL annealing with {name!r}"
+        )
     common = dict(num_particles=num_particles, max_plate_nesting=1, **kwargs)
     if name in ("elbo", "meanfield") and free_bits:
         from pyro_seq.infer import FreeBits_ELBO

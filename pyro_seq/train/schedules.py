@@ -31,14 +31,23 @@ KL annealing (:func:`kl_beta`): beta rises linearly from ``kl_start`` to 1 over
 :class:`~pyro_seq.infer.LatentScale` before every update.
 """
 
+from typing import TYPE_CHECKING, Mapping, Optional
+
 import pyro
-from pyro.optim import ClippedAdam, ReduceLROnPlateau
+
+# pyro.optim wraps torch's schedulers at import time, out of mypy's sight
+from pyro.optim import ClippedAdam, ReduceLROnPlateau  # type: ignore[attr-defined]
 from pyro.optim.clipped_adam import ClippedAdam as _TorchClippedAdam
+from pyro.optim.optim import PyroOptim
+
+if TYPE_CHECKING:
+    from pyro_seq.models.contract import ModelContract
+    from pyro_seq.train.config import TrainConfig
 
 __all__ = ["epoch_lr", "kl_beta", "lr_multiplier", "make_optimizer"]
 
 
-def epoch_lr(epoch, config):
+def epoch_lr(epoch: int, config: "TrainConfig") -> float:
     """Learning rate of (0-based) ``epoch`` under the per-epoch exponential schedule of the
     SRNN code (Fraccaro et al. 2016): constant for ``lr_decay_after`` epochs, then divided by
     ``lr_decay_factor`` once per epoch (``lr_schedule="exponential"``). ``config.lr`` for the
@@ -48,7 +57,7 @@ def epoch_lr(epoch, config):
     return config.lr / config.lr_decay_factor ** max(0, epoch - config.lr_decay_after + 1)
 
 
-def lr_multiplier(model, param_name):
+def lr_multiplier(model: Optional["ModelContract"], param_name: str) -> float:
     """The factor on the learning rate of one parameter: ``model.lr_multipliers`` maps names of
     ``model.named_parameters()`` (a parameter, or a submodule's prefix such as ``"wall_net"``)
     to factors; the longest matching key wins, 1 where none matches (or ``model`` is None).
@@ -56,13 +65,16 @@ def lr_multiplier(model, param_name):
     :param str param_name: the parameter's name in Pyro's param store (``"<module_name>$$$M"``)
         or in the model (``"M"``).
     """
-    multipliers = {} if model is None else model.lr_multipliers
+    multipliers: Mapping[str, float] = {} if model is None else model.lr_multipliers
     name = param_name.replace("$$$", ".")
     prefix = "." if model is None else f"{model.module_name}."
     if name.startswith(prefix):
-        name = name[len(prefix):]
-    match = max((key for key in multipliers if name == key or name.startswith(key + ".")),
-                key=len, default=None)
+        name = name[len(prefix) :]
+    match = max(
+        (key for key in multipliers if name == key or name.startswith(key + ".")),
+        key=len,
+        default=None,
+    )
     return 1.0 if match is None else float(multipliers[match])
 
 
@@ -81,7 +93,7 @@ def set_lr_in_state(state, lr, model=None):
             group["lr"] = lr * lr_multiplier(model, name)
 
 
-def make_optimizer(config, model=None):
+def make_optimizer(config: "TrainConfig", model: Optional["ModelContract"] = None) -> PyroOptim:
     """The Pyro optimizer of ``config``: ClippedAdam, wrapped in
     :class:`pyro.optim.ReduceLROnPlateau` (mode ``"max"`` on the validation ELBO, absolute
     threshold ``plateau_threshold``) when ``lr_schedule="plateau"``.
@@ -93,19 +105,35 @@ def make_optimizer(config, model=None):
     ``lr_multipliers`` (e.g. the GTM-SM's displacements and wall network) gets per-parameter
     rates ``lr * factor`` (:func:`lr_multiplier`); the schedules scale them all alike.
     """
-    adam = {"lr": epoch_lr(0, config), "betas": tuple(config.betas), "clip_norm": config.clip_norm,
-            "lrd": config.lrd, "weight_decay": config.weight_decay}
+    adam = {
+        "lr": epoch_lr(0, config),
+        "betas": tuple(config.betas),
+        "clip_norm": config.clip_norm,
+        "lrd": config.lrd,
+        "weight_decay": config.weight_decay,
+    }
     if model is not None and model.lr_multipliers:
         base = adam
 
-        def adam(param_name):  # Pyro's one-argument form: the normalised name "<module>.<param>"
+        # Pyro takes the arguments as a dict or as a function of the parameter's name
+        def adam(param_name):  # type: ignore[misc]  # Pyro's one-argument form: the normalised name "<module>.<param>"
             return dict(base, lr=base["lr"] * lr_multiplier(model, param_name))
+
     if config.lr_schedule != "plateau":
         return ClippedAdam(adam)
-    return ReduceLROnPlateau({"optimizer": _TorchClippedAdam, "optim_args": adam, "mode": "max",
-                              "factor": config.plateau_factor, "patience": config.plateau_patience,
-                              "threshold": config.plateau_threshold, "threshold_mode": "abs",
-                              "cooldown": config.plateau_cooldown, "min_lr": config.plateau_min_lr})
+    return ReduceLROnPlateau(
+        {
+            "optimizer": _TorchClippedAdam,
+            "optim_args": adam,
+            "mode": "max",
+            "factor": config.plateau_factor,
+            "patience": config.plateau_patience,
+            "threshold": config.plateau_threshold,
+            "threshold_mode": "abs",
+            "cooldown": config.plateau_cooldown,
+            "min_lr": config.plateau_min_lr,
+        }
+    )
 
 
 def current_lr(optim, default, model=None):
@@ -124,11 +152,13 @@ def check_schedule_of_checkpoint(state, config, path):
     saved_plateau = any(isinstance(v, dict) and "scheduler" in v for v in state.values())
     if state and saved_plateau != (config.lr_schedule == "plateau"):
         saved = "'plateau'" if saved_plateau else "'exponential' or 'constant'"
-        raise ValueError(f"{path} was written with lr_schedule={saved}; resume with the same "
-                         f"schedule (got {config.lr_schedule!r}) or train into a new folder")
+        raise ValueError(
+            f"{path} was written with lr_schedule={saved}; resume with the same "
+            f"schedule (got {config.lr_schedule!r}) or train into a new folder"
+        )
 
 
-def kl_beta(step, config):
+def kl_beta(step: int, config: "TrainConfig") -> float:
     """Annealing temperature after ``step`` updates: linear from ``kl_start`` to 1."""
     if config.kl_anneal_steps <= 0:
         return 1.0

@@ -49,12 +49,30 @@ import torch
 from ...ops.padding import SequenceList
 from ...validation import positive_int
 from ..chorales import cache_dir
-from .balls import (POLYGON_WALLS, BallParams, PongParams, require_pymunk, simulate_ball,
-                    simulate_pong)
+from .balls import (
+    POLYGON_WALLS,
+    BallParams,
+    PongParams,
+    require_pymunk,
+    simulate_ball,
+    simulate_pong,
+)
 from .pendulum_ode import PendulumParams, simulate_pendulum
 
-__all__ = ["DEFAULT_SIZES", "ENVIRONMENTS", "SPLITS", "SimulatedVideos", "box", "box_gravity",
-           "pendulum", "polygon", "pong", "simulate", "simulate_sequence", "validate_videos"]
+__all__ = [
+    "DEFAULT_SIZES",
+    "ENVIRONMENTS",
+    "SPLITS",
+    "SimulatedVideos",
+    "box",
+    "box_gravity",
+    "pendulum",
+    "polygon",
+    "pong",
+    "simulate",
+    "simulate_sequence",
+    "validate_videos",
+]
 
 CACHE_FORMAT = 1  #: bump when a simulator's output changes, so that old caches are not read
 #: The splits a simulator draws independently (each with its own seeds).
@@ -65,7 +83,7 @@ _ARRAYS = ("frames", "positions", "states", "controls")  # what a cache file hol
 @dataclass(frozen=True)
 class _Environment:
     code: int
-    params: Any              # the default parameter dataclass
+    params: Any  # the default parameter dataclass
     needs_pymunk: bool
     state_names: tuple
     default_steps: int
@@ -78,13 +96,21 @@ _BALL_STATES = ("x", "y", "vx", "vy")
 #: The environments by name, with their fixed seeding code and default parameters.
 ENVIRONMENTS: Dict[str, _Environment] = {
     "box": _Environment(0, BallParams(), True, _BALL_STATES, 20, _BALL_SIZES),
-    "box_gravity": _Environment(1, BallParams(gravity=5.0, speed=(5.0, 10.0)), True,
-                                _BALL_STATES, 20, _BALL_SIZES),
-    "polygon": _Environment(2, BallParams(walls=POLYGON_WALLS), True, _BALL_STATES, 20,
-                            _BALL_SIZES),
+    "box_gravity": _Environment(
+        1, BallParams(gravity=5.0, speed=(5.0, 10.0)), True, _BALL_STATES, 20, _BALL_SIZES
+    ),
+    "polygon": _Environment(
+        2, BallParams(walls=POLYGON_WALLS), True, _BALL_STATES, 20, _BALL_SIZES
+    ),
     "pong": _Environment(3, PongParams(), True, _BALL_STATES + ("y_paddle",), 20, _BALL_SIZES),
-    "pendulum": _Environment(4, PendulumParams(), False, ("phi", "phi_dot"), 15,
-                             {"train": 500, "valid": 500, "test": 500}),  # thesis 6.5.2
+    "pendulum": _Environment(
+        4,
+        PendulumParams(),
+        False,
+        ("phi", "phi_dot"),
+        15,
+        {"train": 500, "valid": 500, "test": 500},
+    ),  # thesis 6.5.2
 }
 #: Default number of sequences per split and environment (thesis app. 6.8 and sec. 6.5.2; the
 #: thesis has no validation split for the ball videos, 1000 is ours).
@@ -139,9 +165,12 @@ class SimulatedVideos:
         if isinstance(index, int):
             index = [index]
         return dataclasses.replace(
-            self, frames=self.frames[index], positions=self.positions[index],
+            self,
+            frames=self.frames[index],
+            positions=self.positions[index],
             states=self.states[index],
-            controls=None if self.controls is None else self.controls[index])
+            controls=None if self.controls is None else self.controls[index],
+        )
 
     def as_sequences(self) -> List[torch.Tensor]:
         """The videos as the package's sequence models take them: a list of ``N`` tensors
@@ -156,8 +185,12 @@ class SimulatedVideos:
 
 
 def _config(name: str, params, num_steps: int) -> Dict[str, Any]:
-    config = {"env": name, "format": CACHE_FORMAT, "num_steps": num_steps,
-              "params": dataclasses.asdict(params)}
+    config = {
+        "env": name,
+        "format": CACHE_FORMAT,
+        "num_steps": num_steps,
+        "params": dataclasses.asdict(params),
+    }
     if ENVIRONMENTS[name].needs_pymunk:
         import pymunk
 
@@ -180,8 +213,7 @@ def simulate_sequence(name: str, params, num_steps: int, seed: int, split: str, 
         return {"frames": frames, "positions": positions, "states": states, "controls": controls}
     simulate = simulate_pong if name == "pong" else simulate_ball
     frames, states = simulate(params, rng, num_steps)
-    return {"frames": frames, "positions": states[:, :2].copy(), "states": states,
-            "controls": None}
+    return {"frames": frames, "positions": states[:, :2].copy(), "states": states, "controls": None}
 
 
 def _simulate_range(name, params, num_steps, seed, split, start, stop) -> Dict[str, np.ndarray]:
@@ -204,16 +236,19 @@ def _generate(name, params, num_steps, seed, split, start, stop, num_workers, pr
     chunk = max(8, -(-n // (8 * max(num_workers, 1))))
     bounds = [(a, min(a + chunk, stop)) for a in range(start, stop, chunk)]
     parts: Dict[int, Dict[str, np.ndarray]] = {}
-    with tqdm(total=n, desc=f"simulating {name} ({split})", unit="seq",
-              disable=not progress) as bar:
+    with tqdm(
+        total=n, desc=f"simulating {name} ({split})", unit="seq", disable=not progress
+    ) as bar:
         if num_workers <= 1 or len(bounds) == 1:
             for a, b in bounds:
                 parts[a] = _simulate_range(name, params, num_steps, seed, split, a, b)
                 bar.update(b - a)
         else:
             with ProcessPoolExecutor(max_workers=min(num_workers, len(bounds))) as pool:
-                futures = {pool.submit(_simulate_range, name, params, num_steps, seed, split,
-                                       a, b): (a, b) for a, b in bounds}
+                futures = {
+                    pool.submit(_simulate_range, name, params, num_steps, seed, split, a, b): (a, b)
+                    for a, b in bounds
+                }
                 for future in as_completed(futures):
                     a, b = futures[future]
                     parts[a] = future.result()
@@ -221,8 +256,14 @@ def _generate(name, params, num_steps, seed, split, start, stop, num_workers, pr
     return _concat([parts[a] for a, _ in bounds])
 
 
-def validate_videos(arrays: Mapping[str, Any], num_sequences: int, num_steps: int,
-                    frame_size: int, state_dim: int, controls: bool) -> Optional[str]:
+def validate_videos(
+    arrays: Mapping[str, Any],
+    num_sequences: int,
+    num_steps: int,
+    frame_size: int,
+    state_dim: int,
+    controls: bool,
+) -> Optional[str]:
     """What is wrong with a set of simulated arrays, or ``None`` if nothing is.
 
     Checks: ``frames`` ``(N, T, H, W)`` of 0/1 with at least one pixel on in every frame (the
@@ -232,10 +273,16 @@ def validate_videos(arrays: Mapping[str, Any], num_sequences: int, num_steps: in
     """
     frames = arrays.get("frames")
     shape = (num_steps, frame_size, frame_size)
-    if frames is None or frames.ndim != 4 or tuple(frames.shape[1:]) != shape \
-            or frames.shape[0] < num_sequences:
-        return (f"frames of shape {getattr(frames, 'shape', None)}, expected "
-                f"(>={num_sequences}, {shape})")
+    if (
+        frames is None
+        or frames.ndim != 4
+        or tuple(frames.shape[1:]) != shape
+        or frames.shape[0] < num_sequences
+    ):
+        return (
+            f"frames of shape {getattr(frames, 'shape', None)}, expected "
+            f"(>={num_sequences}, {shape})"
+        )
     n = frames.shape[0]
     values = np.asarray(frames)
     if values.dtype == np.uint8 or values.dtype == np.bool_:
@@ -274,8 +321,9 @@ def _cache_directory(cache: _CacheArg) -> Optional[Path]:
     return Path(cache).expanduser()
 
 
-def _read_cache(path: Path, config: Dict[str, Any], check,
-                names: Sequence[str] = _ARRAYS) -> Optional[Dict[str, np.ndarray]]:
+def _read_cache(
+    path: Path, config: Dict[str, Any], check, names: Sequence[str] = _ARRAYS
+) -> Optional[Dict[str, np.ndarray]]:
     """The arrays ``names`` of a cache file, or None (with a warning) if it is unreadable, was
     written for another configuration, or fails ``check`` (a function returning a problem or
     None)."""
@@ -284,12 +332,14 @@ def _read_cache(path: Path, config: Dict[str, Any], check,
             arrays = {k: f[k] for k in tuple(names) + ("config",) if k in f.files}
         stored = json.loads(bytes(arrays.pop("config")).decode())
     except Exception as e:  # unreadable, truncated, foreign: regenerate
-        warnings.warn(f"ignoring unreadable simulator cache {path} ({type(e).__name__}: {e}); "
-                      "regenerating it")
+        warnings.warn(
+            f"ignoring unreadable simulator cache {path} ({type(e).__name__}: {e}); regenerating it",
+            stacklevel=2,
+        )
         return None
     problem = "its configuration differs" if stored != config else check(arrays)
     if problem is not None:
-        warnings.warn(f"ignoring simulator cache {path}: {problem}; regenerating it")
+        warnings.warn(f"ignoring simulator cache {path}: {problem}; regenerating it", stacklevel=2)
         return None
     return arrays
 
@@ -299,8 +349,11 @@ def _write_cache(path: Path, arrays: Dict[str, np.ndarray], config: Dict[str, An
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
-            np.savez_compressed(f, config=np.frombuffer(json.dumps(config, sort_keys=True).encode(),
-                                                        dtype=np.uint8), **arrays)
+            np.savez_compressed(
+                f,
+                config=np.frombuffer(json.dumps(config, sort_keys=True).encode(), dtype=np.uint8),
+                **arrays,  # type: ignore[arg-type]  # numpy's stub types **kwds as allow_pickle
+            )
         os.replace(tmp, path)  # atomic: concurrent writers never leave a partial file
     except BaseException:
         if os.path.exists(tmp):
@@ -368,24 +421,31 @@ def simulate(
         params = dataclasses.replace(env.params, **overrides)
     except TypeError as e:
         raise ValueError(f"unknown parameter for {name}: {e}") from None
-    workers = min(4, os.cpu_count() or 1) if num_workers is None else positive_int(
-        "num_workers", num_workers)
+    workers = (
+        min(4, os.cpu_count() or 1)
+        if num_workers is None
+        else positive_int("num_workers", num_workers)
+    )
     config = _config(name, params, num_steps)
     digest = hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:12]
     stem = f"{name}-{split}-T{num_steps}-seed{seed}-{digest}-v{CACHE_FORMAT}"
     with_controls = name == "pendulum"
 
     def check(arrays, count=n):
-        return validate_videos(arrays, count, num_steps, params.frame_size,
-                               len(env.state_names), with_controls)
+        return validate_videos(
+            arrays, count, num_steps, params.frame_size, len(env.state_names), with_controls
+        )
 
     directory = _cache_directory(cache)
     arrays = None
     if directory is not None:
         sizes = _cached_sizes(directory, stem)
         for size in [s for s in sizes if s >= n] + [s for s in reversed(sizes) if s < n]:
-            found = _read_cache(directory / f"{stem}-N{size}.npz", config,
-                                lambda a, size=size: check(a, min(size, n)))
+            found = _read_cache(
+                directory / f"{stem}-N{size}.npz",
+                config,
+                lambda a, size=size: check(a, min(size, n)),
+            )
             if found is not None and found["frames"].shape[0] == size:
                 arrays = found
                 break
@@ -398,15 +458,21 @@ def simulate(
             raise RuntimeError(f"simulated {name} videos failed validation: {problem}")
         if directory is not None:
             _write_cache(directory / f"{stem}-N{n}.npz", arrays, config)
+    assert arrays is not None  # found in the cache, or generated above (n >= 1)
     arrays = {k: v[:n] for k, v in arrays.items()}
     return SimulatedVideos(
-        name=name, split=split, seed=seed,
+        name=name,
+        split=split,
+        seed=seed,
         frames=torch.from_numpy(arrays["frames"].astype(np.float32)),
         positions=torch.from_numpy(arrays["positions"].astype(np.float32)),
         states=torch.from_numpy(np.ascontiguousarray(arrays["states"], dtype=np.float64)),
-        controls=(torch.from_numpy(arrays["controls"].astype(np.float32))
-                  if with_controls else None),
-        state_names=env.state_names, params=params)
+        controls=(
+            torch.from_numpy(arrays["controls"].astype(np.float32)) if with_controls else None
+        ),
+        state_names=env.state_names,
+        params=params,
+    )
 
 
 _COMMON_ARGS = """
@@ -424,8 +490,9 @@ _COMMON_ARGS = """
 """
 
 
-def box(num_sequences: Optional[int] = None, num_steps: int = 20, seed: int = 0,
-        **kwargs) -> SimulatedVideos:
+def box(
+    num_sequences: Optional[int] = None, num_steps: int = 20, seed: int = 0, **kwargs
+) -> SimulatedVideos:
     """A ball bouncing elastically in a square box, no other force (thesis sec. 6.5.1).
 
     32x32 binary frames, ``T = 20``; 5000 training / 1000 test videos by default; parameters
@@ -435,8 +502,9 @@ def box(num_sequences: Optional[int] = None, num_steps: int = 20, seed: int = 0,
     return simulate("box", num_sequences, num_steps, seed, **kwargs)
 
 
-def box_gravity(num_sequences: Optional[int] = None, num_steps: int = 20, seed: int = 0,
-                **kwargs) -> SimulatedVideos:
+def box_gravity(
+    num_sequences: Optional[int] = None, num_steps: int = 20, seed: int = 0, **kwargs
+) -> SimulatedVideos:
     """The box with gravity, 5 px/s^2 down the image (thesis sec. 6.5.3).
 
     As :func:`box` with ``gravity=5.0`` and initial speeds on 5-10 px/s. Needs pymunk.
@@ -444,8 +512,9 @@ def box_gravity(num_sequences: Optional[int] = None, num_steps: int = 20, seed: 
     return simulate("box_gravity", num_sequences, num_steps, seed, **kwargs)
 
 
-def polygon(num_sequences: Optional[int] = None, num_steps: int = 20, seed: int = 0,
-            **kwargs) -> SimulatedVideos:
+def polygon(
+    num_sequences: Optional[int] = None, num_steps: int = 20, seed: int = 0, **kwargs
+) -> SimulatedVideos:
     """A ball bouncing between the walls of an irregular convex hexagon (thesis sec. 6.5.3).
 
     As :func:`box` with ``walls=POLYGON_WALLS`` (walls not drawn). Needs pymunk.
@@ -453,8 +522,9 @@ def polygon(num_sequences: Optional[int] = None, num_steps: int = 20, seed: int 
     return simulate("polygon", num_sequences, num_steps, seed, **kwargs)
 
 
-def pong(num_sequences: Optional[int] = None, num_steps: int = 20, seed: int = 0,
-         **kwargs) -> SimulatedVideos:
+def pong(
+    num_sequences: Optional[int] = None, num_steps: int = 20, seed: int = 0, **kwargs
+) -> SimulatedVideos:
     """Pong: a ball between a floor, a roof and two drawn paddles that follow its height
     (thesis sec. 6.5.3, Fig. 6.5); parameters :class:`~pyro_seq.data.simulators.PongParams`.
 
@@ -463,8 +533,9 @@ def pong(num_sequences: Optional[int] = None, num_steps: int = 20, seed: int = 0
     return simulate("pong", num_sequences, num_steps, seed, **kwargs)
 
 
-def pendulum(num_sequences: Optional[int] = None, num_steps: int = 15, seed: int = 0,
-             **kwargs) -> SimulatedVideos:
+def pendulum(
+    num_sequences: Optional[int] = None, num_steps: int = 15, seed: int = 0, **kwargs
+) -> SimulatedVideos:
     """The torque-controlled pendulum of Karl et al. (2017) (thesis sec. 6.5.2).
 
     16x16 binary frames of the pole, ``T = 15``, 500 sequences per split by default, the
@@ -475,5 +546,5 @@ def pendulum(num_sequences: Optional[int] = None, num_steps: int = 15, seed: int
 
 
 for _f in (box, box_gravity, polygon, pong, pendulum):
-    _f.__doc__ += _COMMON_ARGS
+    _f.__doc__ += _COMMON_ARGS  # type: ignore[operator]  # every one has a docstring
 del _f

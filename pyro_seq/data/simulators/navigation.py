@@ -59,8 +59,18 @@ from ...ops.padding import SequenceList
 from ...validation import positive_int
 from .core import SPLITS, _cache_directory, _cached_sizes, _read_cache, _write_cache
 
-__all__ = ["ACTIONS", "ACTION_MOVES", "NAVIGATION_SIZES", "NavigationParams", "NavigationVideos",
-           "crop", "image_navigation", "load_source_images", "move", "validate_navigation"]
+__all__ = [
+    "ACTIONS",
+    "ACTION_MOVES",
+    "NAVIGATION_SIZES",
+    "NavigationParams",
+    "NavigationVideos",
+    "crop",
+    "image_navigation",
+    "load_source_images",
+    "move",
+    "validate_navigation",
+]
 
 #: The five actions of the image navigation environment, by index.
 ACTIONS = ("up", "down", "left", "right", "stay")
@@ -123,8 +133,10 @@ class NavigationParams:
         if self.grid_size < 2 or self.crop_size > self.image_size:
             raise ValueError("need grid_size >= 2 and crop_size <= image_size")
         if (self.image_size - self.crop_size) % (self.grid_size - 1):
-            raise ValueError(f"image_size - crop_size = {self.image_size - self.crop_size} is not "
-                             f"a multiple of grid_size - 1 = {self.grid_size - 1}")
+            raise ValueError(
+                f"image_size - crop_size = {self.image_size - self.crop_size} is not "
+                f"a multiple of grid_size - 1 = {self.grid_size - 1}"
+            )
         if not (isinstance(self.repeat_rate, (int, float)) and 0 <= self.repeat_rate < 1e6):
             raise ValueError(f"repeat_rate must be a non-negative number, got {self.repeat_rate!r}")
         if self.obstacles and self.obstacle_size >= self.grid_size:
@@ -196,12 +208,17 @@ class NavigationVideos:
         if isinstance(index, int):
             index = [index]
         return dataclasses.replace(
-            self, frames=self.frames[index], actions=self.actions[index],
-            positions=self.positions[index], images=self.images[index],
-            obstacles=None if self.obstacles is None else self.obstacles[index])
+            self,
+            frames=self.frames[index],
+            actions=self.actions[index],
+            positions=self.positions[index],
+            images=self.images[index],
+            obstacles=None if self.obstacles is None else self.obstacles[index],
+        )
 
 
 # ---------------------------------------------------------------------------- the dynamics
+
 
 def move(position, action, grid_size: int = 9, blocked=None):
     """The position after ``action``: ``position + ACTION_MOVES[action]`` unless that leaves the
@@ -212,7 +229,10 @@ def move(position, action, grid_size: int = 9, blocked=None):
     :param blocked: bool ``(grid_size, grid_size)`` array of cells the agent cannot enter, or None.
     :returns: ``(row, col)`` as a tuple of ints.
     """
-    r, c = int(position[0]) + int(ACTION_MOVES[action, 0]), int(position[1]) + int(ACTION_MOVES[action, 1])
+    r, c = (
+        int(position[0]) + int(ACTION_MOVES[action, 0]),
+        int(position[1]) + int(ACTION_MOVES[action, 1]),
+    )
     if not (0 <= r < grid_size and 0 <= c < grid_size):
         return int(position[0]), int(position[1])
     if blocked is not None and blocked[r, c]:
@@ -224,11 +244,12 @@ def crop(image, position, params: NavigationParams = NavigationParams()):
     """The agent's view: ``image[..., 3 r : 3 r + 8, 3 c : 3 c + 8]`` (numpy or torch)."""
     s, k = params.stride, params.crop_size
     r, c = int(position[0]) * s, int(position[1]) * s
-    return image[..., r:r + k, c:c + k]
+    return image[..., r : r + k, c : c + k]
 
 
-def action_runs(rng: np.random.Generator, num_steps: int, repeat_rate: float,
-                num_actions: int = len(ACTIONS)):
+def action_runs(
+    rng: np.random.Generator, num_steps: int, repeat_rate: float, num_actions: int = len(ACTIONS)
+):
     """Actions in runs: a uniform action repeated ``1 + Poisson(repeat_rate)`` times, runs
     until ``num_steps`` actions (the last run cut).
 
@@ -258,9 +279,11 @@ def load_source_images(colour: bool, downsample: int = 1) -> Tuple[np.ndarray, .
         import PIL  # noqa: F401  (sklearn's reader of the bundled jpg files)
         from sklearn.datasets import load_sample_images
     except ImportError as e:
-        raise ImportError(f"image_navigation reads the photographs bundled with scikit-learn and "
-                          f"needs scikit-learn and Pillow ({e}); install them with "
-                          f"pip install pyro-seq[images]") from None
+        raise ImportError(
+            f"image_navigation reads the photographs bundled with scikit-learn and "
+            f"needs scikit-learn and Pillow ({e}); install them with "
+            f"pip install pyro-seq[images]"
+        ) from None
     out = []
     for img in load_sample_images().images:
         rgb = np.asarray(img, dtype=np.float32) / 255.0  # (H, W, 3)
@@ -280,27 +303,29 @@ def _sources_fingerprint(sources) -> List[List[int]]:
     return [list(s.shape) for s in sources]
 
 
-def navigation_sequence(params: NavigationParams, sources, num_steps: int, seed: int, split: str,
-                        index: int):
+def navigation_sequence(
+    params: NavigationParams, sources, num_steps: int, seed: int, split: str, index: int
+):
     """Sequence ``index`` of a set, exactly as in every set it belongs to (module docstring).
 
     :returns: dict of numpy arrays ``frames (T, [3,] 8, 8)``, ``actions (T,)``,
         ``positions (T, 2)``, ``image ([3,] 32, 32)``, ``obstacle (2,)`` (``[-1, -1]`` without).
     """
-    rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(_CODE, SPLITS.index(split),
-                                                                        index)))
+    rng = np.random.default_rng(
+        np.random.SeedSequence(seed, spawn_key=(_CODE, SPLITS.index(split), index))
+    )
     src = sources[int(rng.integers(len(sources)))]
     H, W = src.shape[-2:]
     S = params.image_size
     top, left = int(rng.integers(H - S + 1)), int(rng.integers(W - S + 1))
-    image = src[..., top:top + S, left:left + S].copy()
+    image = src[..., top : top + S, left : left + S].copy()
     G = params.grid_size
     blocked = np.zeros((G, G), dtype=bool)
     obstacle = np.array([-1, -1], dtype=np.int64)
     if params.obstacles:
         k = params.obstacle_size
         r0, c0 = int(rng.integers(G - k + 1)), int(rng.integers(G - k + 1))
-        blocked[r0:r0 + k, c0:c0 + k] = True
+        blocked[r0 : r0 + k, c0 : c0 + k] = True
         st = params.stride
         lo_r, hi_r = st * r0 + 2, st * (r0 + k - 1) + 6
         lo_c, hi_c = st * c0 + 2, st * (c0 + k - 1) + 6
@@ -318,27 +343,44 @@ def navigation_sequence(params: NavigationParams, sources, num_steps: int, seed:
         pos = move(pos, actions[t], G, blocked)
         positions[t] = pos
         frames[t] = crop(image, pos, params)
-    return {"frames": frames, "actions": actions, "positions": positions, "image": image,
-            "obstacle": obstacle}
+    return {
+        "frames": frames,
+        "actions": actions,
+        "positions": positions,
+        "image": image,
+        "obstacle": obstacle,
+    }
 
 
-def validate_navigation(arrays, num_sequences: int, num_steps: int,
-                        params: NavigationParams) -> Optional[str]:
+def validate_navigation(
+    arrays, num_sequences: int, num_steps: int, params: NavigationParams
+) -> Optional[str]:
     """What is wrong with a set of navigation arrays, or None. Checks shapes, value ranges,
     that positions move by at most one cell per step and never enter an obstacle, and that
     every frame is the crop of its image at its position."""
     frame_shape = ((3,) if params.colour else ()) + (params.crop_size,) * 2
     frames = arrays.get("frames")
-    if frames is None or tuple(frames.shape[1:]) != (num_steps,) + frame_shape \
-            or frames.shape[0] < num_sequences:
+    if (
+        frames is None
+        or tuple(frames.shape[1:]) != (num_steps,) + frame_shape
+        or frames.shape[0] < num_sequences
+    ):
         return f"frames of shape {getattr(frames, 'shape', None)}"
     n = frames.shape[0]
     actions, positions = arrays.get("actions"), arrays.get("positions")
-    if actions is None or tuple(actions.shape) != (n, num_steps) or actions.min() < 0 \
-            or actions.max() >= len(ACTIONS):
+    if (
+        actions is None
+        or tuple(actions.shape) != (n, num_steps)
+        or actions.min() < 0
+        or actions.max() >= len(ACTIONS)
+    ):
         return "bad actions"
-    if positions is None or tuple(positions.shape) != (n, num_steps, 2) or positions.min() < 0 \
-            or positions.max() >= params.grid_size:
+    if (
+        positions is None
+        or tuple(positions.shape) != (n, num_steps, 2)
+        or positions.min() < 0
+        or positions.max() >= params.grid_size
+    ):
         return "bad positions"
     if np.abs(np.diff(positions, axis=1)).sum(-1).max(initial=0) > 1:
         return "a position jumps by more than one cell"
@@ -351,7 +393,7 @@ def validate_navigation(arrays, num_sequences: int, num_steps: int,
     for i in range(min(n, 4)):  # spot check: frames are crops of their image
         for t in (0, num_steps - 1):
             r, c = positions[i, t] * st
-            if not np.array_equal(frames[i, t], images[i][..., r:r + k, c:c + k]):
+            if not np.array_equal(frames[i, t], images[i][..., r : r + k, c : c + k]):
                 return "a frame is not the crop of its image"
     return None
 
@@ -394,8 +436,9 @@ def image_navigation(
 
     if split not in SPLITS:
         raise ValueError(f"unknown split {split!r}; expected one of {list(SPLITS)}")
-    n = positive_int("num_sequences", NAVIGATION_SIZES[split] if num_sequences is None
-                     else num_sequences)
+    n = positive_int(
+        "num_sequences", NAVIGATION_SIZES[split] if num_sequences is None else num_sequences
+    )
     num_steps = positive_int("num_steps", num_steps)
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
         raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
@@ -409,9 +452,17 @@ def image_navigation(
         raise ValueError(f"unknown parameter for image_navigation: {e}") from None
     params.validate()
     sources = load_source_images(colour, params.downsample)
-    config = json.loads(json.dumps({"env": "image_navigation", "format": _FORMAT,
-                                    "num_steps": num_steps, "params": dataclasses.asdict(params),
-                                    "sources": _sources_fingerprint(sources)}))
+    config = json.loads(
+        json.dumps(
+            {
+                "env": "image_navigation",
+                "format": _FORMAT,
+                "num_steps": num_steps,
+                "params": dataclasses.asdict(params),
+                "sources": _sources_fingerprint(sources),
+            }
+        )
+    )
     digest = hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:12]
     stem = f"image_navigation-{split}-T{num_steps}-seed{seed}-{digest}-v{_FORMAT}"
 
@@ -423,35 +474,51 @@ def image_navigation(
     if directory is not None:
         sizes = _cached_sizes(directory, stem)
         for size in [s for s in sizes if s >= n] + [s for s in reversed(sizes) if s < n]:
-            found = _read_cache(directory / f"{stem}-N{size}.npz", config,
-                                lambda a, size=size: check(a, min(size, n)), names=_ARRAYS)
+            found = _read_cache(
+                directory / f"{stem}-N{size}.npz",
+                config,
+                lambda a, size=size: check(a, min(size, n)),
+                names=_ARRAYS,
+            )
             if found is not None and found["frames"].shape[0] == size:
                 arrays = found
                 break
     have = 0 if arrays is None else arrays["frames"].shape[0]
     if have < n:
         seqs = []
-        for i in tqdm(range(have, n), desc=f"simulating image_navigation ({split})", unit="seq",
-                      disable=not progress):
+        for i in tqdm(
+            range(have, n),
+            desc=f"simulating image_navigation ({split})",
+            unit="seq",
+            disable=not progress,
+        ):
             seqs.append(navigation_sequence(params, sources, num_steps, seed, split, i))
-        new = {"frames": np.stack([s["frames"] for s in seqs]),
-               "actions": np.stack([s["actions"] for s in seqs]),
-               "positions": np.stack([s["positions"] for s in seqs]),
-               "images": np.stack([s["image"] for s in seqs]),
-               "obstacles": np.stack([s["obstacle"] for s in seqs])}
+        new = {
+            "frames": np.stack([s["frames"] for s in seqs]),
+            "actions": np.stack([s["actions"] for s in seqs]),
+            "positions": np.stack([s["positions"] for s in seqs]),
+            "images": np.stack([s["image"] for s in seqs]),
+            "obstacles": np.stack([s["obstacle"] for s in seqs]),
+        }
         arrays = new if arrays is None else {k: np.concatenate([arrays[k], new[k]]) for k in new}
         problem = check(arrays)
         if problem is not None:
             raise RuntimeError(f"simulated image_navigation sequences failed validation: {problem}")
         if directory is not None:
             _write_cache(directory / f"{stem}-N{n}.npz", arrays, config)
+    assert arrays is not None  # found in the cache, or generated above (n >= 1)
     arrays = {k: v[:n] for k, v in arrays.items()}
     return NavigationVideos(
-        split=split, seed=seed,
+        split=split,
+        seed=seed,
         frames=torch.from_numpy(np.ascontiguousarray(arrays["frames"], dtype=np.float32)),
         actions=torch.from_numpy(np.ascontiguousarray(arrays["actions"], dtype=np.int64)),
         positions=torch.from_numpy(np.ascontiguousarray(arrays["positions"], dtype=np.int64)),
         images=torch.from_numpy(np.ascontiguousarray(arrays["images"], dtype=np.float32)),
-        obstacles=(torch.from_numpy(np.ascontiguousarray(arrays["obstacles"], dtype=np.int64))
-                   if obstacles else None),
-        params=params)
+        obstacles=(
+            torch.from_numpy(np.ascontiguousarray(arrays["obstacles"], dtype=np.int64))
+            if obstacles
+            else None
+        ),
+        params=params,
+    )

@@ -43,6 +43,7 @@ def render_capsules(height: int, width: int, capsules: Iterable[Capsule]) -> np.
     for ax, ay, bx, by, r in capsules:
         dx, dy = bx - ax, by - ay
         length2 = dx * dx + dy * dy
+        s: np.ndarray | float
         if length2 > 0.0:
             s = np.clip(((px - ax) * dx + (py - ay) * dy) / length2, 0.0, 1.0)
         else:
