@@ -27,6 +27,7 @@ import json
 import sys
 from dataclasses import MISSING, asdict
 from pathlib import Path
+from typing import Optional, Sequence
 
 import torch
 
@@ -47,8 +48,9 @@ def build_model(name, obs_dim, options, input_dim=0):
     from pyro_seq.models import MODELS, Unsupported
 
     if name not in MODELS:
-        raise SystemExit(f"pyro-seq: error: unknown model {name!r}; choose from "
-                         f"{', '.join(MODELS)}")
+        raise SystemExit(
+            f"pyro-seq: error: unknown model {name!r}; choose from {', '.join(MODELS)}"
+        )
     try:
         return MODELS[name].for_data(obs_dim, input_dim, **options)
     except Unsupported as e:
@@ -80,8 +82,10 @@ def _load_data(spec, splits=("train", "valid", "test")):
     except (FileNotFoundError, ValueError, pickle.UnpicklingError) as e:  # unknown name, no
         raise SystemExit(f"pyro-seq: error: --data {spec}: {e}") from None  # file, bad N:T
     except IsADirectoryError:
-        raise SystemExit(f"pyro-seq: error: --data {spec} is a folder; name a data set or a "
-                         "pickle file (pyro-seq train --help lists the forms)") from None
+        raise SystemExit(
+            f"pyro-seq: error: --data {spec} is a folder; name a data set or a "
+            "pickle file (pyro-seq train --help lists the forms)"
+        ) from None
     except KeyError as e:  # a pickle without one of the splits
         raise SystemExit(f"pyro-seq: error: --data {spec}: {e.args[0]}") from None
 
@@ -126,21 +130,28 @@ def _read_config(out_dir):
     try:
         run = json.loads(cfg_path.read_text())
     except UnicodeDecodeError:
-        raise SystemExit(f"pyro-seq: error: {cfg_path} is not text (not a config.json written by "
-                         f"pyro-seq train); {retrain}") from None
+        raise SystemExit(
+            f"pyro-seq: error: {cfg_path} is not text (not a config.json written by "
+            f"pyro-seq train); {retrain}"
+        ) from None
     except json.JSONDecodeError as e:
-        raise SystemExit(f"pyro-seq: error: {cfg_path} is not valid JSON (line {e.lineno} "
-                         f"column {e.colno}: {e.msg}; truncated or edited?); {retrain}") from None
+        raise SystemExit(
+            f"pyro-seq: error: {cfg_path} is not valid JSON (line {e.lineno} "
+            f"column {e.colno}: {e.msg}; truncated or edited?); {retrain}"
+        ) from None
     except OSError as e:
         raise SystemExit(f"pyro-seq: error: cannot read {cfg_path}: {e.strerror or e}") from None
     if not isinstance(run, dict):
-        raise SystemExit(f"pyro-seq: error: {cfg_path} holds a JSON {type(run).__name__}, not "
-                         f"the settings of a run; {retrain}")
+        raise SystemExit(
+            f"pyro-seq: error: {cfg_path} holds a JSON {type(run).__name__}, not "
+            f"the settings of a run; {retrain}"
+        )
     nouns = {str: "a string", int: "a whole number", dict: "an object"}
     for key, kind in RUN_KEYS.items():
         if not isinstance(run.get(key), kind) or isinstance(run.get(key), bool):
-            raise SystemExit(f"pyro-seq: error: {cfg_path} has no valid {key!r} entry "
-                             f"({nouns[kind]}); {retrain}")
+            raise SystemExit(
+                f"pyro-seq: error: {cfg_path} has no valid {key!r} entry ({nouns[kind]}); {retrain}"
+            )
     return run
 
 
@@ -159,24 +170,27 @@ def _load_best(model, out_dir, name, load=True):
         except RuntimeError as e:  # e.g. a custom load hook: torch's message on one line
             problem = " ".join(str(e).split("\n", 1)[-1].split())
     if problem is not None:
-        raise SystemExit(f"pyro-seq: error: best.pt in {out_dir} holds weights of another model, "
-                         f"not of the run's {name} ({problem}): retrain with pyro-seq train "
-                         f"--out {out_dir} --restart")
+        raise SystemExit(
+            f"pyro-seq: error: best.pt in {out_dir} holds weights of another model, "
+            f"not of the run's {name} ({problem}): retrain with pyro-seq train "
+            f"--out {out_dir} --restart"
+        )
 
 
 def _load_run(out_dir, device="cpu"):
     out_dir = Path(out_dir)
     cfg_path = out_dir / "config.json"
     if not cfg_path.exists():
-        raise SystemExit(f"pyro-seq: error: {out_dir} is not a run folder (no config.json); "
-                         "train first")
+        raise SystemExit(
+            f"pyro-seq: error: {out_dir} is not a run folder (no config.json); train first"
+        )
     run = _read_config(out_dir)
-    model = build_model(run["model"], run["obs_dim"], run["model_options"],
-                        run.get("input_dim", 0))
+    model = build_model(run["model"], run["obs_dim"], run["model_options"], run.get("input_dim", 0))
     weights = out_dir / "best.pt"
     if not weights.exists():
-        raise SystemExit(f"pyro-seq: error: no trained weights in {out_dir} (best.pt missing); "
-                         "train first")
+        raise SystemExit(
+            f"pyro-seq: error: no trained weights in {out_dir} (best.pt missing); train first"
+        )
     _load_best(model, out_dir, run["model"])
     model.to(_device(device))
     model.eval()
@@ -206,11 +220,20 @@ def _check_data(data, model, spec):
     for split, seqs in data.items():
         if seqs:
             try:
-                validate_sequence_list(seqs, model.obs_dim, model.binary_observations, split,
-                                       inputs=inputs_of(seqs), input_dim=model.input_dim)
+                validate_sequence_list(
+                    seqs,
+                    model.obs_dim,
+                    model.binary_observations,
+                    split,
+                    inputs=inputs_of(seqs),
+                    input_dim=model.input_dim,
+                )
             except ValueError as e:
-                hint = ("; --ignore-inputs trains without them" if inputs_of(seqs) is not None
-                        and not model.input_dim else "")
+                hint = (
+                    "; --ignore-inputs trains without them"
+                    if inputs_of(seqs) is not None and not model.input_dim
+                    else ""
+                )
                 raise SystemExit(f"pyro-seq: error: data {spec}: {e}{hint}") from None
 
 
@@ -258,30 +281,41 @@ def cmd_train(args):
         config.validate()
     except ValueError as e:
         raise SystemExit(f"pyro-seq: error: {e}") from None
-    run = {"model": args.model, "obs_dim": obs_dim, "input_dim": input_dim,
-           "model_options": options, "data": args.data, "ignore_inputs": args.ignore_inputs,
-           "train": {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(config).items()}}
+    run = {
+        "model": args.model,
+        "obs_dim": obs_dim,
+        "input_dim": input_dim,
+        "model_options": options,
+        "data": args.data,
+        "ignore_inputs": args.ignore_inputs,
+        "train": {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(config).items()},
+    }
     torch.manual_seed(config.seed)
     model = build_model(args.model, obs_dim, options, input_dim)
     from pyro_seq.train.objectives import check_objective, make_objective
 
     try:
         check_objective(model, config.objective)
-        make_objective(config.objective, config.num_particles, config.free_bits,
-                       cd_steps=config.cd_steps)
+        make_objective(
+            config.objective, config.num_particles, config.free_bits, cd_steps=config.cd_steps
+        )
     except ValueError as e:
         raise SystemExit(f"pyro-seq: error: {e}") from None
     if config.missing_prob > 0 and model.energy_based:  # the trainer refuses it, after writing
-        raise SystemExit(f"pyro-seq: error: --missing-prob {config.missing_prob} marks steps "
-                         f"unobserved, which needs a latent-variable model; {args.model} is "
-                         "energy-based: train it without --missing-prob")
+        raise SystemExit(
+            f"pyro-seq: error: --missing-prob {config.missing_prob} marks steps "
+            f"unobserved, which needs a latent-variable model; {args.model} is "
+            "energy-based: train it without --missing-prob"
+        )
     _check_data(data, model, args.data)  # before anything is written to --out
     cfg_path = out_dir / "config.json"
     if cfg_path.exists() and not args.restart:
         previous = _read_config(out_dir)
         if (previous["model"], previous["model_options"]) != (run["model"], run["model_options"]):
-            raise SystemExit(f"pyro-seq: error: {out_dir} holds a different model; use another "
-                             "--out or --restart")
+            raise SystemExit(
+                f"pyro-seq: error: {out_dir} holds a different model; use another "
+                "--out or --restart"
+            )
         if (out_dir / "best.pt").exists():  # resuming: the weights must be this model's
             _load_best(model, out_dir, args.model, load=False)
     from pyro_seq.train.distributed import launch_environment
@@ -296,12 +330,13 @@ def cmd_train(args):
     out_dir.mkdir(parents=True, exist_ok=True)
     if main_rank:
         cfg_path.write_text(json.dumps(run, indent=1))
-        print(f"training {args.model} on {args.data}: {len(data['train'])} train / "
-              f"{len(data['valid'])} valid sequences, objective {config.objective} "
-              f"(K={config.num_particles})")
+        print(
+            f"training {args.model} on {args.data}: {len(data['train'])} train / "
+            f"{len(data['valid'])} valid sequences, objective {config.objective} "
+            f"(K={config.num_particles})"
+        )
     try:
-        history = fit(model, data["train"], data["valid"], config, out_dir,
-                      resume=not args.restart)
+        history = fit(model, data["train"], data["valid"], config, out_dir, resume=not args.restart)
     except (ValueError, FloatingPointError) as e:  # a resume mismatch, a diverged run
         raise SystemExit(f"pyro-seq: error: {e}") from None
     if not main_rank:
@@ -315,8 +350,10 @@ def cmd_train(args):
         result = evaluate_bound(model, data["test"], method=method)
         (out_dir / "test.json").write_text(json.dumps(result, indent=1))
         label = "test pseudo-log-likelihood" if energy else "test ELBO"
-        print(f"{label}: {result['per_step']:.4f} nats per time step "
-              f"({result['num_steps']} steps, {result['num_sequences']} sequences)")
+        print(
+            f"{label}: {result['per_step']:.4f} nats per time step "
+            f"({result['num_steps']} steps, {result['num_sequences']} sequences)"
+        )
         if energy:
             print(f"for the log-likelihood: pyro-seq evaluate {out_dir} --objective ais")
     return 0
@@ -333,23 +370,32 @@ def cmd_evaluate(args):
     if particles is None:  # one sample for the bounds, AIS_CHAINS chains for AIS
         particles = AIS_CHAINS if args.objective == "ais" else 1
     elif args.objective == "ais" and particles < 2:
-        raise SystemExit(f"pyro-seq: error: --particles {particles} with --objective ais: AIS "
-                         "needs at least 2 chains (for its standard error); leave --particles "
-                         f"out for {AIS_CHAINS}")
+        raise SystemExit(
+            f"pyro-seq: error: --particles {particles} with --objective ais: AIS "
+            "needs at least 2 chains (for its standard error); leave --particles "
+            f"out for {AIS_CHAINS}"
+        )
     torch.manual_seed(args.seed)
     try:
-        result = evaluate_bound(model, data[args.split], batch_size=args.batch_size,
-                                method=args.objective, num_particles=particles,
-                                num_betas=args.betas)
+        result = evaluate_bound(
+            model,
+            data[args.split],
+            batch_size=args.batch_size,
+            method=args.objective,
+            num_particles=particles,
+            num_betas=args.betas,
+        )
     except (ValueError, FloatingPointError) as e:
         raise SystemExit(f"pyro-seq: error: {e}") from None
     result["split"] = args.split
     particles = result["num_particles"]  # the samples or chains actually used
     name = f"eval_{args.split}_{args.objective}_{particles}.json"
     (Path(args.run) / name).write_text(json.dumps(result, indent=1))
-    stderr = (f" +- {result['stderr_per_step']:.4f}" if "stderr_per_step" in result else "")
-    print(f"{args.split} {args.objective} (K={particles}): {result['per_step']:.4f}{stderr} "
-          f"nats per time step over {result['num_steps']} steps of {result['num_sequences']} sequences")
+    stderr = f" +- {result['stderr_per_step']:.4f}" if "stderr_per_step" in result else ""
+    print(
+        f"{args.split} {args.objective} (K={particles}): {result['per_step']:.4f}{stderr} "
+        f"nats per time step over {result['num_steps']} steps of {result['num_sequences']} sequences"
+    )
     return 0
 
 
@@ -370,8 +416,11 @@ def cmd_impute(args):
     chosen = [i for i, s in enumerate(split) if s.shape[0] > drop][: args.num]
     seqs = [split[i] for i in chosen]
     if not seqs:
-        what = "1 step (--drop-prob keeps the first)" if args.drop_prob is not None else \
-            f"--drop {args.drop}"
+        what = (
+            "1 step (--drop-prob keeps the first)"
+            if args.drop_prob is not None
+            else f"--drop {args.drop}"
+        )
         raise SystemExit(f"pyro-seq: error: no {args.split} sequence is longer than {what}")
     g = torch.Generator().manual_seed(args.seed)
     x, mask, inputs = _batch(split, chosen)
@@ -380,31 +429,48 @@ def cmd_impute(args):
     else:
         observed = drop_steps(mask, args.drop, generator=g)
     if not bool((~observed & mask).any()):  # nothing to impute: every score would be NaN
-        raise SystemExit(f"pyro-seq: error: --drop-prob {args.drop_prob} dropped no step of the "
-                         f"{len(seqs)} {args.split} sequences; raise --drop-prob or --num, or "
-                         "change --seed")
+        raise SystemExit(
+            f"pyro-seq: error: --drop-prob {args.drop_prob} dropped no step of the "
+            f"{len(seqs)} {args.split} sequences; raise --drop-prob or --num, or "
+            "change --seed"
+        )
     torch.manual_seed(args.seed)
     device = _device(args.device)
     try:
-        res = impute(model, x.to(device), observed.to(device), mask.to(device),
-                     method=args.method, num_iterations=args.iterations,
-                     num_particles=args.particles, generator=g, inputs=_on(device, inputs))
+        res = impute(
+            model,
+            x.to(device),
+            observed.to(device),
+            mask.to(device),
+            method=args.method,
+            num_iterations=args.iterations,
+            num_particles=args.particles,
+            generator=g,
+            inputs=_on(device, inputs),
+        )
     except ValueError as e:
         raise SystemExit(f"pyro-seq: error: {e}") from None
     probs = res.probs.cpu()
     missing = (~observed & mask).unsqueeze(-1).expand(x.shape)
     target, probs_missing = x[missing], probs[missing]
     freq = torch.cat(list(data["train"])).float().mean(0).expand(x.shape)[missing]
-    result = {"split": args.split, "drop": args.drop, "drop_prob": args.drop_prob,
-              "method": args.method, "num_sequences": len(seqs),
-              "missing_elements": int(missing.sum()),
-              "mean_absolute_error": float((probs_missing - target).abs().mean()),
-              "baseline_mean_absolute_error": float((freq - target).abs().mean()),
-              "baseline": "training-set element means"}
+    result = {
+        "split": args.split,
+        "drop": args.drop,
+        "drop_prob": args.drop_prob,
+        "method": args.method,
+        "num_sequences": len(seqs),
+        "missing_elements": int(missing.sum()),
+        "mean_absolute_error": float((probs_missing - target).abs().mean()),
+        "baseline_mean_absolute_error": float((freq - target).abs().mean()),
+        "baseline": "training-set element means",
+    }
     if model.binary_observations:
-        result.update(bits_per_element=bits_per_element(probs_missing, target),
-                      baseline_bits_per_element=bits_per_element(freq, target),
-                      pixel_error=pixel_error(probs, x, missing))
+        result.update(
+            bits_per_element=bits_per_element(probs_missing, target),
+            baseline_bits_per_element=bits_per_element(freq, target),
+            pixel_error=pixel_error(probs, x, missing),
+        )
     out = Path(args.run)
     (out / f"impute_{args.split}_{args.method}.json").write_text(json.dumps(result, indent=1))
     L = int(mask[0].sum())
@@ -412,23 +478,35 @@ def cmd_impute(args):
     if video:  # the recovered video beside the truth (missing frames decoded by the model)
         frames = [v[0, :L].reshape((L,) + tuple(model.frame_shape)) for v in (x, probs)]
         frames = torch.cat([f.mean(1) if f.dim() == 4 else f for f in frames], -1).clamp(0, 1)
-        plot_video(frames, png, title=f"truth | {args.method} (missing steps "
-                   f"{(~observed[0, :L]).nonzero().flatten().tolist()})")
+        plot_video(
+            frames,
+            png,
+            title=f"truth | {args.method} (missing steps "
+            f"{(~observed[0, :L]).nonzero().flatten().tolist()})",
+        )
     elif model.binary_observations:
-        shown = torch.where(observed[0, :L, None], x[0, :L], torch.full_like(x[0, :L], float("nan")))
+        shown = torch.where(
+            observed[0, :L, None], x[0, :L], torch.full_like(x[0, :L], float("nan"))
+        )
         recovered = torch.where(observed[0, :L, None], x[0, :L], (probs[0, :L] > 0.5).float())
         plot_recovery(x[0, :L], shown, recovered, png, probs=probs[0, :L], title="imputation")
     else:
         _plot_forecast(model, x[0, :L], probs[0, :L], 0, png, "imputation (dashed) and truth")
     if model.binary_observations:
-        line = (f"{result['bits_per_element']:.4f} bits/element (element frequencies: "
-                f"{result['baseline_bits_per_element']:.4f}), pixel error "
-                f"{result['pixel_error']:.4f}")
+        line = (
+            f"{result['bits_per_element']:.4f} bits/element (element frequencies: "
+            f"{result['baseline_bits_per_element']:.4f}), pixel error "
+            f"{result['pixel_error']:.4f}"
+        )
     else:
-        line = (f"mean absolute error {result['mean_absolute_error']:.4f} (training means: "
-                f"{result['baseline_mean_absolute_error']:.4f})")
-    print(f"imputed {result['missing_elements']} elements of {len(seqs)} {args.split} sequences "
-          f"({args.method}): {line}; figure {png}")
+        line = (
+            f"mean absolute error {result['mean_absolute_error']:.4f} (training means: "
+            f"{result['baseline_mean_absolute_error']:.4f})"
+        )
+    print(
+        f"imputed {result['missing_elements']} elements of {len(seqs)} {args.split} sequences "
+        f"({args.method}): {line}; figure {png}"
+    )
     return 0
 
 
@@ -454,20 +532,28 @@ def cmd_denoise(args):
         corrupted = torch.where(real, x + args.noise * torch.randn(x.shape, generator=g), x)
         noise = {"noise": args.noise}
     device = _device(args.device)
-    x_hat, probs = _to_cpu(denoise(model, corrupted.to(device), mask.to(device),
-                                   inputs=_on(device, inputs)))
-    result = {"split": args.split, **noise, "num_sequences": len(seqs),
-              "elements": int(real.sum())}
+    x_hat, probs = _to_cpu(
+        denoise(model, corrupted.to(device), mask.to(device), inputs=_on(device, inputs))
+    )
+    result = {"split": args.split, **noise, "num_sequences": len(seqs), "elements": int(real.sum())}
     if model.binary_observations:
-        result.update(error_rate_corrupted=float((corrupted != x)[real].float().mean()),
-                      error_rate_denoised=float((x_hat != x)[real].float().mean()))
-        line = (f"(flip {args.flip}): error rate {result['error_rate_corrupted']:.4f} -> "
-                f"{result['error_rate_denoised']:.4f}")
+        result.update(
+            error_rate_corrupted=float((corrupted != x)[real].float().mean()),
+            error_rate_denoised=float((x_hat != x)[real].float().mean()),
+        )
+        line = (
+            f"(flip {args.flip}): error rate {result['error_rate_corrupted']:.4f} -> "
+            f"{result['error_rate_denoised']:.4f}"
+        )
     else:
-        result.update(rmse_corrupted=float((corrupted - x)[real].pow(2).mean().sqrt()),
-                      rmse_denoised=float((x_hat - x)[real].pow(2).mean().sqrt()))
-        line = (f"(noise {args.noise}): root mean squared error {result['rmse_corrupted']:.4f} "
-                f"-> {result['rmse_denoised']:.4f}")
+        result.update(
+            rmse_corrupted=float((corrupted - x)[real].pow(2).mean().sqrt()),
+            rmse_denoised=float((x_hat - x)[real].pow(2).mean().sqrt()),
+        )
+        line = (
+            f"(noise {args.noise}): root mean squared error {result['rmse_corrupted']:.4f} "
+            f"-> {result['rmse_denoised']:.4f}"
+        )
     out = Path(args.run)
     (out / f"denoise_{args.split}.json").write_text(json.dumps(result, indent=1))
     L = int(mask[0].sum())
@@ -493,10 +579,13 @@ def cmd_sample(args):
     torch.manual_seed(args.seed)
     kwargs = {}
     if model.input_dim:  # known inputs held at zero (e.g. no torque): say so
-        kwargs["inputs"] = torch.zeros(args.num, args.length, model.input_dim,
-                                       device=_device(args.device))
-        print(f"{run['model']} takes {model.input_dim} known inputs per step: sampling with "
-              "them at zero")
+        kwargs["inputs"] = torch.zeros(
+            args.num, args.length, model.input_dim, device=_device(args.device)
+        )
+        print(
+            f"{run['model']} takes {model.input_dim} known inputs per step: sampling with "
+            "them at zero"
+        )
     x, params = _to_cpu(model.generate(args.num, args.length, **kwargs))
     out = Path(args.run)
     for i in range(args.num):
@@ -537,47 +626,68 @@ def cmd_forecast(args):
     seqs = [split[i] for i in chosen]
     if not seqs:
         longest = max((s.shape[0] for s in data[args.split]), default=0)
-        raise SystemExit(f"pyro-seq: error: no {args.split} sequence has --prefix {P} + --steps "
-                         f"{K} = {P + K} steps (the longest has {longest}); lower --prefix or "
-                         "--steps")
-    x, _, inputs = _batch(split, chosen, P + K)                          # (B, P + K, D)
+        raise SystemExit(
+            f"pyro-seq: error: no {args.split} sequence has --prefix {P} + --steps "
+            f"{K} = {P + K} steps (the longest has {longest}); lower --prefix or "
+            "--steps"
+        )
+    x, _, inputs = _batch(split, chosen, P + K)  # (B, P + K, D)
     prefix, truth = x[:, :P], x[:, P:]  # the inputs of every step, future ones included
     binary = model.binary_observations
     device = _device(args.device)
     torch.manual_seed(args.seed)
     try:
-        res = forecast(model, prefix.to(device), K, num_samples=args.num_samples,
-                       target=truth.to(device) if binary else None, inputs=_on(device, inputs))
+        res = forecast(
+            model,
+            prefix.to(device),
+            K,
+            num_samples=args.num_samples,
+            target=truth.to(device) if binary else None,
+            inputs=_on(device, inputs),
+        )
     except ValueError as e:
         raise SystemExit(f"pyro-seq: error: {e}") from None
-    mean = res.means.cpu().mean(0)                                        # (B, K, D)
+    mean = res.means.cpu().mean(0)  # (B, K, D)
     error = (mean - truth).abs()
-    last = (prefix[:, -1:] - truth).abs()                                 # persistence baseline
-    result = {"split": args.split, "prefix": P, "steps": K, "num_samples": args.num_samples,
-              "num_sequences": len(seqs),
-              "mean_absolute_error": float(error.mean()),
-              "mean_absolute_error_by_step": error.mean((0, 2)).tolist(),
-              "baseline_mean_absolute_error": float(last.mean()),
-              "baseline": "the last prefix step repeated"}
-    line = f"mean absolute error {result['mean_absolute_error']:.4f} (last prefix step: " \
-           f"{result['baseline_mean_absolute_error']:.4f})"
+    last = (prefix[:, -1:] - truth).abs()  # persistence baseline
+    result = {
+        "split": args.split,
+        "prefix": P,
+        "steps": K,
+        "num_samples": args.num_samples,
+        "num_sequences": len(seqs),
+        "mean_absolute_error": float(error.mean()),
+        "mean_absolute_error_by_step": error.mean((0, 2)).tolist(),
+        "baseline_mean_absolute_error": float(last.mean()),
+        "baseline": "the last prefix step repeated",
+    }
+    line = (
+        f"mean absolute error {result['mean_absolute_error']:.4f} (last prefix step: "
+        f"{result['baseline_mean_absolute_error']:.4f})"
+    )
     if binary:  # log (1/S) sum_s p(x_{P+k} | path_s), nats per step (summed over the features)
-        log_prob = res.log_prob.cpu()                                     # (B, K)
+        log_prob = res.log_prob.cpu()  # (B, K)
         freq = torch.cat(list(data["train"])).float().mean(0).clamp(1e-6, 1 - 1e-6)
         base = (truth * freq.log() + (1 - truth) * (-freq).log1p()).sum(-1)
-        result.update(log_likelihood_per_step=float(log_prob.mean()),
-                      log_likelihood_by_step=log_prob.mean(0).tolist(),
-                      baseline_log_likelihood_per_step=float(base.mean()),
-                      baseline="the last prefix step repeated (mean absolute error); training-"
-                               "set element frequencies (log-likelihood)")
-        line = f"log-likelihood {result['log_likelihood_per_step']:.4f} nats per step " \
-               f"(element frequencies: {result['baseline_log_likelihood_per_step']:.4f}), " + line
+        result.update(
+            log_likelihood_per_step=float(log_prob.mean()),
+            log_likelihood_by_step=log_prob.mean(0).tolist(),
+            baseline_log_likelihood_per_step=float(base.mean()),
+            baseline="the last prefix step repeated (mean absolute error); training-"
+            "set element frequencies (log-likelihood)",
+        )
+        line = (
+            f"log-likelihood {result['log_likelihood_per_step']:.4f} nats per step "
+            f"(element frequencies: {result['baseline_log_likelihood_per_step']:.4f}), " + line
+        )
     out = Path(args.run)
     (out / f"forecast_{args.split}.json").write_text(json.dumps(result, indent=1))
     png = out / f"forecast_{args.split}_0.png"
     _plot_forecast(model, x[0], mean[0], P, png, f"{run['model']} forecast from step {P}")
-    print(f"forecast {K} steps after {P} of {len(seqs)} {args.split} sequences "
-          f"({args.num_samples} samples): {line}; figure {png}")
+    print(
+        f"forecast {K} steps after {P} of {len(seqs)} {args.split} sequences "
+        f"({args.num_samples} samples): {line}; figure {png}"
+    )
     return 0
 
 
@@ -590,7 +700,7 @@ def _plot_forecast(model, truth, mean, P, path, title):
     forecast = torch.cat([truth[:P], mean])
     if model.frame_shape is not None:
         frames = [v.reshape((v.shape[0],) + tuple(model.frame_shape)) for v in (truth, forecast)]
-        frames = [f.mean(1) if f.dim() == 4 else f for f in frames]       # RGB: channel mean
+        frames = [f.mean(1) if f.dim() == 4 else f for f in frames]  # RGB: channel mean
         plot_video(torch.cat(frames, -1).clamp(0, 1), path, title=f"truth | forecast after {P}")
     elif model.binary_observations:
         shown = torch.cat([truth[:P], torch.full_like(mean, float("nan"))])
@@ -598,7 +708,7 @@ def _plot_forecast(model, truth, mean, P, path, title):
     else:
         fig, ax = plt.subplots(figsize=(8, 4))
         for d in range(min(truth.shape[1], 4)):
-            line, = ax.plot(truth[:, d].numpy(), label=f"feature {d}")
+            (line,) = ax.plot(truth[:, d].numpy(), label=f"feature {d}")
             ax.plot(range(P, truth.shape[0]), mean[:, d].numpy(), "--", color=line.get_color())
         ax.axvline(P - 0.5, color="grey", lw=0.8)
         ax.set_xlabel("time step")
@@ -629,8 +739,12 @@ def _number(kind, low, high=None, low_open=False, high_open=False):
             value = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected {noun} {rng}, got {text!r}") from None
-        if (not math.isfinite(value) or value < low or (low_open and value == low)
-                or (high is not None and (value > high or (high_open and value == high)))):
+        if (
+            not math.isfinite(value)
+            or value < low
+            or (low_open and value == low)
+            or (high is not None and (value > high or (high_open and value == high)))
+        ):
             raise argparse.ArgumentTypeError(f"must be {noun} {rng}, got {text}")
         return value
 
@@ -641,7 +755,7 @@ def _number(kind, low, high=None, low_open=False, high_open=False):
 POSITIVE_INT = _number(int, 1)
 COUNT = _number(int, 0)
 AT_LEAST_TWO = _number(int, 2)
-SEED = _number(int, 0, 2 ** 63 - 1)
+SEED = _number(int, 0, 2**63 - 1)
 POSITIVE = _number(float, 0, low_open=True)
 NON_NEGATIVE = _number(float, 0)
 AT_LEAST_ONE = _number(float, 1)
@@ -655,17 +769,19 @@ def _data_help():
     from pyro_seq.data.datasets import NAMED_PICKLES, NAVIGATION, SIMULATED
 
     pickles = ", ".join(f"{name} ({file})" for name, file in NAMED_PICKLES.items())
-    return ("a data set by name or a file: chorales (music21's Bach chorales, built in; "
-            "default); japanese_vowels (12 real-valued LPC coefficients per frame, from the "
-            f"aeon package); a Boulanger-Lewandowski piano-roll pickle by name: {pickles}, "
-            "looked up in the folders of $PYRO_SEQ_DATA, then the cache (nothing is "
-            f"downloaded); simulated videos: {', '.join(SIMULATED)} (NAME:N: N training "
-            "sequences; the pendulum's torques are known inputs); the GTM-SM's image "
-            f"navigation: {', '.join(NAVIGATION)} (NAME:N or NAME:N:T: N training sequences of "
-            "T steps; the actions are known inputs); the path of a Boulanger-Lewandowski "
-            "piano-roll pickle (e.g. jsb_chorales.pickle); or the path of a .pt file written by "
-            "pyro_seq.data.save_dataset (your own real or binary sequences, with or without "
-            "known inputs)")
+    return (
+        "a data set by name or a file: chorales (music21's Bach chorales, built in; "
+        "default); japanese_vowels (12 real-valued LPC coefficients per frame, from the "
+        f"aeon package); a Boulanger-Lewandowski piano-roll pickle by name: {pickles}, "
+        "looked up in the folders of $PYRO_SEQ_DATA, then the cache (nothing is "
+        f"downloaded); simulated videos: {', '.join(SIMULATED)} (NAME:N: N training "
+        "sequences; the pendulum's torques are known inputs); the GTM-SM's image "
+        f"navigation: {', '.join(NAVIGATION)} (NAME:N or NAME:N:T: N training sequences of "
+        "T steps; the actions are known inputs); the path of a Boulanger-Lewandowski "
+        "piano-roll pickle (e.g. jsb_chorales.pickle); or the path of a .pt file written by "
+        "pyro_seq.data.save_dataset (your own real or binary sequences, with or without "
+        "known inputs)"
+    )
 
 
 #: The ``train`` flags that are no :class:`~pyro_seq.train.TrainConfig` field, and why: what
@@ -692,12 +808,21 @@ def _field_help(option, default, flags, own_default):
     text = re.sub(r"``(\w+)``", lambda m: flags.get(m.group(1), m.group(1)), option.doc)
     if option.invert:
         return f"do not {text}"
-    shown = ("on" if default else "off") if isinstance(default, bool) else (
-        "none" if default is None else
-        " ".join(map(str, default)) if isinstance(default, tuple) else default)
+    shown = (
+        ("on" if default else "off")
+        if isinstance(default, bool)
+        else (
+            "none"
+            if default is None
+            else " ".join(map(str, default))
+            if isinstance(default, tuple)
+            else default
+        )
+    )
     if own_default:
-        text += (f" (default {shown} here, {option.default} in TrainConfig: "
-                 f"{option.cli_default_why})")
+        text += (
+            f" (default {shown} here, {option.default} in TrainConfig: {option.cli_default_why})"
+        )
     else:
         text += f" (default {shown})"
     return text.replace("%", "%%")
@@ -718,8 +843,7 @@ def add_train_options(parser, defaults=None):
 
     opts = [o for o in options() if o.cli_excluded is None]
     flags = {o.name: o.flag for o in opts}
-    groups = {key: parser.add_argument_group(f"training: {title}")
-              for key, title in GROUPS.items()}
+    groups = {key: parser.add_argument_group(f"training: {title}") for key, title in GROUPS.items()}
     for o in opts:
         default = o.command_line_default if defaults is None else getattr(defaults, o.name)
         own = defaults is None and o.cli_default is not MISSING
@@ -735,8 +859,9 @@ def add_train_options(parser, defaults=None):
             if o.choices is not None:  # shown as {a,b,...}
                 kwargs["choices"] = o.choices
             elif o.nargs is not None:
-                kwargs.update(nargs=o.nargs,
-                              metavar=tuple(f"{metavar}{i + 1}" for i in range(o.nargs)))
+                kwargs.update(
+                    nargs=o.nargs, metavar=tuple(f"{metavar}{i + 1}" for i in range(o.nargs))
+                )
             else:
                 kwargs["metavar"] = metavar
         groups[o.group].add_argument(o.flag, **kwargs)
@@ -766,26 +891,43 @@ def train_config_from_args(args, base=None):
 
 
 def make_parser():
-    parser = argparse.ArgumentParser(prog="pyro-seq", description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="pyro-seq",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("train", help="train a model with SVI (resumes if --out has a checkpoint)")
-    p.add_argument("--model", choices=model_names(), default="srnn",
-                   help="architecture (default srnn; what each supports: docs, API, models)")
+    p.add_argument(
+        "--model",
+        choices=model_names(),
+        default="srnn",
+        help="architecture (default srnn; what each supports: docs, API, models)",
+    )
     p.add_argument("--data", default="chorales", help=_data_help())
     p.add_argument("--z-dim", type=POSITIVE_INT, default=None, help="latent size")
-    p.add_argument("--inference", choices=("smoothing", "filtering", "prior", "landmark"),
-                   default=None,
-                   help="inference network: smoothing or filtering (DMM, SRNN, VRNN; thesis Fig. "
-                        "4.2), prior or landmark (GTM-SM; thesis appendix 7.10)")
-    p.add_argument("--model-option", action="append", metavar="KEY=VALUE",
-                   help="further model constructor option (JSON value), repeatable")
+    p.add_argument(
+        "--inference",
+        choices=("smoothing", "filtering", "prior", "landmark"),
+        default=None,
+        help="inference network: smoothing or filtering (DMM, SRNN, VRNN; thesis Fig. "
+        "4.2), prior or landmark (GTM-SM; thesis appendix 7.10)",
+    )
+    p.add_argument(
+        "--model-option",
+        action="append",
+        metavar="KEY=VALUE",
+        help="further model constructor option (JSON value), repeatable",
+    )
     p.add_argument("--out", required=True, help="run folder")
     p.add_argument("--restart", action="store_true", help="ignore an existing checkpoint")
-    p.add_argument("--ignore-inputs", action="store_true",
-                   help="train without the known inputs (controls, actions) the data carry, "
-                        "e.g. a model that takes none on the pendulum")
+    p.add_argument(
+        "--ignore-inputs",
+        action="store_true",
+        help="train without the known inputs (controls, actions) the data carry, "
+        "e.g. a model that takes none on the pendulum",
+    )
     add_train_options(p)  # every TrainConfig field, in its group
     p.set_defaults(func=cmd_train)
 
@@ -793,16 +935,24 @@ def make_parser():
     p.add_argument("run", help="run folder written by train")
     p.add_argument("--data", default=None, help="data (default: the run's training data)")
     p.add_argument("--split", default="test", choices=("train", "valid", "test"))
-    p.add_argument("--objective", choices=("elbo", "iwae", "smc", "ais", "exact", "pseudo_likelihood"),
-                   default=None,
-                   help="estimator: ELBO, IWAE or SMC (FIVO) bound; for an RTRBM the "
-                        "log-likelihood by AIS (--particles chains, --betas temperatures; "
-                        "default) or exact enumeration (small models), or the pseudo-likelihood")
-    p.add_argument("--betas", type=AT_LEAST_TWO, default=1000,
-                   help="AIS temperatures (--objective ais)")
-    p.add_argument("--particles", type=POSITIVE_INT, default=None,
-                   help=f"samples K of the estimator (default 1), or AIS chains (at least 2; "
-                        f"default {AIS_CHAINS})")
+    p.add_argument(
+        "--objective",
+        choices=("elbo", "iwae", "smc", "ais", "exact", "pseudo_likelihood"),
+        default=None,
+        help="estimator: ELBO, IWAE or SMC (FIVO) bound; for an RTRBM the "
+        "log-likelihood by AIS (--particles chains, --betas temperatures; "
+        "default) or exact enumeration (small models), or the pseudo-likelihood",
+    )
+    p.add_argument(
+        "--betas", type=AT_LEAST_TWO, default=1000, help="AIS temperatures (--objective ais)"
+    )
+    p.add_argument(
+        "--particles",
+        type=POSITIVE_INT,
+        default=None,
+        help=f"samples K of the estimator (default 1), or AIS chains (at least 2; "
+        f"default {AIS_CHAINS})",
+    )
     p.add_argument("--batch-size", type=POSITIVE_INT, default=32)
     p.add_argument("--seed", type=SEED, default=0)
     _device_option(p)
@@ -812,43 +962,76 @@ def make_parser():
     p.add_argument("run", help="run folder written by train")
     p.add_argument("--length", type=POSITIVE_INT, default=64, help="time steps per sample")
     p.add_argument("--num", type=POSITIVE_INT, default=1, help="number of samples")
-    p.add_argument("--step-seconds", type=POSITIVE, default=0.25,
-                   help="MIDI duration of a step")
+    p.add_argument("--step-seconds", type=POSITIVE, default=0.25, help="MIDI duration of a step")
     p.add_argument("--seed", type=SEED, default=0)
     _device_option(p)
     p.set_defaults(func=cmd_sample)
 
-    p = _task_parser(sub, "impute", cmd_impute,
-                     "drop steps of test sequences and impute them (Bayer & Osendorfer 2014, sec. 4.3)")
-    p.add_argument("--drop", type=POSITIVE_INT, default=8,
-                   help="consecutive steps dropped per sequence")
-    p.add_argument("--drop-prob", type=FRACTION, default=None,
-                   help="drop each step with this probability instead (thesis Fig. 6.3a)")
-    p.add_argument("--method", default=None,
-                   choices=("iterative", "importance", "smoothing", "filtering", "generation"),
-                   help="iterative (default) or importance; smoothing (KVAE default), filtering "
-                        "or generation for a KVAE")
-    p.add_argument("--iterations", type=POSITIVE_INT, default=20,
-                   help="iterations (iterative method)")
-    p.add_argument("--particles", type=POSITIVE_INT, default=64,
-                   help="particles (importance method)")
+    p = _task_parser(
+        sub,
+        "impute",
+        cmd_impute,
+        "drop steps of test sequences and impute them (Bayer & Osendorfer 2014, sec. 4.3)",
+    )
+    p.add_argument(
+        "--drop", type=POSITIVE_INT, default=8, help="consecutive steps dropped per sequence"
+    )
+    p.add_argument(
+        "--drop-prob",
+        type=FRACTION,
+        default=None,
+        help="drop each step with this probability instead (thesis Fig. 6.3a)",
+    )
+    p.add_argument(
+        "--method",
+        default=None,
+        choices=("iterative", "importance", "smoothing", "filtering", "generation"),
+        help="iterative (default) or importance; smoothing (KVAE default), filtering "
+        "or generation for a KVAE",
+    )
+    p.add_argument(
+        "--iterations", type=POSITIVE_INT, default=20, help="iterations (iterative method)"
+    )
+    p.add_argument(
+        "--particles", type=POSITIVE_INT, default=64, help="particles (importance method)"
+    )
 
-    p = _task_parser(sub, "denoise", cmd_denoise,
-                     "corrupt test sequences and denoise them online (Bayer & Osendorfer 2014, "
-                     "sec. 4.2)")
-    p.add_argument("--flip", type=PROBABILITY, default=0.05,
-                   help="binary data: probability of flipping an element")
-    p.add_argument("--noise", type=POSITIVE, default=0.1,
-                   help="real-valued data: standard deviation of the added Gaussian noise")
+    p = _task_parser(
+        sub,
+        "denoise",
+        cmd_denoise,
+        "corrupt test sequences and denoise them online (Bayer & Osendorfer 2014, sec. 4.2)",
+    )
+    p.add_argument(
+        "--flip",
+        type=PROBABILITY,
+        default=0.05,
+        help="binary data: probability of flipping an element",
+    )
+    p.add_argument(
+        "--noise",
+        type=POSITIVE,
+        default=0.1,
+        help="real-valued data: standard deviation of the added Gaussian noise",
+    )
 
-    p = _task_parser(sub, "forecast", cmd_forecast,
-                     "continue the start of each test sequence in generation mode and score "
-                     "the true continuation")
-    p.add_argument("--prefix", type=POSITIVE_INT, default=8,
-                   help="steps P given to the model (sequences of at least P + K steps are used)")
+    p = _task_parser(
+        sub,
+        "forecast",
+        cmd_forecast,
+        "continue the start of each test sequence in generation mode and score "
+        "the true continuation",
+    )
+    p.add_argument(
+        "--prefix",
+        type=POSITIVE_INT,
+        default=8,
+        help="steps P given to the model (sequences of at least P + K steps are used)",
+    )
     p.add_argument("--steps", type=POSITIVE_INT, default=8, help="steps K forecast")
-    p.add_argument("--num-samples", type=POSITIVE_INT, default=100,
-                   help="sampled continuations S per sequence")
+    p.add_argument(
+        "--num-samples", type=POSITIVE_INT, default=100, help="sampled continuations S per sequence"
+    )
     return parser
 
 
@@ -866,15 +1049,17 @@ def _task_parser(sub, name, func, help_text):
 
 
 def _device_option(p, default="cpu"):
-    p.add_argument("--device", default=default,
-                   help="where the model runs: cpu, cuda or cuda:N (an error, never a CPU "
-                        f"fallback, when CUDA is not there; default {default})")
+    p.add_argument(
+        "--device",
+        default=default,
+        help="where the model runs: cpu, cuda or cuda:N (an error, never a CPU "
+        f"fallback, when CUDA is not there; default {default})",
+    )
 
 
-def main(argv=None):
-    from pyro_seq.train import CheckpointError
-
+def main(argv: Optional[Sequence[str]] = None) -> int:
     from pyro_seq.models import Unsupported
+    from pyro_seq.train import CheckpointError
 
     args = make_parser().parse_args(argv)
     try:

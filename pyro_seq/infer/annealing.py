@@ -38,6 +38,7 @@ References
 """
 
 import math
+from typing import Any, Callable
 
 import torch
 from pyro.distributions.util import scale_and_mask
@@ -127,22 +128,22 @@ class LatentScale(Messenger):
     #: only scores are rescaled; sample values are untouched (lets models score time-parallel)
     preserves_sample_values = True
 
-    def __init__(self, beta=1.0):
+    def __init__(self, beta: float = 1.0) -> None:
         super().__init__()
         self.beta = beta
 
     @property
-    def beta(self):
+    def beta(self) -> float:
         return self._beta
 
     @beta.setter
-    def beta(self, value):
+    def beta(self, value: float) -> None:
         value = float(value)
         if not (math.isfinite(value) and value >= 0):
             raise ValueError(f"beta must be a finite number >= 0, got {value}")
         self._beta = value
 
-    def __call__(self, fn):
+    def __call__(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         if is_step_program(fn):
             return HandledStepProgram(self, fn)
         return super().__call__(fn)
@@ -152,7 +153,9 @@ class LatentScale(Messenger):
             msg["scale"] = self._beta * msg["scale"]
 
 
-def linear_schedule(step, start=0.2, end=1.0, num_steps=1000):
+def linear_schedule(
+    step: int, start: float = 0.2, end: float = 1.0, num_steps: int = 1000
+) -> float:
     """Linear annealing schedule for :attr:`LatentScale.beta`.
 
     .. math:: \\beta(s) = \\mathrm{start} + (\\mathrm{end} - \\mathrm{start})
@@ -277,7 +280,8 @@ class FreeBits_ELBO(Trace_ELBO):
             guide_site = guide_trace.nodes[name]
             if is_validation_enabled() and not is_reparameterized(guide_site):
                 raise NotImplementedError(  # the message of Pyro's check_fully_reparametrized
-                    "All distributions in the guide must be fully reparameterized.")
+                    "All distributions in the guide must be fully reparameterized."
+                )
             kl, count = self._site_kl(name, model_site, guide_site)
             key = self._group_key(name)
             if self.group == "dim":

@@ -16,6 +16,7 @@ Maddison et al. (2017) and of the thesis' chapter 5 (higher is better).
 """
 
 from dataclasses import dataclass
+from typing import Any, Dict
 
 import torch
 
@@ -54,15 +55,22 @@ class LikelihoodEstimate:
     num_particles: int
 
     def __str__(self):
-        return (f"{self.method} (K={self.num_particles}): {self.nats_per_step:.4f} nats/step, "
-                f"total {self.total:.3f} nats over {len(self.lengths)} sequences, "
-                f"{self.num_steps} steps")
+        return (
+            f"{self.method} (K={self.num_particles}): {self.nats_per_step:.4f} nats/step, "
+            f"total {self.total:.3f} nats over {len(self.lengths)} sequences, "
+            f"{self.num_steps} steps"
+        )
 
-    def as_dict(self):
+    def as_dict(self) -> Dict[str, Any]:
         """Plain-Python summary for JSON reports."""
-        return {"method": self.method, "num_particles": self.num_particles,
-                "nats_per_step": self.nats_per_step, "total": self.total,
-                "num_steps": self.num_steps, "num_sequences": len(self.lengths)}
+        return {
+            "method": self.method,
+            "num_particles": self.num_particles,
+            "nats_per_step": self.nats_per_step,
+            "total": self.total,
+            "num_steps": self.num_steps,
+            "num_sequences": len(self.lengths),
+        }
 
 
 def _batches(data, batch_size, device=None):
@@ -74,9 +82,8 @@ def _batches(data, batch_size, device=None):
         check_input_list(data, inputs)
         bs = batch_size or len(data)
         for i in range(0, len(data), bs):
-            chunk, u = data[i:i + bs], inputs[i:i + bs]
-            x, mask = validate_sequences(*pad_sequences(chunk, dtype=chunk[0].dtype),
-                                         device=device)
+            chunk, u = data[i : i + bs], inputs[i : i + bs]
+            x, mask = validate_sequences(*pad_sequences(chunk, dtype=chunk[0].dtype), device=device)
             yield x, mask, pad_sequences(u, dtype=chunk[0].dtype)[0].to(x.device)
         return
     for x, mask in _plain_batches(data, batch_size, device):
@@ -87,7 +94,12 @@ def _plain_batches(data, batch_size, device=None):
     """``(x, mask)`` batches of data without known inputs."""
     if torch.is_tensor(data):
         data = (data, None)
-    if isinstance(data, tuple) and len(data) == 2 and torch.is_tensor(data[0]) and data[0].dim() == 3:
+    if (
+        isinstance(data, tuple)
+        and len(data) == 2
+        and torch.is_tensor(data[0])
+        and data[0].dim() == 3
+    ):
         data = [data]
     data = list(data)
     if not data:
@@ -95,7 +107,7 @@ def _plain_batches(data, batch_size, device=None):
     if all(torch.is_tensor(s) and s.dim() == 2 for s in data):  # a list of (T_i, D) sequences
         bs = batch_size or len(data)
         for i in range(0, len(data), bs):
-            chunk = data[i:i + bs]
+            chunk = data[i : i + bs]
             yield validate_sequences(*pad_sequences(chunk, dtype=chunk[0].dtype), device=device)
         return
     for item in data:
@@ -106,16 +118,18 @@ def _plain_batches(data, batch_size, device=None):
         else:
             raise TypeError(
                 "data must be a list of (T_i, D) sequences, an (x, mask) batch, or an iterable "
-                f"of (x, mask) batches / (batch, T, D) tensors; got an item of type {type(item).__name__}")
+                f"of (x, mask) batches / (batch, T, D) tensors; got an item of type {type(item).__name__}"
+            )
         # the package's one validator, before any slicing
         x, mask = validate_sequences(x, mask, device=device)
         bs = batch_size or x.shape[0]
         for i in range(0, x.shape[0], bs):
-            yield x[i:i + bs], mask[i:i + bs]
+            yield x[i : i + bs], mask[i : i + bs]
 
 
-def _iwae_log_z(model, guide, x, mask, num_particles, particles_per_pass, max_plate_nesting,
-                **kwargs):
+def _iwae_log_z(
+    model, guide, x, mask, num_particles, particles_per_pass, max_plate_nesting, **kwargs
+):
     """IWAE estimate, drawing the ``K`` particles in chunks of ``particles_per_pass``."""
     chunks, remaining = [], num_particles
     while remaining > 0:
@@ -125,12 +139,24 @@ def _iwae_log_z(model, guide, x, mask, num_particles, particles_per_pass, max_pl
         chunks.append(log_z.double() + torch.log(torch.tensor(float(k), dtype=torch.float64)))
         remaining -= k
     # log (1/K) sum_k w_k = logsumexp_j (log_mean_j + log K_j) - log K
-    return torch.logsumexp(torch.stack(chunks), 0) - torch.log(torch.tensor(float(num_particles), dtype=torch.float64))
+    return torch.logsumexp(torch.stack(chunks), 0) - torch.log(
+        torch.tensor(float(num_particles), dtype=torch.float64)
+    )
 
 
-def estimate_log_likelihood(model, guide, data, method="iwae", num_particles=100, batch_size=None,
-                            particles_per_pass=None, resample="ess", resampling=DEFAULT_RESAMPLING,
-                            ess_threshold=0.5, max_plate_nesting=1):
+def estimate_log_likelihood(
+    model,
+    guide,
+    data,
+    method="iwae",
+    num_particles=100,
+    batch_size=None,
+    particles_per_pass=None,
+    resample="ess",
+    resampling=DEFAULT_RESAMPLING,
+    ess_threshold=0.5,
+    max_plate_nesting=1,
+):
     """Estimate :math:`\\log p(x)` of every sequence with an IWAE or SMC estimator.
 
     :param model: the model program (e.g. ``m.model``); for ``"smc"`` it must follow the step
@@ -171,8 +197,21 @@ def estimate_log_likelihood(model, guide, data, method="iwae", num_particles=100
     for o in owners.values():
         o.eval()
     try:
-        _estimate(model, guide, data, method, num_particles, batch_size, particles_per_pass,
-                  resample, resampling, ess_threshold, max_plate_nesting, estimates, lengths)
+        _estimate(
+            model,
+            guide,
+            data,
+            method,
+            num_particles,
+            batch_size,
+            particles_per_pass,
+            resample,
+            resampling,
+            ess_threshold,
+            max_plate_nesting,
+            estimates,
+            lengths,
+        )
     finally:
         for k, o in owners.items():
             o.train(modes[k])
@@ -180,30 +219,61 @@ def estimate_log_likelihood(model, guide, data, method="iwae", num_particles=100
     lengths = torch.cat(lengths).long()
     total = float(per_sequence.sum())
     num_steps = int(lengths.sum())
-    return LikelihoodEstimate(per_sequence=per_sequence, lengths=lengths, total=total,
-                              num_steps=num_steps, nats_per_step=total / num_steps, method=method,
-                              num_particles=num_particles)
+    return LikelihoodEstimate(
+        per_sequence=per_sequence,
+        lengths=lengths,
+        total=total,
+        num_steps=num_steps,
+        nats_per_step=total / num_steps,
+        method=method,
+        num_particles=num_particles,
+    )
 
 
-def _estimate(model, guide, data, method, num_particles, batch_size, particles_per_pass, resample,
-              resampling, ess_threshold, max_plate_nesting, estimates, lengths):
+def _estimate(
+    model,
+    guide,
+    data,
+    method,
+    num_particles,
+    batch_size,
+    particles_per_pass,
+    resample,
+    resampling,
+    ess_threshold,
+    max_plate_nesting,
+    estimates,
+    lengths,
+):
     """The estimation loop of :func:`estimate_log_likelihood`; appends to ``estimates`` and
     ``lengths``."""
     with torch.no_grad():
         for x, mask, inputs in _batches(data, batch_size, program_device(model)):
             kwargs = {} if inputs is None else {"inputs": inputs}
             if method == "iwae":
-                log_z = _iwae_log_z(model, guide, x, mask, num_particles,
-                                    particles_per_pass or num_particles, max_plate_nesting,
-                                    **kwargs)
+                log_z = _iwae_log_z(
+                    model,
+                    guide,
+                    x,
+                    mask,
+                    num_particles,
+                    particles_per_pass or num_particles,
+                    max_plate_nesting,
+                    **kwargs,
+                )
             else:
-                fivo = FIVO(num_particles=num_particles, resample=resample,
-                            ess_threshold=ess_threshold, resampling=resampling,
-                            max_plate_nesting=max_plate_nesting)
+                fivo = FIVO(
+                    num_particles=num_particles,
+                    resample=resample,
+                    ess_threshold=ess_threshold,
+                    resampling=resampling,
+                    max_plate_nesting=max_plate_nesting,
+                )
                 log_z, _ = fivo.log_z(model, guide, x, mask, **kwargs)
             if log_z.shape != (x.shape[0],):
                 raise ValueError(
                     f"{method}: got {tuple(log_z.shape)} estimates for a batch of {x.shape[0]} "
-                    "sequences; every site must lie in the batch plate to give one per sequence")
+                    "sequences; every site must lie in the batch plate to give one per sequence"
+                )
             estimates.append(log_z.double().cpu())
             lengths.append(mask.sum(-1).cpu())
