@@ -57,8 +57,10 @@ LOADER_MODULE = "pyro.contrib.examples.polyphonic_data_loader"
 #: The only edits made to the loader's source: (exact text, replacement). Each must occur once.
 LOADER_EDITS = (
     ("pickle.load(urlopen(dataset.url))", "_anchor_read_pickle(dataset.url)"),
-    ("from pyro.contrib.examples.util import get_data_directory",
-     "get_data_directory = _anchor_get_data_directory"),
+    (
+        "from pyro.contrib.examples.util import get_data_directory",
+        "get_data_directory = _anchor_get_data_directory",
+    ),
 )
 
 
@@ -80,7 +82,8 @@ def anchor_dir(override=None):
     raise AnchorMissing(
         f"anchor files {DMM_FILE} and {LOADER_FILE} not found in {' or '.join(map(str, tried))}; "
         f"they are Pyro 1.9.2's examples/dmm.py and its data loader, kept outside the project "
-        f"in ../shared/anchors/pyro-1.9.2/ -- pass --anchors DIR")
+        f"in ../shared/anchors/pyro-1.9.2/ -- pass --anchors DIR"
+    )
 
 
 def _file_digest(path):
@@ -92,8 +95,10 @@ def _edited_loader_source(path):
     for old, new in LOADER_EDITS:
         count = source.count(old)
         if count != 1:
-            raise RuntimeError(f"{path}: expected exactly one {old!r} to replace, found {count}; "
-                               "this runner was written for Pyro 1.9.2's loader")
+            raise RuntimeError(
+                f"{path}: expected exactly one {old!r} to replace, found {count}; "
+                "this runner was written for Pyro 1.9.2's loader"
+            )
         source = source.replace(old, new)
     return source
 
@@ -105,15 +110,23 @@ def _main_defaults(path):
     (the first long option, dashes to underscores); ``action="store_true"`` defaults to False.
     """
     tree = ast.parse(Path(path).read_text(), str(path))
-    main_blocks = [node for node in tree.body if isinstance(node, ast.If)
-                   and isinstance(node.test, ast.Compare)
-                   and isinstance(node.test.left, ast.Name) and node.test.left.id == "__name__"]
+    main_blocks = [
+        node
+        for node in tree.body
+        if isinstance(node, ast.If)
+        and isinstance(node.test, ast.Compare)
+        and isinstance(node.test.left, ast.Name)
+        and node.test.left.id == "__name__"
+    ]
     if len(main_blocks) != 1:
         raise RuntimeError(f"{path}: expected one `if __name__ == '__main__'` block")
     defaults = {}
     for node in ast.walk(main_blocks[0]):
-        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-                and node.func.attr == "add_argument"):
+        if not (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "add_argument"
+        ):
             continue
         options = [a.value for a in node.args if isinstance(a, ast.Constant)]
         longs = [o for o in options if o.startswith("--")]
@@ -153,8 +166,9 @@ class Anchor:
 
         path = self.data_dir / os.path.basename(url)
         if not path.is_file():
-            raise AnchorMissing(f"{path} not found (the anchor's loader would download {url}); "
-                                "pass --data-dir DIR")
+            raise AnchorMissing(
+                f"{path} not found (the anchor's loader would download {url}); pass --data-dir DIR"
+            )
         return safe_load(path)
 
     def _load_loader(self):
@@ -196,16 +210,25 @@ class Anchor:
     def adam_params(self):
         """ClippedAdam settings of the example's ``main()`` with its default options."""
         a = self.defaults
-        return {"lr": a.learning_rate, "betas": (a.beta1, a.beta2), "clip_norm": a.clip_norm,
-                "lrd": a.lr_decay, "weight_decay": a.weight_decay}
+        return {
+            "lr": a.learning_rate,
+            "betas": (a.beta1, a.beta2),
+            "clip_norm": a.clip_norm,
+            "lrd": a.lr_decay,
+            "weight_decay": a.weight_decay,
+        }
 
     def make_svi(self):
         """``(dmm, svi)`` built as the example's ``main()`` builds them with default options."""
         a, m = self.defaults, self.module
         if a.jit or a.tmc or a.tmcelbo:
             raise RuntimeError("the anchor's defaults select JIT/TMC; this runner times Trace_ELBO")
-        dmm = m.DMM(rnn_dropout_rate=a.rnn_dropout_rate, num_iafs=a.num_iafs, iaf_dim=a.iaf_dim,
-                    use_cuda=False)
+        dmm = m.DMM(
+            rnn_dropout_rate=a.rnn_dropout_rate,
+            num_iafs=a.num_iafs,
+            iaf_dim=a.iaf_dim,
+            use_cuda=False,
+        )
         svi = m.SVI(dmm.model, dmm.guide, m.ClippedAdam(self.adam_params()), loss=m.Trace_ELBO())
         return dmm, svi
 
@@ -213,8 +236,11 @@ class Anchor:
         """The example's ``poly.get_mini_batch`` on training sequences ``indices``: ``(mini_batch,
         mini_batch_reversed, mini_batch_mask, mini_batch_seq_lengths)``, sorted by length."""
         train = self.data()["train"]
-        return self.poly.get_mini_batch(torch.as_tensor(indices, dtype=torch.long),
-                                        train["sequences"], train["sequence_lengths"])
+        return self.poly.get_mini_batch(
+            torch.as_tensor(indices, dtype=torch.long),
+            train["sequences"],
+            train["sequence_lengths"],
+        )
 
     def training_sequences(self):
         """The example's training sequences, each ``(T_i, 88)``, in file order."""
@@ -246,11 +272,11 @@ def load_anchor(anchors=None, data_dir=None):
 DMM_NAME_MAP = {
     "z_0": "z_0",
     "z_q_0": "z_q_0",
-    "h_0": "encoder.h0",                                    # (1, 1, rnn_dim) -> (rnn_dim,)
-    "rnn.": "encoder.rnn.",                                 # ReLU nn.RNN, same weight names
+    "h_0": "encoder.h0",  # (1, 1, rnn_dim) -> (rnn_dim,)
+    "rnn.": "encoder.rnn.",  # ReLU nn.RNN, same weight names
     "emitter.lin_z_to_hidden.": "emitter.0.",
     "emitter.lin_hidden_to_hidden.": "emitter.2.",
-    "emitter.lin_hidden_to_input.": "emitter.4.",           # sigmoid(.) there, logits here
+    "emitter.lin_hidden_to_input.": "emitter.4.",  # sigmoid(.) there, logits here
     "trans.lin_gate_z_to_hidden.": "transition.gate_hidden.",
     "trans.lin_gate_hidden_to_z.": "transition.gate.",
     "trans.lin_proposed_mean_z_to_hidden.": "transition.proposal_hidden.",
@@ -267,7 +293,7 @@ def pyro_seq_name(name):
     """The :class:`pyro_seq.models.DMM` parameter that example parameter ``name`` maps to."""
     for prefix, target in DMM_NAME_MAP.items():
         if name == prefix or (prefix.endswith(".") and name.startswith(prefix)):
-            return target + name[len(prefix):]
+            return target + name[len(prefix) :]
     raise KeyError(f"no pyro_seq.models.DMM parameter for the example's {name!r}")
 
 
@@ -284,9 +310,11 @@ def copy_weights(example_dmm, ours):
     mapped = {pyro_seq_name(k): k for k in src}
     if len(mapped) != len(src) or set(mapped) != set(dst):
         no_target = sorted(v for k, v in mapped.items() if k not in dst)
-        raise RuntimeError(f"parameter map is not one-to-one onto pyro_seq's parameters: example "
-                           f"parameters with no target {no_target}, pyro_seq parameters never "
-                           f"written {sorted(set(dst) - set(mapped))}")
+        raise RuntimeError(
+            f"parameter map is not one-to-one onto pyro_seq's parameters: example "
+            f"parameters with no target {no_target}, pyro_seq parameters never "
+            f"written {sorted(set(dst) - set(mapped))}"
+        )
     for ours_name, example_name in mapped.items():
         s, d = src[example_name], dst[ours_name]
         if s.numel() != d.numel():
@@ -313,19 +341,25 @@ def replayed_elbo(example_dmm, ours, batch):
     with torch.no_grad():
         guide_tr = poutine.trace(example_dmm.guide).get_trace(*batch)
         traces = {
-            "example": (poutine.trace(poutine.replay(example_dmm.model, trace=guide_tr))
-                        .get_trace(*batch), guide_tr),
-            "pyro_seq": (poutine.trace(poutine.replay(ours.model, trace=guide_tr)).get_trace(x, mask),
-                         poutine.trace(poutine.replay(ours.guide, trace=guide_tr)).get_trace(x, mask)),
+            "example": (
+                poutine.trace(poutine.replay(example_dmm.model, trace=guide_tr)).get_trace(*batch),
+                guide_tr,
+            ),
+            "pyro_seq": (
+                poutine.trace(poutine.replay(ours.model, trace=guide_tr)).get_trace(x, mask),
+                poutine.trace(poutine.replay(ours.guide, trace=guide_tr)).get_trace(x, mask),
+            ),
         }
     out = {}
     for key, (model_tr, g_tr) in traces.items():
         terms = {}
         for role, tr in (("model", model_tr), ("guide", g_tr)):
             tr.compute_log_prob()
-            terms[role] = {name.replace("obs_x_", "x_"): float(site["log_prob_sum"])
-                           for name, site in tr.nodes.items()
-                           if site["type"] == "sample" and not site_is_subsample(site)}
+            terms[role] = {
+                name.replace("obs_x_", "x_"): float(site["log_prob_sum"])
+                for name, site in tr.nodes.items()
+                if site["type"] == "sample" and not site_is_subsample(site)
+            }
         terms["elbo"] = sum(terms["model"].values()) - sum(terms["guide"].values())
         out[key] = terms
     return out
@@ -342,9 +376,14 @@ def compare_elbos(scores):
         for site, value in a[role].items():
             worst = max(worst, abs(value - b[role][site]))
             scale += abs(value)
-    return {"elbo_example": a["elbo"], "elbo_pyro_seq": b["elbo"],
-            "elbo_abs_diff": abs(a["elbo"] - b["elbo"]), "max_site_abs_diff": worst,
-            "sum_abs_site_terms": scale, "num_sites": len(a["model"]) + len(a["guide"])}
+    return {
+        "elbo_example": a["elbo"],
+        "elbo_pyro_seq": b["elbo"],
+        "elbo_abs_diff": abs(a["elbo"] - b["elbo"]),
+        "max_site_abs_diff": worst,
+        "sum_abs_site_terms": scale,
+        "num_sites": len(a["model"]) + len(a["guide"]),
+    }
 
 
 def pyro_seq_twin(example_dmm, obs_dim=88):
@@ -352,14 +391,28 @@ def pyro_seq_twin(example_dmm, obs_dim=88):
     example has no floor on its scales): the same function as ``example_dmm``."""
     from pyro_seq.models import DMM
 
-    sizes = {"z_dim": example_dmm.z_0.numel(), "rnn_dim": example_dmm.rnn.hidden_size,
-             "transition_dim": example_dmm.trans.lin_gate_z_to_hidden.out_features,
-             "emission_dim": example_dmm.emitter.lin_z_to_hidden.out_features}
+    sizes = {
+        "z_dim": example_dmm.z_0.numel(),
+        "rnn_dim": example_dmm.rnn.hidden_size,
+        "transition_dim": example_dmm.trans.lin_gate_z_to_hidden.out_features,
+        "emission_dim": example_dmm.emitter.lin_z_to_hidden.out_features,
+    }
     ours = DMM(obs_dim, min_scale=0.0, **sizes)
-    ours.module_name = "pyro_seq_dmm_twin"   # keep its parameters apart from the example's "dmm"
+    ours.module_name = "pyro_seq_dmm_twin"  # keep its parameters apart from the example's "dmm"
     copy_weights(example_dmm, ours)
     return ours
 
 
-__all__ = ["ANCHORS", "Anchor", "AnchorMissing", "DMM_NAME_MAP", "anchor_dir", "compare_elbos",
-           "copy_weights", "load_anchor", "pyro_seq_name", "pyro_seq_twin", "replayed_elbo"]
+__all__ = [
+    "ANCHORS",
+    "Anchor",
+    "AnchorMissing",
+    "DMM_NAME_MAP",
+    "anchor_dir",
+    "compare_elbos",
+    "copy_weights",
+    "load_anchor",
+    "pyro_seq_name",
+    "pyro_seq_twin",
+    "replayed_elbo",
+]

@@ -51,8 +51,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import pyro  # noqa: E402
 import torch  # noqa: E402
-
 from common import ROOT, data_file, write_result  # noqa: E402
+
 from pyro_seq.data import load_piano_rolls  # noqa: E402
 from pyro_seq.data.batching import SequenceLoader  # noqa: E402
 from pyro_seq.models import SRNN  # noqa: E402
@@ -61,49 +61,105 @@ from pyro_seq.train import TrainConfig, evaluate_bound, fit, load_checkpoint, ma
 NAME = "bounds_jsb"
 DATA = "jsb_chorales.pickle"
 OBJECTIVES = ("elbo", "iwae", "fivo")
-SIZES = {"full": dict(d_dim=300, z_dim=100, hidden_dim=500),
-         "medium": dict(d_dim=128, z_dim=32, hidden_dim=128),
-         "small": dict(d_dim=64, z_dim=16, hidden_dim=64)}
+SIZES = {
+    "full": dict(d_dim=300, z_dim=100, hidden_dim=500),
+    "medium": dict(d_dim=128, z_dim=32, hidden_dim=128),
+    "small": dict(d_dim=64, z_dim=16, hidden_dim=64),
+}
 DEFAULT_SIZE, DEFAULT_INFERENCE = "medium", "filtering"
-CONFIG = TrainConfig(epochs=500, batch_size=16, num_particles=4, lr=1e-3, clip_norm=10.0,
-                     kl_start=1.0, kl_anneal_steps=0, patience=None, valid_batch_size=80, seed=0,
-                     lr_schedule="constant", init="none",
-                     monitor="elbo")  # the settings of the recorded runs
-REFERENCE = ("Maddison et al. 2017, Filtering variational objectives, Table 1: with N = 4 the "
-             "test bounds are ordered FIVO > IWAE > ELBO")
+CONFIG = TrainConfig(
+    epochs=500,
+    batch_size=16,
+    num_particles=4,
+    lr=1e-3,
+    clip_norm=10.0,
+    kl_start=1.0,
+    kl_anneal_steps=0,
+    patience=None,
+    valid_batch_size=80,
+    seed=0,
+    lr_schedule="constant",
+    init="none",
+    monitor="elbo",
+)  # the settings of the recorded runs
+REFERENCE = (
+    "Maddison et al. 2017, Filtering variational objectives, Table 1: with N = 4 the "
+    "test bounds are ordered FIVO > IWAE > ELBO"
+)
 COST_TARGET = 1.3  # issue 4: one FIVO step at most 1.3x an IWAE step with the same K
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--objectives", nargs="+", choices=OBJECTIVES, default=list(OBJECTIVES),
-                   help="objectives to train in this invocation (all trained ones are evaluated)")
-    p.add_argument("--epochs", type=int, default=None,
-                   help=f"maximum epochs in total per objective (default {CONFIG.epochs})")
-    p.add_argument("--time-limit", type=float, default=None,
-                   help="seconds of training of this invocation, all objectives together, "
-                        "checked after each round (resume later)")
-    p.add_argument("--round-epochs", type=int, default=10,
-                   help="epochs each objective trains in its turn (default 10)")
+    p.add_argument(
+        "--objectives",
+        nargs="+",
+        choices=OBJECTIVES,
+        default=list(OBJECTIVES),
+        help="objectives to train in this invocation (all trained ones are evaluated)",
+    )
+    p.add_argument(
+        "--epochs",
+        type=int,
+        default=None,
+        help=f"maximum epochs in total per objective (default {CONFIG.epochs})",
+    )
+    p.add_argument(
+        "--time-limit",
+        type=float,
+        default=None,
+        help="seconds of training of this invocation, all objectives together, "
+        "checked after each round (resume later)",
+    )
+    p.add_argument(
+        "--round-epochs",
+        type=int,
+        default=10,
+        help="epochs each objective trains in its turn (default 10)",
+    )
     p.add_argument("--particles", type=int, default=4, help="K of every training objective")
-    p.add_argument("--size", choices=sorted(SIZES), default=DEFAULT_SIZE,
-                   help=f"SRNN sizes {SIZES} (default {DEFAULT_SIZE}; small is a smoke test)")
-    p.add_argument("--inference", choices=("filtering", "smoothing"), default=DEFAULT_INFERENCE,
-                   help=f"SRNN inference network (default {DEFAULT_INFERENCE})")
-    p.add_argument("--kl-anneal-steps", type=int, default=0,
-                   help="KL annealing from 0.2 over this many updates (0: none, the default)")
+    p.add_argument(
+        "--size",
+        choices=sorted(SIZES),
+        default=DEFAULT_SIZE,
+        help=f"SRNN sizes {SIZES} (default {DEFAULT_SIZE}; small is a smoke test)",
+    )
+    p.add_argument(
+        "--inference",
+        choices=("filtering", "smoothing"),
+        default=DEFAULT_INFERENCE,
+        help=f"SRNN inference network (default {DEFAULT_INFERENCE})",
+    )
+    p.add_argument(
+        "--kl-anneal-steps",
+        type=int,
+        default=0,
+        help="KL annealing from 0.2 over this many updates (0: none, the default)",
+    )
     p.add_argument("--eval-particles", type=int, default=64, help="K of the FIVO test estimator")
     p.add_argument("--eval-batch-size", type=int, default=16)
-    p.add_argument("--eval-seeds", type=int, default=5,
-                   help="evaluations per weights (seeds 1234, 1235, ...); the mean is reported")
-    p.add_argument("--cost-steps", type=int, default=7,
-                   help="minibatches in the step-cost measurement (median over them)")
+    p.add_argument(
+        "--eval-seeds",
+        type=int,
+        default=5,
+        help="evaluations per weights (seeds 1234, 1235, ...); the mean is reported",
+    )
+    p.add_argument(
+        "--cost-steps",
+        type=int,
+        default=7,
+        help="minibatches in the step-cost measurement (median over them)",
+    )
     p.add_argument("--no-cost", action="store_true", help="skip the step-cost measurement")
     p.add_argument("--cost-only", action="store_true", help="only measure the step cost")
     p.add_argument("--eval-only", action="store_true", help="no training, evaluate checkpoints")
     p.add_argument("--data", default=None, help=f"path of {DATA}")
-    p.add_argument("--out", default=None, help="checkpoint root (default benchmarks/checkpoints/"
-                   "<result name>); one folder per objective")
+    p.add_argument(
+        "--out",
+        default=None,
+        help="checkpoint root (default benchmarks/checkpoints/"
+        "<result name>); one folder per objective",
+    )
     p.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     return p.parse_args(argv)
@@ -115,11 +171,16 @@ def build_model(settings, seed):
 
 
 def train_config(args, objective):
-    return replace(CONFIG, objective=objective, num_particles=args.particles,
-                   epochs=args.epochs if args.epochs is not None else CONFIG.epochs,
-                   num_threads=args.threads,
-                   kl_start=0.2 if args.kl_anneal_steps > 0 else 1.0,
-                   kl_anneal_steps=args.kl_anneal_steps, progress=not args.quiet)
+    return replace(
+        CONFIG,
+        objective=objective,
+        num_particles=args.particles,
+        epochs=args.epochs if args.epochs is not None else CONFIG.epochs,
+        num_threads=args.threads,
+        kl_start=0.2 if args.kl_anneal_steps > 0 else 1.0,
+        kl_anneal_steps=args.kl_anneal_steps,
+        progress=not args.quiet,
+    )
 
 
 def _jsonable(config):
@@ -143,12 +204,13 @@ def train_in_turns(args, settings, data, out_root):
             folder = out_root / objective
             config = configs[objective]
             config.epochs = min(config.epochs, epochs_done(folder) + args.round_epochs)
-            print(f"== {objective} (K={config.num_particles}) to epoch {config.epochs} in "
-                  f"{folder}", flush=True)
+            print(
+                f"== {objective} (K={config.num_particles}) to epoch {config.epochs} in {folder}",
+                flush=True,
+            )
             fit(build_model(settings, config.seed), data["train"], data["valid"], config, folder)
         if args.time_limit is not None and time.time() - started > args.time_limit:
-            print(f"time limit of {args.time_limit:.0f} s reached; run again to resume",
-                  flush=True)
+            print(f"time limit of {args.time_limit:.0f} s reached; run again to resume", flush=True)
             return
 
 
@@ -157,32 +219,48 @@ def evaluate(model, folder, test, args):
     """FIVO K=64 test bounds at the best-validation and at the last weights of one run: the
     mean over ``--eval-seeds`` evaluations (seeds 1234, 1235, ...) and its standard error."""
     history = json.loads((folder / "log.json").read_text())
-    key = {"epochs_completed": len(history), "num_particles": args.eval_particles,
-           "batch_size": args.eval_batch_size, "num_test_sequences": len(test),
-           "eval_seeds": args.eval_seeds}
+    key = {
+        "epochs_completed": len(history),
+        "num_particles": args.eval_particles,
+        "batch_size": args.eval_batch_size,
+        "num_test_sequences": len(test),
+        "eval_seeds": args.eval_seeds,
+    }
     cache = folder / f"eval_smc{args.eval_particles}.json"
     if cache.exists():
         cached = json.loads(cache.read_text())
         if cached.get("key") == key:
             return cached["result"], history
     result = {}
-    weights = {"best_valid_elbo": torch.load(folder / "best.pt", map_location="cpu",
-                                             weights_only=True),
-               "last": load_checkpoint(folder / "checkpoint.pt")["model"]}
+    weights = {
+        "best_valid_elbo": torch.load(folder / "best.pt", map_location="cpu", weights_only=True),
+        "last": load_checkpoint(folder / "checkpoint.pt")["model"],
+    }
     for which, state_dict in weights.items():
         model.load_state_dict(state_dict)
         started = time.process_time()
         runs = []
         for i in range(max(1, args.eval_seeds)):
             torch.manual_seed(1234 + i)
-            runs.append(evaluate_bound(model, test, batch_size=args.eval_batch_size,
-                                       method="smc", num_particles=args.eval_particles))
+            runs.append(
+                evaluate_bound(
+                    model,
+                    test,
+                    batch_size=args.eval_batch_size,
+                    method="smc",
+                    num_particles=args.eval_particles,
+                )
+            )
         per_seed = [ev["per_step"] for ev in runs]
-        result[which] = {"per_step": statistics.mean(per_seed), "per_seed": per_seed,
-                         "stderr": (statistics.stdev(per_seed) / len(per_seed) ** 0.5
-                                    if len(per_seed) > 1 else None),
-                         "num_steps": runs[0]["num_steps"],
-                         "cpu_seconds": time.process_time() - started}
+        result[which] = {
+            "per_step": statistics.mean(per_seed),
+            "per_seed": per_seed,
+            "stderr": (
+                statistics.stdev(per_seed) / len(per_seed) ** 0.5 if len(per_seed) > 1 else None
+            ),
+            "num_steps": runs[0]["num_steps"],
+            "cpu_seconds": time.process_time() - started,
+        }
     cache.write_text(json.dumps({"key": key, "result": result}, indent=1))
     return result, history
 
@@ -191,7 +269,9 @@ def summarize(objective, folder, evaluation, history):
     seconds = [row["seconds"] for row in history]
     valid = [row.get("valid_elbo_per_step") for row in history]
     return {
-        "objective": objective, "checkpoints": str(folder.relative_to(ROOT)) if folder.is_relative_to(ROOT)
+        "objective": objective,
+        "checkpoints": str(folder.relative_to(ROOT))
+        if folder.is_relative_to(ROOT)
         else str(folder),
         "test_fivo_per_step_best_valid_elbo": evaluation["best_valid_elbo"]["per_step"],
         "test_fivo_per_step_last": evaluation["last"]["per_step"],
@@ -235,7 +315,7 @@ def step_cost(model_settings, train, args):
             losses[n].loss_and_grads(model.model, model.guide, *batches[0])
             model.zero_grad()
         for i, (x, mask) in enumerate(batches[1:]):
-            order = names[i % 3:] + names[:i % 3]
+            order = names[i % 3 :] + names[: i % 3]
             for n in order:
                 torch.manual_seed(i)
                 c0, w0 = time.process_time(), time.perf_counter()
@@ -243,21 +323,30 @@ def step_cost(model_settings, train, args):
                 cpu[n].append(time.process_time() - c0)
                 wall[n].append(time.perf_counter() - w0)
                 model.zero_grad()
-    med = {n: {"cpu_seconds_median": statistics.median(cpu[n]),
-               "wall_seconds_median": statistics.median(wall[n]),
-               "cpu_seconds": cpu[n], "wall_seconds": wall[n]} for n in names}
+    med = {
+        n: {
+            "cpu_seconds_median": statistics.median(cpu[n]),
+            "wall_seconds_median": statistics.median(wall[n]),
+            "cpu_seconds": cpu[n],
+            "wall_seconds": wall[n],
+        }
+        for n in names
+    }
     ratio_cpu = med["fivo"]["cpu_seconds_median"] / med["iwae"]["cpu_seconds_median"]
     ratio_wall = med["fivo"]["wall_seconds_median"] / med["iwae"]["wall_seconds_median"]
     paired = statistics.median(f / i for f, i in zip(cpu["fivo"], cpu["iwae"]))
     return {
         "what": "one loss_and_grads (forward + backward) per minibatch; same model, minibatches "
-                "and seeds for every objective; objectives interleaved",
-        "num_particles": args.particles, "batch_size": CONFIG.batch_size,
+        "and seeds for every objective; objectives interleaved",
+        "num_particles": args.particles,
+        "batch_size": CONFIG.batch_size,
         "minibatch_steps": [int(m.shape[1]) for _, m in batches[1:]],
         "objectives": med,
-        "fivo_over_iwae_cpu": ratio_cpu, "fivo_over_iwae_wall": ratio_wall,
+        "fivo_over_iwae_cpu": ratio_cpu,
+        "fivo_over_iwae_wall": ratio_wall,
         "fivo_over_iwae_cpu_paired_median": paired,
-        "target_fivo_over_iwae": COST_TARGET, "target_met_cpu": ratio_cpu <= COST_TARGET,
+        "target_fivo_over_iwae": COST_TARGET,
+        "target_met_cpu": ratio_cpu <= COST_TARGET,
     }
 
 
@@ -286,44 +375,65 @@ def main(argv=None):
                 continue
             evaluation, history = evaluate(build_model(settings, 0), folder, data["test"], args)
             results[objective] = summarize(objective, folder, evaluation, history)
-            print(f"{objective}: FIVO K={args.eval_particles} test bound (mean of {args.eval_seeds} seeds) "
-                  f"{results[objective]['test_fivo_per_step_best_valid_elbo']:.4f} nats/step "
-                  f"(best valid ELBO weights), {results[objective]['test_fivo_per_step_last']:.4f} "
-                  f"(last) after {results[objective]['epochs_completed']} epochs, "
-                  f"{results[objective]['seconds_per_epoch_mean'] or 0:.1f} s/epoch", flush=True)
+            print(
+                f"{objective}: FIVO K={args.eval_particles} test bound (mean of {args.eval_seeds} seeds) "
+                f"{results[objective]['test_fivo_per_step_best_valid_elbo']:.4f} nats/step "
+                f"(best valid ELBO weights), {results[objective]['test_fivo_per_step_last']:.4f} "
+                f"(last) after {results[objective]['epochs_completed']} epochs, "
+                f"{results[objective]['seconds_per_epoch_mean'] or 0:.1f} s/epoch",
+                flush=True,
+            )
     else:
         results = previous.get("objectives", {})
 
     cost = previous.get("step_cost")
     if not args.no_cost:
         cost = step_cost(settings, data["train"], args)
-        print(f"step cost: FIVO/IWAE = {cost['fivo_over_iwae_cpu']:.2f} (CPU), "
-              f"{cost['fivo_over_iwae_wall']:.2f} (wall); IWAE "
-              f"{cost['objectives']['iwae']['cpu_seconds_median']:.3f} s, FIVO "
-              f"{cost['objectives']['fivo']['cpu_seconds_median']:.3f} s CPU per step "
-              f"(target <= {COST_TARGET})", flush=True)
+        print(
+            f"step cost: FIVO/IWAE = {cost['fivo_over_iwae_cpu']:.2f} (CPU), "
+            f"{cost['fivo_over_iwae_wall']:.2f} (wall); IWAE "
+            f"{cost['objectives']['iwae']['cpu_seconds_median']:.3f} s, FIVO "
+            f"{cost['objectives']['fivo']['cpu_seconds_median']:.3f} s CPU per step "
+            f"(target <= {COST_TARGET})",
+            flush=True,
+        )
 
     payload = {
-        "benchmark": name, "data": DATA, "reference": REFERENCE,
+        "benchmark": name,
+        "data": DATA,
+        "reference": REFERENCE,
         "smoke": args.size == "small",
-        "note": ("--size small: a quick end-to-end check of the script, not the benchmark"
-                 if args.size == "small" else f"{args.size} SRNN, {args.inference} inference"),
+        "note": (
+            "--size small: a quick end-to-end check of the script, not the benchmark"
+            if args.size == "small"
+            else f"{args.size} SRNN, {args.inference} inference"
+        ),
         "expected_ordering": "fivo > iwae > elbo",
-        "ordering_reproduced_best_valid_elbo": ordering(results, "test_fivo_per_step_best_valid_elbo"),
+        "ordering_reproduced_best_valid_elbo": ordering(
+            results, "test_fivo_per_step_best_valid_elbo"
+        ),
         "ordering_reproduced_last": ordering(results, "test_fivo_per_step_last"),
-        "test_fivo_per_step_best_valid_elbo": {o: r["test_fivo_per_step_best_valid_elbo"]
-                                               for o, r in results.items()},
+        "test_fivo_per_step_best_valid_elbo": {
+            o: r["test_fivo_per_step_best_valid_elbo"] for o, r in results.items()
+        },
         "test_fivo_per_step_last": {o: r["test_fivo_per_step_last"] for o, r in results.items()},
-        "estimator": {"function": "pyro_seq.train.evaluate_bound", "method": "smc",
-                      "num_particles": args.eval_particles, "resample": "ess",
-                      "resampling": "systematic", "batch_size": args.eval_batch_size,
-                      "seeds": list(range(1234, 1234 + max(1, args.eval_seeds))),
-                      "reported": "mean over the seeds (per_seed and stderr per objective)"},
+        "estimator": {
+            "function": "pyro_seq.train.evaluate_bound",
+            "method": "smc",
+            "num_particles": args.eval_particles,
+            "resample": "ess",
+            "resampling": "systematic",
+            "batch_size": args.eval_batch_size,
+            "seeds": list(range(1234, 1234 + max(1, args.eval_seeds))),
+            "reported": "mean over the seeds (per_seed and stderr per objective)",
+        },
         "objectives": results,
         "step_cost": cost,
         "model": dict(settings, obs_dim=88),
-        "train": dict(_jsonable(train_config(args, None)),
-                      objective="one run per objective: " + ", ".join(OBJECTIVES)),
+        "train": dict(
+            _jsonable(train_config(args, None)),
+            objective="one run per objective: " + ", ".join(OBJECTIVES),
+        ),
     }
     write_result(name, payload)
     return payload

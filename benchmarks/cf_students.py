@@ -40,11 +40,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import pyro  # noqa: E402
 import torch  # noqa: E402
+from common import RESULTS, write_result  # noqa: E402
 from pyro.infer import SVI  # noqa: E402
 from pyro.optim import Adam  # noqa: E402
 from tqdm.auto import tqdm  # noqa: E402
 
-from common import RESULTS, write_result  # noqa: E402
 from pyro_seq.baselines import ConstantBaseline, LogisticBaseline  # noqa: E402
 from pyro_seq.data import Answers, simulate_students  # noqa: E402
 from pyro_seq.infer import ContrastiveDivergence  # noqa: E402
@@ -72,8 +72,12 @@ def parse_args(argv=None):
     p.add_argument("--lr", type=float, default=0.03, help="Adam learning rate")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--valid-fraction", type=float, default=0.1,
-                   help="training answers held out to pick the epoch")
+    p.add_argument(
+        "--valid-fraction",
+        type=float,
+        default=0.1,
+        help="training answers held out to pick the epoch",
+    )
     p.add_argument("--tag", default="")
     p.add_argument("--force", action="store_true", help="retrain variants already in the JSON")
     return p.parse_args(argv)
@@ -95,7 +99,9 @@ def main(argv=None):
     result = json.loads(path.read_text()) if path.exists() else {}
     result.update(benchmark=name, settings=vars(args), models=result.get("models", {}))
     rss_start = peak_rss_mb()
-    data = simulate_students(args.students, args.questions, args.observed, args.options, seed=args.seed)
+    data = simulate_students(
+        args.students, args.questions, args.observed, args.options, seed=args.seed
+    )
     te = data.test
     S = data.num_students
     full = data.train
@@ -110,9 +116,14 @@ def main(argv=None):
 
     tr, va = subset(~held), subset(held)
     data = dataclasses.replace(data, train=tr)
-    result["data"] = {"students": S, "questions": data.num_questions, "options": args.options,
-                      "train_answers": int(tr.student.numel()), "valid_answers": int(va.student.numel()),
-                      "test_answers": int(te.student.numel())}
+    result["data"] = {
+        "students": S,
+        "questions": data.num_questions,
+        "options": args.options,
+        "train_answers": int(tr.student.numel()),
+        "valid_answers": int(va.student.numel()),
+        "test_answers": int(te.student.numel()),
+    }
     y = te.correct
     floor = cbd(data.true_probability(te.student, te.question), y)
     logistic = LogisticBaseline(S, data.num_questions, dtype=torch.float64)
@@ -141,7 +152,9 @@ def main(argv=None):
             t0 = time.perf_counter()
             total, batches = 0.0, 0
             for batch in data.batches(args.batch_size, seed=args.seed * 1000 + epoch):
-                total += svi.step(batch.row, batch.question, batch.answer, batch.student.shape[0], S)
+                total += svi.step(
+                    batch.row, batch.question, batch.answer, batch.student.shape[0], S
+                )
                 batches += 1
                 K = 1 if settings["visible"] == "bernoulli" else args.options
                 largest = max(largest, batch.question.numel() * settings["num_hidden"] * K)
@@ -153,19 +166,28 @@ def main(argv=None):
             valid_curve.append(cbd(p, va.correct))
         best = min(range(len(valid_curve)), key=valid_curve.__getitem__)
         result["models"][variant] = {
-            "settings": dict(VARIANTS[variant]), "test_cbd_per_epoch": curve,
-            "valid_cbd_per_epoch": valid_curve, "best_valid_epoch": best + 1,
-            "test_cbd": curve[best], "final_test_cbd": curve[-1],
+            "settings": dict(VARIANTS[variant]),
+            "test_cbd_per_epoch": curve,
+            "valid_cbd_per_epoch": valid_curve,
+            "best_valid_epoch": best + 1,
+            "test_cbd": curve[best],
+            "final_test_cbd": curve[-1],
             "reconstruction_monitor_per_epoch": monitor,
-            "seconds_per_epoch": sum(seconds) / len(seconds), "train_seconds": sum(seconds),
-            "largest_batch_tensor_mb": largest * 4 / 2 ** 20,
+            "seconds_per_epoch": sum(seconds) / len(seconds),
+            "train_seconds": sum(seconds),
+            "largest_batch_tensor_mb": largest * 4 / 2**20,
             "beats_logistic": curve[best] < result["baselines"]["logistic"],
         }
-        tqdm.write(f"{variant}: test CBD {curve[best]:.5f} at epoch {best + 1} (last {curve[-1]:.5f}; logistic "
-                   f"{result['baselines']['logistic']:.5f}, floor {floor:.5f}), "
-                   f"{sum(seconds) / len(seconds):.1f} s/epoch")
-        result["memory"] = {"peak_rss_mb": peak_rss_mb(), "peak_rss_mb_at_start": rss_start,
-                            "dense_students_x_questions_mb": S * data.num_questions * 4 / 2 ** 20}
+        tqdm.write(
+            f"{variant}: test CBD {curve[best]:.5f} at epoch {best + 1} (last {curve[-1]:.5f}; logistic "
+            f"{result['baselines']['logistic']:.5f}, floor {floor:.5f}), "
+            f"{sum(seconds) / len(seconds):.1f} s/epoch"
+        )
+        result["memory"] = {
+            "peak_rss_mb": peak_rss_mb(),
+            "peak_rss_mb_at_start": rss_start,
+            "dense_students_x_questions_mb": S * data.num_questions * 4 / 2**20,
+        }
         write_result(name, result)
         plot(result, RESULTS / f"{name}.png")
     return result
@@ -174,8 +196,10 @@ def main(argv=None):
 def plot(result, out):
     """The seed's Fig. 4: test CBD per epoch of every model, with the baselines as lines."""
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
     fig, ax = plt.subplots(figsize=(6, 4))
     for name, m in result["models"].items():
         ax.plot(range(1, len(m["test_cbd_per_epoch"]) + 1), m["test_cbd_per_epoch"], label=name)

@@ -25,25 +25,35 @@ def machine_info():
                 break
     except OSError:
         pass
-    return {"cpu": cpu, "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
-            "python": platform.python_version(), "torch": torch.__version__,
-            "pyro": pyro.__version__, "platform": platform.platform(),
-            "date": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "pyro": pyro.__version__,
+        "platform": platform.platform(),
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+    }
 
 
 def device_info(device):
     """The device a run used: its name (the CPU model on a CPU run), memory, CUDA and cuDNN
     versions, and the peak memory the process allocated on it."""
     device = torch.device(device)
-    info = {"device": str(device), "cuda_available": torch.cuda.is_available(),
-            "torch_cuda": torch.version.cuda}
+    info = {
+        "device": str(device),
+        "cuda_available": torch.cuda.is_available(),
+        "torch_cuda": torch.version.cuda,
+    }
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
-        info.update(device_name=torch.cuda.get_device_name(device),
-                    device_memory_gib=round(props.total_memory / 2 ** 30, 1),
-                    cudnn=torch.backends.cudnn.version(),
-                    max_memory_allocated_mib=round(torch.cuda.max_memory_allocated(device)
-                                                   / 2 ** 20, 1))
+        info.update(
+            device_name=torch.cuda.get_device_name(device),
+            device_memory_gib=round(props.total_memory / 2**30, 1),
+            cudnn=torch.backends.cudnn.version(),
+            max_memory_allocated_mib=round(torch.cuda.max_memory_allocated(device) / 2**20, 1),
+        )
     else:
         info["device_name"] = machine_info()["cpu"]
     return info
@@ -75,16 +85,20 @@ def timing_parser(description, repeats, batches_help, result_name, smoke_help, d
     import argparse
 
     parser = argparse.ArgumentParser(description=description)
-    parser.add_argument("--repeats", type=int, default=repeats,
-                        help="timed epochs per variant (median)")
+    parser.add_argument(
+        "--repeats", type=int, default=repeats, help="timed epochs per variant (median)"
+    )
     parser.add_argument("--batches", type=int, default=None, help=batches_help)
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     for flag, text in data_options:
         parser.add_argument(flag, default=None, help=text)
     parser.add_argument("--seed", type=int, default=0, help="seed of weights, noise, shuffles")
     parser.add_argument("--smoke", action="store_true", help=smoke_help)
-    parser.add_argument("--output", default=None, help=f"result JSON (default benchmarks/results/"
-                        f"{result_name}.json; none in --smoke mode)")
+    parser.add_argument(
+        "--output",
+        default=None,
+        help=f"result JSON (default benchmarks/results/{result_name}.json; none in --smoke mode)",
+    )
     return parser
 
 

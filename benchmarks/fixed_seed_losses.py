@@ -18,13 +18,25 @@ from pyro_seq.train import TrainConfig, fit
 
 def losses(name):
     g = torch.Generator().manual_seed(0)
-    seqs = [(torch.rand(int(T), 12, generator=g) < 0.3).float()
-            for T in torch.randint(5, 15, (24,), generator=g)]
+    seqs = [
+        (torch.rand(int(T), 12, generator=g) < 0.3).float()
+        for T in torch.randint(5, 15, (24,), generator=g)
+    ]
     torch.manual_seed(0)
-    model = (SRNN(12, d_dim=16, z_dim=4, hidden_dim=16) if name == "srnn" else
-             DMM(12, z_dim=4, transition_dim=16, emission_dim=16, rnn_dim=16))
-    config = TrainConfig(epochs=3, batch_size=8, kl_anneal_steps=4, kl_start=0.2, seed=0,
-                         progress=False, num_threads=1)
+    model = (
+        SRNN(12, d_dim=16, z_dim=4, hidden_dim=16)
+        if name == "srnn"
+        else DMM(12, z_dim=4, transition_dim=16, emission_dim=16, rnn_dim=16)
+    )
+    config = TrainConfig(
+        epochs=3,
+        batch_size=8,
+        kl_anneal_steps=4,
+        kl_start=0.2,
+        seed=0,
+        progress=False,
+        num_threads=1,
+    )
     with tempfile.TemporaryDirectory() as out:
         history = fit(model, seqs[:18], seqs[18:], config, out)
     return [{k: row[k] for k in ("train_loss_per_step", "valid_elbo_per_step")} for row in history]

@@ -48,7 +48,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import pyro  # noqa: E402
 import torch  # noqa: E402
-
 from common import RESULTS, SHARED_DATA, device_info, machine_info  # noqa: E402
 
 LGSSM_TOLERANCE = 1e-9
@@ -109,8 +108,15 @@ def finite(*values):
 def random_rolls(num, min_len, max_len, seed, p=0.1):
     """Random binary piano rolls ``(T_i, 88)`` (stand-ins for data in smoke runs)."""
     g = torch.Generator().manual_seed(seed)
-    return [(torch.rand(int(torch.randint(min_len, max_len + 1, (), generator=g)), OBS_DIM,
-                        generator=g) < p).float() for _ in range(num)]
+    return [
+        (
+            torch.rand(
+                int(torch.randint(min_len, max_len + 1, (), generator=g)), OBS_DIM, generator=g
+            )
+            < p
+        ).float()
+        for _ in range(num)
+    ]
 
 
 def load_timing_data(spec, smoke):
@@ -125,7 +131,8 @@ def load_timing_data(spec, smoke):
     if spec:
         raise SystemExit(f"data file {path} not found")
     return "chorales (built in; JSB not found at %s)" % path, load_dataset(
-        "chorales", splits=("train",))["train"]
+        "chorales", splits=("train",)
+    )["train"]
 
 
 # --------------------------------------------------------------------------- grid
@@ -148,13 +155,17 @@ def tiny_options(name, width):
 
 
 def grid_cells():
-    from pyro_seq.cli import MODELS
+    """(model, objective) of every model with tiny options here (the GTM-SM needs actions and
+    T > tau, not the random piano rolls; tests/test_surfaces.py takes every model of MODELS
+    through every objective on data of its own kind): the objectives it declares, and free
+    bits for the ELBO-trained ones."""
+    from pyro_seq.models import MODELS
 
-    for model in MODELS:
-        if model == "gtmsm":  # needs packed actions and T > tau: not the random piano rolls here
-            continue
-        for objective in (("cd",) if model == "rtrbm" else LATENT_OBJECTIVES):
-            yield model, objective
+    for model in ("dmm", "srnn", "vrnn", "vaernn", "storn", "vosp", "vrae", "rnn", "rtrbm", "kvae"):
+        declared = MODELS[model].objectives
+        for objective in ("cd",) if MODELS[model].energy_based else LATENT_OBJECTIVES:
+            if objective in declared or objective == "free_bits":
+                yield model, objective
 
 
 def train_config(objective, device, epochs, smoke):
@@ -162,12 +173,20 @@ def train_config(objective, device, epochs, smoke):
 
     energy = objective == "cd"
     return TrainConfig(
-        epochs=epochs, batch_size=3 if smoke else 8, device=str(device), progress=False,
+        epochs=epochs,
+        batch_size=3 if smoke else 8,
+        device=str(device),
+        progress=False,
         objective="elbo" if objective == "free_bits" else objective,
         free_bits=0.1 if objective == "free_bits" else 0.0,
         num_particles=3 if objective in ("iwae", "fivo") else 1,
-        kl_start=1.0 if energy else 0.5, kl_anneal_steps=0 if energy else 3,
-        valid_batch_size=4, patience=None, lr_schedule="constant", seed=0)
+        kl_start=1.0 if energy else 0.5,
+        kl_anneal_steps=0 if energy else 3,
+        valid_batch_size=4,
+        patience=None,
+        lr_schedule="constant",
+        seed=0,
+    )
 
 
 def run_cell(model_name, objective, device, train, valid, width, smoke, work):
@@ -179,8 +198,7 @@ def run_cell(model_name, objective, device, train, valid, width, smoke, work):
     config = train_config(objective, device, 1, smoke)
     start = time.perf_counter()
     with no_figures():
-        history = fit(model, train, valid, config, work / f"{model_name}_{objective}",
-                      resume=False)
+        history = fit(model, train, valid, config, work / f"{model_name}_{objective}", resume=False)
     synchronize(device)
     seconds = time.perf_counter() - start
     row = history[-1]
@@ -190,9 +208,14 @@ def run_cell(model_name, objective, device, train, valid, width, smoke, work):
     kwargs = {"gibbs_steps": 2} if model_name == "rtrbm" else {}
     with torch.no_grad():
         sample, _ = model.generate(2, 4, **kwargs)
-    cell = {"train_loss_per_step": loss, "valid_bound_per_step": bound,
-            "parameter_devices": devices, "sample_device": str(sample.device),
-            "sample_finite": bool(torch.isfinite(sample).all()), "seconds": seconds}
+    cell = {
+        "train_loss_per_step": loss,
+        "valid_bound_per_step": bound,
+        "parameter_devices": devices,
+        "sample_device": str(sample.device),
+        "sample_finite": bool(torch.isfinite(sample).all()),
+        "seconds": seconds,
+    }
     problems = []
     if not finite(loss, bound):
         problems.append(f"non-finite loss/bound {loss}, {bound}")
@@ -216,8 +239,11 @@ def check_grid(device, smoke, work):
         try:
             grid[key] = run_cell(model_name, objective, device, train, valid, width, smoke, work)
         except Exception as e:  # report, go on with the other cells
-            grid[key] = {"ok": False, "error": f"{type(e).__name__}: {e}",
-                         "traceback": traceback.format_exc(limit=-4)}
+            grid[key] = {
+                "ok": False,
+                "error": f"{type(e).__name__}: {e}",
+                "traceback": traceback.format_exc(limit=-4),
+            }
         status = "ok" if grid[key]["ok"] else f"FAILED: {grid[key]['error']}"
         print(f"  {key:22s} {status}", flush=True)
     return grid
@@ -246,8 +272,11 @@ def check_resume(device, smoke, work):
 
     once, twice = run("resume_once", [2]), run("resume_twice", [1, 2])
     diff = max(float((once[k].double() - twice[k].double()).abs().max()) for k in once)
-    return {"max_abs_difference": diff, "tolerance": RESUME_TOLERANCE,
-            "ok": diff <= RESUME_TOLERANCE}
+    return {
+        "max_abs_difference": diff,
+        "tolerance": RESUME_TOLERANCE,
+        "ok": diff <= RESUME_TOLERANCE,
+    }
 
 
 # --------------------------------------------------------------------------- device errors
@@ -277,22 +306,44 @@ def check_device_errors(device):
     x = torch.zeros(2, 3, OBS_DIM)
     pyro.clear_param_store()
     expect("model_x", "x", lambda: model.model(x.to(other)))
-    expect("model_mask", "mask", lambda: model.model(
-        x.to(device), torch.ones(2, 3, dtype=torch.bool, device=other)))
+    expect(
+        "model_mask",
+        "mask",
+        lambda: model.model(x.to(device), torch.ones(2, 3, dtype=torch.bool, device=other)),
+    )
     p = lgssm_problem(torch.device("cpu"))
     on_device = {k: v.to(device) if torch.is_tensor(v) else v for k, v in p.items()}
-    expect("kalman_filter_observations", "observations", lambda: kalman_filter(
-        on_device["observations"].to(other), *[on_device[k] for k in LGSSM_PARAMS]))
-    expect("lgssm_log_prob", "observations", lambda: LinearGaussianSSM(
-        *[on_device[k] for k in LGSSM_PARAMS]).log_prob(on_device["observations"].to(other)))
+    expect(
+        "kalman_filter_observations",
+        "observations",
+        lambda: kalman_filter(
+            on_device["observations"].to(other), *[on_device[k] for k in LGSSM_PARAMS]
+        ),
+    )
+    expect(
+        "lgssm_log_prob",
+        "observations",
+        lambda: LinearGaussianSSM(*[on_device[k] for k in LGSSM_PARAMS]).log_prob(
+            on_device["observations"].to(other)
+        ),
+    )
     pyro.clear_param_store()
-    return {"other_device": str(other), "checks": results,
-            "ok": all(r["ok"] for r in results.values())}
+    return {
+        "other_device": str(other),
+        "checks": results,
+        "ok": all(r["ok"] for r in results.values()),
+    }
 
 
 # --------------------------------------------------------------------------- LGSSM
-LGSSM_PARAMS = ("initial_loc", "initial_cov", "transition_matrix", "transition_cov",
-                "observation_matrix", "observation_cov")
+LGSSM_PARAMS = (
+    "initial_loc",
+    "initial_cov",
+    "transition_matrix",
+    "transition_cov",
+    "observation_matrix",
+    "observation_cov",
+)
 
 
 def lgssm_problem(device, B=3, T=48, S=4, D=3, U=2, seed=0):
@@ -302,7 +353,7 @@ def lgssm_problem(device, B=3, T=48, S=4, D=3, U=2, seed=0):
     A = 0.95 * torch.linalg.qr(torch.randn(S, S, generator=g, dtype=f))[0]
     W = torch.randn(S, S, generator=g, dtype=f)
     Q = 0.1 * W @ W.T / S + 0.05 * torch.eye(S, dtype=f)
-    C = torch.randn(D, S, generator=g, dtype=f) / S ** 0.5
+    C = torch.randn(D, S, generator=g, dtype=f) / S**0.5
     V = torch.randn(D, D, generator=g, dtype=f)
     R = 0.2 * V @ V.T / D + 0.3 * torch.eye(D, dtype=f)
     P0 = torch.eye(S, dtype=f)
@@ -313,9 +364,19 @@ def lgssm_problem(device, B=3, T=48, S=4, D=3, U=2, seed=0):
     mask = torch.rand(B, T, D, generator=g) > 0.2
     mask[:, :2] = True
     noise = torch.randn(B, T, S, generator=g, dtype=f)
-    p = dict(observations=x, initial_loc=m0, initial_cov=P0, transition_matrix=A,
-             transition_cov=Q, observation_matrix=C, observation_cov=R, control_matrix=Bm,
-             controls=u, mask=mask, noise=noise)
+    p = dict(
+        observations=x,
+        initial_loc=m0,
+        initial_cov=P0,
+        transition_matrix=A,
+        transition_cov=Q,
+        observation_matrix=C,
+        observation_cov=R,
+        control_matrix=Bm,
+        controls=u,
+        mask=mask,
+        noise=noise,
+    )
     return {k: v.to(device) for k, v in p.items()}
 
 
@@ -336,9 +397,15 @@ def lgssm_outputs(device):
         for field in ("means", "covs", "cross_covs", "gains"):
             out[f"kalman_smoother[{method}].{field}"] = getattr(s, field)
         out[f"kalman_sample[{method}].samples"] = kalman_sample(
-            *args, method=method, noise=p["noise"], **kw).samples
-        d = LinearGaussianSSM(*[p[k] for k in LGSSM_PARAMS], control_matrix=p["control_matrix"],
-                              controls=p["controls"], observation_mask=p["mask"], method=method)
+            *args, method=method, noise=p["noise"], **kw
+        ).samples
+        d = LinearGaussianSSM(
+            *[p[k] for k in LGSSM_PARAMS],
+            control_matrix=p["control_matrix"],
+            controls=p["controls"],
+            observation_mask=p["mask"],
+            method=method,
+        )
         out[f"LinearGaussianSSM[{method}].log_prob"] = d.log_prob(p["observations"])
     for name, value in out.items():
         if value.device != device:
@@ -351,9 +418,13 @@ def check_lgssm(device):
     actual = lgssm_outputs(device)
     errors = {k: relative_error(actual[k], expected[k]) for k in expected}
     worst = max(errors.values())
-    return {"errors": errors, "max_relative_error": worst, "tolerance": LGSSM_TOLERANCE,
-            "measure": "max|device - cpu| / max|cpu| per output, float64",
-            "ok": worst <= LGSSM_TOLERANCE}
+    return {
+        "errors": errors,
+        "max_relative_error": worst,
+        "tolerance": LGSSM_TOLERANCE,
+        "measure": "max|device - cpu| / max|cpu| per output, float64",
+        "ok": worst <= LGSSM_TOLERANCE,
+    }
 
 
 # --------------------------------------------------------------------------- timing
@@ -361,13 +432,17 @@ def timing_models(smoke):
     from pyro_seq.models import DMM, SRNN
 
     if smoke:
-        return {"dmm": lambda: DMM(OBS_DIM, z_dim=8, transition_dim=16, emission_dim=16,
-                                   rnn_dim=16),
-                "srnn": lambda: SRNN(OBS_DIM, d_dim=16, z_dim=8, hidden_dim=16)}
+        return {
+            "dmm": lambda: DMM(OBS_DIM, z_dim=8, transition_dim=16, emission_dim=16, rnn_dim=16),
+            "srnn": lambda: SRNN(OBS_DIM, d_dim=16, z_dim=8, hidden_dim=16),
+        }
     # Pyro's examples/dmm.py sizes (benchmarks/dmm_speed.py) and the thesis' SRNN (Ch. 5)
-    return {"dmm": lambda: DMM(OBS_DIM, z_dim=100, transition_dim=200, emission_dim=100,
-                               rnn_dim=600, rnn_cell="rnn"),
-            "srnn": lambda: SRNN(OBS_DIM)}
+    return {
+        "dmm": lambda: DMM(
+            OBS_DIM, z_dim=100, transition_dim=200, emission_dim=100, rnn_dim=600, rnn_cell="rnn"
+        ),
+        "srnn": lambda: SRNN(OBS_DIM),
+    }
 
 
 def time_epochs(make_model, data, device, epochs, max_batches, batch_size=20, warmup=2):
@@ -380,8 +455,9 @@ def time_epochs(make_model, data, device, epochs, max_batches, batch_size=20, wa
     pyro.clear_param_store()
     torch.manual_seed(0)
     model = make_model().to(device)
-    svi = SVI(model.model, model.guide, ClippedAdam({"lr": 1e-3, "clip_norm": 10.0}),
-              loss=Trace_ELBO())
+    svi = SVI(
+        model.model, model.guide, ClippedAdam({"lr": 1e-3, "clip_norm": 10.0}), loss=Trace_ELBO()
+    )
     loader = SequenceLoader(data, batch_size, shuffle=True, seed=0, device=device)
     times = []
     with pyro.validation_enabled(False):
@@ -407,9 +483,15 @@ def time_epochs(make_model, data, device, epochs, max_batches, batch_size=20, wa
 def check_timing(device, data_spec, smoke, epochs):
     name, data = load_timing_data(data_spec, smoke)
     max_batches = 2 if smoke else None
-    out = {"data": name, "num_sequences": len(data), "batch_size": 20,
-           "batches_per_epoch": max_batches or math.ceil(len(data) / 20), "epochs": epochs,
-           "cpu_threads": 1, "models": {}}
+    out = {
+        "data": name,
+        "num_sequences": len(data),
+        "batch_size": 20,
+        "batches_per_epoch": max_batches or math.ceil(len(data) / 20),
+        "epochs": epochs,
+        "cpu_threads": 1,
+        "models": {},
+    }
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -418,11 +500,17 @@ def check_timing(device, data_spec, smoke, epochs):
             on_cpu = time_epochs(make_model, data, torch.device("cpu"), epochs, max_batches)
             med_dev, med_cpu = statistics.median(on_device), statistics.median(on_cpu)
             out["models"][model_name] = {
-                "device_seconds_per_epoch": on_device, "cpu_seconds_per_epoch": on_cpu,
-                "median_device_seconds": med_dev, "median_cpu_seconds": med_cpu,
-                "cpu_over_device": med_cpu / med_dev}
-            print(f"  {model_name}: {med_dev:.2f} s/epoch on {device}, {med_cpu:.2f} s/epoch on "
-                  f"the CPU (1 thread)", flush=True)
+                "device_seconds_per_epoch": on_device,
+                "cpu_seconds_per_epoch": on_cpu,
+                "median_device_seconds": med_dev,
+                "median_cpu_seconds": med_cpu,
+                "cpu_over_device": med_cpu / med_dev,
+            }
+            print(
+                f"  {model_name}: {med_dev:.2f} s/epoch on {device}, {med_cpu:.2f} s/epoch on "
+                f"the CPU (1 thread)",
+                flush=True,
+            )
     finally:
         torch.set_num_threads(threads)
     out["ok"] = True
@@ -436,8 +524,11 @@ def run_section(results, name, fn):
     try:
         results[name] = fn()
     except Exception as e:  # report and continue; the exit status says it failed
-        results[name] = {"ok": False, "error": f"{type(e).__name__}: {e}",
-                         "traceback": traceback.format_exc(limit=-6)}
+        results[name] = {
+            "ok": False,
+            "error": f"{type(e).__name__}: {e}",
+            "traceback": traceback.format_exc(limit=-6),
+        }
         print(f"  FAILED: {results[name]['error']}", flush=True)
     results[name]["seconds"] = time.perf_counter() - start
 
@@ -445,19 +536,35 @@ def run_section(results, name, fn):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--device", default="cuda", help="cuda, cuda:N or cpu (default cuda)")
-    ap.add_argument("--smoke", action="store_true",
-                    help="tiny sizes, random data, 1-2 steps per cell and a few minibatches per "
-                         "timed epoch (the test suite's short mode)")
-    ap.add_argument("--epochs", type=int, default=None,
-                    help="timed epochs per model and device (default 3; 2 with --smoke)")
-    ap.add_argument("--data", default=None,
-                    help="piano-roll pickle for the timing (default: JSB Chorales from "
-                         "../shared/data, else the built-in chorales; --smoke: random rolls)")
-    ap.add_argument("--sections", default="grid,resume,device_errors,lgssm,timing",
-                    help="comma-separated subset of the sections to run")
-    ap.add_argument("--out", default=None,
-                    help="JSON path (default benchmarks/results/gpu_check_<device>.json; with "
-                         "--smoke a file in the temporary directory)")
+    ap.add_argument(
+        "--smoke",
+        action="store_true",
+        help="tiny sizes, random data, 1-2 steps per cell and a few minibatches per "
+        "timed epoch (the test suite's short mode)",
+    )
+    ap.add_argument(
+        "--epochs",
+        type=int,
+        default=None,
+        help="timed epochs per model and device (default 3; 2 with --smoke)",
+    )
+    ap.add_argument(
+        "--data",
+        default=None,
+        help="piano-roll pickle for the timing (default: JSB Chorales from "
+        "../shared/data, else the built-in chorales; --smoke: random rolls)",
+    )
+    ap.add_argument(
+        "--sections",
+        default="grid,resume,device_errors,lgssm,timing",
+        help="comma-separated subset of the sections to run",
+    )
+    ap.add_argument(
+        "--out",
+        default=None,
+        help="JSON path (default benchmarks/results/gpu_check_<device>.json; with "
+        "--smoke a file in the temporary directory)",
+    )
     args = ap.parse_args(argv)
 
     from pyro_seq.validation import parse_device
@@ -477,19 +584,22 @@ def main(argv=None):
     sections = [s.strip() for s in args.sections.split(",") if s.strip()]
     known = ("grid", "resume", "device_errors", "lgssm", "timing")
     if set(sections) - set(known):
-        raise SystemExit(f"gpu_check: unknown sections {sorted(set(sections) - set(known))}; "
-                         f"choose from {known}")
+        raise SystemExit(
+            f"gpu_check: unknown sections {sorted(set(sections) - set(known))}; choose from {known}"
+        )
 
     torch.set_num_threads(1)
     started = time.perf_counter()
     results = {"benchmark": "gpu_check", "device": str(device), "smoke": args.smoke}
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        checks = {"grid": lambda: check_grid(device, args.smoke, work),
-                  "resume": lambda: check_resume(device, args.smoke, work),
-                  "device_errors": lambda: check_device_errors(device),
-                  "lgssm": lambda: check_lgssm(device),
-                  "timing": lambda: check_timing(device, args.data, args.smoke, epochs)}
+        checks = {
+            "grid": lambda: check_grid(device, args.smoke, work),
+            "resume": lambda: check_resume(device, args.smoke, work),
+            "device_errors": lambda: check_device_errors(device),
+            "lgssm": lambda: check_lgssm(device),
+            "timing": lambda: check_timing(device, args.data, args.smoke, epochs),
+        }
         for name in sections:
             if name == "grid":
                 run_section(results, name, lambda: {"cells": checks["grid"]()})
@@ -499,11 +609,16 @@ def main(argv=None):
                 run_section(results, name, checks[name])
     failures = [name for name in sections if not results[name].get("ok")]
     if "grid" in results:
-        failures += [f"grid:{k}" for k, c in results["grid"].get("cells", {}).items()
-                     if not c["ok"]]
-    results.update(failures=failures, ok=not failures,
-                   wall_seconds=time.perf_counter() - started,
-                   device_info=device_info(device), machine=machine_info())
+        failures += [
+            f"grid:{k}" for k, c in results["grid"].get("cells", {}).items() if not c["ok"]
+        ]
+    results.update(
+        failures=failures,
+        ok=not failures,
+        wall_seconds=time.perf_counter() - started,
+        device_info=device_info(device),
+        machine=machine_info(),
+    )
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=1))
     print(f"wrote {out}")

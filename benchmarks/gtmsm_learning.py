@@ -26,8 +26,8 @@ import time
 from pathlib import Path
 
 import torch
-
 from common import ROOT, device_info, write_result
+
 from pyro_seq.data.simulators.navigation import ACTION_MOVES, ACTIONS
 
 #: The true displacements in grid units, columns up, down, left, right, stay on (row, column).
@@ -44,54 +44,105 @@ def parse_args(argv=None):
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--lr-m", type=float, default=None, help="learning rate of M (default --lr)")
-    p.add_argument("--lr-walls", type=float, default=None,
-                   help="learning rate of the wall network (default --lr)")
-    p.add_argument("--init-displacement-std", type=float, default=0.5,
-                   help="std of M's initial entries (the model's default 0.5)")
-    p.add_argument("--blocked-as-stay", action="store_true",
-                   help="diagnostic: record every move that a wall blocked as 'stay', so that "
-                        "the data hold no wall effect and s_t = s_{t-1} + M a_t is exact")
-    p.add_argument("--no-walls", action="store_true",
-                   help="the linear transition (GTMSM(walls=False)), no wall network")
-    p.add_argument("--delta-start", type=float, default=None,
-                   help="curriculum on the mixture kernel: delta of w_k ~ 1 / (d_k^2 + delta) "
-                        "starts here and falls geometrically to the model's 1e-4 over "
-                        "--delta-epochs epochs (a wide kernel mixes the K neighbours' frames, so "
-                        "that states of nearby positions must be near)")
+    p.add_argument(
+        "--lr-walls",
+        type=float,
+        default=None,
+        help="learning rate of the wall network (default --lr)",
+    )
+    p.add_argument(
+        "--init-displacement-std",
+        type=float,
+        default=0.5,
+        help="std of M's initial entries (the model's default 0.5)",
+    )
+    p.add_argument(
+        "--blocked-as-stay",
+        action="store_true",
+        help="diagnostic: record every move that a wall blocked as 'stay', so that "
+        "the data hold no wall effect and s_t = s_{t-1} + M a_t is exact",
+    )
+    p.add_argument(
+        "--no-walls",
+        action="store_true",
+        help="the linear transition (GTMSM(walls=False)), no wall network",
+    )
+    p.add_argument(
+        "--delta-start",
+        type=float,
+        default=None,
+        help="curriculum on the mixture kernel: delta of w_k ~ 1 / (d_k^2 + delta) "
+        "starts here and falls geometrically to the model's 1e-4 over "
+        "--delta-epochs epochs (a wide kernel mixes the K neighbours' frames, so "
+        "that states of nearby positions must be near)",
+    )
     p.add_argument("--delta-epochs", type=int, default=10)
-    p.add_argument("--neighbours-start", type=int, default=None,
-                   help="curriculum on K, the memory entries of the mixture prior "
-                        "(GTMSM(neighbour_warmup=(start, epochs))): K starts here (e.g. --tau: "
-                        "every entry, so that matching frames far away in state space still pull "
-                        "their states together) and falls geometrically to the model's 5 over "
-                        "--neighbours-epochs epochs")
+    p.add_argument(
+        "--neighbours-start",
+        type=int,
+        default=None,
+        help="curriculum on K, the memory entries of the mixture prior "
+        "(GTMSM(neighbour_warmup=(start, epochs))): K starts here (e.g. --tau: "
+        "every entry, so that matching frames far away in state space still pull "
+        "their states together) and falls geometrically to the model's 5 over "
+        "--neighbours-epochs epochs",
+    )
     p.add_argument("--neighbours-epochs", type=int, default=10)
-    p.add_argument("--repeat-rate", type=float, default=None,
-                   help="mean extra repetitions of an action in the data (the simulator's 3.0; "
-                        "fewer repetitions push into the walls less often)")
-    p.add_argument("--init-inverse-pairs", action="store_true",
-                   help="diagnostic: start M as [u, -u, l, -l, 0] with u, l random orthogonal of "
-                        "length --init-displacement-std (is a 2-D start kept?)")
-    p.add_argument("--init-true-m", action="store_true",
-                   help="diagnostic: start M at the true displacements in grid units (with "
-                        "--lr-m 0 it stays there: can the wall network learn the walls?)")
-    p.add_argument("--displacements", default="free", choices=("free", "conformal",
-                                                                  "inverse_pairs"),
-                   help="GTMSM(displacements=...): 'conformal', M = alpha Q^T with orthonormal "
-                        "rows, so the state axes cannot collapse onto one line; "
-                        "'inverse_pairs', down = -up and right = -left")
-    p.add_argument("--conformal", action="store_const", const="conformal", dest="displacements",
-                   help="the same as --displacements conformal")
+    p.add_argument(
+        "--repeat-rate",
+        type=float,
+        default=None,
+        help="mean extra repetitions of an action in the data (the simulator's 3.0; "
+        "fewer repetitions push into the walls less often)",
+    )
+    p.add_argument(
+        "--init-inverse-pairs",
+        action="store_true",
+        help="diagnostic: start M as [u, -u, l, -l, 0] with u, l random orthogonal of "
+        "length --init-displacement-std (is a 2-D start kept?)",
+    )
+    p.add_argument(
+        "--init-true-m",
+        action="store_true",
+        help="diagnostic: start M at the true displacements in grid units (with "
+        "--lr-m 0 it stays there: can the wall network learn the walls?)",
+    )
+    p.add_argument(
+        "--displacements",
+        default="free",
+        choices=("free", "conformal", "inverse_pairs"),
+        help="GTMSM(displacements=...): 'conformal', M = alpha Q^T with orthonormal "
+        "rows, so the state axes cannot collapse onto one line; "
+        "'inverse_pairs', down = -up and right = -left",
+    )
+    p.add_argument(
+        "--conformal",
+        action="store_const",
+        const="conformal",
+        dest="displacements",
+        help="the same as --displacements conformal",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (named in the JSON)")
-    p.add_argument("--time-limit", type=float, default=None,
-                   help="stop after the epoch that passes this many seconds of this call")
+    p.add_argument(
+        "--time-limit",
+        type=float,
+        default=None,
+        help="stop after the epoch that passes this many seconds of this call",
+    )
     p.add_argument("--tag", default=None)
     p.add_argument("--smoke", action="store_true", help="tiny sizes, results to --smoke-dir")
     p.add_argument("--smoke-dir", default="/tmp/gtmsm_learning_smoke", help="where --smoke writes")
     args = p.parse_args(argv)
     if args.smoke:
-        args.train, args.valid, args.tau, args.pred, args.epochs, args.batch_size = 8, 3, 12, 4, 2, 4
+        args.train, args.valid, args.tau, args.pred, args.epochs, args.batch_size = (
+            8,
+            3,
+            12,
+            4,
+            2,
+            4,
+        )
     args.lr_m = args.lr if args.lr_m is None else args.lr_m
     walls_lr = "" if args.lr_walls is None else f"_lrw{args.lr_walls:g}"
     args.lr_walls = args.lr if args.lr_walls is None else args.lr_walls
@@ -100,8 +151,11 @@ def parse_args(argv=None):
     init += "" if args.delta_start is None else f"_delta{args.delta_start:g}x{args.delta_epochs}"
     init += "_pairs" if args.init_inverse_pairs else ""
     init += "_truem" if args.init_true_m else ""
-    init += "" if args.neighbours_start is None else \
-        f"_k{args.neighbours_start}x{args.neighbours_epochs}"
+    init += (
+        ""
+        if args.neighbours_start is None
+        else f"_k{args.neighbours_start}x{args.neighbours_epochs}"
+    )
     init += "" if args.repeat_rate is None else f"_repeat{args.repeat_rate:g}"
     init += "" if args.displacements == "free" else f"_{args.displacements}"
     args.tag = args.tag or ("smoke" if args.smoke else f"lrm{args.lr_m:g}{walls_lr}{init}")
@@ -191,16 +245,24 @@ def main(argv=None):
     pyro.clear_param_store()
     pyro.set_rng_seed(args.seed)
     small = dict(hidden_dims=(16,), z_dim=4, wall_hidden=4) if args.smoke else {}
-    warmup = None if args.neighbours_start is None else (args.neighbours_start,
-                                                         args.neighbours_epochs)
-    model = GTMSM(tau=args.tau, init_displacement_std=args.init_displacement_std,
-                  walls=not args.no_walls, neighbour_warmup=warmup,
-                  displacements=args.displacements, **small).to(device)
+    warmup = (
+        None if args.neighbours_start is None else (args.neighbours_start, args.neighbours_epochs)
+    )
+    model = GTMSM(
+        tau=args.tau,
+        init_displacement_std=args.init_displacement_std,
+        walls=not args.no_walls,
+        neighbour_warmup=warmup,
+        displacements=args.displacements,
+        **small,
+    ).to(device)
     if args.init_inverse_pairs:  # a resumed run then loads its own M
-        model.set_displacement_matrix(inverse_pairs(args.init_displacement_std,
-                                                    torch.Generator().manual_seed(args.seed)))
+        model.set_displacement_matrix(
+            inverse_pairs(args.init_displacement_std, torch.Generator().manual_seed(args.seed))
+        )
     if args.init_true_m:
         model.set_displacement_matrix(TRUE_M)
+
     def rate(name):
         if name in model.displacement_params:
             return args.lr_m
@@ -208,8 +270,11 @@ def main(argv=None):
 
     optim = ClippedAdam(lambda module, name: {"lr": rate(name), "clip_norm": 50.0})
     svi = SVI(model.model, model.guide, optim, Trace_ELBO())
-    folder = Path(args.smoke_dir) if args.smoke else \
-        ROOT / "benchmarks" / "checkpoints" / f"gtmsm_learning_{args.tag}"
+    folder = (
+        Path(args.smoke_dir)
+        if args.smoke
+        else ROOT / "benchmarks" / "checkpoints" / f"gtmsm_learning_{args.tag}"
+    )
     folder.mkdir(parents=True, exist_ok=True)
     path, log, start = folder / "checkpoint.pt", [], 0
     if path.exists():
@@ -222,8 +287,13 @@ def main(argv=None):
         torch.randperm(args.train, generator=order_gen)
     t0 = time.time() - (log[-1]["seconds"] if log else 0.0)
     call_start = time.time()
-    bar = tqdm(range(start, args.epochs), initial=start, total=args.epochs, desc="GTM-SM epochs",
-               disable=args.smoke)
+    bar = tqdm(
+        range(start, args.epochs),
+        initial=start,
+        total=args.epochs,
+        desc="GTM-SM epochs",
+        disable=args.smoke,
+    )
     final_delta = model.delta
     for epoch in bar:
         model.delta = delta_at(epoch, args.delta_start, args.delta_epochs, final_delta)
@@ -231,34 +301,50 @@ def main(argv=None):
         order = torch.randperm(args.train, generator=order_gen)
         total, epoch_start = 0.0, time.time()
         for i in range(0, args.train, args.batch_size):
-            idx = order[i:i + args.batch_size].to(device)
+            idx = order[i : i + args.batch_size].to(device)
             total += svi.step(x[idx], None, inputs=a[idx])
         epoch_seconds = time.time() - epoch_start
         per_seq, pooled = state_r2(model, vx, va, valid.positions, args.tau)
-        row = {"epoch": epoch + 1, "updates": (epoch + 1) * -(-args.train // args.batch_size),
-               "loss_per_sequence": total / args.train, "r2_per_sequence": per_seq,
-               "r2_pooled": pooled, "M": model.displacement_matrix().detach().tolist(), "delta": model.delta,
-               "num_neighbours": model.neighbours_now(),
-               "seconds": time.time() - t0, "seconds_training_epoch": epoch_seconds}
+        row = {
+            "epoch": epoch + 1,
+            "updates": (epoch + 1) * -(-args.train // args.batch_size),
+            "loss_per_sequence": total / args.train,
+            "r2_per_sequence": per_seq,
+            "r2_pooled": pooled,
+            "M": model.displacement_matrix().detach().tolist(),
+            "delta": model.delta,
+            "num_neighbours": model.neighbours_now(),
+            "seconds": time.time() - t0,
+            "seconds_training_epoch": epoch_seconds,
+        }
         if not (math.isfinite(row["loss_per_sequence"]) and math.isfinite(per_seq)):
             raise SystemExit(f"non-finite value at epoch {epoch + 1}: {row}")
         log.append(row)
         bar.set_postfix(r2=f"{per_seq:.3f}", loss=f"{row['loss_per_sequence']:.0f}")
-        torch.save({"model": model.state_dict(), "optim": optim.get_state(), "epoch": epoch + 1},
-                   path)
+        torch.save(
+            {"model": model.state_dict(), "optim": optim.get_state(), "epoch": epoch + 1}, path
+        )
         (folder / "log.json").write_text(json.dumps(log))
         if not args.smoke:
-            write_result(f"gtmsm_learning_{args.tag}", {"settings": vars(args), "epochs": log,
-                                                         "device_info": device_info(device)})
+            write_result(
+                f"gtmsm_learning_{args.tag}",
+                {"settings": vars(args), "epochs": log, "device_info": device_info(device)},
+            )
         if args.time_limit is not None and time.time() - call_start > args.time_limit:
             break
     model.delta = final_delta  # the oracle check and the saved model use the model's delta
     model.eval()  # and its K
     oracle = oracle_check(model, valid, args, vx, va) if log else None
     if not args.smoke and oracle is not None:
-        write_result(f"gtmsm_learning_{args.tag}", {"settings": vars(args), "epochs": log,
-                                                     "oracle_check": oracle,
-                                                     "device_info": device_info(device)})
+        write_result(
+            f"gtmsm_learning_{args.tag}",
+            {
+                "settings": vars(args),
+                "epochs": log,
+                "oracle_check": oracle,
+                "device_info": device_info(device),
+            },
+        )
     return log
 
 
@@ -276,8 +362,14 @@ def oracle_check(model, valid, args, x, a, repeats=3):
     def elbo():
         pyro.set_rng_seed(args.seed)
         with torch.no_grad():
-            return -sum(Trace_ELBO().loss(model.model, model.guide, x, None, inputs=a)
-                        for _ in range(repeats)) / repeats / x.shape[0]
+            return (
+                -sum(
+                    Trace_ELBO().loss(model.model, model.guide, x, None, inputs=a)
+                    for _ in range(repeats)
+                )
+                / repeats
+                / x.shape[0]
+            )
 
     saved = {k: v.clone() for k, v in model.state_dict().items()}
     learnt = elbo()
@@ -292,8 +384,12 @@ def oracle_check(model, valid, args, x, a, repeats=3):
             last.weight[0, :4], last.bias[0] = -100.0, 10.0  # sigmoid: ~1 inside, ~0 beyond
     oracle = elbo()
     model.load_state_dict(saved)
-    return {"valid_elbo_learnt": learnt, "valid_elbo_oracle_M_and_walls": oracle,
-            "valid_sequences": x.shape[0], "repeats": repeats}
+    return {
+        "valid_elbo_learnt": learnt,
+        "valid_elbo_oracle_M_and_walls": oracle,
+        "valid_sequences": x.shape[0],
+        "repeats": repeats,
+    }
 
 
 if __name__ == "__main__":

@@ -47,7 +47,6 @@ import time
 from pathlib import Path
 
 import torch
-
 from common import ROOT, write_result
 
 MODELS = ("gtmsm", "srnn", "vrnn")
@@ -61,33 +60,67 @@ def parse_args(argv=None):
     p.add_argument("--pred", type=int, default=32, help="prediction steps in training (32)")
     p.add_argument("--test-pred", type=int, default=256, help="prediction steps in testing (256)")
     p.add_argument("--epochs", type=int, default=50)
-    p.add_argument("--baseline-epochs", type=int, default=None,
-                   help="epochs of the SRNN and VRNN baselines (default: --epochs)")
+    p.add_argument(
+        "--baseline-epochs",
+        type=int,
+        default=None,
+        help="epochs of the SRNN and VRNN baselines (default: --epochs)",
+    )
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--particles", type=int, default=32, help="K of the baselines' imputation")
-    p.add_argument("--baseline-method", default="importance", choices=("importance", "iterative"),
-                   help="how the baselines predict the hidden frames (pyro_seq.tasks.impute); "
-                        "iterative results are kept as <model>_iterative")
+    p.add_argument(
+        "--baseline-method",
+        default="importance",
+        choices=("importance", "iterative"),
+        help="how the baselines predict the hidden frames (pyro_seq.tasks.impute); "
+        "iterative results are kept as <model>_iterative",
+    )
     p.add_argument("--models", default=",".join(MODELS))
-    p.add_argument("--gtmsm-displacements", default="free",
-                   choices=("free", "conformal", "inverse_pairs"),
-                   help="GTMSM(displacements=...) (free: the thesis)")
-    p.add_argument("--gtmsm-neighbour-warmup", type=int, nargs=2, default=None,
-                   metavar=("K0", "EPOCHS"), help="GTMSM(neighbour_warmup=(K0, EPOCHS))")
-    p.add_argument("--gtmsm-displacement-lr", type=float, default=1.0,
-                   help="GTMSM(displacement_lr_multiplier=...): rate factor of M")
-    p.add_argument("--gtmsm-wall-lr", type=float, default=1.0,
-                   help="GTMSM(wall_lr_multiplier=...): rate factor of the wall network")
-    p.add_argument("--gtmsm-true-m", action="store_true",
-                   help="an upper reference: M fixed at the true displacements (grid units), "
-                        "only the wall network and the VAE learnt")
-    p.add_argument("--gtmsm-variant", default="",
-                   help="name suffix of this GTM-SM's results and checkpoints (gtmsm_<variant>), "
-                        "so that several GTM-SM settings share one tag's baselines")
-    p.add_argument("--packed", action="store_true",
-                   help="the earlier setting: actions packed into every model's observations "
-                        "(baselines score them as observations) instead of known inputs")
+    p.add_argument(
+        "--gtmsm-displacements",
+        default="free",
+        choices=("free", "conformal", "inverse_pairs"),
+        help="GTMSM(displacements=...) (free: the thesis)",
+    )
+    p.add_argument(
+        "--gtmsm-neighbour-warmup",
+        type=int,
+        nargs=2,
+        default=None,
+        metavar=("K0", "EPOCHS"),
+        help="GTMSM(neighbour_warmup=(K0, EPOCHS))",
+    )
+    p.add_argument(
+        "--gtmsm-displacement-lr",
+        type=float,
+        default=1.0,
+        help="GTMSM(displacement_lr_multiplier=...): rate factor of M",
+    )
+    p.add_argument(
+        "--gtmsm-wall-lr",
+        type=float,
+        default=1.0,
+        help="GTMSM(wall_lr_multiplier=...): rate factor of the wall network",
+    )
+    p.add_argument(
+        "--gtmsm-true-m",
+        action="store_true",
+        help="an upper reference: M fixed at the true displacements (grid units), "
+        "only the wall network and the VAE learnt",
+    )
+    p.add_argument(
+        "--gtmsm-variant",
+        default="",
+        help="name suffix of this GTM-SM's results and checkpoints (gtmsm_<variant>), "
+        "so that several GTM-SM settings share one tag's baselines",
+    )
+    p.add_argument(
+        "--packed",
+        action="store_true",
+        help="the earlier setting: actions packed into every model's observations "
+        "(baselines score them as observations) instead of known inputs",
+    )
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--tag", default=None)
@@ -106,8 +139,9 @@ def parse_args(argv=None):
     if args.gtmsm_variant:
         args.models = [f"gtmsm_{args.gtmsm_variant}" if m == "gtmsm" else m for m in args.models]
     if args.baseline_method != "importance":
-        args.models = [m if m.startswith("gtmsm") else f"{m}_{args.baseline_method}"
-                       for m in args.models]
+        args.models = [
+            m if m.startswith("gtmsm") else f"{m}_{args.baseline_method}" for m in args.models
+        ]
     args.tag = args.tag or ("smoke" if args.smoke else f"nav_{args.train}")
     return args
 
@@ -117,13 +151,16 @@ def build(name, args):
 
     if name.startswith("gtmsm"):
         small = dict(hidden_dims=(16,), z_dim=4, wall_hidden=4) if args.smoke else {}
-        warmup = None if args.gtmsm_neighbour_warmup is None else \
-            tuple(args.gtmsm_neighbour_warmup)
-        model = GTMSM(tau=args.tau, pack_actions=args.packed,
-                      displacements=args.gtmsm_displacements,
-                      neighbour_warmup=warmup, wall_lr_multiplier=args.gtmsm_wall_lr,
-                      displacement_lr_multiplier=0.0 if args.gtmsm_true_m else
-                      args.gtmsm_displacement_lr, **small)
+        warmup = None if args.gtmsm_neighbour_warmup is None else tuple(args.gtmsm_neighbour_warmup)
+        model = GTMSM(
+            tau=args.tau,
+            pack_actions=args.packed,
+            displacements=args.gtmsm_displacements,
+            neighbour_warmup=warmup,
+            wall_lr_multiplier=args.gtmsm_wall_lr,
+            displacement_lr_multiplier=0.0 if args.gtmsm_true_m else args.gtmsm_displacement_lr,
+            **small,
+        )
         if args.gtmsm_true_m:
             from pyro_seq.data.simulators.navigation import ACTION_MOVES
 
@@ -152,15 +189,20 @@ def predict_frames(name, model, test, args):
         if not args.packed:
             x = x[..., :64]
         observed = torch.ones(x.shape, dtype=torch.bool)
-        observed[:, args.tau:, :64] = False
+        observed[:, args.tau :, :64] = False
         out = []
         method = "iterative" if name.endswith("_iterative") else "importance"
         for i in range(0, x.shape[0], 8):
-            res = impute(model, x[i:i + 8], observed[i:i + 8], method=method,
-                         num_particles=args.particles,
-                         generator=torch.Generator().manual_seed(args.seed + i),
-                         inputs=None if args.packed else u[i:i + 8])
-            out.append(res.probs[:, args.tau:, :64])
+            res = impute(
+                model,
+                x[i : i + 8],
+                observed[i : i + 8],
+                method=method,
+                num_particles=args.particles,
+                generator=torch.Generator().manual_seed(args.seed + i),
+                inputs=None if args.packed else u[i : i + 8],
+            )
+            out.append(res.probs[:, args.tau :, :64])
         return torch.cat(out)
 
 
@@ -188,17 +230,20 @@ def analyse_gtmsm(args, test, folder, model):
     ones = lambda v: torch.cat([v, torch.ones(v.shape[:-1] + (1,), dtype=v.dtype)], -1)  # noqa
     fit_mem, fit_pred = [], []
     for n in range(x.shape[0]):
-        w = torch.linalg.lstsq(ones(mem[n]), pos[n, :args.tau]).solution
+        w = torch.linalg.lstsq(ones(mem[n]), pos[n, : args.tau]).solution
         fit_mem.append(ones(mem[n]) @ w)
         fit_pred.append(ones(pred[n]) @ w)
     fit_mem, fit_pred = torch.stack(fit_mem), torch.stack(fit_pred)
-    err = (fit_pred - pos[:, args.tau:]).pow(2).sum(-1).sqrt()  # (N, test_pred)
-    return {"r2_memorisation": _r2(fit_mem, pos[:, :args.tau]),
-            "r2_prediction": _r2(fit_pred, pos[:, args.tau:]),
-            "position_error_per_step": err.mean(0).tolist(),
-            "M": model.displacement_matrix().detach().tolist(),
-            "example_states": mem[0].tolist(), "example_positions": pos[0].tolist(),
-            "example_frames": out["frames"][0].tolist()}
+    err = (fit_pred - pos[:, args.tau :]).pow(2).sum(-1).sqrt()  # (N, test_pred)
+    return {
+        "r2_memorisation": _r2(fit_mem, pos[:, : args.tau]),
+        "r2_prediction": _r2(fit_pred, pos[:, args.tau :]),
+        "position_error_per_step": err.mean(0).tolist(),
+        "M": model.displacement_matrix().detach().tolist(),
+        "example_states": mem[0].tolist(),
+        "example_positions": pos[0].tolist(),
+        "example_frames": out["frames"][0].tolist(),
+    }
 
 
 def figures(results, analysis, test, args, prefix):
@@ -209,15 +254,24 @@ def figures(results, analysis, test, args, prefix):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    names = {"gtmsm": "GTM-SM", "srnn": "SRNN (importance)", "vrnn": "VRNN (importance)",
-             "srnn_iterative": "SRNN (iterative)", "vrnn_iterative": "VRNN (iterative)",
-             "mean_memorised_frame": "mean memorised frame"}
+    names = {
+        "gtmsm": "GTM-SM",
+        "srnn": "SRNN (importance)",
+        "vrnn": "VRNN (importance)",
+        "srnn_iterative": "SRNN (iterative)",
+        "vrnn_iterative": "VRNN (iterative)",
+        "mean_memorised_frame": "mean memorised frame",
+    }
     fig, ax = plt.subplots(figsize=(8, 3.6), layout="constrained")
     for key, value in results.items():
         curve = value if isinstance(value, list) else value["frame_error_per_step"]
         label = names.get(key) or (f"GTM-SM ({key[6:]})" if key.startswith("gtmsm_") else key)
-        ax.plot(range(1, len(curve) + 1), curve, label=label,
-                ls=":" if key == "mean_memorised_frame" else "-")
+        ax.plot(
+            range(1, len(curve) + 1),
+            curve,
+            label=label,
+            ls=":" if key == "mean_memorised_frame" else "-",
+        )
     if args.test_pred > 200:
         ax.axvline(200, color="grey", lw=0.8, ls="--")
     ax.set_xlabel("prediction step (t - tau)")
@@ -228,7 +282,7 @@ def figures(results, analysis, test, args, prefix):
     plt.close(fig)
     if analysis:
         states = torch.tensor(analysis["example_states"])
-        pos = torch.tensor(analysis["example_positions"])[:args.tau]
+        pos = torch.tensor(analysis["example_positions"])[: args.tau]
         fig, (left, right) = plt.subplots(1, 2, figsize=(9, 4), layout="constrained")
         left.scatter(pos[:, 1], pos[:, 0], c=range(len(pos)), cmap="viridis", s=12)
         left.invert_yaxis()
@@ -239,13 +293,20 @@ def figures(results, analysis, test, args, prefix):
         fig.savefig(f"{prefix}_states.png", dpi=120)
         plt.close(fig)
     shown = [s for s in (0, 1, 2, 3, 199, 200, 201, 202) if s < args.test_pred]
-    rows = [("truth", test.frames.flatten(2)[0, args.tau:])]
-    rows += [(names.get(k) or k.replace("gtmsm_", "GTM-SM "), torch.tensor(v["example_frames"]))
-             for k, v in results.items()
-             if isinstance(v, dict) and "example_frames" in v]
+    rows = [("truth", test.frames.flatten(2)[0, args.tau :])]
+    rows += [
+        (names.get(k) or k.replace("gtmsm_", "GTM-SM "), torch.tensor(v["example_frames"]))
+        for k, v in results.items()
+        if isinstance(v, dict) and "example_frames" in v
+    ]
     side = int(round(rows[0][1].shape[-1] ** 0.5))
-    fig, axes = plt.subplots(len(rows), len(shown), figsize=(1.2 * len(shown), 1.3 * len(rows)),
-                             layout="constrained", squeeze=False)
+    fig, axes = plt.subplots(
+        len(rows),
+        len(shown),
+        figsize=(1.2 * len(shown), 1.3 * len(rows)),
+        layout="constrained",
+        squeeze=False,
+    )
     for i, (label, frames) in enumerate(rows):
         for j, step in enumerate(shown):
             ax = axes[i, j]
@@ -285,8 +346,8 @@ def main(argv=None):
     ckpt.mkdir(parents=True, exist_ok=True)
     done_path = ckpt / "evaluations.json"
     done = json.loads(done_path.read_text()) if done_path.exists() else {}
-    truth = test.frames.flatten(2)[:, args.tau:]
-    memorised_mean = test.frames.flatten(2)[:, :args.tau].mean(1, keepdim=True)
+    truth = test.frames.flatten(2)[:, args.tau :]
+    memorised_mean = test.frames.flatten(2)[:, : args.tau].mean(1, keepdim=True)
     results = {"mean_memorised_frame": (memorised_mean - truth).abs().mean(-1).mean(0).tolist()}
     for name in args.models:
         if name in done:
@@ -296,31 +357,50 @@ def main(argv=None):
         torch.manual_seed(args.seed)
         model = build(name, args)
         epochs = args.epochs if name.startswith("gtmsm") else args.baseline_epochs
-        config = TrainConfig(epochs=epochs, batch_size=args.batch_size, lr=args.lr,
-                             clip_norm=50.0, lr_schedule="plateau", patience=None,
-                             seed=args.seed, progress=not args.smoke, init="none")
+        config = TrainConfig(
+            epochs=epochs,
+            batch_size=args.batch_size,
+            lr=args.lr,
+            clip_norm=50.0,
+            lr_schedule="plateau",
+            patience=None,
+            seed=args.seed,
+            progress=not args.smoke,
+            init="none",
+        )
         start = time.time()
         folder = ckpt / name.removesuffix("_iterative")  # one trained model, two predictions
-        history = fit(model, train.as_sequences(pack_actions=args.packed),
-                      valid.as_sequences(pack_actions=args.packed), config, folder)
+        history = fit(
+            model,
+            train.as_sequences(pack_actions=args.packed),
+            valid.as_sequences(pack_actions=args.packed),
+            config,
+            folder,
+        )
         seconds = time.time() - start
         frames = predict_frames(name, model, test, args)
         errors = (frames - truth).abs().mean(-1)  # (N, test_pred)
-        done[name] = {"frame_error_per_step": errors.mean(0).tolist(),
-                      "prediction": "GTMSM.predict" if name.startswith("gtmsm") else
-                      f"impute(method={'iterative' if name.endswith('_iterative') else 'importance'})",
-                      "mean_frame_error": float(errors.mean()),
-                      "train_seconds_this_call": seconds,
-                      "epochs": epochs,
-                      "gtmsm_options": {k: v for k, v in vars(args).items()
-                                        if k.startswith("gtmsm_")} if name.startswith("gtmsm")
-                      else None,
-                      "example_frames": frames[0].tolist(),
-                      "history": [dict(row) for row in history]}
+        done[name] = {
+            "frame_error_per_step": errors.mean(0).tolist(),
+            "prediction": "GTMSM.predict"
+            if name.startswith("gtmsm")
+            else f"impute(method={'iterative' if name.endswith('_iterative') else 'importance'})",
+            "mean_frame_error": float(errors.mean()),
+            "train_seconds_this_call": seconds,
+            "epochs": epochs,
+            "gtmsm_options": {k: v for k, v in vars(args).items() if k.startswith("gtmsm_")}
+            if name.startswith("gtmsm")
+            else None,
+            "example_frames": frames[0].tolist(),
+            "history": [dict(row) for row in history],
+        }
         results[name] = done[name]
         done = save_evaluations(done_path, done)
-        print(f"{name}: mean frame error {done[name]['mean_frame_error']:.4f} over "
-              f"{args.test_pred} prediction steps", flush=True)
+        print(
+            f"{name}: mean frame error {done[name]['mean_frame_error']:.4f} over "
+            f"{args.test_pred} prediction steps",
+            flush=True,
+        )
     for name, value in done.items():  # what earlier calls evaluated into this tag
         results.setdefault(name, value)
     analysis = {}
@@ -330,16 +410,27 @@ def main(argv=None):
         done[gtmsm[0]].setdefault("example_frames", analysis.pop("example_frames"))
         done[gtmsm[0]]["states"] = analysis
         done = save_evaluations(done_path, done)
-    prefix = Path(args.smoke_dir) / "gtmsm_smoke" if args.smoke else ROOT / "benchmarks" / \
-        "results" / f"gtmsm_{args.tag}"
+    prefix = (
+        Path(args.smoke_dir) / "gtmsm_smoke"
+        if args.smoke
+        else ROOT / "benchmarks" / "results" / f"gtmsm_{args.tag}"
+    )
     figures(results, analysis, test, args, str(prefix))
     states = {name: value["states"] for name, value in done.items() if "states" in value}
     # the JSON holds no frames (the figures show them; the evaluations cache keeps them)
-    results = {name: {k: v for k, v in value.items() if k not in ("states", "example_frames")}
-               if isinstance(value, dict) else value for name, value in results.items()}
-    payload = {"settings": {k: v for k, v in vars(args).items()},
-               "simulation_seconds": sim_seconds, "results": results, "gtmsm_states": states,
-               "metric": "mean |pixel error| per prediction step, test split"}
+    results = {
+        name: {k: v for k, v in value.items() if k not in ("states", "example_frames")}
+        if isinstance(value, dict)
+        else value
+        for name, value in results.items()
+    }
+    payload = {
+        "settings": {k: v for k, v in vars(args).items()},
+        "simulation_seconds": sim_seconds,
+        "results": results,
+        "gtmsm_states": states,
+        "metric": "mean |pixel error| per prediction step, test split",
+    }
     path = Path(args.smoke_dir) / f"gtmsm_{args.tag}.json" if args.smoke else None
     write_result(f"gtmsm_{args.tag}", payload, path)
     return payload

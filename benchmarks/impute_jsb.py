@@ -18,18 +18,22 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
-
 from common import ROOT, data_file, write_result  # noqa: E402
+from zoo_jsb import MODELS  # noqa: E402
+
 from pyro_seq.data import load_piano_rolls, pad_sequences  # noqa: E402
 from pyro_seq.tasks import bits_per_element, drop_steps, impute  # noqa: E402
 from pyro_seq.train.checkpoint import load_weights  # noqa: E402
-from zoo_jsb import MODELS  # noqa: E402
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--cells", nargs="+", required=True,
-                   help="checkpoint folders under benchmarks/checkpoints, e.g. zoo_jsb_a/storn_elbo")
+    p.add_argument(
+        "--cells",
+        nargs="+",
+        required=True,
+        help="checkpoint folders under benchmarks/checkpoints, e.g. zoo_jsb_a/storn_elbo",
+    )
     p.add_argument("--drop", type=int, default=8)
     p.add_argument("--method", choices=("iterative", "importance"), default="iterative")
     p.add_argument("--iterations", type=int, default=20)
@@ -54,16 +58,33 @@ def main(argv=None):
         model.load_state_dict(load_weights(ROOT / "benchmarks" / "checkpoints" / cell / "best.pt"))
         model.eval()
         torch.manual_seed(args.seed)
-        res = impute(model, x, observed, mask, method=args.method,
-                     num_iterations=args.iterations, num_particles=args.particles, generator=g)
+        res = impute(
+            model,
+            x,
+            observed,
+            mask,
+            method=args.method,
+            num_iterations=args.iterations,
+            num_particles=args.particles,
+            generator=g,
+        )
         score = bits_per_element(res.probs[missing], x[missing])
         results[cell] = {"bits_per_element": score, "beats_note_frequencies": score < baseline}
         print(f"{cell}: {score:.4f} bits/element (note frequencies {baseline:.4f})")
-    write_result("impute_jsb", {"benchmark": "impute_jsb", "drop": args.drop, "method": args.method,
-                                "iterations": args.iterations, "num_sequences": len(seqs),
-                                "missing_elements": int(missing.sum()),
-                                "baseline_bits_per_element": baseline,
-                                "baseline": "training-set note frequencies", "cells": results})
+    write_result(
+        "impute_jsb",
+        {
+            "benchmark": "impute_jsb",
+            "drop": args.drop,
+            "method": args.method,
+            "iterations": args.iterations,
+            "num_sequences": len(seqs),
+            "missing_elements": int(missing.sum()),
+            "baseline_bits_per_element": baseline,
+            "baseline": "training-set note frequencies",
+            "cells": results,
+        },
+    )
 
 
 if __name__ == "__main__":

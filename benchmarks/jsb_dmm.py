@@ -20,17 +20,43 @@ from jsb_training import run
 from pyro_seq.models import DMM
 from pyro_seq.train import TrainConfig
 
-MODEL = dict(z_dim=100, transition_dim=200, emission_dim=100, rnn_dim=600, inference="smoothing",
-             rnn_cell="rnn")
-CONFIG = TrainConfig(epochs=5000, batch_size=20, lr=3e-4, betas=(0.96, 0.999), clip_norm=10.0,
-                     lrd=0.99996, weight_decay=2.0, kl_start=0.2, kl_anneal_steps=12 * 1000,
-                     patience=None, valid_batch_size=80, seed=0,
-                     lr_schedule="constant", init="none")  # the settings of the recorded runs
+MODEL = dict(
+    z_dim=100,
+    transition_dim=200,
+    emission_dim=100,
+    rnn_dim=600,
+    inference="smoothing",
+    rnn_cell="rnn",
+)
+CONFIG = TrainConfig(
+    epochs=5000,
+    batch_size=20,
+    lr=3e-4,
+    betas=(0.96, 0.999),
+    clip_norm=10.0,
+    lrd=0.99996,
+    weight_decay=2.0,
+    kl_start=0.2,
+    kl_anneal_steps=12 * 1000,
+    patience=None,
+    valid_batch_size=80,
+    seed=0,
+    lr_schedule="constant",
+    init="none",
+)  # the settings of the recorded runs
 
 if __name__ == "__main__":
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--residual", action="store_true", help="Res_q guide (DMM(residual=True))")
     known, rest = pre.parse_known_args(sys.argv[1:])
     model = dict(MODEL, residual=True) if known.residual else MODEL
-    run("jsb_dmm", "jsb_chorales.pickle", lambda: DMM(88, **model), model, CONFIG, argv=rest,
-        target=-6.87, reference="Pyro examples/dmm.py: test ELBO -6.87 nats/step after 5000 epochs")
+    run(
+        "jsb_dmm",
+        "jsb_chorales.pickle",
+        lambda: DMM(88, **model),
+        model,
+        CONFIG,
+        argv=rest,
+        target=-6.87,
+        reference="Pyro examples/dmm.py: test ELBO -6.87 nats/step after 5000 epochs",
+    )

@@ -23,13 +23,31 @@ from pyro_seq.models import SRNN
 from pyro_seq.train import TrainConfig
 
 MODEL = dict(d_dim=300, z_dim=100, hidden_dim=500, inference="smoothing", residual=True)
-CONFIG = TrainConfig(epochs=90, batch_size=16, lr=1e-3, lr_decay_after=50, lr_decay_factor=1.15,
-                     clip_norm=10.0, kl_start=0.2, kl_anneal_steps=1000, patience=None,
-                     valid_batch_size=80, seed=0, lr_schedule="exponential",
-                     init="none")  # the settings of the recorded runs
+CONFIG = TrainConfig(
+    epochs=90,
+    batch_size=16,
+    lr=1e-3,
+    lr_decay_after=50,
+    lr_decay_factor=1.15,
+    clip_norm=10.0,
+    kl_start=0.2,
+    kl_anneal_steps=1000,
+    patience=None,
+    valid_batch_size=80,
+    seed=0,
+    lr_schedule="exponential",
+    init="none",
+)  # the settings of the recorded runs
 EVAL_SEEDS = 8
 
 if __name__ == "__main__":
-    run("jsb_srnn", "jsb_chorales_2x.pickle", lambda: SRNN(88, **MODEL), MODEL, CONFIG,
-        target=-4.84, reference="thesis Table 5.2: SRNN (smooth+Res_q) test ELBO >= -4.74",
-        eval_seeds=EVAL_SEEDS)
+    run(
+        "jsb_srnn",
+        "jsb_chorales_2x.pickle",
+        lambda: SRNN(88, **MODEL),
+        MODEL,
+        CONFIG,
+        target=-4.84,
+        reference="thesis Table 5.2: SRNN (smooth+Res_q) test ELBO >= -4.74",
+        eval_seeds=EVAL_SEEDS,
+    )

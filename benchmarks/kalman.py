@@ -75,8 +75,14 @@ def make_model(S, D, seed=0):
     # z_1; with z_0 ~ N(0, I) the equivalent z_1 ~ N(0, A A^T + Q), so log p(x) must agree.
     m0 = torch.zeros(S, dtype=torch.float64)
     P0 = A @ A.T + Q
-    return dict(initial_loc=m0, initial_cov=P0, transition_matrix=A, transition_cov=Q,
-                observation_matrix=C, observation_cov=R)
+    return dict(
+        initial_loc=m0,
+        initial_cov=P0,
+        transition_matrix=A,
+        transition_cov=Q,
+        observation_matrix=C,
+        observation_cov=R,
+    )
 
 
 def gaussian_hmm(p, T):
@@ -148,6 +154,7 @@ def bench_config(S, D, B, T, repeats, dtypes, baseline_repeats=2):
     xs = x64.numpy()
     ref_means = model64.smooth(x64).means.numpy()
     ref_lp = model64.log_prob(x64).detach()  # float64 exact value (agrees with hmm to 1e-14)
+
     def best_of(fn):
         times = []
         for _ in range(max(1, baseline_repeats)):
@@ -187,12 +194,13 @@ def bench_config(S, D, B, T, repeats, dtypes, baseline_repeats=2):
         ratios = {
             "log_prob / hmm.log_prob": tm["lgssm.log_prob"] / tm["hmm.log_prob"],
             "smooth / hmm.log_prob": tm["lgssm.smooth"] / tm["hmm.log_prob"],
-            "sample_posterior / hmm.rsample_posterior":
-                tm["lgssm.sample_posterior"] / tm["hmm.rsample_posterior"],
+            "sample_posterior / hmm.rsample_posterior": tm["lgssm.sample_posterior"]
+            / tm["hmm.rsample_posterior"],
         }
         if "filterpy.filter_smooth" in baseline:
             ratios["filterpy.filter_smooth / smooth"] = (
-                baseline["filterpy.filter_smooth"] / tm["lgssm.smooth"])
+                baseline["filterpy.filter_smooth"] / tm["lgssm.smooth"]
+            )
         if "pykalman.smooth" in baseline:
             ratios["pykalman.smooth / smooth"] = baseline["pykalman.smooth"] / tm["lgssm.smooth"]
         entry["ratios"] = ratios
@@ -200,23 +208,29 @@ def bench_config(S, D, B, T, repeats, dtypes, baseline_repeats=2):
         entry["agreement"] = dict(
             agreement,
             log_prob_max_abs_diff_vs_hmm=float((lp_ours.double() - lp_hmm.double()).abs().max()),
-            log_prob_max_rel_diff_vs_hmm=float(((lp_ours.double() - lp_hmm.double()).abs()
-                                                / lp_hmm.double().abs()).max()),
+            log_prob_max_rel_diff_vs_hmm=float(
+                ((lp_ours.double() - lp_hmm.double()).abs() / lp_hmm.double().abs()).max()
+            ),
             # relative error of each implementation against the float64 exact log p(x)
             lgssm_log_prob_max_rel_err_vs_float64=float(
-                ((lp_ours.double() - ref_lp).abs() / ref_lp.abs()).max()),
+                ((lp_ours.double() - ref_lp).abs() / ref_lp.abs()).max()
+            ),
             hmm_log_prob_max_rel_err_vs_float64=float(
-                ((lp_hmm.double() - ref_lp).abs() / ref_lp.abs()).max()),
+                ((lp_hmm.double() - ref_lp).abs() / ref_lp.abs()).max()
+            ),
         )
         entry["targets_met"] = {
             "log_prob <= 0.5x hmm.log_prob": ratios["log_prob / hmm.log_prob"] <= 0.5,
             "smooth <= 1x hmm.log_prob": ratios["smooth / hmm.log_prob"] <= 1.0,
-            "sample_posterior <= 0.5x hmm.rsample_posterior":
-                ratios["sample_posterior / hmm.rsample_posterior"] <= 0.5,
+            "sample_posterior <= 0.5x hmm.rsample_posterior": ratios[
+                "sample_posterior / hmm.rsample_posterior"
+            ]
+            <= 0.5,
         }
         if "filterpy.filter_smooth / smooth" in ratios:
             entry["targets_met"][">= 20x faster than filterpy"] = (
-                ratios["filterpy.filter_smooth / smooth"] >= 20)
+                ratios["filterpy.filter_smooth / smooth"] >= 20
+            )
         rows[str(dtype).replace("torch.", "")] = entry
     return rows
 
@@ -224,14 +238,24 @@ def bench_config(S, D, B, T, repeats, dtypes, baseline_repeats=2):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--repeats", type=int, default=7)
-    ap.add_argument("--threads", type=int, default=1,
-                    help="torch intra-op threads (1 avoids oversubscription on shared machines)")
-    ap.add_argument("--baseline-repeats", type=int, default=2,
-                    help="runs of filterpy / pykalman (the minimum is reported)")
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch intra-op threads (1 avoids oversubscription on shared machines)",
+    )
+    ap.add_argument(
+        "--baseline-repeats",
+        type=int,
+        default=2,
+        help="runs of filterpy / pykalman (the minimum is reported)",
+    )
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--steps", type=int, default=1000)
     ap.add_argument("--quick", action="store_true", help="T=100, 2 repeats (smoke test)")
-    ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results" / "kalman.json"))
+    ap.add_argument(
+        "--out", default=str(Path(__file__).resolve().parent / "results" / "kalman.json")
+    )
     args = ap.parse_args(argv)
     if args.quick:
         args.steps, args.repeats = 100, 2
@@ -243,8 +267,9 @@ def main(argv=None):
     for S, D in sizes:
         key = f"state{S}_obs{D}"
         print(f"running {key} ...", flush=True)
-        results[key] = bench_config(S, D, args.batch, args.steps, args.repeats, dtypes,
-                                    args.baseline_repeats)
+        results[key] = bench_config(
+            S, D, args.batch, args.steps, args.repeats, dtypes, args.baseline_repeats
+        )
 
     report = {
         "benchmark": "kalman",
@@ -272,8 +297,8 @@ def main(argv=None):
             "dtypes": [str(d) for d in dtypes],
             "lgssm_method": "auto",
             "timing": "min (and median) wall-clock over interleaved repeats after one warm-up; "
-                      "filterpy/pykalman: min over baseline_repeats runs, NumPy float64, "
-                      "shared by both dtypes; all libraries single-threaded",
+            "filterpy/pykalman: min over baseline_repeats runs, NumPy float64, "
+            "shared by both dtypes; all libraries single-threaded",
             "baseline_repeats": args.baseline_repeats,
             "steady_state_tol": pyro_seq.ops.kalman.STEADY_STATE_TOL,
         },
@@ -283,10 +308,17 @@ def main(argv=None):
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2))
 
-    names = ["lgssm.log_prob", "lgssm.smooth", "lgssm.sample_posterior", "hmm.log_prob",
-             "hmm.rsample_posterior"]
-    print(f"\nB={args.batch} T={args.steps}, min wall-clock (ms) over {args.repeats} repeats, "
-          f"{torch.get_num_threads()} thread(s)")
+    names = [
+        "lgssm.log_prob",
+        "lgssm.smooth",
+        "lgssm.sample_posterior",
+        "hmm.log_prob",
+        "hmm.rsample_posterior",
+    ]
+    print(
+        f"\nB={args.batch} T={args.steps}, min wall-clock (ms) over {args.repeats} repeats, "
+        f"{torch.get_num_threads()} thread(s)"
+    )
     header = f"{'config':<22}" + "".join(f"{n:>24}" for n in names + ["filterpy", "pykalman"])
     print(header)
     for key, per in results.items():
@@ -294,7 +326,8 @@ def main(argv=None):
             tm, bl = e["times_min_s"], e["baselines_s"]
             cells = [tm[n] * 1e3 for n in names] + [
                 bl.get("filterpy.filter_smooth", float("nan")) * 1e3,
-                bl.get("pykalman.smooth", float("nan")) * 1e3]
+                bl.get("pykalman.smooth", float("nan")) * 1e3,
+            ]
             print(f"{key + ' ' + dt:<22}" + "".join(f"{c:>24.1f}" for c in cells))
     print("\nratios (targets: log_prob<=0.5, smooth<=1.0, sample_posterior<=0.5, filterpy>=20)")
     for key, per in results.items():

@@ -34,7 +34,6 @@ import time
 from pathlib import Path
 
 import torch
-
 from common import RESULTS, ROOT, device_info, write_result
 
 PROBS = [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9]
@@ -49,9 +48,13 @@ def parse_args(argv=None):
     p.add_argument("--train", type=int, default=5000, help="training videos (thesis 5000)")
     p.add_argument("--test", type=int, default=1000, help="test videos (thesis 1000)")
     p.add_argument("--epochs", type=int, default=80)
-    p.add_argument("--baseline-epochs", type=int, default=None,
-                   help="epochs of the AE-RNN and VAE-RNN baselines (default: --epochs); a "
-                        "later call with more resumes them")
+    p.add_argument(
+        "--baseline-epochs",
+        type=int,
+        default=None,
+        help="epochs of the AE-RNN and VAE-RNN baselines (default: --epochs); a "
+        "later call with more resumes them",
+    )
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--lr", type=float, default=0.007)
     p.add_argument("--warmup-epochs", type=int, default=5)
@@ -59,9 +62,12 @@ def parse_args(argv=None):
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (named in the JSON)")
-    p.add_argument("--time-limit", type=float, default=None,
-                   help="seconds of KVAE training at most (fit's time_limit; the epochs done "
-                        "are in the JSON)")
+    p.add_argument(
+        "--time-limit",
+        type=float,
+        default=None,
+        help="seconds of KVAE training at most (fit's time_limit; the epochs done are in the JSON)",
+    )
     p.add_argument("--tag", default=None)
     p.add_argument("--smoke", action="store_true", help="tiny sizes, results to --smoke-dir")
     p.add_argument("--smoke-dir", default="/tmp/kvae_smoke", help="where --smoke writes")
@@ -98,19 +104,38 @@ def imputation_errors(model, baseline, vaernn, videos, generator, batch=100):
         observed = observed.to(x.device)
         row = {}
         for method in METHODS:
-            probs = torch.cat([model.impute_frames(x[i:i + batch], observed[i:i + batch], method)[0]
-                               for i in range(0, N, batch)])
+            probs = torch.cat(
+                [
+                    model.impute_frames(x[i : i + batch], observed[i : i + batch], method)[0]
+                    for i in range(0, N, batch)
+                ]
+            )
             row[method] = pixel_error(probs, x, (~observed)[..., None])
-        probs = torch.cat([baseline.impute_frames(x[i:i + batch], observed[i:i + batch])[0]
-                           for i in range(0, N, batch)])
+        probs = torch.cat(
+            [
+                baseline.impute_frames(x[i : i + batch], observed[i : i + batch])[0]
+                for i in range(0, N, batch)
+            ]
+        )
         row[BASELINE] = pixel_error(probs, x, (~observed)[..., None])
-        probs = torch.cat([impute(vaernn, x[i:i + batch], observed[i:i + batch],
-                                  method="importance", num_particles=16).probs
-                           for i in range(0, N, batch)])
+        probs = torch.cat(
+            [
+                impute(
+                    vaernn,
+                    x[i : i + batch],
+                    observed[i : i + batch],
+                    method="importance",
+                    num_particles=16,
+                ).probs
+                for i in range(0, N, batch)
+            ]
+        )
         row["vaernn"] = pixel_error(probs, x, (~observed)[..., None])
         out[name] = row
-        print(f"  {name:>6}: " + "  ".join(f"{m} {row[m]:.4f}" for m in METHODS + BASELINES),
-              flush=True)
+        print(
+            f"  {name:>6}: " + "  ".join(f"{m} {row[m]:.4f}" for m in METHODS + BASELINES),
+            flush=True,
+        )
     return out
 
 
@@ -131,22 +156,34 @@ def train_baseline(train, args, out_dir, image_shape):
         start, history = int(state["epoch"]), [float(v) for v in state["history"]]
     x = train.frames.flatten(2).to(args.device)
     t0 = time.time()
-    for epoch in tqdm(range(start, args.baseline_epochs), initial=start, total=args.baseline_epochs,
-                      desc="AE-RNN epochs", disable=args.smoke):
+    for epoch in tqdm(
+        range(start, args.baseline_epochs),
+        initial=start,
+        total=args.baseline_epochs,
+        desc="AE-RNN epochs",
+        disable=args.smoke,
+    ):
         g = torch.Generator().manual_seed(args.seed * 1000 + epoch)
         order = torch.randperm(len(x), generator=g).to(x.device)
         total = 0.0
         for i in range(0, len(x), args.batch_size):
-            loss = model.loss(x[order[i:i + args.batch_size]])
+            loss = model.loss(x[order[i : i + args.batch_size]])
             optim.zero_grad()
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 150.0)
             optim.step()
-            total += float(loss.detach()) * len(order[i:i + args.batch_size])
+            total += float(loss.detach()) * len(order[i : i + args.batch_size])
         history.append(total / len(x))
         out_dir.mkdir(parents=True, exist_ok=True)
-        torch.save({"model": model.state_dict(), "optim": optim.state_dict(), "epoch": epoch + 1,
-                    "history": torch.tensor(history)}, path)
+        torch.save(
+            {
+                "model": model.state_dict(),
+                "optim": optim.state_dict(),
+                "epoch": epoch + 1,
+                "history": torch.tensor(history),
+            },
+            path,
+        )
     model.eval()
     return model, history, time.time() - t0
 
@@ -158,10 +195,17 @@ def train_vaernn(train, valid, args, out_dir):
 
     torch.manual_seed(args.seed)
     model = VAERNN(train.frames[0, 0].numel(), d_dim=50, z_dim=8, hidden_dim=128)
-    config = TrainConfig(epochs=args.baseline_epochs, batch_size=args.batch_size, lr=1e-3,
-                         patience=None, device=args.device,
-                         seed=args.seed, num_threads=args.threads, progress=not args.smoke,
-                         valid_batch_size=100)
+    config = TrainConfig(
+        epochs=args.baseline_epochs,
+        batch_size=args.batch_size,
+        lr=1e-3,
+        patience=None,
+        device=args.device,
+        seed=args.seed,
+        num_threads=args.threads,
+        progress=not args.smoke,
+        valid_batch_size=100,
+    )
     t0 = time.time()
     fit(model, train.as_sequences(), valid.as_sequences(), config, out_dir / "vaernn")
     model.eval()
@@ -179,8 +223,12 @@ def figures(model, videos, errors, out_prefix, env="box"):
     fig, ax = plt.subplots(figsize=(5, 3.6), layout="constrained")
     labels = {"ae_rnn": "AE-RNN", "vaernn": "VAE-RNN"}
     for method in METHODS + BASELINES:
-        ax.plot(PROBS, [errors[f"p={p}"][method] for p in PROBS], marker="o",
-                label=labels.get(method, f"KVAE {method}"))
+        ax.plot(
+            PROBS,
+            [errors[f"p={p}"][method] for p in PROBS],
+            marker="o",
+            label=labels.get(method, f"KVAE {method}"),
+        )
     ax.set_xlabel("drop probability p")
     ax.set_ylabel("fraction of incorrect pixels")
     ax.set_title(f"KVAE imputation on {env} (thesis Fig. 6.3a)")
@@ -211,16 +259,21 @@ def figures(model, videos, errors, out_prefix, env="box"):
     probs, _ = model.impute_frames(x[:1], observed, "smoothing")
     H, W = model.image_shape[-2:]
     frames = torch.cat([x[0].reshape(-1, H, W), probs[0].detach().reshape(-1, H, W)], -1).cpu()
-    plot_video(frames, f"{out_prefix}_frames.png", positions=None,
-               title="truth | smoothing at p = 0.8")
+    plot_video(
+        frames, f"{out_prefix}_frames.png", positions=None, title="truth | smoothing at p = 0.8"
+    )
     # Generation (appendix 6.9 videos, Fig. 6.5): the first 4 frames observed, then the
     # filter's predictions only; truth beside the generated frames, trajectory coloured by time.
     observed = torch.zeros(1, x.shape[1], dtype=torch.bool, device=x.device)
     observed[:, :4] = True
     probs, _ = model.impute_frames(x[:1], observed, "generation")
     frames = torch.cat([x[0].reshape(-1, H, W), probs[0].detach().reshape(-1, H, W)], -1).cpu()
-    plot_video(frames, f"{out_prefix}_generation.png", positions=None,
-               title=f"{env}: truth | generated after 4 frames")
+    plot_video(
+        frames,
+        f"{out_prefix}_generation.png",
+        positions=None,
+        title=f"{env}: truth | generated after 4 frames",
+    )
 
 
 def main(argv=None):
@@ -243,12 +296,23 @@ def main(argv=None):
     torch.manual_seed(args.seed)
     model = KVAE((H, W), channels=args.channels, dynamics_warmup_epochs=args.warmup_epochs)
     decay_every = 20
-    config = TrainConfig(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
-                         clip_norm=150.0, lr_schedule="exponential", lr_decay_after=1,
-                         lr_decay_factor=(1 / 0.85) ** (1 / decay_every), patience=None,
-                         init="none", seed=args.seed, num_threads=args.threads,
-                         progress=not args.smoke, valid_batch_size=100, device=args.device,
-                         time_limit=args.time_limit)
+    config = TrainConfig(
+        epochs=args.epochs,
+        batch_size=args.batch_size,
+        lr=args.lr,
+        clip_norm=150.0,
+        lr_schedule="exponential",
+        lr_decay_after=1,
+        lr_decay_factor=(1 / 0.85) ** (1 / decay_every),
+        patience=None,
+        init="none",
+        seed=args.seed,
+        num_threads=args.threads,
+        progress=not args.smoke,
+        valid_batch_size=100,
+        device=args.device,
+        time_limit=args.time_limit,
+    )
     smoke_dir = Path(args.smoke_dir)
     out_dir = smoke_dir / "run" if args.smoke else ROOT / "benchmarks" / "checkpoints" / args.tag
     t1 = time.time()
@@ -256,42 +320,64 @@ def main(argv=None):
     train_seconds = time.time() - t1
     model.eval()
     test_elbo = evaluate_bound(model, test.as_sequences(), batch_size=100)
-    print(f"test ELBO {test_elbo['per_step']:.3f} nats per frame "
-          f"({test_elbo['per_step'] * test.frames.shape[1]:.2f} per sequence)")
+    print(
+        f"test ELBO {test_elbo['per_step']:.3f} nats per frame "
+        f"({test_elbo['per_step'] * test.frames.shape[1]:.2f} per sequence)"
+    )
     baseline, baseline_history, baseline_seconds = train_baseline(train, args, out_dir, (H, W))
     vaernn, vaernn_seconds = train_vaernn(train, valid, args, out_dir)
     t2 = time.time()
     with torch.no_grad():
-        errors = imputation_errors(model, baseline, vaernn, test,
-                                   torch.Generator().manual_seed(args.seed))
+        errors = imputation_errors(
+            model, baseline, vaernn, test, torch.Generator().manual_seed(args.seed)
+        )
     impute_seconds = time.time() - t2
-    ordered = all(errors[f"p={p}"]["smoothing"] <= errors[f"p={p}"]["filtering"]
-                  <= errors[f"p={p}"]["generation"] for p in PROBS)
+    ordered = all(
+        errors[f"p={p}"]["smoothing"]
+        <= errors[f"p={p}"]["filtering"]
+        <= errors[f"p={p}"]["generation"]
+        for p in PROBS
+    )
     below_baseline = all(errors[f"p={p}"]["smoothing"] < errors[f"p={p}"][BASELINE] for p in PROBS)
     below_vaernn = all(errors[f"p={p}"]["smoothing"] < errors[f"p={p}"]["vaernn"] for p in PROBS)
     epochs = [r for r in history if "seconds" in r] if isinstance(history, list) else []
     payload = {
-        "env": args.env, "settings": vars(args), "test_elbo_per_frame": test_elbo["per_step"],
+        "env": args.env,
+        "settings": vars(args),
+        "test_elbo_per_frame": test_elbo["per_step"],
         "test_elbo_per_sequence": test_elbo["per_step"] * test.frames.shape[1],
         "imputation_pixel_error": errors,
         "smoothing_lt_filtering_lt_generation_at_every_p": ordered,
         "kvae_smoothing_below_ae_rnn_at_every_p": below_baseline,
         "kvae_smoothing_below_vaernn_at_every_p": below_vaernn,
         "ae_rnn_train_loss_per_frame": baseline_history,
-        "seconds": {"simulation": sim_seconds, "training": train_seconds,
-                    "ae_rnn_training": baseline_seconds, "vaernn_training": vaernn_seconds,
-                    "imputation": impute_seconds},
+        "seconds": {
+            "simulation": sim_seconds,
+            "training": train_seconds,
+            "ae_rnn_training": baseline_seconds,
+            "vaernn_training": vaernn_seconds,
+            "imputation": impute_seconds,
+        },
         "seconds_per_epoch": [r["seconds"] for r in epochs],
-        "epochs_trained": len(epochs), "device_info": device_info(device),
+        "epochs_trained": len(epochs),
+        "device_info": device_info(device),
         "thesis": "Fig. 6.3a: smoothing < filtering < generation at every p (curves, no table)",
     }
     prefix = smoke_dir / "fig" if args.smoke else RESULTS / f"kvae_{args.tag}"
     with torch.no_grad():
         figures(model, test, errors, str(prefix), args.env)
-    write_result(f"kvae_{args.tag}", payload,
-                 path=smoke_dir / "result.json" if args.smoke else None)
-    print(json.dumps({"ordered": ordered, "below_ae_rnn": below_baseline,
-                      "train_seconds": round(train_seconds)}))
+    write_result(
+        f"kvae_{args.tag}", payload, path=smoke_dir / "result.json" if args.smoke else None
+    )
+    print(
+        json.dumps(
+            {
+                "ordered": ordered,
+                "below_ae_rnn": below_baseline,
+                "train_seconds": round(train_seconds),
+            }
+        )
+    )
     return payload
 
 

@@ -70,8 +70,14 @@ sys.path.insert(0, str(ROOT))  # this checkout's package, also in the subprocess
 from common import RESULTS, SHARED_DATA, write_result  # noqa: E402
 
 RUNS = {  # name: (processes, seed)
-    "a": (1, 0), "b": (2, 0), "c": (1, 1), "d": (2, 1),
-    "e": (1, 2), "f": (2, 2), "g": (1, 3), "h": (2, 3),
+    "a": (1, 0),
+    "b": (2, 0),
+    "c": (1, 1),
+    "d": (2, 1),
+    "e": (1, 2),
+    "f": (2, 2),
+    "g": (1, 3),
+    "h": (2, 3),
 }
 #: the significance level of the rule (module docstring)
 LEVEL = 0.05
@@ -129,13 +135,16 @@ def judge(curves, compare_epochs=None):
     best_gap, p_best = permutation_test(best1, best2, lambda a, b: abs(mean(a) - mean(b)))
     spread = mean([_sd(col) for col in zip(*one)]) if len(one) > 1 else None
     return {
-        "epochs_compared": n, "runs_1_process": [k for k in sorted(curves) if RUNS[k][0] == 1],
+        "epochs_compared": n,
+        "runs_1_process": [k for k in sorted(curves) if RUNS[k][0] == 1],
         "runs_2_processes": [k for k in sorted(curves) if RUNS[k][0] == 2],
-        "curve_gap": gap, "p_curve": p_curve,
+        "curve_gap": gap,
+        "p_curve": p_curve,
         "seed_spread_1_process": spread,
         "best_valid_1_process": {"mean": mean(best1), "sd": _sd(best1), "values": best1},
         "best_valid_2_processes": {"mean": mean(best2), "sd": _sd(best2), "values": best2},
-        "best_gap": best_gap, "p_best": p_best,
+        "best_gap": best_gap,
+        "p_best": p_best,
         "splits": math.comb(len(one) + len(two), len(one)),
         "within_noise": p_curve >= LEVEL,
     }
@@ -153,13 +162,35 @@ def _train(name, args, folder, done_epochs, total_epochs, started):
     """Run ``pyro-seq train`` for run ``name`` into ``folder``, printing a line per epoch."""
     nproc, seed = RUNS[name]
     what = describe(name)
-    cmd = [sys.executable, "-m", "pyro_seq.cli", "train", "--model", "srnn", "--data",
-           str(args.data), "--epochs", str(args.epochs), "--nproc", str(nproc), "--threads",
-           str(args.threads), "--seed", str(seed), "--out", str(folder), "--quiet"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pyro_seq.cli",
+        "train",
+        "--model",
+        "srnn",
+        "--data",
+        str(args.data),
+        "--epochs",
+        str(args.epochs),
+        "--nproc",
+        str(nproc),
+        "--threads",
+        str(args.threads),
+        "--seed",
+        str(seed),
+        "--out",
+        str(folder),
+        "--quiet",
+    ]
     for option in args.model_option or []:
         cmd += ["--model-option", option]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [str(ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join(
+            [str(ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+        ),
+    )
     print(f"[{name}] {what}: {' '.join(cmd[1:])}", flush=True)
     folder.mkdir(parents=True, exist_ok=True)
     with open(folder / "cli_output.txt", "a") as log:
@@ -174,10 +205,13 @@ def _train(name, args, folder, done_epochs, total_epochs, started):
                 new = seen - run_seen0
                 per_epoch = (time.time() - run_started) / max(new, 1)
                 left = (args.epochs - seen + total_epochs - done_epochs - args.epochs) * per_epoch
-                print(f"[{name}] epoch {row['epoch']}/{args.epochs}  valid ELBO "
-                      f"{row.get('valid_elbo_per_step', float('nan')):.4f}  train "
-                      f"{row['seconds']:.1f} s  (elapsed {(time.time() - started) / 60:.1f} min, "
-                      f"about {max(left, 0) / 60:.0f} min left)", flush=True)
+                print(
+                    f"[{name}] epoch {row['epoch']}/{args.epochs}  valid ELBO "
+                    f"{row.get('valid_elbo_per_step', float('nan')):.4f}  train "
+                    f"{row['seconds']:.1f} s  (elapsed {(time.time() - started) / 60:.1f} min, "
+                    f"about {max(left, 0) / 60:.0f} min left)",
+                    flush=True,
+                )
             if finished:
                 break
             time.sleep(5)
@@ -193,14 +227,22 @@ def plot(curves, verdict, path, cuts=None):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 6.5), sharex=True,
-                                      gridspec_kw={"height_ratios": [2, 1]})
+    fig, (top, bottom) = plt.subplots(
+        2, 1, figsize=(7, 6.5), sharex=True, gridspec_kw={"height_ratios": [2, 1]}
+    )
     n = verdict["epochs_compared"]
     for name, curve in sorted(curves.items()):
         nproc = RUNS[name][0]
         color, ls = ("C0", "-") if nproc == 1 else ("C3", "--")
-        top.plot(range(1, len(curve) + 1), curve, color=color, ls=ls, lw=1.1, alpha=0.8,
-                 label=f"{name}: {describe(name)}")
+        top.plot(
+            range(1, len(curve) + 1),
+            curve,
+            color=color,
+            ls=ls,
+            lw=1.1,
+            alpha=0.8,
+            label=f"{name}: {describe(name)}",
+        )
         for epoch in (cuts or {}).get(name, []):  # the plateau schedule halved the rate here
             top.plot([epoch], [curve[epoch - 1]], marker="v", color=color, ms=5, ls="none")
     top.axvline(n + 0.5, color="grey", lw=0.8, ls=":")
@@ -209,25 +251,45 @@ def plot(curves, verdict, path, cuts=None):
     later = [v for c in curves.values() for v in c[2:]]
     if later:  # the first two epochs are far below the rest: keep the later range in view
         top.set_ylim(min(later) - 0.3, max(later) + 0.2)
-    top.legend(fontsize=7, ncol=2, title="triangles: learning rate halved" if cuts else None,
-               title_fontsize=7)
+    top.legend(
+        fontsize=7,
+        ncol=2,
+        title="triangles: learning rate halved" if cuts else None,
+        title_fontsize=7,
+    )
     top.grid(alpha=0.3)
     one = [curves[k][:n] for k in verdict["runs_1_process"]]
     two = [curves[k][:n] for k in verdict["runs_2_processes"]]
     epochs = range(1, n + 1)
-    bottom.plot(epochs, [abs(mean(a) - mean(b)) for a, b in zip(zip(*one), zip(*two))],
-                color="C3", label="|mean 1 process - mean 2 processes|")
+    bottom.plot(
+        epochs,
+        [abs(mean(a) - mean(b)) for a, b in zip(zip(*one), zip(*two))],
+        color="C3",
+        label="|mean 1 process - mean 2 processes|",
+    )
     if len(one) > 1:
-        bottom.plot(epochs, [_sd(col) for col in zip(*one)], color="C0", ls=":",
-                    label="sd over seeds, 1 process")
+        bottom.plot(
+            epochs,
+            [_sd(col) for col in zip(*one)],
+            color="C0",
+            ls=":",
+            label="sd over seeds, 1 process",
+        )
     if len(two) > 1:
-        bottom.plot(epochs, [_sd(col) for col in zip(*two)], color="C3", ls=":",
-                    label="sd over seeds, 2 processes")
+        bottom.plot(
+            epochs,
+            [_sd(col) for col in zip(*two)],
+            color="C3",
+            ls=":",
+            label="sd over seeds, 2 processes",
+        )
     bottom.set_yscale("log")
     bottom.set_xlabel("epoch")
     bottom.set_ylabel("nats / step")
-    bottom.set_title(f"permutation test over {verdict['splits']} splits: p = "
-                     f"{verdict['p_curve']:.2f}", fontsize=9)
+    bottom.set_title(
+        f"permutation test over {verdict['splits']} splits: p = {verdict['p_curve']:.2f}",
+        fontsize=9,
+    )
     bottom.legend(fontsize=8)
     bottom.grid(alpha=0.3)
     fig.tight_layout()
@@ -239,22 +301,50 @@ def plot(curves, verdict, path, cuts=None):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--epochs", type=int, default=30, help="epochs per new run (default 30)")
-    parser.add_argument("--compare-epochs", type=int, default=None,
-                        help="compare the first E epochs (default: all that every run completed)")
-    parser.add_argument("--data", type=Path, default=SHARED_DATA / "jsb_chorales.pickle",
-                        help="piano-roll pickle (default the shared original-resolution JSB)")
+    parser.add_argument(
+        "--compare-epochs",
+        type=int,
+        default=None,
+        help="compare the first E epochs (default: all that every run completed)",
+    )
+    parser.add_argument(
+        "--data",
+        type=Path,
+        default=SHARED_DATA / "jsb_chorales.pickle",
+        help="piano-roll pickle (default the shared original-resolution JSB)",
+    )
     parser.add_argument("--threads", type=int, default=1, help="torch threads per process")
-    parser.add_argument("--runs", nargs="+", default=list(RUNS), choices=list(RUNS),
-                        help="runs to include (default all eight)")
-    parser.add_argument("--reuse", type=Path, default=RESULTS / "nproc_curve.json",
-                        help="earlier result whose recorded runs stand in for absent folders")
-    parser.add_argument("--model-option", action="append", metavar="KEY=VALUE",
-                        help="passed to the CLI (a quick check with a small model); the "
-                             "recorded result uses none")
-    parser.add_argument("--work-dir", type=Path, default=ROOT / "benchmarks" / "checkpoints"
-                        / "nproc_curve", help="run folders (resumed, or skipped when finished)")
-    parser.add_argument("--output", type=Path, default=RESULTS / "nproc_curve.json",
-                        help="result JSON (the figure goes next to it)")
+    parser.add_argument(
+        "--runs",
+        nargs="+",
+        default=list(RUNS),
+        choices=list(RUNS),
+        help="runs to include (default all eight)",
+    )
+    parser.add_argument(
+        "--reuse",
+        type=Path,
+        default=RESULTS / "nproc_curve.json",
+        help="earlier result whose recorded runs stand in for absent folders",
+    )
+    parser.add_argument(
+        "--model-option",
+        action="append",
+        metavar="KEY=VALUE",
+        help="passed to the CLI (a quick check with a small model); the recorded result uses none",
+    )
+    parser.add_argument(
+        "--work-dir",
+        type=Path,
+        default=ROOT / "benchmarks" / "checkpoints" / "nproc_curve",
+        help="run folders (resumed, or skipped when finished)",
+    )
+    parser.add_argument(
+        "--output",
+        type=Path,
+        default=RESULTS / "nproc_curve.json",
+        help="result JSON (the figure goes next to it)",
+    )
     args = parser.parse_args(argv)
     if not args.data.exists():
         raise SystemExit(f"data file {args.data} not found; pass --data PATH")
@@ -288,37 +378,47 @@ def main(argv=None):
         seconds = [row["seconds"] for row in rows]
         cuts[name] = [i for i in range(1, len(rows)) if rows[i]["lr"] < rows[i - 1]["lr"]]
         runs[name] = {
-            "description": describe(name), "nproc": nproc, "seed": seed, "folder": str(folder),
-            "epochs_completed": len(rows), "valid_elbo_per_step": curves[name],
+            "description": describe(name),
+            "nproc": nproc,
+            "seed": seed,
+            "folder": str(folder),
+            "epochs_completed": len(rows),
+            "valid_elbo_per_step": curves[name],
             "train_seconds_per_epoch": seconds,
             "train_seconds_per_epoch_median": sorted(seconds)[len(seconds) // 2],
             "test_elbo_per_step": test["per_step"],
             "lr_halved_after_epochs": cuts[name],
-            "train_config": config["train"], "model_options": config["model_options"],
+            "train_config": config["train"],
+            "model_options": config["model_options"],
         }
     verdict = judge(curves, args.compare_epochs)
     result = {
         "benchmark": "nproc_curve",
         "question": "does pyro-seq train --nproc 2 give the 1-process validation curve within "
-                    "noise?",
-        "data": str(args.data.name), "threads_per_process": args.threads,
-        "model": "srnn", "model_options": args.model_option or [],
+        "noise?",
+        "data": str(args.data.name),
+        "threads_per_process": args.threads,
+        "model": "srnn",
+        "model_options": args.model_option or [],
         "rule": "permutation test of the process count over all splits of the runs into two "
-                "groups of the observed sizes; statistic mean_e |mean_1(e) - mean_2(e)| of the "
-                f"validation ELBO per step over the compared epochs; within noise when "
-                f"p >= {LEVEL}",
-        "verdict": verdict, "runs": runs,
+        "groups of the observed sizes; statistic mean_e |mean_1(e) - mean_2(e)| of the "
+        f"validation ELBO per step over the compared epochs; within noise when "
+        f"p >= {LEVEL}",
+        "verdict": verdict,
+        "runs": runs,
         "wall_seconds_this_invocation": time.time() - started,
     }
     v = verdict
-    print(f"{v['epochs_compared']} epochs, runs {''.join(v['runs_1_process'])} (1 process) vs "
-          f"{''.join(v['runs_2_processes'])} (2): curve gap {v['curve_gap']:.4f} nats/step "
-          f"(seed spread {v['seed_spread_1_process'] or float('nan'):.4f}), p = "
-          f"{v['p_curve']:.3f} over {v['splits']} splits; best valid "
-          f"{v['best_valid_1_process']['mean']:.4f} +- {v['best_valid_1_process']['sd']:.4f} vs "
-          f"{v['best_valid_2_processes']['mean']:.4f} +- {v['best_valid_2_processes']['sd']:.4f}"
-          f" (p = {v['p_best']:.3f}): "
-          f"{'within noise' if v['within_noise'] else 'NOT within noise'}")
+    print(
+        f"{v['epochs_compared']} epochs, runs {''.join(v['runs_1_process'])} (1 process) vs "
+        f"{''.join(v['runs_2_processes'])} (2): curve gap {v['curve_gap']:.4f} nats/step "
+        f"(seed spread {v['seed_spread_1_process'] or float('nan'):.4f}), p = "
+        f"{v['p_curve']:.3f} over {v['splits']} splits; best valid "
+        f"{v['best_valid_1_process']['mean']:.4f} +- {v['best_valid_1_process']['sd']:.4f} vs "
+        f"{v['best_valid_2_processes']['mean']:.4f} +- {v['best_valid_2_processes']['sd']:.4f}"
+        f" (p = {v['p_best']:.3f}): "
+        f"{'within noise' if v['within_noise'] else 'NOT within noise'}"
+    )
     write_result("nproc_curve", result, path=args.output)
     plot(curves, verdict, args.output.with_suffix(".png"), cuts)
     return result

@@ -31,9 +31,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
+from common import RESULTS, ROOT, SHARED_DATA, write_result  # noqa: E402
 from tqdm.auto import tqdm  # noqa: E402
 
-from common import RESULTS, ROOT, SHARED_DATA, write_result  # noqa: E402
 from pyro_seq.data import load_dataset  # noqa: E402
 from pyro_seq.models import RTRBM, SRTRBM  # noqa: E402
 from pyro_seq.train import TrainConfig, evaluate_bound, fit, load_weights  # noqa: E402
@@ -71,13 +71,24 @@ def main(argv=None):
     p.add_argument("--ais-betas", type=int, default=1000)
     p.add_argument("--time-limit", type=float, default=None, help="seconds for this invocation")
     p.add_argument("--eval-only", action="store_true", help="score the saved best weights only")
-    p.add_argument("--weights-from", default=None,
-                   help="with --eval-only: the tag whose checkpoints to score ('' for none)")
-    p.add_argument("--test-sequences", type=int, default=None,
-                   help="score only the first N test sequences (a quicker, partial estimate)")
-    p.add_argument("--test-slice", default=None, metavar="START:STOP",
-                   help="score test sequences START..STOP-1 only (to split the AIS over "
-                        "processes; the result records total log-likelihood and steps)")
+    p.add_argument(
+        "--weights-from",
+        default=None,
+        help="with --eval-only: the tag whose checkpoints to score ('' for none)",
+    )
+    p.add_argument(
+        "--test-sequences",
+        type=int,
+        default=None,
+        help="score only the first N test sequences (a quicker, partial estimate)",
+    )
+    p.add_argument(
+        "--test-slice",
+        default=None,
+        metavar="START:STOP",
+        help="score test sequences START..STOP-1 only (to split the AIS over "
+        "processes; the result records total log-likelihood and steps)",
+    )
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--tag", default="")
     args = p.parse_args(argv)
@@ -108,11 +119,20 @@ def main(argv=None):
             out = ROOT / "benchmarks" / "checkpoints" / folder / f"{data_name}_{model_name}"
             torch.manual_seed(0)
             model = build(model_name, args.hidden)
-            config = TrainConfig(epochs=args.epochs, batch_size=args.batch_size, objective="cd",
-                                 cd_steps=args.cd_steps, lr=args.lr, seed=0, time_limit=remaining,
-                                 num_threads=args.threads, progress=True)
+            config = TrainConfig(
+                epochs=args.epochs,
+                batch_size=args.batch_size,
+                objective="cd",
+                cd_steps=args.cd_steps,
+                lr=args.lr,
+                seed=0,
+                time_limit=remaining,
+                num_threads=args.threads,
+                progress=True,
+            )
             if args.eval_only:
                 from pyro_seq.train.trainer import TrainHistory
+
                 history = TrainHistory(json.loads((out / "log.json").read_text()))
                 history.best_epoch = max(history, key=lambda r: r["valid_bound_per_step"])["epoch"]
                 history.best_valid_elbo_per_step = max(r["valid_bound_per_step"] for r in history)
@@ -124,27 +144,42 @@ def main(argv=None):
             model.load_state_dict(load_weights(out / "best.pt"))
             torch.manual_seed(0)
             t0 = time.perf_counter()
-            test_seqs = data["test"][:args.test_sequences] if args.test_sequences else data["test"]
+            test_seqs = data["test"][: args.test_sequences] if args.test_sequences else data["test"]
             if args.test_slice:
                 start, stop = (int(v) for v in args.test_slice.split(":"))
                 test_seqs = data["test"][start:stop]
-            test = evaluate_bound(model, test_seqs, batch_size=8, method="ais",
-                                  num_particles=args.ais_chains, num_betas=args.ais_betas)
-            run = {"test_loglik_per_step": test["per_step"],
-                   "test_sequences": len(test_seqs), "test_steps": test["num_steps"],
-                   "test_total_loglik": test["total"], "test_slice": args.test_slice,
-                   "test_stderr_per_step": test["stderr_per_step"],
-                   "ais_seconds": time.perf_counter() - t0,
-                   "target_met": test["per_step"] >= TARGET if data_name == "jsb" else None,
-                   "epochs": len(history), "best_epoch": history.best_epoch,
-                   "best_valid_pll_per_step": history.best_valid_elbo_per_step,
-                   "train_seconds": sum(r["seconds"] for r in history),
-                   "stop_reason": history.stop_reason, "num_hidden": model.num_hidden,
-                   "train": {k: (list(v) if isinstance(v, tuple) else v)
-                             for k, v in asdict(config).items()}}
+            test = evaluate_bound(
+                model,
+                test_seqs,
+                batch_size=8,
+                method="ais",
+                num_particles=args.ais_chains,
+                num_betas=args.ais_betas,
+            )
+            run = {
+                "test_loglik_per_step": test["per_step"],
+                "test_sequences": len(test_seqs),
+                "test_steps": test["num_steps"],
+                "test_total_loglik": test["total"],
+                "test_slice": args.test_slice,
+                "test_stderr_per_step": test["stderr_per_step"],
+                "ais_seconds": time.perf_counter() - t0,
+                "target_met": test["per_step"] >= TARGET if data_name == "jsb" else None,
+                "epochs": len(history),
+                "best_epoch": history.best_epoch,
+                "best_valid_pll_per_step": history.best_valid_elbo_per_step,
+                "train_seconds": sum(r["seconds"] for r in history),
+                "stop_reason": history.stop_reason,
+                "num_hidden": model.num_hidden,
+                "train": {
+                    k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(config).items()
+                },
+            }
             result["runs"].setdefault(data_name, {})[model_name] = run
-            tqdm.write(f"{data_name}/{model_name}: test log-likelihood {test['per_step']:.4f} +- "
-                       f"{test['stderr_per_step']:.4f} nats/step (AIS), {len(history)} epochs")
+            tqdm.write(
+                f"{data_name}/{model_name}: test log-likelihood {test['per_step']:.4f} +- "
+                f"{test['stderr_per_step']:.4f} nats/step (AIS), {len(history)} epochs"
+            )
             write_result(name, result)
     return result
 

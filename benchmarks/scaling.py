@@ -110,8 +110,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(ROOT))  # this checkout's package (and so in the spawned ranks)
 
 import torch  # noqa: E402
-
 from common import SHARED_DATA, machine_info, write_result  # noqa: E402
+
 from pyro_seq.data import load_piano_rolls  # noqa: E402
 from pyro_seq.models import DMM, SRNN  # noqa: E402
 from pyro_seq.train import fit  # noqa: E402
@@ -128,10 +128,14 @@ def model_setups(smoke):
     if smoke:
         srnn = dict(d_dim=8, z_dim=2, hidden_dim=8)
         dmm = dict(z_dim=2, transition_dim=8, emission_dim=8, rnn_dim=8)
-        return {"srnn": (SRNN, srnn, replace(jsb_srnn.CONFIG, batch_size=4)),
-                "dmm": (DMM, dmm, replace(jsb_dmm.CONFIG, batch_size=4))}
-    return {"srnn": (SRNN, jsb_srnn.MODEL, jsb_srnn.CONFIG),
-            "dmm": (DMM, jsb_dmm.MODEL, jsb_dmm.CONFIG)}
+        return {
+            "srnn": (SRNN, srnn, replace(jsb_srnn.CONFIG, batch_size=4)),
+            "dmm": (DMM, dmm, replace(jsb_dmm.CONFIG, batch_size=4)),
+        }
+    return {
+        "srnn": (SRNN, jsb_srnn.MODEL, jsb_srnn.CONFIG),
+        "dmm": (DMM, jsb_dmm.MODEL, jsb_dmm.CONFIG),
+    }
 
 
 def smoke_data(num=16, dim=88, seed=0):
@@ -149,7 +153,7 @@ def _allreduce_worker(rank, world_size, port, numel, iters, result_path):
     try:
         flat = torch.zeros(numel)
         times = []
-        for i in range(iters + 3):  # 3 warm-up calls
+        for _i in range(iters + 3):  # 3 warm-up calls
             dist.barrier()
             t = time.perf_counter()
             dist.all_reduce(flat)
@@ -169,8 +173,12 @@ def allreduce_seconds(numel, nproc, iters=20):
 
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "seconds"
-        mp.spawn(_allreduce_worker, nprocs=nproc, join=True,
-                 args=(nproc, free_port(), numel, iters, str(path)))
+        mp.spawn(
+            _allreduce_worker,
+            nprocs=nproc,
+            join=True,
+            args=(nproc, free_port(), numel, iters, str(path)),
+        )
         return float(path.read_text())
 
 
@@ -178,8 +186,15 @@ def run_cell(name, setup, train, nproc, warmup, epochs, work_dir):
     """One ``fit`` of ``warmup + epochs`` epochs with ``nproc`` processes; the measured epochs'
     throughput (training sequences per second of rank 0's epoch clock) and the wall time."""
     build, settings, base = setup
-    config = replace(base, epochs=warmup + epochs, world_size=nproc, num_threads=1,
-                     progress=False, patience=None, time_limit=None)
+    config = replace(
+        base,
+        epochs=warmup + epochs,
+        world_size=nproc,
+        num_threads=1,
+        progress=False,
+        patience=None,
+        time_limit=None,
+    )
     torch.manual_seed(0)
     model = build(train[0].shape[-1], **settings)
     out = Path(tempfile.mkdtemp(prefix=f"{name}_n{nproc}_", dir=work_dir))
@@ -188,11 +203,15 @@ def run_cell(name, setup, train, nproc, warmup, epochs, work_dir):
     wall = time.perf_counter() - started
     seconds = [row["seconds"] for row in history]
     measured = seconds[warmup:]
-    return {"epoch_seconds": seconds, "warmup_epochs": warmup, "measured_epochs": len(measured),
-            "sequences_per_epoch": len(train),
-            "updates_per_epoch": history[-1]["step"] // len(history),
-            "sequences_per_second": len(train) * len(measured) / sum(measured),
-            "wall_seconds_fit": wall}
+    return {
+        "epoch_seconds": seconds,
+        "warmup_epochs": warmup,
+        "measured_epochs": len(measured),
+        "sequences_per_epoch": len(train),
+        "updates_per_epoch": history[-1]["step"] // len(history),
+        "sequences_per_second": len(train) * len(measured) / sum(measured),
+        "wall_seconds_fit": wall,
+    }
 
 
 def measure(models, nprocs, train, warmup, epochs, repeats, smoke, work_dir, log=print):
@@ -203,28 +222,34 @@ def measure(models, nprocs, train, warmup, epochs, repeats, smoke, work_dir, log
     for name in models:
         runs = {n: [] for n in nprocs}
         for r in range(repeats):
-            order = nprocs[r % len(nprocs):] + nprocs[:r % len(nprocs)]  # rotate per repeat
+            order = nprocs[r % len(nprocs) :] + nprocs[: r % len(nprocs)]  # rotate per repeat
             for n in order:
                 cell = run_cell(name, setups[name], train, n, warmup, epochs, work_dir)
                 runs[n].append(cell)
                 done += 1
                 elapsed = time.time() - started
-                log(f"[{done}/{cells}] {name} N={n} repeat {r + 1}/{repeats}: "
+                log(
+                    f"[{done}/{cells}] {name} N={n} repeat {r + 1}/{repeats}: "
                     f"{cell['sequences_per_second']:.2f} seq/s (epochs "
                     f"{', '.join(f'{s:.2f}' for s in cell['epoch_seconds'])} s; fit wall "
                     f"{cell['wall_seconds_fit']:.1f} s; load {os.getloadavg()[0]:.2f}); about "
-                    f"{elapsed / done * (cells - done) / 60:.1f} min left")
+                    f"{elapsed / done * (cells - done) / 60:.1f} min left"
+                )
         per_n = {}
         for n in nprocs:
             values = [c["sequences_per_second"] for c in runs[n]]
-            per_n[str(n)] = {"sequences_per_second_median": statistics.median(values),
-                             "sequences_per_second_repeats": values, "cells": runs[n]}
+            per_n[str(n)] = {
+                "sequences_per_second_median": statistics.median(values),
+                "sequences_per_second_repeats": values,
+                "cells": runs[n],
+            }
         base = per_n["1"]["sequences_per_second_median"] if 1 in nprocs else None
         for n in nprocs:
             entry = per_n[str(n)]
             entry["speedup"] = entry["sequences_per_second_median"] / base if base else None
-            entry["efficiency"] = (entry["sequences_per_second_median"] / (n * base)
-                                   if base else None)
+            entry["efficiency"] = (
+                entry["sequences_per_second_median"] / (n * base) if base else None
+            )
         build, settings, config = setups[name]
         numel = sum(p.numel() for p in build(train[0].shape[-1], **settings).parameters()) + 1
         for n in nprocs:
@@ -232,36 +257,59 @@ def measure(models, nprocs, train, warmup, epochs, repeats, smoke, work_dir, log
                 entry = per_n[str(n)]
                 ar = allreduce_seconds(numel, n)
                 cell = entry["cells"][0]
-                seconds = statistics.median(s for c in entry["cells"]
-                                            for s in c["epoch_seconds"][c["warmup_epochs"]:])
+                seconds = statistics.median(
+                    s for c in entry["cells"] for s in c["epoch_seconds"][c["warmup_epochs"] :]
+                )
                 entry["allreduce_seconds_per_update"] = ar
                 entry["allreduce_share_of_epoch"] = ar * cell["updates_per_epoch"] / seconds
-                log(f"{name} N={n}: one all-reduce of {numel} values {ar * 1e3:.1f} ms, "
-                    f"{100 * entry['allreduce_share_of_epoch']:.1f}% of a measured epoch")
-        results[name] = {"model": dict(settings), "batch_size": config.batch_size,
-                         "num_parameters": numel - 1,
-                         "train": {k: (list(v) if isinstance(v, tuple) else v)
-                                   for k, v in asdict(config).items()},
-                         "per_nproc": per_n}
+                log(
+                    f"{name} N={n}: one all-reduce of {numel} values {ar * 1e3:.1f} ms, "
+                    f"{100 * entry['allreduce_share_of_epoch']:.1f}% of a measured epoch"
+                )
+        results[name] = {
+            "model": dict(settings),
+            "batch_size": config.batch_size,
+            "num_parameters": numel - 1,
+            "train": {
+                k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(config).items()
+            },
+            "per_nproc": per_n,
+        }
     return results
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS))
-    parser.add_argument("--nprocs", type=int, nargs="+", default=[1, 2],
-                        help="numbers of processes (the first must be 1 for the efficiency)")
-    parser.add_argument("--epochs", type=int, nargs="+", default=None,
-                        help="measured epochs per cell, one value or one per model "
-                             "(default: srnn 6, dmm 15)")
+    parser.add_argument(
+        "--nprocs",
+        type=int,
+        nargs="+",
+        default=[1, 2],
+        help="numbers of processes (the first must be 1 for the efficiency)",
+    )
+    parser.add_argument(
+        "--epochs",
+        type=int,
+        nargs="+",
+        default=None,
+        help="measured epochs per cell, one value or one per model (default: srnn 6, dmm 15)",
+    )
     parser.add_argument("--warmup", type=int, default=1, help="epochs excluded per cell")
     parser.add_argument("--repeats", type=int, default=3, help="cells per (model, N)")
     parser.add_argument("--data", type=Path, default=SHARED_DATA / "jsb_chorales.pickle")
-    parser.add_argument("--output", type=Path, default=None,
-                        help="result JSON (default benchmarks/results/scaling.json; with "
-                             "--smoke nothing is written unless this is given)")
-    parser.add_argument("--smoke", action="store_true",
-                        help="tiny synthetic data and models, 1 repeat of 1 + 1 epochs")
+    parser.add_argument(
+        "--output",
+        type=Path,
+        default=None,
+        help="result JSON (default benchmarks/results/scaling.json; with "
+        "--smoke nothing is written unless this is given)",
+    )
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="tiny synthetic data and models, 1 repeat of 1 + 1 epochs",
+    )
     args = parser.parse_args(argv)
     defaults = {"srnn": 6, "dmm": 15}
     if args.smoke:
@@ -284,40 +332,67 @@ def main(argv=None):
         usable = len(os.sched_getaffinity(0))
     except AttributeError:
         usable = os.cpu_count()
-    print(f"scaling: models {args.models}, N {args.nprocs}, {len(train)} training sequences "
-          f"({data_name}), warm-up {args.warmup} + {dict(zip(args.models, epochs))} epochs, "
-          f"{args.repeats} repeat(s); load average {load_start[0]:.2f} {load_start[1]:.2f} "
-          f"{load_start[2]:.2f} on {os.cpu_count()} cores", flush=True)
+    print(
+        f"scaling: models {args.models}, N {args.nprocs}, {len(train)} training sequences "
+        f"({data_name}), warm-up {args.warmup} + {dict(zip(args.models, epochs))} epochs, "
+        f"{args.repeats} repeat(s); load average {load_start[0]:.2f} {load_start[1]:.2f} "
+        f"{load_start[2]:.2f} on {os.cpu_count()} cores",
+        flush=True,
+    )
     started = time.time()
     results = {}
     with tempfile.TemporaryDirectory(prefix="pyro_seq_scaling_") as work_dir:
         for name, n_epochs in zip(args.models, epochs):
-            results.update(measure([name], args.nprocs, train, args.warmup, n_epochs,
-                                   args.repeats, args.smoke, work_dir,
-                                   log=lambda s: print(s, flush=True)))
+            results.update(
+                measure(
+                    [name],
+                    args.nprocs,
+                    train,
+                    args.warmup,
+                    n_epochs,
+                    args.repeats,
+                    args.smoke,
+                    work_dir,
+                    log=lambda s: print(s, flush=True),
+                )
+            )
     load_end = os.getloadavg()
     payload = {
-        "benchmark": "scaling", "smoke": args.smoke,
+        "benchmark": "scaling",
+        "smoke": args.smoke,
         "what": "training sequences per second of fit(TrainConfig(world_size=N, num_threads=1)) "
-                "(pyro-seq train --nproc N --threads 1), measured epochs only (rank 0's "
-                "minibatch-loop clock), median over repeats; efficiency = throughput_N / "
-                "(N * throughput_1)",
-        "data": data_name, "num_train_sequences": len(train),
-        "settings": {"models": args.models, "nprocs": args.nprocs, "warmup_epochs": args.warmup,
-                     "measured_epochs": dict(zip(args.models, epochs)), "repeats": args.repeats,
-                     "threads_per_process": 1, "validation": False,
-                     "backend": "gloo", "device": "cpu"},
-        "machine_state": {"cores": os.cpu_count(), "usable_cores": usable,
-                          "load_average_start": list(load_start),
-                          "load_average_end": list(load_end)},
+        "(pyro-seq train --nproc N --threads 1), measured epochs only (rank 0's "
+        "minibatch-loop clock), median over repeats; efficiency = throughput_N / "
+        "(N * throughput_1)",
+        "data": data_name,
+        "num_train_sequences": len(train),
+        "settings": {
+            "models": args.models,
+            "nprocs": args.nprocs,
+            "warmup_epochs": args.warmup,
+            "measured_epochs": dict(zip(args.models, epochs)),
+            "repeats": args.repeats,
+            "threads_per_process": 1,
+            "validation": False,
+            "backend": "gloo",
+            "device": "cpu",
+        },
+        "machine_state": {
+            "cores": os.cpu_count(),
+            "usable_cores": usable,
+            "load_average_start": list(load_start),
+            "load_average_end": list(load_end),
+        },
         "versions": {k: machine_info()[k] for k in ("python", "torch", "pyro")},
         "wall_seconds": time.time() - started,
         "results": results,
     }
     for name, r in results.items():
-        line = ", ".join(f"N={n}: {v['sequences_per_second_median']:.2f} seq/s"
-                         + (f" (efficiency {v['efficiency']:.2f})" if v["efficiency"] else "")
-                         for n, v in r["per_nproc"].items())
+        line = ", ".join(
+            f"N={n}: {v['sequences_per_second_median']:.2f} seq/s"
+            + (f" (efficiency {v['efficiency']:.2f})" if v["efficiency"] else "")
+            for n, v in r["per_nproc"].items()
+        )
         print(f"{name}: {line}")
     print(f"load average at the end {load_end[0]:.2f} {load_end[1]:.2f} {load_end[2]:.2f}")
     if args.smoke and args.output is None:

@@ -20,11 +20,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import pyro  # noqa: E402
+import srnn_speed  # noqa: E402
 import torch  # noqa: E402
+from common import SHARED_DATA, machine_info  # noqa: E402
 
 import pyro_seq  # noqa: E402
-import srnn_speed  # noqa: E402
-from common import SHARED_DATA, machine_info  # noqa: E402
 from pyro_seq.data import SequenceLoader, load_piano_rolls  # noqa: E402
 from pyro_seq.models import SRNN  # noqa: E402
 
@@ -44,7 +44,7 @@ def main(argv=None):
     impl = srnn_speed.PyroSeqImpl(SRNN(88, **srnn_speed.MODEL))
     for x, mask in batches[:2]:
         impl.step(x, mask)
-    steps = batches[2:2 + args.steps]
+    steps = batches[2 : 2 + args.steps]
     start, cpu = time.perf_counter(), time.process_time()
     for x, mask in steps:
         impl.step(x, mask)
@@ -53,11 +53,13 @@ def main(argv=None):
 
     out = io.StringIO()
     info = machine_info()
-    out.write(f"SRNN SVI step, paper sizes, batch {srnn_speed.BATCH_SIZE}, T 100, 1 thread: "
-              f"{seconds * 1e3:.0f} ms wall, {cpu * 1e3:.0f} ms CPU per step (mean of "
-              f"{len(steps)}, unprofiled; the machine is shared, compare the counts)\n"
-              f"pyro_seq from {Path(pyro_seq.__file__).parent}\n"
-              f"{info['cpu']}; torch {info['torch']}, pyro {info['pyro']}, {info['date']}\n")
+    out.write(
+        f"SRNN SVI step, paper sizes, batch {srnn_speed.BATCH_SIZE}, T 100, 1 thread: "
+        f"{seconds * 1e3:.0f} ms wall, {cpu * 1e3:.0f} ms CPU per step (mean of "
+        f"{len(steps)}, unprofiled; the machine is shared, compare the counts)\n"
+        f"pyro_seq from {Path(pyro_seq.__file__).parent}\n"
+        f"{info['cpu']}; torch {info['torch']}, pyro {info['pyro']}, {info['date']}\n"
+    )
     profiler = cProfile.Profile()
     profiler.enable()
     for x, mask in steps:

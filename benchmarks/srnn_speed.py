@@ -41,11 +41,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import pyro  # noqa: E402
 import torch  # noqa: E402
 import torch.distributions.normal as torch_normal  # noqa: E402
+from baselines.plain_srnn import from_package  # noqa: E402
+from common import SHARED_DATA, finish_timing, parse_timing_args, timing_parser  # noqa: E402
 from pyro.infer import SVI, Trace_ELBO  # noqa: E402
 from pyro.optim import Adam  # noqa: E402
 
-from baselines.plain_srnn import from_package  # noqa: E402
-from common import SHARED_DATA, finish_timing, parse_timing_args, timing_parser  # noqa: E402
 from pyro_seq.data import SequenceLoader, load_piano_rolls  # noqa: E402
 from pyro_seq.models import SRNN  # noqa: E402
 
@@ -85,21 +85,35 @@ def check_same_function(model, x, mask, seed):
     m = copy.deepcopy(model).double()
     plain = from_package(m)
     x64 = x.double()
-    noise = torch.randn(x.shape[0], x.shape[1], m.z_dim, dtype=torch.float64,
-                        generator=torch.Generator().manual_seed(seed))
+    noise = torch.randn(
+        x.shape[0],
+        x.shape[1],
+        m.z_dim,
+        dtype=torch.float64,
+        generator=torch.Generator().manual_seed(seed),
+    )
     with torch.no_grad(), fixed_normal_noise(noise), pyro.validation_enabled(False):
         ours = -Trace_ELBO(max_plate_nesting=1).loss(m.model, m.guide, x64, mask)
         theirs = plain.elbo(x64, mask, noise).item()
     pyro.clear_param_store()
     diff = abs(ours - theirs)
-    summary = {"elbo_pyro_seq": ours, "elbo_plain": theirs, "abs_diff": diff,
-               "tolerance": CHECK_RTOL * abs(theirs), "dtype": "float64",
-               "passed": diff <= CHECK_RTOL * abs(theirs)}
-    print(f"check (float64, same weights, same noise): ELBO pyro-seq {ours:.6f}, plain "
-          f"{theirs:.6f}, |diff| {diff:.2e} (tolerance {summary['tolerance']:.2e})")
+    summary = {
+        "elbo_pyro_seq": ours,
+        "elbo_plain": theirs,
+        "abs_diff": diff,
+        "tolerance": CHECK_RTOL * abs(theirs),
+        "dtype": "float64",
+        "passed": diff <= CHECK_RTOL * abs(theirs),
+    }
+    print(
+        f"check (float64, same weights, same noise): ELBO pyro-seq {ours:.6f}, plain "
+        f"{theirs:.6f}, |diff| {diff:.2e} (tolerance {summary['tolerance']:.2e})"
+    )
     if not summary["passed"]:
-        raise SystemExit("the package's SRNN and the plain floor give different ELBOs with the "
-                         "same weights and noise; the timing would compare different functions")
+        raise SystemExit(
+            "the package's SRNN and the plain floor give different ELBOs with the "
+            "same weights and noise; the timing would compare different functions"
+        )
     return summary
 
 
@@ -107,8 +121,9 @@ class PyroSeqImpl:
     """The package as its users train it: ``SVI(m.model, m.guide, Adam, Trace_ELBO)``."""
 
     def __init__(self, model):
-        self.svi = SVI(model.model, model.guide, Adam({"lr": LR}),
-                       loss=Trace_ELBO(max_plate_nesting=1))
+        self.svi = SVI(
+            model.model, model.guide, Adam({"lr": LR}), loss=Trace_ELBO(max_plate_nesting=1)
+        )
 
     def step(self, x, mask):
         with pyro.validation_enabled(False):
@@ -143,17 +158,24 @@ def time_epoch(impl, batches):
 def synthetic_sequences(num, obs_dim=88, seed=0):
     """Random binary sequences of 5 to 20 steps, about 10% of notes on (``--smoke``)."""
     g = torch.Generator().manual_seed(seed)
-    return [torch.bernoulli(torch.full((int(torch.randint(5, 21, (), generator=g)), obs_dim), 0.1),
-                            generator=g) for _ in range(num)]
+    return [
+        torch.bernoulli(
+            torch.full((int(torch.randint(5, 21, (), generator=g)), obs_dim), 0.1), generator=g
+        )
+        for _ in range(num)
+    ]
 
 
 def parse_args(argv=None):
     parser = timing_parser(
-        __doc__.split("\n\n")[0], 3,
-        "minibatches per epoch (default: all, 17 of 16 for 272 windows)", "srnn_speed",
+        __doc__.split("\n\n")[0],
+        3,
+        "minibatches per epoch (default: all, 17 of 16 for 272 windows)",
+        "srnn_speed",
         "quick check of the script: tiny sizes, synthetic data, 1 repeat of 2 minibatches, no "
         "result file unless --output",
-        [("--data", f"jsb_chorales_2x.pickle (default {SHARED_DATA})")])
+        [("--data", f"jsb_chorales_2x.pickle (default {SHARED_DATA})")],
+    )
     return parse_timing_args(parser, argv)
 
 
@@ -177,8 +199,10 @@ def main(argv=None):
     pyro.set_rng_seed(args.seed)
     model = SRNN(88, **sizes)
     plain = from_package(model)
-    params = {"pyro_seq": sum(p.numel() for p in model.parameters()),
-              "plain": sum(p.numel() for p in plain.parameters())}
+    params = {
+        "pyro_seq": sum(p.numel() for p in model.parameters()),
+        "plain": sum(p.numel() for p in plain.parameters()),
+    }
     assert params["pyro_seq"] == params["plain"]
     first = next(iter(loader.batches(args.repeats)))  # not one of the timed epochs' batches
     check = check_same_function(model, *first, seed=args.seed)
@@ -190,42 +214,57 @@ def main(argv=None):
     record = {k: {"wall": [], "cpu": [], "loss_per_step": []} for k in variants}
     names = list(variants)
     for r, batches in enumerate(epochs):
-        for name in names[r % 2:] + names[:r % 2]:
+        for name in names[r % 2 :] + names[: r % 2]:
             w, c, lps = time_epoch(variants[name], batches)
             for key, value in zip(("wall", "cpu", "loss_per_step"), (w, c, lps)):
                 record[name][key].append(value)
-            print(f"repeat {r}: {name:9s} wall {w:7.2f} s  cpu {c:7.2f} s  loss/step {lps:8.4f}",
-                  flush=True)
+            print(
+                f"repeat {r}: {name:9s} wall {w:7.2f} s  cpu {c:7.2f} s  loss/step {lps:8.4f}",
+                flush=True,
+            )
 
     med = {k: statistics.median(v["wall"]) for k, v in record.items()}
     med_cpu = {k: statistics.median(v["cpu"]) for k, v in record.items()}
     ratio = med["pyro_seq"] / med["plain"]
     cpu_ratio = med_cpu["pyro_seq"] / med_cpu["plain"]
-    print(f"\nmedian of {args.repeats} epoch(s) of {num_batches} minibatch(es) of {batch_size}, "
-          f"{torch.get_num_threads()} thread(s): pyro_seq {med['pyro_seq']:.2f} s, plain "
-          f"{med['plain']:.2f} s; ratio {ratio:.3f} (target <= {TARGET_RATIO}), CPU ratio "
-          f"{cpu_ratio:.3f}")
+    print(
+        f"\nmedian of {args.repeats} epoch(s) of {num_batches} minibatch(es) of {batch_size}, "
+        f"{torch.get_num_threads()} thread(s): pyro_seq {med['pyro_seq']:.2f} s, plain "
+        f"{med['plain']:.2f} s; ratio {ratio:.3f} (target <= {TARGET_RATIO}), CPU ratio "
+        f"{cpu_ratio:.3f}"
+    )
     if args.smoke:
         print("smoke run: the times above only show that the script works")
 
     result = {
-        "settings": {"model": dict(sizes, obs_dim=88, inference="smoothing", residual=True,
-                                   likelihood="bernoulli"),
-                     "batch_size": batch_size, "batches_per_epoch": num_batches,
-                     "sequences": len(seqs), "data": data, "loss": "Trace_ELBO (1 sample)",
-                     "optimizer": f"Adam lr {LR} (pyro.optim.Adam / torch.optim.Adam)",
-                     "annealing_factor": 1.0, "pyro_validation": False,
-                     "repeats": args.repeats, "threads": torch.get_num_threads(),
-                     "seed": args.seed, "smoke": args.smoke,
-                     "order": "alternating epochs, variant order swapped each repeat",
-                     "epoch_includes": "svi.step / backward + Adam on pre-padded minibatches"},
+        "settings": {
+            "model": dict(
+                sizes, obs_dim=88, inference="smoothing", residual=True, likelihood="bernoulli"
+            ),
+            "batch_size": batch_size,
+            "batches_per_epoch": num_batches,
+            "sequences": len(seqs),
+            "data": data,
+            "loss": "Trace_ELBO (1 sample)",
+            "optimizer": f"Adam lr {LR} (pyro.optim.Adam / torch.optim.Adam)",
+            "annealing_factor": 1.0,
+            "pyro_validation": False,
+            "repeats": args.repeats,
+            "threads": torch.get_num_threads(),
+            "seed": args.seed,
+            "smoke": args.smoke,
+            "order": "alternating epochs, variant order swapped each repeat",
+            "epoch_includes": "svi.step / backward + Adam on pre-padded minibatches",
+        },
         "parameters": params,
         "check_same_elbo": check,
         "wall_seconds_per_epoch": {k: v["wall"] for k, v in record.items()},
         "cpu_seconds_per_epoch": {k: v["cpu"] for k, v in record.items()},
         "loss_per_step": {k: v["loss_per_step"] for k, v in record.items()},
-        "median_wall_seconds_per_epoch": med, "median_cpu_seconds_per_epoch": med_cpu,
-        "ratio_pyro_seq_to_plain": ratio, "cpu_ratio_pyro_seq_to_plain": cpu_ratio,
+        "median_wall_seconds_per_epoch": med,
+        "median_cpu_seconds_per_epoch": med_cpu,
+        "ratio_pyro_seq_to_plain": ratio,
+        "cpu_ratio_pyro_seq_to_plain": cpu_ratio,
         "target_ratio": TARGET_RATIO,
     }
     return finish_timing("srnn_speed", result, record, args)

@@ -48,17 +48,25 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
+from common import RESULTS, ROOT, SHARED_DATA, write_result  # noqa: E402
 from tqdm.auto import tqdm  # noqa: E402
 
-from common import RESULTS, ROOT, SHARED_DATA, write_result  # noqa: E402
 from pyro_seq.data import load_dataset  # noqa: E402
 from pyro_seq.models import SRNN  # noqa: E402
 from pyro_seq.train import TrainConfig, evaluate_bound, fit, load_weights  # noqa: E402
 
 DATASETS = {"jsb": "jsb_chorales.pickle", "jsb_2x": "jsb_chorales_2x.pickle", "chorales": None}
 MODEL = dict(d_dim=300, z_dim=100, hidden_dim=500, inference="smoothing", residual=True)
-COMMON = dict(epochs=90, batch_size=16, lr=1e-3, clip_norm=10.0, kl_start=0.2,
-              kl_anneal_steps=1000, valid_batch_size=80, seed=0)
+COMMON = dict(
+    epochs=90,
+    batch_size=16,
+    lr=1e-3,
+    clip_norm=10.0,
+    kl_start=0.2,
+    kl_anneal_steps=1000,
+    valid_batch_size=80,
+    seed=0,
+)
 VARIANTS = {
     # nothing but the settings shared by every dataset: schedule, stopping, init are defaults
     # (since 2026-11-26 those of "restore" below, results under "restore"; before that those of
@@ -71,12 +79,14 @@ VARIANTS = {
     # weights fit the 229 JSB chorales faster and generalise worse), and the plateau schedule
     # and early stopping active from epoch 1 (waiting for beta = 1 kept the full rate through
     # 67 annealing epochs, over-fitting)
-    "candidate": TrainConfig(**COMMON, init="bias", schedule_during_annealing=True,
-                             plateau_restore_best=False),
+    "candidate": TrainConfig(
+        **COMMON, init="bias", schedule_during_annealing=True, plateau_restore_best=False
+    ),
     # the same without any initialisation: on JSB the output-bias start fitted the training set
     # faster (epoch 10: 6.99 against the recipe's 8.95 nats/step) and over-fitted more
-    "candidate_noinit": TrainConfig(**COMMON, init="none", schedule_during_annealing=True,
-                                    plateau_restore_best=False),
+    "candidate_noinit": TrainConfig(
+        **COMMON, init="none", schedule_during_annealing=True, plateau_restore_best=False
+    ),
     # the defaults with the plateau schedule halving after 2 epochs without improvement instead
     # of 4: on JSB the defaults over-fitted in the 4 epochs before each halving (epochs 47-50)
     "plateau1": TrainConfig(**COMMON, plateau_patience=1, plateau_restore_best=False),
@@ -86,8 +96,14 @@ VARIANTS = {
     # defaults since 2026-11-26)
     "restore": TrainConfig(**COMMON, plateau_restore_best=True),
     # benchmarks/jsb_srnn.py, tuned on JSB-2x
-    "recipe": TrainConfig(**COMMON, lr_schedule="exponential", lr_decay_after=50,
-                          lr_decay_factor=1.15, patience=None, init="none"),
+    "recipe": TrainConfig(
+        **COMMON,
+        lr_schedule="exponential",
+        lr_decay_after=50,
+        lr_decay_factor=1.15,
+        patience=None,
+        init="none",
+    ),
 }
 
 
@@ -109,11 +125,12 @@ def summarise(history, stop_reason, test_runs, seconds_this_call):
         "best_valid_elbo_per_step": valid[best_index],
         "best_epoch": history[best_index]["epoch"],
         "test_elbo_per_step": statistics.mean(per_seed),
-        "test_elbo_stderr": (statistics.stdev(per_seed) / len(per_seed) ** 0.5
-                             if len(per_seed) > 1 else None),
+        "test_elbo_stderr": (
+            statistics.stdev(per_seed) / len(per_seed) ** 0.5 if len(per_seed) > 1 else None
+        ),
         "test_elbo_per_seed": per_seed,
         "test_kl_per_step": test_runs[0]["kl_per_step"],
-        "train_seconds_to_best_valid": sum(seconds[:best_index + 1]),
+        "train_seconds_to_best_valid": sum(seconds[: best_index + 1]),
         "train_seconds_total": sum(seconds),
         "seconds_per_epoch_mean": sum(seconds) / len(seconds),
         "epochs_completed": len(history),
@@ -130,11 +147,18 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--datasets", nargs="+", choices=list(DATASETS), default=list(DATASETS))
     parser.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=["defaults"])
-    parser.add_argument("--data-dir", default=str(SHARED_DATA),
-                        help="folder of jsb_chorales.pickle and jsb_chorales_2x.pickle")
+    parser.add_argument(
+        "--data-dir",
+        default=str(SHARED_DATA),
+        help="folder of jsb_chorales.pickle and jsb_chorales_2x.pickle",
+    )
     parser.add_argument("--epochs", type=int, default=COMMON["epochs"], help="maximum epochs")
-    parser.add_argument("--time-limit", type=float, default=None,
-                        help="seconds for this invocation over all runs (run again to resume)")
+    parser.add_argument(
+        "--time-limit",
+        type=float,
+        default=None,
+        help="seconds for this invocation over all runs (run again to resume)",
+    )
     parser.add_argument("--threads", type=int, default=None, help="torch threads")
     parser.add_argument("--eval-seeds", type=int, default=8, help="test ELBO evaluation seeds")
     parser.add_argument("--d-dim", type=int, default=MODEL["d_dim"])
@@ -165,8 +189,13 @@ def main(argv=None):
             if remaining <= 0:
                 outer.write("time limit reached; run again to resume")
                 break
-        config = replace(VARIANTS[variant], epochs=args.epochs, time_limit=remaining,
-                         num_threads=args.threads, progress=not args.quiet)
+        config = replace(
+            VARIANTS[variant],
+            epochs=args.epochs,
+            time_limit=remaining,
+            num_threads=args.threads,
+            progress=not args.quiet,
+        )
         data = load(data_name, args.data_dir)
         out = ROOT / "benchmarks" / "checkpoints" / name / f"{data_name}_{variant}"
         torch.manual_seed(config.seed)
@@ -181,14 +210,17 @@ def main(argv=None):
             torch.manual_seed(seed)
             test_runs.append(evaluate_bound(model, data["test"], batch_size=16))
         summary = summarise(history, history.stop_reason, test_runs, seconds)
-        summary.update(data=DATASETS[data_name] or "load_dataset('chorales')",
-                       train={k: (list(v) if isinstance(v, tuple) else v)
-                              for k, v in asdict(config).items()})
+        summary.update(
+            data=DATASETS[data_name] or "load_dataset('chorales')",
+            train={k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(config).items()},
+        )
         result["runs"].setdefault(data_name, {})[variant] = summary
-        outer.write(f"{data_name} / {variant}: best valid {summary['best_valid_elbo_per_step']:.4f} "
-                    f"at epoch {summary['best_epoch']} ({summary['train_seconds_to_best_valid']:.0f} s "
-                    f"of training), test {summary['test_elbo_per_step']:.4f} nats/step, "
-                    f"stopped: {summary['stop_reason']}")
+        outer.write(
+            f"{data_name} / {variant}: best valid {summary['best_valid_elbo_per_step']:.4f} "
+            f"at epoch {summary['best_epoch']} ({summary['train_seconds_to_best_valid']:.0f} s "
+            f"of training), test {summary['test_elbo_per_step']:.4f} nats/step, "
+            f"stopped: {summary['stop_reason']}"
+        )
         write_result(name, result)  # after every run, so an interrupted invocation keeps them
     outer.close()
     return result

@@ -36,8 +36,17 @@ extensions = [
     "myst_nb",
     "pyro_seq_docs",
 ]
-exclude_patterns = ["_build", "_ext", "_examples", "_generated", "conf.py", "tutorials/_*",
-                    "tutorials/_output", "**/.ipynb_checkpoints", "**/__pycache__"]
+exclude_patterns = [
+    "_build",
+    "_ext",
+    "_examples",
+    "_generated",
+    "conf.py",
+    "tutorials/_*",
+    "tutorials/_output",
+    "**/.ipynb_checkpoints",
+    "**/__pycache__",
+]
 templates_path = []
 html_theme = "furo"
 html_title = f"pyro-seq {release}"
@@ -45,10 +54,10 @@ html_static_path = []
 
 # -- API pages ---------------------------------------------------------------------------------
 autodoc_member_order = "bysource"
-autodoc_default_options = {"show-inheritance": True}   # module pages list ":members:" themselves
-autodoc_inherit_docstrings = False     # torch's forward/expand docs are not ours
-autodoc_typehints = "description"      # annotations next to the parameters they belong to
-napoleon_use_rtype = False             # "Returns: float64 tensor: ..." is prose, not a class
+autodoc_default_options = {"show-inheritance": True}  # module pages list ":members:" themselves
+autodoc_inherit_docstrings = False  # torch's forward/expand docs are not ours
+autodoc_typehints = "description"  # annotations next to the parameters they belong to
+napoleon_use_rtype = False  # "Returns: float64 tensor: ..." is prose, not a class
 napoleon_use_ivar = True
 
 # Every cross-reference must resolve (-n): a broken :class:/:func:/:mod: is an error under -W.
@@ -56,9 +65,12 @@ nitpicky = True
 # Targets outside this package: their inventories cannot be fetched at build time (no network,
 # so no intersphinx), so references to them render as plain text instead of links.
 nitpick_ignore_regex = [
-    (r"py:.*", r"(torch|pyro|numpy|np|scipy|music21|mido|tqdm|matplotlib|aeon|argparse|os|"
-               r"pathlib|pickle|_pickle|pickletools|io|typing|collections|dataclasses|enum|"
-               r"abc|functools|concurrent|multiprocessing|socket|builtins)(\..*)?"),
+    (
+        r"py:.*",
+        r"(torch|pyro|numpy|np|scipy|music21|mido|tqdm|matplotlib|aeon|argparse|os|"
+        r"pathlib|pickle|_pickle|pickletools|io|typing|collections|dataclasses|enum|"
+        r"abc|functools|concurrent|multiprocessing|socket|builtins)(\..*)?",
+    ),
     # the conventional lower-case type name of ":param callable fn:" fields
     (r"py:class", r"callable"),
 ]
@@ -70,7 +82,7 @@ myst_enable_extensions = ["dollarmath", "amsmath"]
 myst_heading_anchors = 3
 nb_execution_mode = os.environ.get("PYRO_SEQ_DOCS_EXECUTION", "cache")
 nb_execution_cache_path = str(DOCS / "_build" / ".jupyter_cache" / ("smoke" if SMOKE else "full"))
-nb_execution_timeout = 600 if SMOKE else 7200   # seconds per cell
+nb_execution_timeout = 600 if SMOKE else 7200  # seconds per cell
 nb_execution_raise_on_error = True
 nb_execution_show_tb = True
 nb_merge_streams = True
@@ -83,16 +95,24 @@ def _kernel_spec():
     atexit.register(shutil.rmtree, folder, ignore_errors=True)
     spec = folder / "kernels" / "pyro-seq-docs"
     spec.mkdir(parents=True)
-    (spec / "kernel.json").write_text(json.dumps({
-        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
-        "display_name": "Python 3 (pyro-seq docs)",
-        "language": "python",
-        "env": {"PYTHONPATH": os.pathsep.join(
-            [str(ROOT)] + [p for p in [os.environ.get("PYTHONPATH")] if p]),
-            "MPLBACKEND": "Agg"},
-    }))
+    (spec / "kernel.json").write_text(
+        json.dumps(
+            {
+                "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+                "display_name": "Python 3 (pyro-seq docs)",
+                "language": "python",
+                "env": {
+                    "PYTHONPATH": os.pathsep.join(
+                        [str(ROOT)] + [p for p in [os.environ.get("PYTHONPATH")] if p]
+                    ),
+                    "MPLBACKEND": "Agg",
+                },
+            }
+        )
+    )
     os.environ["JUPYTER_PATH"] = os.pathsep.join(
-        [str(folder)] + [p for p in [os.environ.get("JUPYTER_PATH")] if p])
+        [str(folder)] + [p for p in [os.environ.get("JUPYTER_PATH")] if p]
+    )
     return "pyro-seq-docs"
 
 

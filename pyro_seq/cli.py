@@ -31,7 +31,9 @@ from typing import Optional, Sequence
 
 import torch
 
-PIANO_KEYS = 88  #: piano-roll width: samples of this many binary features are written as MIDI
+#: Samples with this many binary features per step (the keys of a piano roll) are also written
+#: as MIDI files.
+PIANO_KEYS = 88
 
 
 def model_names():

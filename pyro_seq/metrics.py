@@ -51,11 +51,14 @@ def capped_binomial_deviance(p, y, cap: float = 0.01, reduction: str = "mean") -
     if reduction not in ("mean", "none"):
         raise ValueError(f"reduction must be 'mean' or 'none', got {reduction!r}")
     if p.dim() != 1 or y.dim() != 1:
-        raise ValueError(f"p and y must be 1-D tensors (one entry per answer), got shapes "
-                         f"{tuple(p.shape)} and {tuple(y.shape)}")
+        raise ValueError(
+            f"p and y must be 1-D tensors (one entry per answer), got shapes "
+            f"{tuple(p.shape)} and {tuple(y.shape)}"
+        )
     if p.shape[0] != y.shape[0]:
-        raise ValueError(f"p and y have different lengths: {p.shape[0]} predictions, "
-                         f"{y.shape[0]} targets")
+        raise ValueError(
+            f"p and y have different lengths: {p.shape[0]} predictions, {y.shape[0]} targets"
+        )
     if p.shape[0] == 0:
         raise ValueError("p and y are empty: the deviance of no answers is undefined")
     if not p.dtype.is_floating_point:
@@ -63,18 +66,22 @@ def capped_binomial_deviance(p, y, cap: float = 0.01, reduction: str = "mean") -
     bad = torch.isnan(p) | (p < 0) | (p > 1)
     if bool(bad.any()):
         i = int(bad.nonzero()[0, 0])
-        raise ValueError(f"p must hold probabilities in [0, 1] (no NaN), found {p[i].item()!r} at "
-                         f"index {i}; {int(bad.sum())} such entries")
+        raise ValueError(
+            f"p must hold probabilities in [0, 1] (no NaN), found {p[i].item()!r} at "
+            f"index {i}; {int(bad.sum())} such entries"
+        )
     if y.is_complex():
         raise ValueError(f"y must hold only 0 and 1, got dtype {y.dtype}")
     bad = (y != 0) & (y != 1)  # NaN is unequal to both
     if bool(bad.any()):
         i = int(bad.nonzero()[0, 0])
-        raise ValueError(f"y must hold only 0 and 1 (1 = correct), found {y[i].item()!r} at "
-                         f"index {i}; {int(bad.sum())} such entries")
-    p_hat = p.to(torch.float64).clamp(cap, 1 - cap)                                   # (1)
+        raise ValueError(
+            f"y must hold only 0 and 1 (1 = correct), found {y[i].item()!r} at "
+            f"index {i}; {int(bad.sum())} such entries"
+        )
+    p_hat = p.to(torch.float64).clamp(cap, 1 - cap)  # (1)
     # eq. (2) written as -log10 of the probability given to what happened, so that with cap = 0
     # a certain correct prediction contributes 0 (not 0 * log10(0) = NaN)
     p_observed = torch.where(y != 0, p_hat, 1 - p_hat)
-    terms = -torch.log10(p_observed)                                                   # (2)
+    terms = -torch.log10(p_observed)  # (2)
     return terms.mean() if reduction == "mean" else terms

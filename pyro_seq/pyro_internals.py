@@ -43,17 +43,33 @@ from pyro.poutine.seed_messenger import SeedMessenger
 from pyro.poutine.trace_messenger import TraceMessenger
 from pyro.poutine.util import site_is_subsample
 
-__all__ = ["VALUE_PRESERVING_MESSENGERS", "active_messengers", "default_validate_args",
-           "gaussian_hmm_factors", "is_reparameterized", "is_subsample", "masked_distribution_mask",
-           "preserves_sample_values", "vectorized_num_particles"]
+__all__ = [
+    "VALUE_PRESERVING_MESSENGERS",
+    "active_messengers",
+    "default_validate_args",
+    "gaussian_hmm_factors",
+    "is_reparameterized",
+    "is_subsample",
+    "masked_distribution_mask",
+    "preserves_sample_values",
+    "vectorized_num_particles",
+]
 
 #: Handler types that never change the value a ``pyro.sample`` statement returns (they record,
 #: block, scale, mask, broadcast or seed it). A handler of another type is assumed to change
 #: values (replay, condition, enumeration, ...) unless it declares
 #: ``preserves_sample_values = True`` (:func:`preserves_sample_values`).
-VALUE_PRESERVING_MESSENGERS = (BlockMessenger, BroadcastMessenger, IndepMessenger,
-                               InferConfigMessenger, MarkovMessenger, MaskMessenger,
-                               ScaleMessenger, SeedMessenger, TraceMessenger)
+VALUE_PRESERVING_MESSENGERS = (
+    BlockMessenger,
+    BroadcastMessenger,
+    IndepMessenger,
+    InferConfigMessenger,
+    MarkovMessenger,
+    MaskMessenger,
+    ScaleMessenger,
+    SeedMessenger,
+    TraceMessenger,
+)
 
 
 def active_messengers():
@@ -65,7 +81,8 @@ def preserves_sample_values(messenger):
     """True when ``messenger`` is known not to change sample values: an instance of
     :data:`VALUE_PRESERVING_MESSENGERS`, or one that declares ``preserves_sample_values = True``."""
     return isinstance(messenger, VALUE_PRESERVING_MESSENGERS) or bool(
-        getattr(messenger, "preserves_sample_values", False))
+        getattr(messenger, "preserves_sample_values", False)
+    )
 
 
 def is_subsample(msg):
@@ -86,8 +103,10 @@ def masked_distribution_mask(fn):
     """The mask of ``fn = base.mask(mask)`` (a Pyro ``MaskedDistribution``): a bool, or a bool
     tensor that broadcasts with ``fn.batch_shape``."""
     if not isinstance(fn, MaskedDistribution):
-        raise TypeError(f"masked_distribution_mask needs a pyro MaskedDistribution, got "
-                        f"{type(fn).__name__}; unwrap other distributions first")
+        raise TypeError(
+            f"masked_distribution_mask needs a pyro MaskedDistribution, got "
+            f"{type(fn).__name__}; unwrap other distributions first"
+        )
     return fn._mask
 
 

@@ -38,11 +38,25 @@ from pyro.poutine.messenger import Messenger
 
 from pyro_seq.models.contract import ModelContract
 from pyro_seq.pyro_internals import is_subsample
-from pyro_seq.validation import (check_device, module_device, prepare_sequences, validate_inputs,
-                                 validate_sequences)
+from pyro_seq.validation import (
+    check_device,
+    module_device,
+    prepare_sequences,
+    validate_inputs,
+    validate_sequences,
+)
 
-__all__ = ["ImputationResult", "ForecastResult", "impute", "denoise", "forecast", "drop_steps",
-           "drop_frames", "pixel_error", "bits_per_element"]
+__all__ = [
+    "ImputationResult",
+    "ForecastResult",
+    "impute",
+    "denoise",
+    "forecast",
+    "drop_steps",
+    "drop_frames",
+    "pixel_error",
+    "bits_per_element",
+]
 
 
 @dataclass
@@ -87,8 +101,10 @@ def _check_model(model, task, method=None):
     """Refuse a model that does not declare ``task`` (or imputation ``method``) in its contract
     (:mod:`pyro_seq.models.contract`): :class:`~pyro_seq.models.Unsupported`, one line."""
     if not isinstance(model, ModelContract):
-        raise TypeError(f"expected a model of pyro_seq.models (a ModelContract subclass), got "
-                        f"{type(model).__name__}")
+        raise TypeError(
+            f"expected a model of pyro_seq.models (a ModelContract subclass), got "
+            f"{type(model).__name__}"
+        )
     model.require(task)
     if method is not None:
         model.require(method, "impute_method")
@@ -114,8 +130,9 @@ def _check_inputs(model, inputs, x, mask, shape="(batch, T, input_dim)"):
     """The known inputs of a task, checked by the programs' validator (None for a model that
     takes none); the message names ``inputs`` and the expected ``shape``."""
     try:
-        return validate_inputs(inputs, x.shape[:2], model.input_dim, mask, x.dtype,
-                               module_device(model))
+        return validate_inputs(
+            inputs, x.shape[:2], model.input_dim, mask, x.dtype, module_device(model)
+        )
     except ValueError as e:
         raise ValueError(f"{e} (inputs of {model.module_name}: {shape})") from None
 
@@ -123,13 +140,24 @@ def _check_inputs(model, inputs, x, mask, shape="(batch, T, input_dim)"):
 def _traces(model, x, mask, **kwargs):
     guide_trace = poutine.trace(model.guide).get_trace(x, mask, **kwargs)
     model_trace = poutine.trace(poutine.replay(model.model, trace=guide_trace)).get_trace(
-        x, mask, **kwargs)
+        x, mask, **kwargs
+    )
     return model_trace, guide_trace
 
 
 @torch.no_grad()
-def impute(model, x, observed, mask=None, method="iterative", num_iterations=20, burn_in=None,
-           num_particles=64, generator=None, inputs=None):
+def impute(
+    model,
+    x,
+    observed,
+    mask=None,
+    method="iterative",
+    num_iterations=20,
+    burn_in=None,
+    num_particles=64,
+    generator=None,
+    inputs=None,
+):
     """Fill the missing entries of ``x`` (see the module docstring).
 
     :param model: a trained :class:`~pyro_seq.models.SequenceModel`.
@@ -153,15 +181,27 @@ def impute(model, x, observed, mask=None, method="iterative", num_iterations=20,
     """
     _check_model(model, "impute", method)
     with _true_likelihood(model):
-        return _impute(model, x, observed, mask, method, num_iterations, burn_in, num_particles,
-                       generator, inputs)
+        return _impute(
+            model,
+            x,
+            observed,
+            mask,
+            method,
+            num_iterations,
+            burn_in,
+            num_particles,
+            generator,
+            inputs,
+        )
 
 
 @torch.no_grad()
-def _impute(model, x, observed, mask, method, num_iterations, burn_in, num_particles, generator,
-            inputs):
-    x, mask, seen = prepare_sequences(x, mask, model.obs_dim, model.binary_observations, observed,
-                                      device=module_device(model))
+def _impute(
+    model, x, observed, mask, method, num_iterations, burn_in, num_particles, generator, inputs
+):
+    x, mask, seen = prepare_sequences(
+        x, mask, model.obs_dim, model.binary_observations, observed, device=module_device(model)
+    )
     inputs = _check_inputs(model, inputs, x, mask)
     if seen is None:
         seen = torch.ones_like(x, dtype=torch.bool)
@@ -174,8 +214,9 @@ def _impute(model, x, observed, mask, method, num_iterations, burn_in, num_parti
     probs = model.impute_steps(x, steps, method, inputs=inputs)
     probs = torch.where(steps[..., None], x, probs)
     filled = (probs > 0.5).to(x.dtype) if model.binary_observations else probs
-    return ImputationResult(torch.where(steps[..., None], x, filled), probs,
-                            steps[..., None].expand(x.shape))
+    return ImputationResult(
+        torch.where(steps[..., None], x, filled), probs, steps[..., None].expand(x.shape)
+    )
 
 
 def _impute_iterative(model, x, mask, seen, num_iterations, burn_in, generator, inputs):
@@ -209,17 +250,21 @@ def _impute_importance(model, x, mask, seen, num_particles, inputs):
         raise ValueError(f"num_particles must be >= 1, got {num_particles}")
     B, T, D = x.shape
     rep = lambda t: t.repeat((K,) + (1,) * (t.dim() - 1))  # noqa: E731  (K B, ...)
-    model_trace, guide_trace = _traces(model, rep(x), rep(mask), observed=rep(seen),
-                                       **_kw(None if inputs is None else rep(inputs)))
+    model_trace, guide_trace = _traces(
+        model, rep(x), rep(mask), observed=rep(seen), **_kw(None if inputs is None else rep(inputs))
+    )
     model_trace.compute_log_prob()
     guide_trace.compute_log_prob()
     log_w = x.new_zeros(K * B)
     for trace, sign in ((model_trace, 1.0), (guide_trace, -1.0)):
         for site in trace.nodes.values():
-            if site["type"] == "sample" and torch.is_tensor(site.get("log_prob")) \
-                    and site["log_prob"].dim() >= 1:
+            if (
+                site["type"] == "sample"
+                and torch.is_tensor(site.get("log_prob"))
+                and site["log_prob"].dim() >= 1
+            ):
                 log_w = log_w + sign * site["log_prob"].reshape(K * B)
-    w = torch.softmax(log_w.reshape(K, B), dim=0)                       # (K, B)
+    w = torch.softmax(log_w.reshape(K, B), dim=0)  # (K, B)
     means = torch.stack([fn.mean for fn in _emission_fns(model_trace, T)], 1)
     means = means.expand(K * B, T, D).reshape(K, B, T, D)
     estimate = (w[..., None, None] * means).sum(0)
@@ -264,13 +309,15 @@ def denoise(model, x, mask=None, inputs=None):
 
 @torch.no_grad()
 def _denoise(model, x, mask, inputs):
-    x, mask = validate_sequences(x, mask, model.obs_dim, model.binary_observations,
-                                 device=module_device(model))
+    x, mask = validate_sequences(
+        x, mask, model.obs_dim, model.binary_observations, device=module_device(model)
+    )
     kw = _kw(_check_inputs(model, inputs, x, mask))
     with _GuideMode():
         guide_trace = poutine.trace(model.guide).get_trace(x, mask, **kw)
     model_trace = poutine.trace(poutine.replay(model.model, trace=guide_trace)).get_trace(
-        x, mask, **kw)
+        x, mask, **kw
+    )
     means = torch.stack([fn.mean for fn in _emission_fns(model_trace, x.shape[1])], 1)
     means = means.expand(x.shape)
     x_hat = (means > 0.5).to(x.dtype) if model.binary_observations else means
@@ -302,8 +349,9 @@ def forecast(model, x_prefix, steps, num_samples=100, mask=None, target=None, in
 
 @torch.no_grad()
 def _forecast(model, x_prefix, steps, num_samples, mask, target, inputs):
-    x_prefix, mask = validate_sequences(x_prefix, mask, model.obs_dim, model.binary_observations,
-                                        device=module_device(model))
+    x_prefix, mask = validate_sequences(
+        x_prefix, mask, model.obs_dim, model.binary_observations, device=module_device(model)
+    )
     if not bool(mask.all()):
         raise ValueError("forecast needs prefixes of equal length (mask all True); cut them first")
     if int(steps) < 1 or int(num_samples) < 1:
@@ -311,27 +359,40 @@ def _forecast(model, x_prefix, steps, num_samples, mask, target, inputs):
     B, T, D = x_prefix.shape
     S = int(num_samples)
     ahead = torch.ones(B, T + int(steps), dtype=torch.bool, device=x_prefix.device)
-    inputs = _check_inputs(model, inputs, x_prefix.new_zeros(B, T + int(steps), D), ahead,
-                           "(batch, T + steps, input_dim)")
-    u_all = None if inputs is None else inputs.repeat(S, 1, 1)           # (S B, T + steps, U)
-    x = x_prefix.repeat(S, 1, 1)                                          # (S B, T, D)
+    inputs = _check_inputs(
+        model,
+        inputs,
+        x_prefix.new_zeros(B, T + int(steps), D),
+        ahead,
+        "(batch, T + steps, input_dim)",
+    )
+    u_all = None if inputs is None else inputs.repeat(S, 1, 1)  # (S B, T + steps, U)
+    x = x_prefix.repeat(S, 1, 1)  # (S B, T, D)
     guide_trace = poutine.trace(model.guide).get_trace(
-        x, torch.ones(S * B, T, dtype=torch.bool, device=x.device),
-        **_kw(None if u_all is None else u_all[:, :T]))
-    latents = {name: site["value"] for name, site in guide_trace.nodes.items()
-               if site["type"] == "sample" and not site["is_observed"]
-               and not is_subsample(site)}
+        x,
+        torch.ones(S * B, T, dtype=torch.bool, device=x.device),
+        **_kw(None if u_all is None else u_all[:, :T]),
+    )
+    latents = {
+        name: site["value"]
+        for name, site in guide_trace.nodes.items()
+        if site["type"] == "sample" and not site["is_observed"] and not is_subsample(site)
+    }
     samples, means = [], []
     for k in range(int(steps)):
-        x_ext = torch.cat([x, x.new_zeros(S * B, 1, D)], 1)              # step T + k unknown
+        x_ext = torch.cat([x, x.new_zeros(S * B, 1, D)], 1)  # step T + k unknown
         observed = torch.ones(S * B, T + k + 1, dtype=torch.bool, device=x.device)
         observed[:, -1] = False
         trace = poutine.trace(poutine.condition(model.model, data=latents)).get_trace(
-            x_ext, None, observed=observed,
-            **_kw(None if u_all is None else u_all[:, :T + k + 1]))
-        for name, site in trace.nodes.items():                            # keep the new latents
-            if site["type"] == "sample" and not site["is_observed"] and name not in latents \
-                    and not is_subsample(site):
+            x_ext, None, observed=observed, **_kw(None if u_all is None else u_all[:, : T + k + 1])
+        )
+        for name, site in trace.nodes.items():  # keep the new latents
+            if (
+                site["type"] == "sample"
+                and not site["is_observed"]
+                and name not in latents
+                and not is_subsample(site)
+            ):
                 latents[name] = site["value"]
         fn = trace.nodes[f"x_{T + k + 1}"]["fn"]
         mean = fn.mean.expand(S * B, D)
@@ -344,7 +405,9 @@ def _forecast(model, x_prefix, steps, num_samples, mask, target, inputs):
     log_prob = None
     if target is not None:
         if tuple(target.shape) != (B, int(steps), D):
-            raise ValueError(f"target must have shape {(B, int(steps), D)}, got {tuple(target.shape)}")
+            raise ValueError(
+                f"target must have shape {(B, int(steps), D)}, got {tuple(target.shape)}"
+            )
         check_device("target", target, x_prefix.device, "x_prefix is")
         log_prob = _mixture_log_prob(model, means, target)
     return ForecastResult(samples=samples, means=means, log_prob=log_prob)
@@ -354,10 +417,12 @@ def _mixture_log_prob(model, means, target):
     """``log (1/S) sum_s p(target_k | path_s)`` per (batch, step) for Bernoulli emissions (from
     the means) or Gaussian ones (not available from means alone: raise)."""
     if not model.binary_observations:
-        raise NotImplementedError("forecast log-likelihoods of a target are implemented for "
-                                  "Bernoulli emissions (piano rolls)")
+        raise NotImplementedError(
+            "forecast log-likelihoods of a target are implemented for "
+            "Bernoulli emissions (piano rolls)"
+        )
     p = means.clamp(1e-12, 1 - 1e-12)
-    lp = (target * p.log() + (1 - target) * (-p).log1p()).sum(-1)        # (S, B, steps)
+    lp = (target * p.log() + (1 - target) * (-p).log1p()).sum(-1)  # (S, B, steps)
     return torch.logsumexp(lp, 0) - torch.log(torch.tensor(float(lp.shape[0]), dtype=lp.dtype))
 
 
@@ -371,12 +436,14 @@ def drop_steps(mask, drop, generator=None):
     """
     lengths = mask.sum(-1)
     if int(drop) < 1 or bool((lengths <= drop).any()):
-        raise ValueError(f"drop must be >= 1 and every sequence longer than it, got drop={drop} "
-                         f"and lengths down to {int(lengths.min())}")
+        raise ValueError(
+            f"drop must be >= 1 and every sequence longer than it, got drop={drop} "
+            f"and lengths down to {int(lengths.min())}"
+        )
     observed = torch.ones_like(mask, dtype=torch.bool)
     for b, length in enumerate(lengths.tolist()):
         start = int(torch.randint(0, length - drop + 1, (), generator=generator))
-        observed[b, start:start + drop] = False
+        observed[b, start : start + drop] = False
     return observed
 
 
@@ -417,4 +484,3 @@ def bits_per_element(probs, target, eps=1e-6):
     """
     p = probs.clamp(eps, 1 - eps)
     return float(-(target * p.log2() + (1 - target) * (1 - p).log2()).mean())
-

@@ -37,7 +37,9 @@ def tiny_pickle(tmp_path):
         out = []
         for _ in range(n):
             T = int(torch.randint(4, 10, (), generator=g))
-            out.append([tuple(int(k) for k in torch.randint(40, 80, (3,), generator=g)) for _ in range(T)])
+            out.append(
+                [tuple(int(k) for k in torch.randint(40, 80, (3,), generator=g)) for _ in range(T)]
+            )
         return out
 
     path = tmp_path / "tiny.pickle"

@@ -69,7 +69,9 @@ def dense_lgssm(init_loc, init_cov, A, Q, C, R, T, offsets=None) -> DenseLGSSM:
     return DenseLGSSM(mean_z, mean_x, cov_zz, cov_xz, 0.5 * (cov_xx + cov_xx.T), T, S, D)
 
 
-def observed_index(dense: DenseLGSSM, mask: Optional[torch.Tensor] = None, upto: Optional[int] = None):
+def observed_index(
+    dense: DenseLGSSM, mask: Optional[torch.Tensor] = None, upto: Optional[int] = None
+):
     """Flat indices of the entries of x that are conditioned on.
 
     ``mask``: bool ``(T,)`` or ``(T, D)`` (True = observed) or None; ``upto``: only steps

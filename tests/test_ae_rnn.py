@@ -14,8 +14,9 @@ def _bce(logits, x):
 @pytest.mark.parametrize("encoder", ["conv", "mlp"])
 def test_loss_is_reconstruction_plus_prediction(encoder):
     torch.manual_seed(0)
-    m = AERNN((8, 8), code_dim=2, lstm_dim=3, encoder=encoder, channels=4, conv_layers=2,
-              hidden_dims=(5,)).double()
+    m = AERNN(
+        (8, 8), code_dim=2, lstm_dim=3, encoder=encoder, channels=4, conv_layers=2, hidden_dims=(5,)
+    ).double()
     x = (torch.rand(2, 4, 64) < 0.3).double()
     mask = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0]], dtype=torch.bool)
     total, count = 0.0, 0

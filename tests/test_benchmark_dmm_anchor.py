@@ -71,8 +71,11 @@ def test_same_minibatch_contents(anchor, short_batch):
     assert x.shape == ours_x.shape
     unmatched = list(range(len(indices)))
     for b in range(len(indices)):
-        c = next(c for c in unmatched
-                 if torch.equal(x[b], ours_x[c]) and torch.equal(mask[b].bool(), ours_mask[c]))
+        c = next(
+            c
+            for c in unmatched
+            if torch.equal(x[b], ours_x[c]) and torch.equal(mask[b].bool(), ours_mask[c])
+        )
         unmatched.remove(c)
     assert torch.equal(lengths, mask.sum(-1).long())
     assert lengths.tolist() == sorted(lengths.tolist(), reverse=True)
@@ -97,7 +100,7 @@ def test_same_elbo_with_copied_weights_and_same_samples(anchor, short_batch):
         for site, value in a[role].items():
             assert b[role][site] == pytest.approx(value, rel=SITE_RTOL, abs=1e-4), (role, site)
     summary = anchors.compare_elbos(scores)
-    tolerance = dmm_speed.CHECK_RTOL * summary["sum_abs_site_terms"]   # the runner's check
+    tolerance = dmm_speed.CHECK_RTOL * summary["sum_abs_site_terms"]  # the runner's check
     assert summary["elbo_abs_diff"] <= tolerance
 
     with torch.no_grad():
@@ -148,7 +151,9 @@ def test_runner_smoke(anchor, tmp_path):
         (loss,) = saved["loss_per_step"][name]
         assert wall > 0 and math.isfinite(loss)
     med = saved["median_wall_seconds_per_epoch"]
-    assert saved["ratio_pyro_seq_to_pyro_example"] == pytest.approx(med["pyro_seq"] / med["pyro_example"])
+    assert saved["ratio_pyro_seq_to_pyro_example"] == pytest.approx(
+        med["pyro_seq"] / med["pyro_example"]
+    )
     assert result["ratio_pyro_seq_to_pyro_example"] == saved["ratio_pyro_seq_to_pyro_example"]
 
 
@@ -164,12 +169,22 @@ def test_weight_map_is_complete():
     """Every parameter of pyro_seq's DMM is the image of exactly one example parameter name."""
     names = [n for n, _ in DMM(88).named_parameters()]
     example_names = ["z_0", "z_q_0", "h_0"] + [
-        f"{m}.{p}" for m in ("emitter.lin_z_to_hidden", "emitter.lin_hidden_to_hidden",
-                             "emitter.lin_hidden_to_input", "trans.lin_gate_z_to_hidden",
-                             "trans.lin_gate_hidden_to_z", "trans.lin_proposed_mean_z_to_hidden",
-                             "trans.lin_proposed_mean_hidden_to_z", "trans.lin_sig",
-                             "trans.lin_z_to_loc", "combiner.lin_z_to_hidden",
-                             "combiner.lin_hidden_to_loc", "combiner.lin_hidden_to_scale")
-        for p in ("weight", "bias")]
+        f"{m}.{p}"
+        for m in (
+            "emitter.lin_z_to_hidden",
+            "emitter.lin_hidden_to_hidden",
+            "emitter.lin_hidden_to_input",
+            "trans.lin_gate_z_to_hidden",
+            "trans.lin_gate_hidden_to_z",
+            "trans.lin_proposed_mean_z_to_hidden",
+            "trans.lin_proposed_mean_hidden_to_z",
+            "trans.lin_sig",
+            "trans.lin_z_to_loc",
+            "combiner.lin_z_to_hidden",
+            "combiner.lin_hidden_to_loc",
+            "combiner.lin_hidden_to_scale",
+        )
+        for p in ("weight", "bias")
+    ]
     example_names += [f"rnn.{p}_l0" for p in ("weight_ih", "weight_hh", "bias_ih", "bias_hh")]
     assert sorted(anchors.pyro_seq_name(n) for n in example_names) == sorted(names)

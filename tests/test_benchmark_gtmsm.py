@@ -14,11 +14,21 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def run(*args):
-    env = dict(os.environ, MPLBACKEND="Agg", PYTHONPATH=os.pathsep.join(
-        [str(ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gtmsm_navigation.py"),
-                           "--smoke", *args], cwd=ROOT / "benchmarks", env=env,
-                          capture_output=True, text=True, timeout=600)
+    env = dict(
+        os.environ,
+        MPLBACKEND="Agg",
+        PYTHONPATH=os.pathsep.join(
+            [str(ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+        ),
+    )
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "gtmsm_navigation.py"), "--smoke", *args],
+        cwd=ROOT / "benchmarks",
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc.stdout
 
@@ -50,10 +60,9 @@ def test_gtmsm_learning_r2_is_one_for_states_that_are_an_affine_map_of_positions
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import gtmsm_learning
 
-    from pyro_seq.models import GTMSM
-
     # a walk on an unbounded grid (no walls), with the actions that produced it
     from pyro_seq.data.simulators.navigation import ACTION_MOVES
+    from pyro_seq.models import GTMSM
 
     g = torch.Generator().manual_seed(0)
     actions = torch.randint(0, 5, (6, 40), generator=g)
@@ -72,13 +81,23 @@ def test_gtmsm_learning_r2_is_one_for_states_that_are_an_affine_map_of_positions
 
 def test_gtmsm_learning_smoke_resumes(tmp_path):
     pytest.importorskip("sklearn", reason="image_navigation needs the 'images' extra")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [str(ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
-    cmd = [sys.executable, str(ROOT / "benchmarks" / "gtmsm_learning.py"), "--smoke",
-           "--smoke-dir", str(tmp_path)]
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join(
+            [str(ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+        ),
+    )
+    cmd = [
+        sys.executable,
+        str(ROOT / "benchmarks" / "gtmsm_learning.py"),
+        "--smoke",
+        "--smoke-dir",
+        str(tmp_path),
+    ]
     for _ in range(2):  # the second call finds the finished run and trains nothing more
-        proc = subprocess.run(cmd, cwd=ROOT / "benchmarks", env=env, capture_output=True,
-                              text=True, timeout=600)
+        proc = subprocess.run(
+            cmd, cwd=ROOT / "benchmarks", env=env, capture_output=True, text=True, timeout=600
+        )
         assert proc.returncode == 0, proc.stderr[-3000:]
     log = json.loads((tmp_path / "log.json").read_text())
     assert [r["epoch"] for r in log] == [1, 2]
@@ -106,8 +125,9 @@ def test_blocked_as_stay_makes_the_walk_exactly_linear():
     changed = actions != videos.actions
     assert changed.any() and (actions[changed] == 4).all()
     with pytest.raises(ValueError, match="centre"):
-        gtmsm_learning.blocked_as_stay(image_navigation(2, 20, start="random", cache=False,
-                                                        progress=False))
+        gtmsm_learning.blocked_as_stay(
+            image_navigation(2, 20, start="random", cache=False, progress=False)
+        )
 
 
 def test_delta_curriculum_is_geometric_from_start_to_final():
@@ -127,6 +147,12 @@ def test_inverse_pairs_start_is_two_dimensional_with_opposite_inverse_actions():
 
     M = gtmsm_learning.inverse_pairs(0.5, torch.Generator().manual_seed(3))
     u, l = M[:, 0], M[:, 2]
-    assert torch.equal(M[:, 1], -u) and torch.equal(M[:, 3], -l) and torch.equal(M[:, 4], torch.zeros(2))
-    assert float(u.norm()) == pytest.approx(0.5, rel=1e-6) and float(l.norm()) == pytest.approx(0.5, rel=1e-6)
+    assert (
+        torch.equal(M[:, 1], -u)
+        and torch.equal(M[:, 3], -l)
+        and torch.equal(M[:, 4], torch.zeros(2))
+    )
+    assert float(u.norm()) == pytest.approx(0.5, rel=1e-6) and float(l.norm()) == pytest.approx(
+        0.5, rel=1e-6
+    )
     assert float(u @ l) == pytest.approx(0.0, abs=1e-6)

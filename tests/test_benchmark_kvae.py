@@ -14,11 +14,21 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def run(script, *args):
-    env = dict(os.environ, MPLBACKEND="Agg", PYTHONPATH=os.pathsep.join(
-        [str(ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), "--smoke", *args],
-                          cwd=ROOT / "benchmarks", env=env, capture_output=True, text=True,
-                          timeout=600)
+    env = dict(
+        os.environ,
+        MPLBACKEND="Agg",
+        PYTHONPATH=os.pathsep.join(
+            [str(ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+        ),
+    )
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / script), "--smoke", *args],
+        cwd=ROOT / "benchmarks",
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
 
 
@@ -27,7 +37,9 @@ def test_box_imputation_benchmark_smoke(tmp_path):
     run("kvae_box.py", "--smoke-dir", str(tmp_path))
     result = json.loads((tmp_path / "result.json").read_text())
     errors = result["imputation_pixel_error"]
-    assert set(errors) == {f"p={p}" for p in (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)} | {"middle"}
+    assert set(errors) == {f"p={p}" for p in (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)} | {
+        "middle"
+    }
     for row in errors.values():
         assert set(row) == {"generation", "filtering", "smoothing", "ae_rnn", "vaernn"}
         assert all(0.0 <= v <= 1.0 for v in row.values())

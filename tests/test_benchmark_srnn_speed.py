@@ -101,10 +101,19 @@ def test_smoke_run_writes_the_result_fields(tmp_path):
     result = srnn_speed.main(["--smoke", "--output", str(out)])
     saved = json.loads(out.read_text())
     assert saved["ratio_pyro_seq_to_plain"] == pytest.approx(result["ratio_pyro_seq_to_plain"])
-    for key in ("settings", "machine", "check_same_elbo", "wall_seconds_per_epoch",
-                "cpu_seconds_per_epoch", "loss_per_step", "median_wall_seconds_per_epoch",
-                "median_cpu_seconds_per_epoch", "ratio_pyro_seq_to_plain", "target_ratio",
-                "parameters"):
+    for key in (
+        "settings",
+        "machine",
+        "check_same_elbo",
+        "wall_seconds_per_epoch",
+        "cpu_seconds_per_epoch",
+        "loss_per_step",
+        "median_wall_seconds_per_epoch",
+        "median_cpu_seconds_per_epoch",
+        "ratio_pyro_seq_to_plain",
+        "target_ratio",
+        "parameters",
+    ):
         assert key in saved, key
     assert saved["settings"]["smoke"] is True and saved["settings"]["repeats"] == 1
     assert saved["settings"]["threads"] == 1

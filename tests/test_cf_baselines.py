@@ -34,8 +34,9 @@ def test_logistic_between_constant_and_floor(small):
     p_true = d.true_probability(te.student, te.question)
     cbd_model = float(capped_binomial_deviance(p_model, te.correct))
     cbd_floor = float(capped_binomial_deviance(p_true, te.correct))
-    diff = (capped_binomial_deviance(p_model, te.correct, reduction="none")
-            - capped_binomial_deviance(p_true, te.correct, reduction="none"))
+    diff = capped_binomial_deviance(
+        p_model, te.correct, reduction="none"
+    ) - capped_binomial_deviance(p_true, te.correct, reduction="none")
     se = float(diff.std() / math.sqrt(len(diff)))
     assert cbd_model > cbd_floor - 3 * se
     # and it beats 0.5 by more than 3 standard errors of its own per-answer gain over 0.5
@@ -93,8 +94,9 @@ def test_multiple_choice_uses_option_zero():
     m2, _ = _fit(d2)
     m4 = LogisticBaseline(d4.num_students, d4.num_questions)
     m4.fit(d4.train.student, d4.train.question, d4.train.answer == 0)
-    torch.testing.assert_close(m4.predict(d4.test.student, d4.test.question),
-                               m2.predict(d2.test.student, d2.test.question))
+    torch.testing.assert_close(
+        m4.predict(d4.test.student, d4.test.question), m2.predict(d2.test.student, d2.test.question)
+    )
 
 
 def test_constant_baseline_is_log10_two(small):

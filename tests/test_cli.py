@@ -8,16 +8,27 @@ import torch
 from pyro_seq.cli import main
 from pyro_seq.data import midi_to_piano_roll
 
-
 TINY_SRNN = ["--model-option", "d_dim=8", "--model-option", "hidden_dim=8", "--z-dim", "2"]
 
 
 def test_train_evaluate_sample(tiny_pickle, tmp_path, capsys):
     out = tmp_path / "run"
-    args = ["train", "--model", "srnn", "--data", str(tiny_pickle), "--batch-size", "5",
-            "--kl-anneal-steps", "3", "--out", str(out), "--quiet"] + TINY_SRNN
+    args = [
+        "train",
+        "--model",
+        "srnn",
+        "--data",
+        str(tiny_pickle),
+        "--batch-size",
+        "5",
+        "--kl-anneal-steps",
+        "3",
+        "--out",
+        str(out),
+        "--quiet",
+    ] + TINY_SRNN
     assert main(args + ["--epochs", "1"]) == 0
-    assert main(args + ["--epochs", "2"]) == 0                  # resumes at epoch 2
+    assert main(args + ["--epochs", "2"]) == 0  # resumes at epoch 2
     log = json.loads((out / "log.json").read_text())
     assert [row["epoch"] for row in log] == [1, 2]
     test = json.loads((out / "test.json").read_text())
@@ -49,10 +60,37 @@ def test_evaluate_needs_a_run_folder(tmp_path):
 
 def test_train_with_fivo_and_evaluate_with_smc(tiny_pickle, tmp_path):
     out = tmp_path / "run"
-    assert main(["train", "--model", "dmm", "--data", str(tiny_pickle), "--objective", "fivo",
-                 "--particles", "3", "--epochs", "1", "--batch-size", "5", "--out", str(out),
-                 "--quiet", "--z-dim", "2", "--model-option", "rnn_dim=8",
-                 "--model-option", "transition_dim=8", "--model-option", "emission_dim=8"]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "--model",
+                "dmm",
+                "--data",
+                str(tiny_pickle),
+                "--objective",
+                "fivo",
+                "--particles",
+                "3",
+                "--epochs",
+                "1",
+                "--batch-size",
+                "5",
+                "--out",
+                str(out),
+                "--quiet",
+                "--z-dim",
+                "2",
+                "--model-option",
+                "rnn_dim=8",
+                "--model-option",
+                "transition_dim=8",
+                "--model-option",
+                "emission_dim=8",
+            ]
+        )
+        == 0
+    )
     assert main(["evaluate", str(out), "--objective", "smc", "--particles", "4"]) == 0
     result = json.loads((out / "eval_test_smc_4.json").read_text())
     assert result["method"] == "smc" and result["num_particles"] == 4 and result["per_step"] < 0
@@ -73,15 +111,36 @@ ROOT = Path(__file__).resolve().parents[1]
 def _cli(*args, env=None, **kwargs):
     """``python -m pyro_seq.cli ARGS`` in a subprocess, importing this checkout."""
     env = dict(os.environ if env is None else env, PYTHONPATH=str(ROOT))
-    return subprocess.Popen([sys.executable, "-m", "pyro_seq.cli", *map(str, args)], cwd=ROOT,
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            **kwargs)
+    return subprocess.Popen(
+        [sys.executable, "-m", "pyro_seq.cli", *map(str, args)],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        **kwargs,
+    )
 
 
 def _train_args(tiny_pickle, out, epochs):
-    return ["train", "--model", "srnn", "--data", str(tiny_pickle), "--batch-size", "5",
-            "--kl-anneal-steps", "3", "--out", str(out), "--quiet", "--epochs", str(epochs),
-            "--threads", "1"] + TINY_SRNN
+    return [
+        "train",
+        "--model",
+        "srnn",
+        "--data",
+        str(tiny_pickle),
+        "--batch-size",
+        "5",
+        "--kl-anneal-steps",
+        "3",
+        "--out",
+        str(out),
+        "--quiet",
+        "--epochs",
+        str(epochs),
+        "--threads",
+        "1",
+    ] + TINY_SRNN
 
 
 def _damage(path, how):
@@ -90,14 +149,18 @@ def _damage(path, how):
 
 
 def _ckpt_msg(path):
-    return (f"pyro-seq: error: checkpoint {path} is truncated or corrupt and cannot be loaded; "
-            "delete it to train in this folder from scratch, or train into a new output folder "
-            "(--out)")
+    return (
+        f"pyro-seq: error: checkpoint {path} is truncated or corrupt and cannot be loaded; "
+        "delete it to train in this folder from scratch, or train into a new output folder "
+        "(--out)"
+    )
 
 
 def _best_msg(path):
-    return (f"pyro-seq: error: weights file {path} is truncated or corrupt and cannot be loaded; "
-            "delete it and train again (train --restart, or a new output folder --out)")
+    return (
+        f"pyro-seq: error: weights file {path} is truncated or corrupt and cannot be loaded; "
+        "delete it and train again (train --restart, or a new output folder --out)"
+    )
 
 
 @pytest.mark.parametrize("how", ["truncated", "garbage"])
@@ -106,15 +169,18 @@ def test_damaged_checkpoint_and_best_pt_give_one_line(tiny_pickle, tmp_path, how
     assert main(_train_args(tiny_pickle, out, 1)) == 0
     good = {name: (out / name).read_bytes() for name in ("checkpoint.pt", "best.pt")}
 
-    _damage(out / "checkpoint.pt", how)                    # train resumes from checkpoint.pt
+    _damage(out / "checkpoint.pt", how)  # train resumes from checkpoint.pt
     with pytest.raises(SystemExit) as info:
         main(_train_args(tiny_pickle, out, 2))
     assert info.value.code == _ckpt_msg(out / "checkpoint.pt")
     (out / "checkpoint.pt").write_bytes(good["checkpoint.pt"])
 
-    _damage(out / "best.pt", how)                          # evaluate, sample and train read best.pt
-    for args in (["evaluate", out], ["sample", out, "--length", "4"],
-                 _train_args(tiny_pickle, out, 1)):      # nothing left to train: tests best.pt
+    _damage(out / "best.pt", how)  # evaluate, sample and train read best.pt
+    for args in (
+        ["evaluate", out],
+        ["sample", out, "--length", "4"],
+        _train_args(tiny_pickle, out, 1),
+    ):  # nothing left to train: tests best.pt
         with pytest.raises(SystemExit) as info:
             main([str(a) for a in args])
         assert info.value.code == _best_msg(out / "best.pt"), args
@@ -171,21 +237,64 @@ def test_train_schedule_and_init_options_default_to_fits_and_reach_the_run(tiny_
 
     args = make_parser().parse_args(["train", "--out", str(tmp_path)])
     defaults = TrainConfig()
-    for name in ("lr_schedule", "plateau_factor", "plateau_patience", "plateau_min_lr", "lrd",
-                 "lr_decay_after", "lr_decay_factor", "init", "patience"):
+    for name in (
+        "lr_schedule",
+        "plateau_factor",
+        "plateau_patience",
+        "plateau_min_lr",
+        "lrd",
+        "lr_decay_after",
+        "lr_decay_factor",
+        "init",
+        "patience",
+    ):
         assert getattr(args, name) == getattr(defaults, name), name
     out = tmp_path / "run"
-    assert main(["train", "--data", str(tiny_pickle), "--epochs", "1", "--out", str(out),
-                 "--quiet", "--lr-schedule", "exponential", "--lr-decay-after", "0",
-                 "--lr-decay-factor", "2", "--init", "none", "--patience", "0",
-                 "--plateau-factor", "0.25", "--plateau-patience", "5"] + TINY_SRNN) == 0
+    assert (
+        main(
+            [
+                "train",
+                "--data",
+                str(tiny_pickle),
+                "--epochs",
+                "1",
+                "--out",
+                str(out),
+                "--quiet",
+                "--lr-schedule",
+                "exponential",
+                "--lr-decay-after",
+                "0",
+                "--lr-decay-factor",
+                "2",
+                "--init",
+                "none",
+                "--patience",
+                "0",
+                "--plateau-factor",
+                "0.25",
+                "--plateau-patience",
+                "5",
+            ]
+            + TINY_SRNN
+        )
+        == 0
+    )
     train = json.loads((out / "config.json").read_text())["train"]
-    assert (train["lr_schedule"], train["lr_decay_after"], train["lr_decay_factor"], train["init"],
-            train["patience"], train["plateau_factor"], train["plateau_patience"]) == (
-        "exponential", 0, 2.0, "none", None, 0.25, 5)
+    assert (
+        train["lr_schedule"],
+        train["lr_decay_after"],
+        train["lr_decay_factor"],
+        train["init"],
+        train["patience"],
+        train["plateau_factor"],
+        train["plateau_patience"],
+    ) == ("exponential", 0, 2.0, "none", None, 0.25, 5)
     assert json.loads((out / "log.json").read_text())[0]["lr"] == 1e-3 / 2
-    with pytest.raises(SystemExit, match="pyro-seq: error: the per-update decay lrd belongs to "
-                                         "lr_schedule='constant'"):
+    with pytest.raises(
+        SystemExit,
+        match="pyro-seq: error: the per-update decay lrd belongs to lr_schedule='constant'",
+    ):
         main(["train", "--data", str(tiny_pickle), "--out", str(tmp_path / "x"), "--lrd", "0.99"])
 
 
@@ -200,12 +309,24 @@ def test_train_help_lists_every_data_form_load_dataset_accepts(capsys, monkeypat
         main(["train", "--help"])
     assert info.value.code == 0
     text = " ".join(capsys.readouterr().out.split())
-    data_help = text[text.index("--data DATA "):text.index(" --objective {")]
-    for name in ("chorales", "japanese_vowels", *NAMED_PICKLES, *NAMED_PICKLES.values(),
-                 *SIMULATED, *NAVIGATION):
+    data_help = text[text.index("--data DATA ") : text.index(" --objective {")]
+    for name in (
+        "chorales",
+        "japanese_vowels",
+        *NAMED_PICKLES,
+        *NAMED_PICKLES.values(),
+        *SIMULATED,
+        *NAVIGATION,
+    ):
         assert re.search(rf"(?<![\w.]){re.escape(name)}(?![\w])", data_help), name
-    for form in ("NAME:N", "NAME:N:T", "$PYRO_SEQ_DATA", "path of a Boulanger-Lewandowski",
-                 ".pt file written by pyro_seq.data.save_dataset", "known inputs"):
+    for form in (
+        "NAME:N",
+        "NAME:N:T",
+        "$PYRO_SEQ_DATA",
+        "path of a Boulanger-Lewandowski",
+        ".pt file written by pyro_seq.data.save_dataset",
+        "known inputs",
+    ):
         assert form in data_help, form
 
 
@@ -214,14 +335,46 @@ def test_train_help_lists_every_data_form_load_dataset_accepts(capsys, monkeypat
 #: The train flags of the command line before they were generated from TrainConfig: each must
 #: keep working under its name.
 EARLIER_TRAIN_FLAGS = (
-    "--model", "--data", "--objective", "--particles", "--cd-steps", "--epochs", "--batch-size",
-    "--lr", "--clip-norm", "--lr-schedule", "--plateau-factor", "--plateau-patience",
-    "--plateau-restore-best", "--no-plateau-restore-best", "--plateau-min-lr", "--lrd",
-    "--lr-decay-after", "--lr-decay-factor", "--init", "--missing-prob", "--kl-start",
-    "--kl-anneal-steps", "--schedule-during-annealing", "--no-schedule-during-annealing",
-    "--free-bits", "--chunk-length", "--patience", "--time-limit", "--threads", "--device",
-    "--nproc", "--z-dim", "--inference", "--model-option", "--seed", "--out", "--restart",
-    "--ignore-inputs", "--quiet")
+    "--model",
+    "--data",
+    "--objective",
+    "--particles",
+    "--cd-steps",
+    "--epochs",
+    "--batch-size",
+    "--lr",
+    "--clip-norm",
+    "--lr-schedule",
+    "--plateau-factor",
+    "--plateau-patience",
+    "--plateau-restore-best",
+    "--no-plateau-restore-best",
+    "--plateau-min-lr",
+    "--lrd",
+    "--lr-decay-after",
+    "--lr-decay-factor",
+    "--init",
+    "--missing-prob",
+    "--kl-start",
+    "--kl-anneal-steps",
+    "--schedule-during-annealing",
+    "--no-schedule-during-annealing",
+    "--free-bits",
+    "--chunk-length",
+    "--patience",
+    "--time-limit",
+    "--threads",
+    "--device",
+    "--nproc",
+    "--z-dim",
+    "--inference",
+    "--model-option",
+    "--seed",
+    "--out",
+    "--restart",
+    "--ignore-inputs",
+    "--quiet",
+)
 
 
 def _train_parser():
@@ -244,8 +397,9 @@ def test_train_flags_are_the_fields_of_train_config_or_documented_run_options():
     from pyro_seq.train.config import GROUPS, options
 
     _, train = _train_parser()
-    actions = {a.option_strings[0]: a for a in train._actions
-               if a.option_strings and a.dest != "help"}
+    actions = {
+        a.option_strings[0]: a for a in train._actions if a.option_strings and a.dest != "help"
+    }
     every_flag = {s for a in train._actions for s in a.option_strings}
     names = [f.name for f in dataclasses.fields(TrainConfig)]
     declared = options()
@@ -263,8 +417,7 @@ def test_train_flags_are_the_fields_of_train_config_or_documented_run_options():
     assert "extra" not in names
 
 
-def test_train_defaults_are_fits_except_the_declared_kl_annealing(tmp_path, capsys,
-                                                                   monkeypatch):
+def test_train_defaults_are_fits_except_the_declared_kl_annealing(tmp_path, capsys, monkeypatch):
     """With no flags the command line trains with TrainConfig's defaults, except the overrides
     its declarations name (KL annealing from 0.2 over 1000 updates), which the help says."""
     import dataclasses
@@ -275,8 +428,9 @@ def test_train_defaults_are_fits_except_the_declared_kl_annealing(tmp_path, caps
 
     parser, _ = _train_parser()
     config = train_config_from_args(parser.parse_args(["train", "--out", str(tmp_path)]))
-    overrides = {o.name: o.cli_default for o in options()
-                 if o.cli_default is not dataclasses.MISSING}
+    overrides = {
+        o.name: o.cli_default for o in options() if o.cli_default is not dataclasses.MISSING
+    }
     assert overrides == {"kl_start": 0.2, "kl_anneal_steps": 1000}
     assert config == dataclasses.replace(TrainConfig(), **overrides)
     assert (TrainConfig().kl_start, TrainConfig().kl_anneal_steps) == (1.0, 0)
@@ -284,8 +438,10 @@ def test_train_defaults_are_fits_except_the_declared_kl_annealing(tmp_path, caps
     with pytest.raises(SystemExit):
         main(["train", "--help"])
     text = " ".join(capsys.readouterr().out.split())
-    assert ("--kl-start KL_START initial KL weight beta (default 0.2 here, 1.0 in TrainConfig: "
-            "the command line anneals the KL weight unless told otherwise)") in text
+    assert (
+        "--kl-start KL_START initial KL weight beta (default 0.2 here, 1.0 in TrainConfig: "
+        "the command line anneals the KL weight unless told otherwise)"
+    ) in text
     assert "(default 1000 here, 0 in TrainConfig: " in text
 
 
@@ -325,8 +481,9 @@ def test_every_train_flag_reaches_its_field(tmp_path):
         argv, expected = _other_value(o, actions[o.flag])
         config = train_config_from_args(parser.parse_args(["train", "--out", "x"] + argv))
         assert getattr(config, o.name) == expected, (o.name, argv)
-        assert all(getattr(config, p.name) == getattr(base, p.name) for p in options()
-                   if p.name != o.name), o.name
+        assert all(
+            getattr(config, p.name) == getattr(base, p.name) for p in options() if p.name != o.name
+        ), o.name
     config = train_config_from_args(parser.parse_args(["train", "--out", "x", "--patience", "0"]))
     assert config.patience is None
 
@@ -340,11 +497,22 @@ def test_add_train_options_takes_a_scripts_settings_as_defaults():
     from pyro_seq.cli import add_train_options, train_config_from_args
     from pyro_seq.train import TrainConfig
 
-    script = TrainConfig(epochs=5000, lr=3e-4, betas=(0.96, 0.999), lrd=0.99996,
-                         weight_decay=2.0, kl_start=0.5, kl_anneal_steps=12000, patience=None,
-                         lr_schedule="constant", init="none", valid_batch_size=80)
+    script = TrainConfig(
+        epochs=5000,
+        lr=3e-4,
+        betas=(0.96, 0.999),
+        lrd=0.99996,
+        weight_decay=2.0,
+        kl_start=0.5,
+        kl_anneal_steps=12000,
+        patience=None,
+        lr_schedule="constant",
+        init="none",
+        valid_batch_size=80,
+    )
     parser = add_train_options(argparse.ArgumentParser(), defaults=script)
     assert train_config_from_args(parser.parse_args([]), script) == script
-    changed = train_config_from_args(parser.parse_args(["--betas", "0.9", "0.99", "--patience",
-                                                        "3", "--quiet"]), script)
+    changed = train_config_from_args(
+        parser.parse_args(["--betas", "0.9", "0.99", "--patience", "3", "--quiet"]), script
+    )
     assert changed == dataclasses.replace(script, betas=(0.9, 0.99), patience=3, progress=False)

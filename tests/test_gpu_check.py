@@ -27,11 +27,20 @@ def load_script():
 @pytest.fixture(scope="module")
 def report(tmp_path_factory):
     out = tmp_path_factory.mktemp("gpu_check") / "gpu_check_cpu.json"
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [str(ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--device", "cpu", "--smoke",
-                           "--out", str(out)], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=600)
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join(
+            [str(ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+        ),
+    )
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), "--device", "cpu", "--smoke", "--out", str(out)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return json.loads(out.read_text())
 
@@ -46,8 +55,9 @@ def test_the_report_names_the_device_and_passes(report):
 def test_every_model_and_objective_cell_is_finite_and_on_the_device(report):
     cells = report["grid"]["cells"]
     latent = ("dmm", "srnn", "vrnn", "vaernn", "storn", "vosp", "vrae", "rnn", "kvae")
-    expected = {f"{m}/{o}" for m in latent
-                for o in ("elbo", "meanfield", "free_bits", "iwae", "fivo")} | {"rtrbm/cd"}
+    expected = {
+        f"{m}/{o}" for m in latent for o in ("elbo", "meanfield", "free_bits", "iwae", "fivo")
+    } | {"rtrbm/cd"}
     assert set(cells) == expected
     for name, cell in cells.items():
         assert cell["ok"], (name, cell.get("error"))

@@ -26,8 +26,11 @@ FENCE = "pyro_seq/pyro_internals.py"
 
 
 def moved(owner, name):
-    package, version = ("torch", torch.__version__) if owner.startswith("torch") else (
-        "pyro-ppl", pyro.__version__)
+    package, version = (
+        ("torch", torch.__version__)
+        if owner.startswith("torch")
+        else ("pyro-ppl", pyro.__version__)
+    )
     return f"{package} {version} moved {owner}.{name}: update {FENCE}"
 
 
@@ -88,8 +91,9 @@ def _resolve(dotted):
     raise ImportError(dotted)
 
 
-@pytest.mark.parametrize("owner,name,factory", PRIVATE_NAMES,
-                         ids=[f"{o}.{n}" for o, n, _ in PRIVATE_NAMES])
+@pytest.mark.parametrize(
+    "owner,name,factory", PRIVATE_NAMES, ids=[f"{o}.{n}" for o, n, _ in PRIVATE_NAMES]
+)
 def test_private_name_still_exists(owner, name, factory):
     try:
         holder = factory() if factory is not None else _resolve(owner)
@@ -177,10 +181,18 @@ def _gaussian_hmm():
     mu0, P0 = torch.randn(S, generator=g, dtype=torch.float64), spd(S)
     A, Q = torch.randn(S, S, generator=g, dtype=torch.float64), spd(S)
     C, R = torch.randn(S, D, generator=g, dtype=torch.float64), spd(D)
-    b, d = torch.randn(S, generator=g, dtype=torch.float64), torch.randn(D, generator=g,
-                                                                           dtype=torch.float64)
-    hmm = dist.GaussianHMM(dist.MultivariateNormal(mu0, P0), A, dist.MultivariateNormal(b, Q),
-                           C, dist.MultivariateNormal(d, R), duration=4)
+    b, d = (
+        torch.randn(S, generator=g, dtype=torch.float64),
+        torch.randn(D, generator=g, dtype=torch.float64),
+    )
+    hmm = dist.GaussianHMM(
+        dist.MultivariateNormal(mu0, P0),
+        A,
+        dist.MultivariateNormal(b, Q),
+        C,
+        dist.MultivariateNormal(d, R),
+        duration=4,
+    )
     return hmm, (mu0, P0, A, Q, b, C, R, d)
 
 
@@ -212,7 +224,8 @@ def test_vectorized_num_particles_adds_the_particle_plate():
     site = trace.nodes["z"]
     assert site["value"].shape == (4, 1)  # the particle plate at dim -2 (max_plate_nesting=1)
     assert [(f.name, f.size, f.dim) for f in site["cond_indep_stack"]] == [
-        ("num_particles_vectorized", 4, -2)]
+        ("num_particles_vectorized", 4, -2)
+    ]
 
 
 class _AddsScoreFunction(dist.Normal):
@@ -226,6 +239,7 @@ class _AddsScoreFunction(dist.Normal):
 def test_is_reparameterized_agrees_with_pyros_check():
     """On traced guide sites (score parts computed) the fence's test accepts exactly the sites
     Pyro's check_fully_reparametrized accepts; without score parts it is ``has_rsample``."""
+
     def guide():
         pyro.sample("normal", dist.Normal(torch.zeros(2), 1.0).to_event(1))
         pyro.sample("masked", dist.Normal(torch.zeros(2), 1.0).mask(torch.tensor([True, False])))
@@ -250,8 +264,14 @@ def test_is_reparameterized_agrees_with_pyros_check():
         assert verdicts[name] is expected, name
         bare = {key: value for key, value in site.items() if key != "score_parts"}
         assert fence.is_reparameterized(bare) is bool(site["fn"].has_rsample), name
-    assert verdicts == {"normal": True, "masked": True, "bernoulli": False, "categorical": False,
-                        "score_fn": False, "in_plate": True}
+    assert verdicts == {
+        "normal": True,
+        "masked": True,
+        "bernoulli": False,
+        "categorical": False,
+        "score_fn": False,
+        "in_plate": True,
+    }
 
 
 def test_messenger_dispatch_calls_the_sample_hooks():
@@ -337,11 +357,15 @@ def private_uses(source):
             hit(node, node.id)
         elif isinstance(node, ast.Constant) and node.value in ALWAYS_PRIVATE:
             hit(node, node.value)
-        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
-              and node.func.id in ("getattr", "setattr", "hasattr", "delattr")
-              and len(node.args) > 1 and isinstance(node.args[1], ast.Constant)
-              and node.args[1].value in FOREIGN_ATTRIBUTES
-              and not (isinstance(node.args[0], ast.Name) and node.args[0].id == "self")):
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id in ("getattr", "setattr", "hasattr", "delattr")
+            and len(node.args) > 1
+            and isinstance(node.args[1], ast.Constant)
+            and node.args[1].value in FOREIGN_ATTRIBUTES
+            and not (isinstance(node.args[0], ast.Name) and node.args[0].id == "self")
+        ):
             hit(node, node.args[1].value)
         elif isinstance(node, ast.Attribute):
             chain = _dotted(node)
@@ -353,8 +377,12 @@ def private_uses(source):
             if node.attr in ALWAYS_PRIVATE:
                 hit(node, node.attr)
             elif node.attr in FOREIGN_ATTRIBUTES and not on_self:
-                expand_protocol = (node.attr == "_validate_args" and isinstance(node.ctx, ast.Store)
-                                   and isinstance(receiver, ast.Name) and receiver.id not in origin)
+                expand_protocol = (
+                    node.attr == "_validate_args"
+                    and isinstance(node.ctx, ast.Store)
+                    and isinstance(receiver, ast.Name)
+                    and receiver.id not in origin
+                )
                 if not expand_protocol:
                     hit(node, node.attr)
     return sorted(set(hits))
@@ -377,16 +405,22 @@ def test_private_pyro_names_appear_only_in_the_fence():
         for line, name, text in private_uses(path.read_text()):
             if name not in ALLOWED.get(rel, set()):
                 offending.append(f"{rel}:{line}: {text}")
-    assert not offending, ("private Pyro/torch.distributions names outside " + FENCE
-                           + " (add a function there and call it): " + "; ".join(offending))
+    assert not offending, (
+        "private Pyro/torch.distributions names outside "
+        + FENCE
+        + " (add a function there and call it): "
+        + "; ".join(offending)
+    )
 
 
 def test_every_allow_list_entry_is_still_needed():
     for rel, names in ALLOWED.items():
         path = ROOT / rel
         used = {name for _, name, _ in private_uses(path.read_text())} if path.exists() else set()
-        assert names <= used, (f"{rel} no longer uses {sorted(names - used)}: remove them from "
-                               "ALLOWED in tests/test_pyro_fence.py")
+        assert names <= used, (
+            f"{rel} no longer uses {sorted(names - used)}: remove them from "
+            "ALLOWED in tests/test_pyro_fence.py"
+        )
 
 
 def test_the_fence_checks_every_private_name_it_uses():
@@ -396,31 +430,41 @@ def test_the_fence_checks_every_private_name_it_uses():
     assert used <= checked, f"{FENCE} uses {sorted(used - checked)}, which PRIVATE_NAMES lacks"
 
 
-@pytest.mark.parametrize("source,names", [
-    ("from pyro.poutine.runtime import _PYRO_STACK\n", ["_PYRO_STACK"]),
-    ("import pyro\nx = pyro.poutine.runtime._PYRO_STACK\n", ["_PYRO_STACK"]),
-    ("from pyro import poutine\nx = poutine.runtime._PYRO_STACK\n", ["_PYRO_STACK"]),
-    ("ok = type(fn).__name__ == '_Subsample'\n", ["_Subsample"]),
-    ("import torch\nv = torch.distributions.Distribution._validate_args\n", ["_validate_args"]),
-    ("from torch.distributions import Distribution\nv = Distribution._validate_args\n",
-     ["_validate_args"]),
-    ("from torch.distributions import Distribution\nDistribution._validate_args = False\n",
-     ["_validate_args"]),
-    ("v = fn._validate_args\n", ["_validate_args"]),
-    ("v = getattr(fn, '_validate_args')\n", ["_validate_args"]),
-    ("m = fn._mask\n", ["_mask"]),
-    ("a, b = hmm._init, hmm._trans\n", ["_init", "_trans"]),
-    ("f = self._vectorized_num_particles(model)\n", ["_vectorized_num_particles"]),
-    ("from pyro.infer.util import _private_helper\n", ["_private_helper"]),
-    ("from pyro.ops._hidden import thing\n", ["_hidden"]),
-    # allowed: a distribution's own flag, expand's new instance, public names under an alias
-    ("class D:\n    def f(self):\n        new._validate_args = self._validate_args\n"
-     "        return self._validate_args and self._mask\n", []),
-    ("from pyro.optim.clipped_adam import ClippedAdam as _TorchClippedAdam\n", []),
-    ("from pyro.poutine.util import site_is_subsample\n", []),
-    ("x = super()._get_traces(model, guide, args, kwargs)\n", []),
-    ('"""A plate emits a ``_Subsample`` site."""\n', []),
-])
+@pytest.mark.parametrize(
+    "source,names",
+    [
+        ("from pyro.poutine.runtime import _PYRO_STACK\n", ["_PYRO_STACK"]),
+        ("import pyro\nx = pyro.poutine.runtime._PYRO_STACK\n", ["_PYRO_STACK"]),
+        ("from pyro import poutine\nx = poutine.runtime._PYRO_STACK\n", ["_PYRO_STACK"]),
+        ("ok = type(fn).__name__ == '_Subsample'\n", ["_Subsample"]),
+        ("import torch\nv = torch.distributions.Distribution._validate_args\n", ["_validate_args"]),
+        (
+            "from torch.distributions import Distribution\nv = Distribution._validate_args\n",
+            ["_validate_args"],
+        ),
+        (
+            "from torch.distributions import Distribution\nDistribution._validate_args = False\n",
+            ["_validate_args"],
+        ),
+        ("v = fn._validate_args\n", ["_validate_args"]),
+        ("v = getattr(fn, '_validate_args')\n", ["_validate_args"]),
+        ("m = fn._mask\n", ["_mask"]),
+        ("a, b = hmm._init, hmm._trans\n", ["_init", "_trans"]),
+        ("f = self._vectorized_num_particles(model)\n", ["_vectorized_num_particles"]),
+        ("from pyro.infer.util import _private_helper\n", ["_private_helper"]),
+        ("from pyro.ops._hidden import thing\n", ["_hidden"]),
+        # allowed: a distribution's own flag, expand's new instance, public names under an alias
+        (
+            "class D:\n    def f(self):\n        new._validate_args = self._validate_args\n"
+            "        return self._validate_args and self._mask\n",
+            [],
+        ),
+        ("from pyro.optim.clipped_adam import ClippedAdam as _TorchClippedAdam\n", []),
+        ("from pyro.poutine.util import site_is_subsample\n", []),
+        ("x = super()._get_traces(model, guide, args, kwargs)\n", []),
+        ('"""A plate emits a ``_Subsample`` site."""\n', []),
+    ],
+)
 def test_the_scan_flags_private_names(source, names):
     assert sorted(name for _, name, _ in private_uses(source)) == sorted(names)
 
@@ -445,12 +489,17 @@ def test_the_call_sites_refuse_a_bernoulli_guide_as_before():
     x = torch.tensor(0.3)
     pyro.clear_param_store()
     with pyro.validation_enabled(True):
-        with pytest.raises(NotImplementedError,
-                           match="All distributions in the guide must be fully reparameterized"):
+        with pytest.raises(
+            NotImplementedError,
+            match="All distributions in the guide must be fully reparameterized",
+        ):
             FreeBits_ELBO(free_bits=0.0).loss(model, bernoulli_guide, x)
     assert torch.isfinite(torch.tensor(FreeBits_ELBO(free_bits=0.0).loss(model, normal_guide, x)))
-    with pytest.raises(ValueError, match=r"IWAE\(gradient_estimator='dreg'\) needs a fully "
-                                         r"reparameterized guide, but guide site 'z' "
-                                         r"\(Bernoulli\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"IWAE\(gradient_estimator='dreg'\) needs a fully "
+        r"reparameterized guide, but guide site 'z' "
+        r"\(Bernoulli\)",
+    ):
         IWAE(num_particles=3, gradient_estimator="dreg").loss_and_grads(model, bernoulli_guide, x)
     IWAE(num_particles=3, gradient_estimator="dreg").loss_and_grads(model, normal_guide, x)

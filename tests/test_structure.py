@@ -151,8 +151,11 @@ def private_imports():
 
 
 def long_modules():
-    return {name: len(path.read_text().splitlines()) for name, path in MODULES.items()
-            if len(path.read_text().splitlines()) > MAX_LINES}
+    return {
+        name: len(path.read_text().splitlines())
+        for name, path in MODULES.items()
+        if len(path.read_text().splitlines()) > MAX_LINES
+    }
 
 
 # --------------------------------------------------------------------------------------------
@@ -176,8 +179,10 @@ def test_only_import_time_statements_count():
         "if __name__ == '__main__':\n    from pyro_seq.f import w\n"
         "def g():\n    from pyro_seq.h import v\n"
     )
-    found = sorted(n.names[0].name if isinstance(n, ast.Import) else n.module
-                   for n in _module_level_imports(tree))
+    found = sorted(
+        n.names[0].name if isinstance(n, ast.Import) else n.module
+        for n in _module_level_imports(tree)
+    )
     assert found == ["pyro_seq.a", "pyro_seq.b", "pyro_seq.c", "pyro_seq.d"]
 
 
@@ -210,8 +215,10 @@ def test_no_import_cycle():
 def test_no_private_name_imported_from_another_module():
     found = private_imports()
     new = sorted(found - PRIVATE_IMPORTS)
-    assert not new, (f"imports of another module's private name (make the name public, or keep "
-                     f"it inside its module): {new}")
+    assert not new, (
+        f"imports of another module's private name (make the name public, or keep "
+        f"it inside its module): {new}"
+    )
     fixed = sorted(PRIVATE_IMPORTS - found)
     assert not fixed, f"no longer private imports: remove them from PRIVATE_IMPORTS: {fixed}"
 
@@ -233,16 +240,18 @@ def test_ops_has_no_offender(check):
         assert not [n for n in long_modules() if n in ops]
         assert not [n for n in LONG_MODULES if n in ops]
     elif check == "private":
-        assert not [e for e in private_imports() | PRIVATE_IMPORTS
-                    if e[0] in ops or e[1] in ops]
+        assert not [e for e in private_imports() | PRIVATE_IMPORTS if e[0] in ops or e[1] in ops]
     else:
         lazy = []
         for name in ops:
             top = set(map(id, _module_level_imports(TREES[name])))
             for node in ast.walk(TREES[name]):
                 if isinstance(node, (ast.Import, ast.ImportFrom)) and id(node) not in top:
-                    module = (node.names[0].name if isinstance(node, ast.Import)
-                              else _source_module(name, node))
+                    module = (
+                        node.names[0].name
+                        if isinstance(node, ast.Import)
+                        else _source_module(name, node)
+                    )
                     if module and module.startswith("pyro_seq"):
                         lazy.append((name, node.lineno, module))
         assert not lazy, f"function-level imports of pyro_seq modules in pyro_seq.ops: {lazy}"

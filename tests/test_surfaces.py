@@ -54,8 +54,16 @@ def _data(name, num=6, seed=0):
 
 def _config(model, **kw):
     objective = model.objectives[0] if model.objectives else "elbo"
-    return TrainConfig(**{"epochs": 1, "batch_size": 3, "objective": objective, "progress": False,
-                          "patience": None, **kw})
+    return TrainConfig(
+        **{
+            "epochs": 1,
+            "batch_size": 3,
+            "objective": objective,
+            "progress": False,
+            "patience": None,
+            **kw,
+        }
+    )
 
 
 def _one_line_refusal(message, name):
@@ -64,6 +72,7 @@ def _one_line_refusal(message, name):
 
 
 # ------------------------------------------------------------------ fit, objectives, evaluation
+
 
 @pytest.mark.parametrize("name", NAMES)
 def test_fit_resumes_exactly_or_refuses(name, tmp_path):
@@ -118,17 +127,40 @@ def test_every_evaluation_method_scores_or_refuses(name, method):
 
 # ------------------------------------------------------------------ the command line
 
+
 def _cli_run(name, folder, *extra):
     ex = MODELS[name].small_example
-    save_dataset(folder / "data.pt", {"train": _data(name), "valid": _data(name, 3, seed=1),
-                                      "test": _data(name, 3, seed=2)})
+    save_dataset(
+        folder / "data.pt",
+        {"train": _data(name), "valid": _data(name, 3, seed=1), "test": _data(name, 3, seed=2)},
+    )
     model = _build(name)
-    options = [arg for key, value in ex["options"].items()
-               for arg in ("--model-option", f"{key}={json.dumps(value)}")]
+    options = [
+        arg
+        for key, value in ex["options"].items()
+        for arg in ("--model-option", f"{key}={json.dumps(value)}")
+    ]
     objective = model.objectives[0] if model.objectives else "elbo"
-    return ["train", "--model", name, "--data", str(folder / "data.pt"), "--epochs", "1",
-            "--batch-size", "3", "--objective", objective, "--kl-anneal-steps", "0", "--quiet",
-            "--out", str(folder / "run"), *options, *extra]
+    return [
+        "train",
+        "--model",
+        name,
+        "--data",
+        str(folder / "data.pt"),
+        "--epochs",
+        "1",
+        "--batch-size",
+        "3",
+        "--objective",
+        objective,
+        "--kl-anneal-steps",
+        "0",
+        "--quiet",
+        "--out",
+        str(folder / "run"),
+        *options,
+        *extra,
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -146,9 +178,13 @@ def trained_runs():
     return runs
 
 
-COMMANDS = {"evaluate": [], "sample": ["--length", "4"],
-            "impute": ["--drop", "1", "--iterations", "2", "--particles", "3"],
-            "denoise": [], "forecast": ["--prefix", "2", "--steps", "1", "--num-samples", "2"]}
+COMMANDS = {
+    "evaluate": [],
+    "sample": ["--length", "4"],
+    "impute": ["--drop", "1", "--iterations", "2", "--particles", "3"],
+    "denoise": [],
+    "forecast": ["--prefix", "2", "--steps", "1", "--num-samples", "2"],
+}
 TASK_OF = {command: task for task, command in TASK_COMMANDS.items()}
 
 
@@ -178,8 +214,9 @@ def test_every_command_works_or_refuses_in_one_line(name, command, trained_runs,
         main(args)
     message = str(e.value)
     assert "\n" not in message
-    assert message.startswith(f"pyro-seq: error: {model.module_name} does not support task "
-                              f"{command}: "), message
+    assert message.startswith(
+        f"pyro-seq: error: {model.module_name} does not support task {command}: "
+    ), message
 
 
 @pytest.mark.parametrize("name", [n for n in NAMES if MODELS[n].trains_on_sequences])
@@ -201,5 +238,19 @@ def test_device_option_trains_where_asked_or_refuses(name, tmp_path):
 
 def test_the_matrix_covers_every_declared_task_and_model():
     assert set(TASK_OF.values()) == set(TASKS)
-    assert {"dmm", "srnn", "vrnn", "vaernn", "storn", "vosp", "vrae", "rnn", "kvae", "gtmsm",
-            "lgssm", "rtrbm", "srtrbm", "collaborative_rbm"} <= set(NAMES)
+    assert {
+        "dmm",
+        "srnn",
+        "vrnn",
+        "vaernn",
+        "storn",
+        "vosp",
+        "vrae",
+        "rnn",
+        "kvae",
+        "gtmsm",
+        "lgssm",
+        "rtrbm",
+        "srtrbm",
+        "collaborative_rbm",
+    } <= set(NAMES)

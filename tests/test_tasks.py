@@ -21,8 +21,9 @@ def lg_model(guide):
     torch.manual_seed(0)
     A = torch.tensor([[0.9, 0.2], [-0.1, 0.8]])
     C = torch.tensor([[1.0, 0.0], [0.3, 1.0], [0.0, -0.5]])
-    return LinearGaussianSequenceModel(3, 2, A=A, C=C, Q=0.3 * torch.eye(2), R=0.2 * torch.eye(3),
-                                       guide=guide)
+    return LinearGaussianSequenceModel(
+        3, 2, A=A, C=C, Q=0.3 * torch.eye(2), R=0.2 * torch.eye(3), guide=guide
+    )
 
 
 def lg_data(m, T=6, seed=1):
@@ -31,16 +32,25 @@ def lg_data(m, T=6, seed=1):
     xs = []
     for _ in range(T):
         z = m.A @ z + torch.linalg.cholesky(m.Q) @ torch.randn(2, generator=g, dtype=torch.float64)
-        xs.append(m.C @ z + torch.linalg.cholesky(m.R) @ torch.randn(3, generator=g, dtype=torch.float64))
-    return torch.stack(xs).unsqueeze(0).detach()                          # (1, T, 3)
+        xs.append(
+            m.C @ z + torch.linalg.cholesky(m.R) @ torch.randn(3, generator=g, dtype=torch.float64)
+        )
+    return torch.stack(xs).unsqueeze(0).detach()  # (1, T, 3)
 
 
 def kalman_means(m, x, step_observed):
     with torch.no_grad():
-        sm = kalman_smoother(torch.where(step_observed[..., None], x, torch.zeros_like(x)), m.init_loc,
-                             m.init_cov, m.A, m.Q, m.C, m.R,
-                             mask=step_observed[..., None].expand(x.shape))
-        return sm.means @ m.C.T                                           # (1, T, D)
+        sm = kalman_smoother(
+            torch.where(step_observed[..., None], x, torch.zeros_like(x)),
+            m.init_loc,
+            m.init_cov,
+            m.A,
+            m.Q,
+            m.C,
+            m.R,
+            mask=step_observed[..., None].expand(x.shape),
+        )
+        return sm.means @ m.C.T  # (1, T, D)
 
 
 def test_importance_imputation_converges_to_the_kalman_smoother_mean():
@@ -52,12 +62,14 @@ def test_importance_imputation_converges_to_the_kalman_smoother_mean():
     # R independent runs of K particles: the spread of the R estimates gives the standard error
     R, K = 40, 400
     torch.manual_seed(2)
-    runs = torch.stack([impute(m, x, obs, method="importance", num_particles=K).probs for _ in range(R)])
+    runs = torch.stack(
+        [impute(m, x, obs, method="importance", num_particles=K).probs for _ in range(R)]
+    )
     mean, se = runs.mean(0), runs.std(0) / math.sqrt(R)
     missing = ~obs[0]
     err = (mean[0, missing] - exact[0, missing]).abs()
     assert (err <= 5 * se[0, missing] + 1e-12).all(), (err, se[0, missing])
-    assert torch.equal(runs[0][0, ~missing], x[0, ~missing])             # observed entries kept
+    assert torch.equal(runs[0][0, ~missing], x[0, ~missing])  # observed entries kept
 
 
 def test_iterative_imputation_with_an_exact_guide_is_a_gibbs_sampler_of_the_missing_values():
@@ -68,11 +80,11 @@ def test_iterative_imputation_with_an_exact_guide_is_a_gibbs_sampler_of_the_miss
     obs = torch.ones(1, 6, dtype=torch.bool)
     obs[0, 4] = False
     exact = kalman_means(m, x, obs)
-    chains = 200                                                          # independent chains
+    chains = 200  # independent chains
     xb, ob = x.expand(chains, 6, 3).clone(), obs.expand(chains, 6).clone()
     torch.manual_seed(3)
     res = impute(m, xb, ob, method="iterative", num_iterations=30, burn_in=10)
-    est = res.probs[:, 4]                                                 # (chains, D)
+    est = res.probs[:, 4]  # (chains, D)
     mean, se = est.mean(0), est.std(0) / math.sqrt(chains)
     assert ((mean - exact[0, 4]).abs() <= 5 * se).all(), (mean, exact[0, 4], se)
     assert torch.equal(res.x[:, :4], xb[:, :4])
@@ -89,8 +101,8 @@ def test_forecast_in_generation_mode_matches_the_kalman_prediction():
     z = f.means[0, -1]
     for k in range(steps):
         z = m.A @ z
-        exact = m.C @ z                                                   # E[x_{T+k+1} | x_{1:T}]
-        draws = res.samples[:, 0, k]                                      # (S, D)
+        exact = m.C @ z  # E[x_{T+k+1} | x_{1:T}]
+        draws = res.samples[:, 0, k]  # (S, D)
         se = draws.std(0) / math.sqrt(S)
         assert ((draws.mean(0) - exact).abs() <= 5 * se).all(), (k, draws.mean(0), exact, se)
     assert res.samples.shape == (S, 1, steps, 3) and res.log_prob is None
@@ -104,7 +116,7 @@ def test_denoise_uses_only_the_past_with_a_filtering_guide_and_thresholds_the_em
     x_hat, probs = denoise(m, x)
     assert torch.equal(x_hat, (probs > 0.5).double())
     x2 = x.clone()
-    x2[:, 4:] = 1 - x2[:, 4:]                                             # change the future
+    x2[:, 4:] = 1 - x2[:, 4:]  # change the future
     x_hat2, probs2 = denoise(m, x2)
     assert torch.equal(probs[:, :4], probs2[:, :4]) and not torch.equal(probs[:, 4:], probs2[:, 4:])
 
@@ -125,7 +137,10 @@ def test_forecast_scores_a_binary_target_under_the_mixture():
 def test_bad_arguments():
     m = lg_model("prior")
     x = lg_data(m)
-    with pytest.raises(ValueError, match="linear_gaussian_ssm does not support imputation method gibbs; use one of: iterative, importance"):
+    with pytest.raises(
+        ValueError,
+        match="linear_gaussian_ssm does not support imputation method gibbs; use one of: iterative, importance",
+    ):
         impute(m, x, torch.ones(1, 6, dtype=torch.bool), method="gibbs")
     with pytest.raises(ValueError, match="equal length"):
         forecast(m, x, 2, mask=torch.tensor([[True] * 5 + [False]]))
@@ -151,7 +166,7 @@ def test_drop_steps_and_bits_per_element():
     obs = drop_steps(mask, 4, generator=torch.Generator().manual_seed(0))
     dropped = ~obs
     assert dropped.sum(-1).tolist() == [4, 4, 4] and not (dropped & ~mask).any()
-    for row in dropped:                                    # one window of consecutive steps
+    for row in dropped:  # one window of consecutive steps
         idx = row.nonzero().flatten()
         assert (idx.diff() == 1).all()
     with pytest.raises(ValueError, match="every sequence longer"):
@@ -190,7 +205,7 @@ def test_drop_frames_rate_and_kept_prefix():
 
 
 def test_impute_dispatches_frame_methods_to_the_kvae_only():
-    from pyro_seq.models import KVAE, DMM
+    from pyro_seq.models import DMM, KVAE
     from pyro_seq.tasks import impute
 
     torch.manual_seed(0)
@@ -202,6 +217,12 @@ def test_impute_dispatches_frame_methods_to_the_kvae_only():
     assert torch.equal(res.probs[~observed], probs[~observed])
     assert torch.equal(res.x[observed], x[observed])  # observed frames are kept
     assert set(res.x.unique().tolist()) <= {0.0, 1.0}
-    with pytest.raises(ValueError, match="dmm does not support imputation method smoothing: .*kvae"):
-        impute(DMM(64, z_dim=2, emission_dim=4, transition_dim=4, rnn_dim=4), x, observed,
-               method="smoothing")
+    with pytest.raises(
+        ValueError, match="dmm does not support imputation method smoothing: .*kvae"
+    ):
+        impute(
+            DMM(64, z_dim=2, emission_dim=4, transition_dim=4, rnn_dim=4),
+            x,
+            observed,
+            method="smoothing",
+        )

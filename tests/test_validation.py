@@ -41,29 +41,73 @@ def with_value(b, t, d, v):
 
 # (name, make (x, mask), model factory, expected message)
 BAD = [
-    ("nan", lambda: with_value(0, 1, 2, float("nan")), srnn,
-     r"x contains 1 NaN/inf values; first: NaN at \(batch 0, step 1, feature 2\), a real step"),
-    ("nan_padded", lambda: with_value(2, 3, 0, float("nan")), srnn,
-     r"NaN at \(batch 2, step 3, feature 0\), a padded step"),
-    ("inf", lambda: with_value(1, 0, 0, float("inf")), dmm_gaussian,
-     r"infinite value at \(batch 1, step 0, feature 0\), a real step"),
-    ("non_binary", lambda: with_value(1, 2, 3, 0.5), srnn,
-     r"x must be binary \(0/1\) for a Bernoulli model, found 0.5 at \(batch 1, step 2, feature 3\)"),
-    ("feature_size", lambda: (torch.zeros(3, 5, D + 1), None), srnn,
-     rf"x has {D + 1} features per step, the model expects {D}"),
-    ("no_steps", lambda: (torch.zeros(3, 0, D), None), srnn,
-     r"x has an empty dimension \(T = 0: no time steps\)"),
-    ("no_sequences", lambda: (torch.zeros(0, 5, D), None), srnn,
-     r"x has an empty dimension \(batch = 0\)"),
-    ("empty_row", lambda: (good()[0], torch.tensor([[1] * 5, [0] * 5, [1] * 5]).bool()), srnn,
-     r"empty sequence: mask row 1 has no True step"),
-    ("non_prefix", lambda: (good()[0], torch.tensor([[1] * 5, [1, 0, 1, 0, 0], [1] * 5]).bool()),
-     srnn, r"mask row 1 is not a prefix"),
-    ("half_mask", lambda: (good()[0], torch.tensor([[1.0] * 5, [1, 1, 0.5, 0, 0], [1.0] * 5])),
-     srnn, r"mask must be bool or contain only 0 and 1 \(dtype torch.float32\), found 0.5 at "
-           r"\(batch 1, step 2\)"),
-    ("mask_shape", lambda: (good()[0], torch.ones(3, 4).bool()), srnn,
-     r"mask shape \(3, 4\) does not match x's \(batch, T\) = \(3, 5\)"),
+    (
+        "nan",
+        lambda: with_value(0, 1, 2, float("nan")),
+        srnn,
+        r"x contains 1 NaN/inf values; first: NaN at \(batch 0, step 1, feature 2\), a real step",
+    ),
+    (
+        "nan_padded",
+        lambda: with_value(2, 3, 0, float("nan")),
+        srnn,
+        r"NaN at \(batch 2, step 3, feature 0\), a padded step",
+    ),
+    (
+        "inf",
+        lambda: with_value(1, 0, 0, float("inf")),
+        dmm_gaussian,
+        r"infinite value at \(batch 1, step 0, feature 0\), a real step",
+    ),
+    (
+        "non_binary",
+        lambda: with_value(1, 2, 3, 0.5),
+        srnn,
+        r"x must be binary \(0/1\) for a Bernoulli model, found 0.5 at \(batch 1, step 2, feature 3\)",
+    ),
+    (
+        "feature_size",
+        lambda: (torch.zeros(3, 5, D + 1), None),
+        srnn,
+        rf"x has {D + 1} features per step, the model expects {D}",
+    ),
+    (
+        "no_steps",
+        lambda: (torch.zeros(3, 0, D), None),
+        srnn,
+        r"x has an empty dimension \(T = 0: no time steps\)",
+    ),
+    (
+        "no_sequences",
+        lambda: (torch.zeros(0, 5, D), None),
+        srnn,
+        r"x has an empty dimension \(batch = 0\)",
+    ),
+    (
+        "empty_row",
+        lambda: (good()[0], torch.tensor([[1] * 5, [0] * 5, [1] * 5]).bool()),
+        srnn,
+        r"empty sequence: mask row 1 has no True step",
+    ),
+    (
+        "non_prefix",
+        lambda: (good()[0], torch.tensor([[1] * 5, [1, 0, 1, 0, 0], [1] * 5]).bool()),
+        srnn,
+        r"mask row 1 is not a prefix",
+    ),
+    (
+        "half_mask",
+        lambda: (good()[0], torch.tensor([[1.0] * 5, [1, 1, 0.5, 0, 0], [1.0] * 5])),
+        srnn,
+        r"mask must be bool or contain only 0 and 1 \(dtype torch.float32\), found 0.5 at "
+        r"\(batch 1, step 2\)",
+    ),
+    (
+        "mask_shape",
+        lambda: (good()[0], torch.ones(3, 4).bool()),
+        srnn,
+        r"mask shape \(3, 4\) does not match x's \(batch, T\) = \(3, 5\)",
+    ),
 ]
 
 
@@ -74,15 +118,19 @@ def _paths(m):
         "guide": lambda x, mask: m.guide(x, mask),
         "trace_elbo": lambda x, mask: Trace_ELBO().loss(m.model, m.guide, x, mask),
         "iwae": lambda x, mask: IWAE(num_particles=2, max_plate_nesting=1).loss(
-            m.model, m.guide, x, mask),
+            m.model, m.guide, x, mask
+        ),
         "fivo": lambda x, mask: FIVO(num_particles=2).loss(m.model, m.guide, x, mask),
         "fivo_grad": lambda x, mask: FIVO(num_particles=2).differentiable_loss(
-            m.model, m.guide, x, mask),
+            m.model, m.guide, x, mask
+        ),
         "step_init": lambda x, mask: m.model.init(pyro_seq_state(), x, mask),
         "estimate_iwae": lambda x, mask: estimate_log_likelihood(
-            m.model, m.guide, (x, mask), method="iwae", num_particles=2),
+            m.model, m.guide, (x, mask), method="iwae", num_particles=2
+        ),
         "estimate_smc": lambda x, mask: estimate_log_likelihood(
-            m.model, m.guide, (x, mask), method="smc", num_particles=2),
+            m.model, m.guide, (x, mask), method="smc", num_particles=2
+        ),
     }
 
 
@@ -135,10 +183,15 @@ def test_sequence_list_names_the_split_and_the_sequence():
 
     seqs = [torch.ones(3, D), torch.zeros(2, D), torch.full((4, D), 0.25)]
     validate_sequence_list(seqs[:2], obs_dim=D, binary=True, name="train")
-    with pytest.raises(ValueError, match=r"^train\[2\]: x must be binary \(0/1\) for a Bernoulli "
-                                         r"model, found 0.25 at \(batch 0, step 0, feature 0\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"^train\[2\]: x must be binary \(0/1\) for a Bernoulli "
+        r"model, found 0.25 at \(batch 0, step 0, feature 0\)",
+    ):
         validate_sequence_list(seqs, obs_dim=D, binary=True, name="train")
-    with pytest.raises(ValueError, match=rf"^valid\[0\]: x has {D} features per step, the model expects 7"):
+    with pytest.raises(
+        ValueError, match=rf"^valid\[0\]: x has {D} features per step, the model expects 7"
+    ):
         validate_sequence_list(seqs, obs_dim=7, name="valid")
     with pytest.raises(ValueError, match=r"^test: expected a non-empty list"):
         validate_sequence_list([], name="test")
@@ -152,8 +205,10 @@ def _bad_splits():
     return {"train": [good_seq, bad_seq], "valid": [good_seq], "test": [good_seq]}
 
 
-EXPECTED_TRAIN = (r"train\[1\]: x must be binary \(0/1\) for a Bernoulli model, found 0.5 at "
-                  r"\(batch 0, step 0, feature 0\)")
+EXPECTED_TRAIN = (
+    r"train\[1\]: x must be binary \(0/1\) for a Bernoulli model, found 0.5 at "
+    r"\(batch 0, step 0, feature 0\)"
+)
 
 
 def test_fit_refuses_bad_data_before_writing_anything(tmp_path):
@@ -161,21 +216,36 @@ def test_fit_refuses_bad_data_before_writing_anything(tmp_path):
 
     splits = _bad_splits()
     with pytest.raises(ValueError, match="^" + EXPECTED_TRAIN):
-        fit(srnn(), splits["train"], splits["valid"], TrainConfig(epochs=1, progress=False),
-            tmp_path / "run")
+        fit(
+            srnn(),
+            splits["train"],
+            splits["valid"],
+            TrainConfig(epochs=1, progress=False),
+            tmp_path / "run",
+        )
     assert not (tmp_path / "run").exists()
     with pytest.raises(ValueError, match=r"^valid\[0\]: x contains 1 NaN/inf values"):
-        fit(srnn(), [torch.ones(2, D)], [torch.ones(2, D).index_fill(0, torch.tensor([1]), 0)
-                                         .index_put((torch.tensor(0), torch.tensor(0)),
-                                                    torch.tensor(float("nan")))],
-            TrainConfig(epochs=1, progress=False), tmp_path / "run")
+        fit(
+            srnn(),
+            [torch.ones(2, D)],
+            [
+                torch.ones(2, D)
+                .index_fill(0, torch.tensor([1]), 0)
+                .index_put((torch.tensor(0), torch.tensor(0)), torch.tensor(float("nan")))
+            ],
+            TrainConfig(epochs=1, progress=False),
+            tmp_path / "run",
+        )
 
 
 def test_evaluate_bound_refuses_bad_data():
     from pyro_seq.train import evaluate_bound
 
-    with pytest.raises(ValueError, match=r"^sequences\[0\]: x has 5 features per step, the model "
-                                         r"expects 4"):
+    with pytest.raises(
+        ValueError,
+        match=r"^sequences\[0\]: x has 5 features per step, the model "
+        r"expects 4",
+    ):
         evaluate_bound(srnn(), [torch.ones(3, 5)])
 
 
@@ -185,22 +255,47 @@ def test_cli_prints_the_validators_message_in_one_line(tmp_path, monkeypatch):
     monkeypatch.setattr(cli, "_load_data", lambda spec, splits=None: _bad_splits())
     out = tmp_path / "run"
     with pytest.raises(SystemExit) as info:
-        cli.main(["train", "--data", "fake", "--out", str(out), "--epochs", "1", "--quiet",
-                  "--model-option", "d_dim=5", "--model-option", "hidden_dim=5", "--z-dim", "2"])
-    assert re.fullmatch(r"pyro-seq: error: data fake: " + EXPECTED_TRAIN + r"; 12 non-binary "
-                        r"values in all", info.value.code), info.value.code
+        cli.main(
+            [
+                "train",
+                "--data",
+                "fake",
+                "--out",
+                str(out),
+                "--epochs",
+                "1",
+                "--quiet",
+                "--model-option",
+                "d_dim=5",
+                "--model-option",
+                "hidden_dim=5",
+                "--z-dim",
+                "2",
+            ]
+        )
+    assert re.fullmatch(
+        r"pyro-seq: error: data fake: " + EXPECTED_TRAIN + r"; 12 non-binary "
+        r"values in all",
+        info.value.code,
+    ), info.value.code
     assert not out.exists()
 
 
-@pytest.mark.parametrize("value", [None, {"a": 1}, object(), "mask", [[1, 0], [1]]],
-                         ids=["none", "dict", "object", "str", "ragged"])
+@pytest.mark.parametrize(
+    "value",
+    [None, {"a": 1}, object(), "mask", [[1, 0], [1]]],
+    ids=["none", "dict", "object", "str", "ragged"],
+)
 def test_as_bool_mask_names_a_value_that_is_not_array_like(value):
     # regression (found by tests/property): torch.as_tensor's RuntimeError "Could not infer
     # dtype of NoneType" escaped, naming neither the argument nor the problem
     from pyro_seq.validation import as_bool_mask
 
-    with pytest.raises(TypeError, match=r"^step_mask must be a bool tensor or an array-like of "
-                                        r"0 and 1, got " + type(value).__name__):
+    with pytest.raises(
+        TypeError,
+        match=r"^step_mask must be a bool tensor or an array-like of "
+        r"0 and 1, got " + type(value).__name__,
+    ):
         as_bool_mask(value, "step_mask")
     assert torch.equal(as_bool_mask([1, 0.0], "step_mask"), torch.tensor([True, False]))
 

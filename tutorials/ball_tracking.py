@@ -51,8 +51,12 @@ SMOKE = os.environ.get("PYRO_SEQ_SMOKE", "0") not in ("", "0")
 _parser = argparse.ArgumentParser(description=__doc__)
 _parser.add_argument("--out", default=None, help="folder for the PNG figures")
 _args, _ = _parser.parse_known_args()
-_HERE = Path(__file__).resolve().parent if "__file__" in globals() else Path.cwd()  # script or notebook
-OUT = Path(_args.out or os.environ.get("PYRO_SEQ_TUTORIAL_OUT") or _HERE / "_output" / "ball_tracking")
+_HERE = (
+    Path(__file__).resolve().parent if "__file__" in globals() else Path.cwd()
+)  # script or notebook
+OUT = Path(
+    _args.out or os.environ.get("PYRO_SEQ_TUTORIAL_OUT") or _HERE / "_output" / "ball_tracking"
+)
 OUT.mkdir(parents=True, exist_ok=True)
 torch.manual_seed(0)
 DT = torch.float64
@@ -60,7 +64,6 @@ metrics = {"smoke": SMOKE}
 print(f"writing figures to {OUT} (smoke mode: {SMOKE})")
 
 from pyro_seq.train.plots import show_inline as show  # noqa: E402
-
 
 # %% [markdown]
 # ## The ball in vacuum (eq. 3.9)
@@ -144,9 +147,13 @@ def trajectory_panel(ax, title, est_filtered=None, est_smoothed=None, observed=N
     mask = torch.ones(T, dtype=torch.bool) if observed is None else observed
     ax.plot(x_obs[mask, 0], x_obs[mask, 1], "k.", ms=4, label="observations")
     if est_filtered is not None:
-        ax.plot(est_filtered[:, 0], est_filtered[:, 1], "-", color="tab:red", lw=1.2, label="filtered")
+        ax.plot(
+            est_filtered[:, 0], est_filtered[:, 1], "-", color="tab:red", lw=1.2, label="filtered"
+        )
     if est_smoothed is not None:
-        ax.plot(est_smoothed[:, 0], est_smoothed[:, 1], "-", color="tab:green", lw=1.5, label="smoothed")
+        ax.plot(
+            est_smoothed[:, 0], est_smoothed[:, 1], "-", color="tab:green", lw=1.5, label="smoothed"
+        )
     if extra is not None:
         extra(ax)
     ax.set_xlabel("x [m]")
@@ -167,9 +174,17 @@ def error_panel(ax, curves, title="position error"):
 
 
 fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
-trajectory_panel(axes[0], "Fig. 3.3: Kalman filter and smoother", positions(filt.means), positions(smooth.means))
-error_panel(axes[1], [("observations", x_obs, "k."), ("filtered", positions(filt.means), "r-"),
-                      ("smoothed", positions(smooth.means), "g-")])
+trajectory_panel(
+    axes[0], "Fig. 3.3: Kalman filter and smoother", positions(filt.means), positions(smooth.means)
+)
+error_panel(
+    axes[1],
+    [
+        ("observations", x_obs, "k."),
+        ("filtered", positions(filt.means), "r-"),
+        ("smoothed", positions(smooth.means), "g-"),
+    ],
+)
 fig.tight_layout()
 fig.savefig(OUT / "fig3_3_filter_smoother.png", dpi=110)
 plt.close(fig)
@@ -196,10 +211,18 @@ metrics["fig3_4"] = {
 }
 print("Fig 3.4", metrics["fig3_4"])
 fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
-trajectory_panel(axes[0], "Fig. 3.4: imputing the missing middle section", positions(filt_m.means),
-                 positions(smooth_m.means), observed=observed)
-error_panel(axes[1], [("filtered", positions(filt_m.means), "r-"), ("smoothed", positions(smooth_m.means), "g-")],
-            title="position error (observations missing at 2-10.2 s)")
+trajectory_panel(
+    axes[0],
+    "Fig. 3.4: imputing the missing middle section",
+    positions(filt_m.means),
+    positions(smooth_m.means),
+    observed=observed,
+)
+error_panel(
+    axes[1],
+    [("filtered", positions(filt_m.means), "r-"), ("smoothed", positions(smooth_m.means), "g-")],
+    title="position error (observations missing at 2-10.2 s)",
+)
 axes[1].axvspan(10 * delta, (T - 8) * delta, color="0.9")
 fig.tight_layout()
 fig.savefig(OUT / "fig3_4_missing_data.png", dpi=110)
@@ -217,7 +240,9 @@ show(OUT / "fig3_4_missing_data.png")
 num_em = 3 if SMOKE else 20
 params = LGSSMParams(prior_loc, prior_cov, A, Q, C, R, control_matrix=B)
 em = lgssm_em(x_obs, params, num_iters=num_em, learn=("initial_loc", "initial_cov"), controls=u)
-ssm_em = LinearGaussianSSM(em.params.initial_loc, em.params.initial_cov, A, Q, C, R, control_matrix=B, controls=u)
+ssm_em = LinearGaussianSSM(
+    em.params.initial_loc, em.params.initial_cov, A, Q, C, R, control_matrix=B, controls=u
+)
 smooth_em = ssm_em.smooth(x_obs)
 filt_em = smooth_em.filtered
 lls = em.log_likelihoods
@@ -229,8 +254,12 @@ metrics["fig3_5"] = {
 }
 print("Fig 3.5", {k: v for k, v in metrics["fig3_5"].items() if k != "log_likelihoods"})
 fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
-trajectory_panel(axes[0], "Fig. 3.5a: after learning the initial state by EM", positions(filt_em.means),
-                 positions(smooth_em.means))
+trajectory_panel(
+    axes[0],
+    "Fig. 3.5a: after learning the initial state by EM",
+    positions(filt_em.means),
+    positions(smooth_em.means),
+)
 axes[1].plot(range(len(lls)), lls, "o-")
 axes[1].set_xlabel("EM iteration")
 axes[1].set_ylabel("log p(x)")
@@ -266,7 +295,12 @@ def air_step(z, t=None):
     speed = torch.sqrt(vx**2 + vy**2)
     drag = (0.0039 + 0.0058 / (1 + torch.exp((speed - 35.0) / 5.0))) * speed
     return torch.stack(
-        [px + vx * delta, vx - drag * vx * delta, py + vy * delta - 0.5 * g * delta**2, vy - g * delta - drag * vy * delta],
+        [
+            px + vx * delta,
+            vx - drag * vx * delta,
+            py + vy * delta - 0.5 * g * delta**2,
+            vy - g * delta - drag * vy * delta,
+        ],
         -1,
     )
 
@@ -281,7 +315,9 @@ ssm_air = LinearGaussianSSM(learned_loc, learned_cov, A, Q, C, R, control_matrix
 smooth_lin = ssm_air.smooth(x_air)
 filt_lin = smooth_lin.filtered
 if not SMOKE:  # for reference: the LGSSM with the original poor prior is not better
-    smooth_lin_prior = LinearGaussianSSM(prior_loc, prior_cov, A, Q, C, R, control_matrix=B, controls=u_air).smooth(x_air)
+    smooth_lin_prior = LinearGaussianSSM(
+        prior_loc, prior_cov, A, Q, C, R, control_matrix=B, controls=u_air
+    ).smooth(x_air)
 
 fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
 axes[0].plot(true_pos[:, 0], true_pos[:, 1], "b--", label="in vacuum (eq. 3.9)")
@@ -303,8 +339,13 @@ def air_panel(ax, title, f_pos, s_pos, legend_loc):
     ax.legend(loc=legend_loc, fontsize=8)
 
 
-air_panel(axes[1], "Fig. 3.7b: the LGSSM (no drag) on data in air", positions(filt_lin.means), positions(smooth_lin.means),
-          "lower right")
+air_panel(
+    axes[1],
+    "Fig. 3.7b: the LGSSM (no drag) on data in air",
+    positions(filt_lin.means),
+    positions(smooth_lin.means),
+    "lower right",
+)
 fig.tight_layout()
 fig.savefig(OUT / "fig3_7_air_resistance_lgssm.png", dpi=110)
 plt.close(fig)
@@ -327,7 +368,9 @@ show(OUT / "fig3_7_air_resistance_lgssm.png")
 
 
 def run_ukf(loc, cov):
-    return unscented_kalman_smoother(x_air, air_step, lambda z, t: z @ C.T, loc, cov, 1e-6 * torch.eye(4, dtype=DT), R)
+    return unscented_kalman_smoother(
+        x_air, air_step, lambda z, t: z @ C.T, loc, cov, 1e-6 * torch.eye(4, dtype=DT), R
+    )
 
 
 ukf = run_ukf(learned_loc, learned_cov)
@@ -340,16 +383,25 @@ metrics["fig3_7_3_8"] = {
     "rmse_lgssm_smoothed": rmse(positions(smooth_lin.means), air_pos),
     "rmse_ukf_filtered": rmse(positions(ukf.filtered.means), air_pos),
     "rmse_ukf_smoothed": rmse(positions(ukf.means), air_pos),
-    "rmse_lgssm_smoothed_original_prior": None if SMOKE else rmse(positions(smooth_lin_prior.means), air_pos),
-    "rmse_ukf_smoothed_original_prior": None if SMOKE else rmse(positions(ukf_prior.means), air_pos),
+    "rmse_lgssm_smoothed_original_prior": None
+    if SMOKE
+    else rmse(positions(smooth_lin_prior.means), air_pos),
+    "rmse_ukf_smoothed_original_prior": None
+    if SMOKE
+    else rmse(positions(ukf_prior.means), air_pos),
     "rmse_ukf_smoothed_broad_prior": None if SMOKE else rmse(positions(ukf_broad.means), air_pos),
     "log_likelihood_lgssm": float(filt_lin.log_likelihoods.sum()),
     "log_likelihood_ukf": float(ukf.filtered.log_likelihoods.sum()),
 }
 print("Figs 3.7-3.8", metrics["fig3_7_3_8"])
 fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
-air_panel(axes[0], "Fig. 3.8: unscented Kalman filter and smoother", positions(ukf.filtered.means), positions(ukf.means),
-          "lower center")
+air_panel(
+    axes[0],
+    "Fig. 3.8: unscented Kalman filter and smoother",
+    positions(ukf.filtered.means),
+    positions(ukf.means),
+    "lower center",
+)
 t_air = torch.arange(T_air) * delta
 for label, est, style in [
     ("observations", x_air, "k."),

@@ -52,24 +52,23 @@ from pyro.optim import ClippedAdam  # noqa: E402
 from pyro_seq.data import SequenceLoader, build_chorales, load_dataset, pad_sequences  # noqa: E402
 from pyro_seq.data.chorales import chorale_paths  # noqa: E402
 from pyro_seq.infer import FIVO, IWAE, estimate_log_likelihood  # noqa: E402
-from pyro_seq.models import (SequenceModel, make_emission, normal, shift_right,  # noqa: E402
-                             stack_params)
+from pyro_seq.models import SequenceModel, make_emission, normal, shift_right, stack_params  # noqa: E402
 from pyro_seq.nn import BackwardRNN, GaussianMLP, cat_broadcast, init_output_bias  # noqa: E402
 from pyro_seq.train.objectives import ENERGY_OBJECTIVES, check_objective  # noqa: E402
 from pyro_seq.train.objectives import OBJECTIVES as REGISTERED_OBJECTIVES  # noqa: E402
 from pyro_seq.train.plots import plot_piano_roll  # noqa: E402
-
 from pyro_seq.train.plots import show_inline as show  # noqa: E402
-
 
 SMOKE = os.environ.get("PYRO_SEQ_SMOKE", "0") not in ("", "0")
 _parser = argparse.ArgumentParser(description="a new model from pyro_seq.nn, every objective")
 _parser.add_argument("--out", default=None, help="folder for figures and metrics")
 _args, _ = _parser.parse_known_args()
 _HERE = Path(__file__).resolve().parent if "__file__" in globals() else Path.cwd()
-OUT = Path(_args.out or os.environ.get("PYRO_SEQ_TUTORIAL_OUT") or _HERE / "_output" / "custom_model")
+OUT = Path(
+    _args.out or os.environ.get("PYRO_SEQ_TUTORIAL_OUT") or _HERE / "_output" / "custom_model"
+)
 OUT.mkdir(parents=True, exist_ok=True)
-torch.set_num_threads(1)      # many small operations per step: one thread is fastest
+torch.set_num_threads(1)  # many small operations per step: one thread is fastest
 pyro.set_rng_seed(0)
 print(f"writing to {OUT} (smoke mode: {SMOKE})")
 
@@ -131,6 +130,7 @@ print(f"writing to {OUT} (smoke mode: {SMOKE})")
 # `time_parallel = True`: inside an ELBO, where the guide has fixed every latent, the networks
 # then run once over all steps instead of once per step (same sites, same numbers, faster).
 
+
 # %%
 class AutoregressiveDMM(SequenceModel):
     """Deep state-space model with skip connections from ``x_{t-1}`` (module markdown above).
@@ -145,15 +145,16 @@ class AutoregressiveDMM(SequenceModel):
     """
 
     module_name = "autoregressive_dmm"
-    binary_observations = True    # the package's validator checks that x is 0/1
-    time_parallel = True          # the steps below accept t = slice(None) as well as an int
+    binary_observations = True  # the package's validator checks that x is 0/1
+    time_parallel = True  # the steps below accept t = slice(None) as well as an int
 
     def __init__(self, obs_dim, z_dim=16, hidden_dim=64, rnn_dim=64, min_scale=1e-3):
         super().__init__(obs_dim)
         self.z_dim = z_dim
         self.prior = GaussianMLP(z_dim, obs_dim, hidden_dim, z_dim, "relu", min_scale)
-        self.emitter, self.likelihood = make_emission("bernoulli", z_dim + obs_dim, [hidden_dim],
-                                                      obs_dim)
+        self.emitter, self.likelihood = make_emission(
+            "bernoulli", z_dim + obs_dim, [hidden_dim], obs_dim
+        )
         self.encoder = BackwardRNN(2 * obs_dim, rnn_dim, cell="gru")
         self.posterior = GaussianMLP(z_dim, rnn_dim, hidden_dim, z_dim, "relu", min_scale)
 
@@ -167,8 +168,8 @@ class AutoregressiveDMM(SequenceModel):
     # generative model p(x, z)
     def model_init(self, state, x, mask):
         u = self._previous_frames(state, x)
-        state.shared["prior_context"] = self.prior.project_context(u)   # (batch, T, hidden)
-        state["z"] = x.new_zeros(x.shape[0], self.z_dim)                # z_0 = 0, per particle
+        state.shared["prior_context"] = self.prior.project_context(u)  # (batch, T, hidden)
+        state["z"] = x.new_zeros(x.shape[0], self.z_dim)  # z_0 = 0, per particle
 
     def model_step(self, state, t, x, mask):
         loc, scale = self.prior(state["z"], state.shared_at("prior_context", t))
@@ -179,7 +180,7 @@ class AutoregressiveDMM(SequenceModel):
     # inference network q(z | x)
     def guide_init(self, state, x, mask):
         u = self._previous_frames(state, x)
-        a = self.encoder(torch.cat([x, u], dim=-1), mask)                # a_t sees x_{t-1:T}
+        a = self.encoder(torch.cat([x, u], dim=-1), mask)  # a_t sees x_{t-1:T}
         state.shared["posterior_context"] = self.posterior.project_context(a)
         state["guide_z"] = x.new_zeros(x.shape[0], self.z_dim)
 
@@ -213,7 +214,7 @@ class AutoregressiveDMM(SequenceModel):
 # ## Data
 
 # %%
-CHORALE_FILES = 24 if SMOKE else None   # the first 24 score files, or the whole cached set
+CHORALE_FILES = 24 if SMOKE else None  # the first 24 score files, or the whole cached set
 if SMOKE:
     rolls, _ = build_chorales(chorale_paths()[:CHORALE_FILES], progress=False)
     data = {k: [r.float() for r in v] for k, v in rolls.items()}
@@ -233,12 +234,17 @@ demo = AutoregressiveDMM(D, z_dim=Z, hidden_dim=H, rnn_dim=H)
 x_demo, mask_demo = pad_sequences(data["train"][:3])
 guide_trace = pyro.poutine.trace(demo.guide).get_trace(x_demo, mask_demo)
 model_trace = pyro.poutine.trace(pyro.poutine.replay(demo.model, trace=guide_trace)).get_trace(
-    x_demo, mask_demo)
-sites = [(name, tuple(site["fn"].batch_shape), tuple(site["fn"].event_shape))
-         for name, site in model_trace.nodes.items()
-         if site["type"] == "sample" and name != "sequences"]   # "sequences": the plate's own site
-print(f"{len(sites)} sample sites for T = {x_demo.shape[1]}; first four (name, batch, event):",
-      sites[:4])
+    x_demo, mask_demo
+)
+sites = [
+    (name, tuple(site["fn"].batch_shape), tuple(site["fn"].event_shape))
+    for name, site in model_trace.nodes.items()
+    if site["type"] == "sample" and name != "sequences"
+]  # "sequences": the plate's own site
+print(
+    f"{len(sites)} sample sites for T = {x_demo.shape[1]}; first four (name, batch, event):",
+    sites[:4],
+)
 
 # %% [markdown]
 # ## One SVI loop, every objective
@@ -306,8 +312,10 @@ for name, make_loss in OBJECTIVES.items():
             curve.append(-loss * x.shape[0] / N / int(mask.sum()))
     seconds[name] = time.perf_counter() - start
     models[name], curves[name] = m, curve
-    print(f"{name:9s}: {len(curve)} steps in {seconds[name]:5.1f} s, last training bound "
-          f"{curve[-1]:.3f} nats/step")
+    print(
+        f"{name:9s}: {len(curve)} steps in {seconds[name]:5.1f} s, last training bound "
+        f"{curve[-1]:.3f} nats/step"
+    )
 
 # %% [markdown]
 # ### Training curves
@@ -321,8 +329,11 @@ window = max(1, len(loader))
 for name, curve in curves.items():
     c = torch.tensor(curve)
     smooth = c.unfold(0, window, 1).mean(-1) if len(c) >= window else c
-    ax.plot(range(window - 1, window - 1 + len(smooth)) if len(c) >= window else range(len(c)),
-            smooth.numpy(), label=name)
+    ax.plot(
+        range(window - 1, window - 1 + len(smooth)) if len(c) >= window else range(len(c)),
+        smooth.numpy(),
+        label=name,
+    )
 ax.set_xlabel("SVI step")
 ax.set_ylabel("training bound (nats / step)")
 ax.set_title(f"AutoregressiveDMM on chorales: K = {K} for iwae and fivo")
@@ -351,24 +362,38 @@ show(OUT / "training_curves.png")
 # %%
 K_EVAL = 16 if SMOKE else 128
 ELBO_DRAWS = 4 if SMOKE else 8
-EVAL_BATCH = 8                # sequences per pass: bounds the memory of K_EVAL particles
+EVAL_BATCH = 8  # sequences per pass: bounds the memory of K_EVAL particles
 test = data["test"]
 test_steps = sum(len(s) for s in test)
 freq = torch.cat(data["train"]).mean(0).clamp(1e-3, 1 - 1e-3)
-independent = float(sum((s * freq.log() + (1 - s) * (-freq).log1p()).sum() for s in test)) / test_steps
+independent = (
+    float(sum((s * freq.log() + (1 - s) * (-freq).log1p()).sum() for s in test)) / test_steps
+)
 
 results = {}
 for name, m in models.items():
     m.eval()
     torch.manual_seed(2)
-    draws = [estimate_log_likelihood(m.model, m.guide, test, method="iwae", num_particles=1,
-                                     batch_size=EVAL_BATCH) for _ in range(ELBO_DRAWS)]
-    elbo_per_sequence = torch.stack([d.per_sequence for d in draws])       # (draws, N_test)
+    draws = [
+        estimate_log_likelihood(
+            m.model, m.guide, test, method="iwae", num_particles=1, batch_size=EVAL_BATCH
+        )
+        for _ in range(ELBO_DRAWS)
+    ]
+    elbo_per_sequence = torch.stack([d.per_sequence for d in draws])  # (draws, N_test)
     totals = elbo_per_sequence.sum(-1)
-    iwae = estimate_log_likelihood(m.model, m.guide, test, method="iwae", num_particles=K_EVAL,
-                                   batch_size=EVAL_BATCH, particles_per_pass=64)
-    smc = estimate_log_likelihood(m.model, m.guide, test, method="smc", num_particles=K_EVAL,
-                                  batch_size=EVAL_BATCH)
+    iwae = estimate_log_likelihood(
+        m.model,
+        m.guide,
+        test,
+        method="iwae",
+        num_particles=K_EVAL,
+        batch_size=EVAL_BATCH,
+        particles_per_pass=64,
+    )
+    smc = estimate_log_likelihood(
+        m.model, m.guide, test, method="smc", num_particles=K_EVAL, batch_size=EVAL_BATCH
+    )
     results[name] = {
         "test_elbo_per_step": float(totals.mean()) / test_steps,
         "test_elbo_stderr_per_step": float(totals.std() / math.sqrt(ELBO_DRAWS)) / test_steps,
@@ -379,11 +404,15 @@ for name, m in models.items():
         "final_train_bound_per_step": sum(curves[name][-window:]) / len(curves[name][-window:]),
     }
 
-header = f"| trained with | test ELBO | test IWAE({K_EVAL}) | test SMC({K_EVAL}) | training time (s) |"
+header = (
+    f"| trained with | test ELBO | test IWAE({K_EVAL}) | test SMC({K_EVAL}) | training time (s) |"
+)
 rows = [header, "|---|---|---|---|---|"]
 for name, r in results.items():
-    rows.append(f"| {name} | {r['test_elbo_per_step']:.3f} | {r['test_iwae_per_step']:.3f} | "
-                f"{r['test_smc_per_step']:.3f} | {r['train_seconds']:.0f} |")
+    rows.append(
+        f"| {name} | {r['test_elbo_per_step']:.3f} | {r['test_iwae_per_step']:.3f} | "
+        f"{r['test_smc_per_step']:.3f} | {r['train_seconds']:.0f} |"
+    )
 rows.append(f"| independent notes | {independent:.3f} | | | |")
 table = "\n".join(rows)
 print(table)
@@ -424,22 +453,35 @@ print(table)
 best = max(results, key=lambda k: results[k]["test_iwae_per_step"])
 torch.manual_seed(3)
 sample, logits = models[best].generate(num_sequences=1, num_steps=32 if SMOKE else 64)
-plot_piano_roll(sample[0], OUT / "sample.png", probs=torch.sigmoid(logits[0]),
-                title=f"AutoregressiveDMM trained with {best}")
+plot_piano_roll(
+    sample[0],
+    OUT / "sample.png",
+    probs=torch.sigmoid(logits[0]),
+    title=f"AutoregressiveDMM trained with {best}",
+)
 show(OUT / "sample.png")
 for name, m in models.items():
     torch.save(m.state_dict(), OUT / f"model_{name}.pt")
 
 # %%
 metrics = {
-    "smoke": SMOKE, "data": "music21 Bach chorales", "obs_dim": D,
+    "smoke": SMOKE,
+    "data": "music21 Bach chorales",
+    "obs_dim": D,
     "sizes": {"z_dim": Z, "hidden_dim": H, "rnn_dim": H},
-    "epochs": EPOCHS, "batch_size": BATCH, "train_particles": K,
-    "eval_particles": K_EVAL, "elbo_draws": ELBO_DRAWS,
-    "chorale_files": CHORALE_FILES, "num_sequences": {k: len(v) for k, v in data.items()},
+    "epochs": EPOCHS,
+    "batch_size": BATCH,
+    "train_particles": K,
+    "eval_particles": K_EVAL,
+    "elbo_draws": ELBO_DRAWS,
+    "chorale_files": CHORALE_FILES,
+    "num_sequences": {k: len(v) for k, v in data.items()},
     "test_steps": test_steps,
-    "objectives": list(OBJECTIVES), "skipped_objectives": list(ENERGY_OBJECTIVES),
-    "results": results, "curves": curves, "independent_notes_per_step": independent,
+    "objectives": list(OBJECTIVES),
+    "skipped_objectives": list(ENERGY_OBJECTIVES),
+    "results": results,
+    "curves": curves,
+    "independent_notes_per_step": independent,
     "best": best,
 }
 (OUT / "metrics.json").write_text(json.dumps(metrics, indent=1))

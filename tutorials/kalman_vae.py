@@ -98,8 +98,12 @@ show_inline(OUT / "video.png")
 
 # %%
 model = KVAE((32, 32), channels=4 if SMOKE else 32, dynamics_warmup_epochs=0 if SMOKE else 3)
-svi = SVI(model.model, model.guide, ClippedAdam({"lr": 0.007, "clip_norm": 150.0,
-                                                 "lrd": 0.85 ** (1 / (20 * 63))}), Trace_ELBO())
+svi = SVI(
+    model.model,
+    model.guide,
+    ClippedAdam({"lr": 0.007, "clip_norm": 150.0, "lrd": 0.85 ** (1 / (20 * 63))}),
+    Trace_ELBO(),
+)
 loader = SequenceLoader(train.as_sequences(), batch_size=16, shuffle=True, seed=0)
 x_test = test.frames.flatten(2)
 curve = []
@@ -130,8 +134,9 @@ show_inline(OUT / "elbo_curve.png")
 # resampled with the particles. A few steps of it, from the trained weights:
 
 # %%
-fivo = SVI(model.model, model.guide, ClippedAdam({"lr": 1e-3, "clip_norm": 150.0}),
-           FIVO(num_particles=4))
+fivo = SVI(
+    model.model, model.guide, ClippedAdam({"lr": 1e-3, "clip_norm": 150.0}), FIVO(num_particles=4)
+)
 model.train()
 fivo_losses = [fivo.step(x, mask) for _, (x, mask) in zip(range(2), loader.batches(EPOCHS))]
 model.eval()
@@ -184,8 +189,11 @@ observed = drop_frames(mask[:1], 0.8, generator=g, keep_first=4)
 with torch.no_grad():
     probs, a_hat = model.impute_frames(x_test[:1], observed, "smoothing")
 pair = torch.cat([test.frames[0], probs[0].reshape(-1, 32, 32)], -1)
-plot_video(pair, OUT / "imputed_video.png",
-           title=f"truth | smoothing, missing {(~observed[0]).nonzero().flatten().tolist()}")
+plot_video(
+    pair,
+    OUT / "imputed_video.png",
+    title=f"truth | smoothing, missing {(~observed[0]).nonzero().flatten().tolist()}",
+)
 show_inline(OUT / "imputed_video.png")
 
 # %% [markdown]

@@ -70,13 +70,13 @@ pyro.set_rng_seed(0)
 
 from pyro_seq.train.plots import show_inline as show  # noqa: E402
 
-
 # %% [markdown]
 # ## Data
 
 # %%
-_jsb = os.environ.get("PYRO_SEQ_JSB") or str(_HERE.parent.parent / "shared" / "data" / "polyphonic"
-                                             / "jsb_chorales.pickle")
+_jsb = os.environ.get("PYRO_SEQ_JSB") or str(
+    _HERE.parent.parent / "shared" / "data" / "polyphonic" / "jsb_chorales.pickle"
+)
 if Path(_jsb).is_file():
     data, data_name = load_piano_rolls(_jsb), "JSB Chorales"
 else:
@@ -129,13 +129,18 @@ for model_name, make in MODELS.items():
                 svi.step(x, mask, num_sequences=N)
         seconds = time.perf_counter() - start
         m.eval()
-        est = estimate_log_likelihood(m.model, m.guide, (test_x, test_mask), method="iwae",
-                                      num_particles=4 if SMOKE else 64)
-        results[(model_name, objective_name)] = {"test_iwae_per_step": est.nats_per_step,
-                                                 "train_seconds": seconds}
+        est = estimate_log_likelihood(
+            m.model, m.guide, (test_x, test_mask), method="iwae", num_particles=4 if SMOKE else 64
+        )
+        results[(model_name, objective_name)] = {
+            "test_iwae_per_step": est.nats_per_step,
+            "train_seconds": seconds,
+        }
         trained[(model_name, objective_name)] = m
-        print(f"{model_name:7s} {objective_name:8s} test IWAE: {est.nats_per_step:8.3f} nats/step "
-              f"({seconds:.1f} s)")
+        print(
+            f"{model_name:7s} {objective_name:8s} test IWAE: {est.nats_per_step:8.3f} nats/step "
+            f"({seconds:.1f} s)"
+        )
 
 # %% [markdown]
 # Every cell is scored by the same estimator (IWAE with many particles; higher is better).
@@ -168,7 +173,7 @@ drop = min(8, seq.shape[0] // 2)
 x = seq.unsqueeze(0)
 observed = torch.ones(1, seq.shape[0], dtype=torch.bool)
 start = (seq.shape[0] - drop) // 2
-observed[0, start:start + drop] = False
+observed[0, start : start + drop] = False
 res = impute(m, x, observed, num_iterations=5 if SMOKE else 50)
 missing = ~observed[0]
 freq = torch.cat(data["train"]).float().mean(0).clamp(1e-6, 1 - 1e-6)
@@ -177,15 +182,31 @@ freq = torch.cat(data["train"]).float().mean(0).clamp(1e-6, 1 - 1e-6)
 imputed_bits = bits_per_element(res.probs[0, missing], seq[missing])
 baseline_bits = bits_per_element(freq.expand(int(missing.sum()), D), seq[missing])
 corrupted = torch.where(observed[0, :, None], seq, torch.full_like(seq, float("nan")))
-errors = plot_recovery(seq, corrupted, torch.where(observed[0, :, None], seq, (res.probs[0] > 0.5).float()),
-                       OUT / "imputation.png", probs=res.probs[0], title=f"{best[0]} ({best[1]})")
+errors = plot_recovery(
+    seq,
+    corrupted,
+    torch.where(observed[0, :, None], seq, (res.probs[0] > 0.5).float()),
+    OUT / "imputation.png",
+    probs=res.probs[0],
+    title=f"{best[0]} ({best[1]})",
+)
 show(OUT / "imputation.png")
-print(f"imputation with {best}: {imputed_bits:.3f} bits/element, note frequencies "
-      f"{baseline_bits:.3f}; {errors} wrong elements")
+print(
+    f"imputation with {best}: {imputed_bits:.3f} bits/element, note frequencies "
+    f"{baseline_bits:.3f}; {errors} wrong elements"
+)
 
 # %%
-metrics = {"data": data_name, "smoke": SMOKE, "epochs": EPOCHS,
-           "grid": {f"{m_}/{o}": v for (m_, o), v in results.items()},
-           "imputation": {"model": list(best), "bits_per_element": imputed_bits,
-                          "baseline_bits_per_element": baseline_bits, "dropped_steps": drop}}
+metrics = {
+    "data": data_name,
+    "smoke": SMOKE,
+    "epochs": EPOCHS,
+    "grid": {f"{m_}/{o}": v for (m_, o), v in results.items()},
+    "imputation": {
+        "model": list(best),
+        "bits_per_element": imputed_bits,
+        "baseline_bits_per_element": baseline_bits,
+        "dropped_steps": drop,
+    },
+}
 (OUT / "metrics.json").write_text(json.dumps(metrics, indent=1))

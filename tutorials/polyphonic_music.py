@@ -57,15 +57,16 @@ _parser = argparse.ArgumentParser(description="DMM and SRNN on Bach chorales")
 _parser.add_argument("--out", default=None, help="folder for figures, MIDI and metrics")
 _args, _ = _parser.parse_known_args()
 _HERE = Path(__file__).resolve().parent if "__file__" in globals() else Path.cwd()
-OUT = Path(_args.out or os.environ.get("PYRO_SEQ_TUTORIAL_OUT") or _HERE / "_output" / "polyphonic_music")
+OUT = Path(
+    _args.out or os.environ.get("PYRO_SEQ_TUTORIAL_OUT") or _HERE / "_output" / "polyphonic_music"
+)
 OUT.mkdir(parents=True, exist_ok=True)
-torch.set_num_threads(1)      # many small operations per step: one thread is fastest
+torch.set_num_threads(1)  # many small operations per step: one thread is fastest
 torch.manual_seed(0)
 metrics = {"smoke": SMOKE}
 print(f"writing to {OUT} (smoke mode: {SMOKE})")
 
 from pyro_seq.train.plots import show_inline as show  # noqa: E402
-
 
 # %% [markdown]
 # ## Data
@@ -94,7 +95,9 @@ show(OUT / "training_example.png")
 # needs. (Inside the ELBO the model scores all time steps at once; see docs/design.rst.)
 
 # %%
-sizes = dict(d_dim=16, z_dim=4, hidden_dim=16) if SMOKE else dict(d_dim=128, z_dim=32, hidden_dim=200)
+sizes = (
+    dict(d_dim=16, z_dim=4, hidden_dim=16) if SMOKE else dict(d_dim=128, z_dim=32, hidden_dim=200)
+)
 pyro.clear_param_store()
 srnn = SRNN(88, **sizes)
 svi = SVI(srnn.model, srnn.guide, ClippedAdam({"lr": 3e-3}), loss=Trace_ELBO())
@@ -110,8 +113,16 @@ print(f"one epoch by hand: last minibatch loss {loss / mask.sum().item():.3f} na
 
 # %%
 epochs = 2 if SMOKE else 40
-config = TrainConfig(epochs=epochs, batch_size=16, lr=3e-3, init="srnn", kl_start=0.2, kl_anneal_steps=300,
-                     time_limit=None if SMOKE else 300, progress=not SMOKE)
+config = TrainConfig(
+    epochs=epochs,
+    batch_size=16,
+    lr=3e-3,
+    init="srnn",
+    kl_start=0.2,
+    kl_anneal_steps=300,
+    time_limit=None if SMOKE else 300,
+    progress=not SMOKE,
+)
 history = fit(srnn, data["train"], data["valid"], config, OUT / "srnn_elbo", resume=False)
 metrics["srnn_valid_elbo_per_step"] = history[-1]["valid_elbo_per_step"]
 
@@ -123,7 +134,10 @@ metrics["srnn_valid_elbo_per_step"] = history[-1]["valid_elbo_per_step"]
 
 # %%
 dmm_sizes = dict(z_dim=4, transition_dim=16, emission_dim=16, rnn_dim=16) if SMOKE else {}
-for objective, loss in (("iwae", IWAE(num_particles=4, max_plate_nesting=1)), ("fivo", FIVO(num_particles=4))):
+for objective, loss in (
+    ("iwae", IWAE(num_particles=4, max_plate_nesting=1)),
+    ("fivo", FIVO(num_particles=4)),
+):
     pyro.clear_param_store()
     torch.manual_seed(0)
     dmm = DMM(88, **dmm_sizes)
@@ -144,10 +158,16 @@ for objective, loss in (("iwae", IWAE(num_particles=4, max_plate_nesting=1)), ("
 # %%
 K = 16 if SMOKE else 64
 srnn.load_state_dict(torch.load(OUT / "srnn_elbo" / "best.pt", weights_only=True))
-bounds = {method: evaluate_bound(srnn, data["test"], method=method, num_particles=K if method != "elbo" else 1)
-          for method in ("elbo", "iwae", "smc")}
+bounds = {
+    method: evaluate_bound(
+        srnn, data["test"], method=method, num_particles=K if method != "elbo" else 1
+    )
+    for method in ("elbo", "iwae", "smc")
+}
 for method, result in bounds.items():
-    print(f"SRNN test {method:4s} (K={result['num_particles']:3d}): {result['per_step']:.3f} nats/step")
+    print(
+        f"SRNN test {method:4s} (K={result['num_particles']:3d}): {result['per_step']:.3f} nats/step"
+    )
     metrics[f"srnn_test_{method}_per_step"] = result["per_step"]
 metrics["num_particles"] = K
 
@@ -158,7 +178,9 @@ metrics["num_particles"] = K
 
 # %%
 samples, logits = srnn.generate(num_sequences=1, num_steps=32 if SMOKE else 64)
-plot_piano_roll(samples[0], OUT / "srnn_sample.png", probs=torch.sigmoid(logits[0]), title="SRNN sample")
+plot_piano_roll(
+    samples[0], OUT / "srnn_sample.png", probs=torch.sigmoid(logits[0]), title="SRNN sample"
+)
 show(OUT / "srnn_sample.png")
 piano_roll_to_midi(samples[0], OUT / "srnn_sample.mid", step_seconds=0.25)
 (OUT / "metrics.json").write_text(json.dumps(metrics, indent=1))

@@ -58,14 +58,15 @@ _parser = argparse.ArgumentParser(description="RTRBM on chorales and RBMs for st
 _parser.add_argument("--out", default=None, help="folder for figures and metrics")
 _args, _ = _parser.parse_known_args()
 _HERE = Path(__file__).resolve().parent if "__file__" in globals() else Path.cwd()
-OUT = Path(_args.out or os.environ.get("PYRO_SEQ_TUTORIAL_OUT") or _HERE / "_output" / "rbm_sequences")
+OUT = Path(
+    _args.out or os.environ.get("PYRO_SEQ_TUTORIAL_OUT") or _HERE / "_output" / "rbm_sequences"
+)
 OUT.mkdir(parents=True, exist_ok=True)
 torch.set_num_threads(1)
 pyro.set_rng_seed(0)
 metrics = {}
 
 from pyro_seq.train.plots import show_inline as show  # noqa: E402
-
 
 # %% [markdown]
 # ## 1. An RTRBM on chorales
@@ -108,15 +109,24 @@ for epoch in range(epochs):
 
 # %%
 test_x, test_mask = pad_sequences(data["test"][: 4 if SMOKE else 20])
-est = rtrbm.log_likelihood(test_x, test_mask, method="ais", num_chains=20 if SMOKE else 100,
-                           num_betas=50 if SMOKE else 1000,
-                           base_visible_bias=rtrbm.c.detach())
+est = rtrbm.log_likelihood(
+    test_x,
+    test_mask,
+    method="ais",
+    num_chains=20 if SMOKE else 100,
+    num_betas=50 if SMOKE else 1000,
+    base_visible_bias=rtrbm.c.detach(),
+)
 steps = int(test_mask.sum())
 per_step = float(est.log_likelihood.sum()) / steps
 stderr = float(est.stderr.pow(2).sum().sqrt()) / steps
 print(f"test log-likelihood (AIS): {per_step:.3f} +- {stderr:.3f} nats per step")
-metrics["rtrbm"] = {"ais_loglik_per_step": per_step, "stderr_per_step": stderr,
-                    "monitor_per_epoch": monitor, "num_hidden": H}
+metrics["rtrbm"] = {
+    "ais_loglik_per_step": per_step,
+    "stderr_per_step": stderr,
+    "monitor_per_epoch": monitor,
+    "num_hidden": H,
+}
 
 # %% [markdown]
 # Samples by per-step Gibbs sampling (seed 000 sec. 1.1), as piano rolls and MIDI files.
@@ -124,8 +134,12 @@ metrics["rtrbm"] = {"ais_loglik_per_step": per_step, "stderr_per_step": stderr,
 # %%
 samples, logits = rtrbm.generate(2, 16 if SMOKE else 64, gibbs_steps=20 if SMOKE else 200)
 for i in range(samples.shape[0]):
-    plot_piano_roll(samples[i], OUT / f"rtrbm_sample_{i}.png", probs=torch.sigmoid(logits[i]),
-                    title=f"RTRBM sample {i}")
+    plot_piano_roll(
+        samples[i],
+        OUT / f"rtrbm_sample_{i}.png",
+        probs=torch.sigmoid(logits[i]),
+        title=f"RTRBM sample {i}",
+    )
     show(OUT / f"rtrbm_sample_{i}.png")
     piano_roll_to_midi(samples[i], OUT / f"rtrbm_sample_{i}.mid")
 
@@ -137,17 +151,23 @@ for i in range(samples.shape[0]):
 # built).
 
 # %%
-students = simulate_students(1000 if SMOKE else 10_000, 100 if SMOKE else 1000,
-                             0.1 if SMOKE else 0.02, seed=0)
+students = simulate_students(
+    1000 if SMOKE else 10_000, 100 if SMOKE else 1000, 0.1 if SMOKE else 0.02, seed=0
+)
 tr, te = students.train, students.test
 S = students.num_students
-floor = float(capped_binomial_deviance(students.true_probability(te.student, te.question), te.correct))
+floor = float(
+    capped_binomial_deviance(students.true_probability(te.student, te.question), te.correct)
+)
 logistic = LogisticBaseline(S, students.num_questions)
 logistic.fit(tr.student, tr.question, tr.correct)
-baselines = {"always 0.5": 0.30103,
-             "logistic": float(capped_binomial_deviance(logistic.predict(te.student, te.question),
-                                                        te.correct)),
-             "true 2PL model": floor}
+baselines = {
+    "always 0.5": 0.30103,
+    "logistic": float(
+        capped_binomial_deviance(logistic.predict(te.student, te.question), te.correct)
+    ),
+    "true 2PL model": floor,
+}
 print(baselines)
 
 # %%

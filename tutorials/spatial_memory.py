@@ -88,8 +88,7 @@ metrics = {"smoke": SMOKE}
 TAU, PRED = (32, 8) if SMOKE else (256, 32)
 NUM_TRAIN, NUM_TEST, EPOCHS = (16, 4, 2) if SMOKE else (500, 50, 30)
 train = image_navigation(NUM_TRAIN, TAU + PRED, split="train", progress=not SMOKE)
-test = image_navigation(NUM_TEST, TAU + (PRED if SMOKE else 256), split="test",
-                        progress=not SMOKE)
+test = image_navigation(NUM_TEST, TAU + (PRED if SMOKE else 256), split="test", progress=not SMOKE)
 print(train.frames.shape, train.actions.shape, train.positions.shape)
 counts = torch.bincount(train.actions.flatten(), minlength=5)
 print({name: int(c) for name, c in zip(ACTIONS, counts)})
@@ -137,7 +136,11 @@ class GridWalls(nn.Module):
 
 
 oracle = GTMSM(tau=TAU, z_dim=64, hidden_dims=(4,)).double()
-oracle.encoder_body, oracle.encoder_head, oracle.decoder = nn.Identity(), IdentityCode(), nn.Identity()
+oracle.encoder_body, oracle.encoder_head, oracle.decoder = (
+    nn.Identity(),
+    IdentityCode(),
+    nn.Identity(),
+)
 oracle.wall_net = GridWalls()
 with torch.no_grad():
     oracle.set_displacement_matrix(torch.tensor([[-1.0, 1, 0, 0, 0], [0, 0, -1, 1, 0]]))
@@ -145,9 +148,9 @@ frames = train.frames.flatten(2)
 errors, visited = [], []
 for b in range(frames.shape[0]):
     oracle.s0.copy_(train.positions[b, 0].double())  # s_1 = s_0: the first action is 'stay'
-    acts = train.actions[b:b + 1].clone()
+    acts = train.actions[b : b + 1].clone()
     acts[0, 0] = ACTIONS.index("stay")
-    out = oracle.predict(frames[b:b + 1].double(), acts)
+    out = oracle.predict(frames[b : b + 1].double(), acts)
     assert torch.allclose(out["states"][0], train.positions[b, TAU:].double())
     seen = {tuple(p) for p in train.positions[b, :TAU].tolist()}
     visited.append(torch.tensor([tuple(p) in seen for p in train.positions[b, TAU:].tolist()]))
@@ -155,8 +158,10 @@ for b in range(frames.shape[0]):
 errors, visited = torch.stack(errors), torch.stack(visited)
 metrics["oracle_max_error_visited"] = float(errors[visited].max()) if visited.any() else 0.0
 metrics["oracle_fraction_visited"] = float(visited.double().mean())
-print(f"known parts: largest |pixel error| {metrics['oracle_max_error_visited']:.2e} on the "
-      f"{100 * metrics['oracle_fraction_visited']:.0f}% of prediction steps at visited positions")
+print(
+    f"known parts: largest |pixel error| {metrics['oracle_max_error_visited']:.2e} on the "
+    f"{100 * metrics['oracle_fraction_visited']:.0f}% of prediction steps at visited positions"
+)
 assert metrics["oracle_max_error_visited"] < 1e-3
 
 # %% [markdown]
@@ -186,9 +191,13 @@ assert metrics["oracle_max_error_visited"] < 1e-3
 # %%
 from pyro_seq.train import lr_multiplier  # noqa: E402
 
-model = GTMSM(tau=TAU, hidden_dims=(64,) if SMOKE else (256, 256),
-              displacements="inverse_pairs", neighbour_warmup=(TAU, max(1, 2 * EPOCHS // 3)),
-              wall_lr_multiplier=10)
+model = GTMSM(
+    tau=TAU,
+    hidden_dims=(64,) if SMOKE else (256, 256),
+    displacements="inverse_pairs",
+    neighbour_warmup=(TAU, max(1, 2 * EPOCHS // 3)),
+    wall_lr_multiplier=10,
+)
 optim = ClippedAdam(lambda name: {"lr": 1e-3 * lr_multiplier(model, name), "clip_norm": 50.0})
 svi = SVI(model.model, model.guide, optim, Trace_ELBO())
 x_test, a_test = test.frames.flatten(2), test.actions
@@ -201,14 +210,16 @@ for epoch in range(EPOCHS):
     model.training_epoch(epoch)  # this epoch's K of the warm-up
     order = torch.randperm(NUM_TRAIN, generator=g)
     for i in range(0, NUM_TRAIN, batch):
-        idx = order[i:i + batch]
+        idx = order[i : i + batch]
         svi.step(frames[idx], None, inputs=train.actions[idx])
     model.eval()  # the bound of the model itself: K = 5
     with torch.no_grad():
         model.tau = TAU
         x_val = frames[:8]
-        bound = -Trace_ELBO().loss(model.model, model.guide, x_val, None,
-                                   inputs=train.actions[:8]) / x_val.shape[0]
+        bound = (
+            -Trace_ELBO().loss(model.model, model.guide, x_val, None, inputs=train.actions[:8])
+            / x_val.shape[0]
+        )
     curve.append(bound)
     print(f"epoch {epoch + 1}: ELBO {bound:.1f} nats per sequence ({PRED} prediction steps)")
 metrics["train_seconds"] = time.time() - start
@@ -227,8 +238,9 @@ show_inline(OUT / "elbo_curve.png")
 # memory explains the frame.
 
 # %%
-fivo = SVI(model.model, model.guide, ClippedAdam({"lr": 1e-3, "clip_norm": 50.0}),
-           FIVO(num_particles=4))
+fivo = SVI(
+    model.model, model.guide, ClippedAdam({"lr": 1e-3, "clip_norm": 50.0}), FIVO(num_particles=4)
+)
 fivo_losses = [fivo.step(frames[:8], None, inputs=train.actions[:8]) for _ in range(2)]
 metrics["fivo_losses"] = fivo_losses
 print("FIVO losses", fivo_losses)
@@ -245,7 +257,7 @@ assert all(math.isfinite(v) for v in fivo_losses)
 # %%
 pred = model.predict(x_test, a_test)
 truth = x_test[:, TAU:]
-err = (pred["frames"] - truth).abs().mean(-1)          # (N, T - tau)
+err = (pred["frames"] - truth).abs().mean(-1)  # (N, T - tau)
 baseline = (x_test[:, :TAU].mean(1, keepdim=True) - truth).abs().mean(-1)
 metrics["frame_error_per_step"] = err.mean(0).tolist()
 metrics["mean_frame_error_per_step"] = baseline.mean(0).tolist()

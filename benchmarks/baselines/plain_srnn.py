@@ -76,7 +76,7 @@ class GaussianMLP(nn.Module):
     def split(self, context):
         """``(W_z, W_c c + b)``: the per-step weight and the context term ``(B, T, hidden)``."""
         w = self.first.weight
-        return w[:, :self.z_dim], F.linear(context, w[:, self.z_dim:], self.first.bias)
+        return w[:, : self.z_dim], F.linear(context, w[:, self.z_dim :], self.first.bias)
 
     def step(self, z, w_z, projected):
         """``(mu, s)`` from ``z (B, z_dim)`` and one step of the projected context."""
@@ -113,7 +113,7 @@ class PlainSRNN(nn.Module):
         B, T, _ = x.shape
         lengths = mask.sum(-1)
         step_mask = mask.unsqueeze(-1)
-        d, _ = self.forward_gru(shift_right(x))                                  # eq. 5.1
+        d, _ = self.forward_gru(shift_right(x))  # eq. 5.1
         d = d * step_mask
         a, _ = self.backward_gru(reverse_padded(torch.cat([d, x], -1), lengths))  # eq. 5.7
         a = reverse_padded(a, lengths)
@@ -124,9 +124,9 @@ class PlainSRNN(nn.Module):
         z = x.new_zeros(B, self.z_dim)
         zs, q_params, p_params = [], [], []
         for t in range(T):
-            loc_p, scale_p = self.prior.step(z, wp, ctx_p[t])                    # eq. 5.3
+            loc_p, scale_p = self.prior.step(z, wp, ctx_p[t])  # eq. 5.3
             res, scale_q = self.posterior.step(z, wq, ctx_q[t])
-            loc_q = loc_p + res                                                  # eq. 5.12
+            loc_q = loc_p + res  # eq. 5.12
             e = eps[t] if eps is not None else torch.randn_like(loc_q)
             z = loc_q + scale_q * e
             zs.append(z)
@@ -158,12 +158,16 @@ PACKAGE_NAMES = {
     "emit_logits.bias": "emitter.2.bias",
 }
 for _net in ("prior", "posterior"):
-    PACKAGE_NAMES.update({
-        f"{_net}.first.weight": f"{_net}.first.weight", f"{_net}.first.bias": f"{_net}.first.bias",
-        f"{_net}.loc.weight": f"{_net}.head.loc.weight", f"{_net}.loc.bias": f"{_net}.head.loc.bias",
-        f"{_net}.raw_scale.weight": f"{_net}.head.raw_scale.weight",
-        f"{_net}.raw_scale.bias": f"{_net}.head.raw_scale.bias",
-    })
+    PACKAGE_NAMES.update(
+        {
+            f"{_net}.first.weight": f"{_net}.first.weight",
+            f"{_net}.first.bias": f"{_net}.first.bias",
+            f"{_net}.loc.weight": f"{_net}.head.loc.weight",
+            f"{_net}.loc.bias": f"{_net}.head.loc.bias",
+            f"{_net}.raw_scale.weight": f"{_net}.head.raw_scale.weight",
+            f"{_net}.raw_scale.bias": f"{_net}.head.raw_scale.bias",
+        }
+    )
 
 
 def check_package_model(srnn):
@@ -179,8 +183,11 @@ def check_package_model(srnn):
             problems.append("needs variance='softplus' and activation='clipped_leaky_relu'")
     if problems:
         raise ValueError("; ".join(sorted(set(problems))))
-    if any(isinstance(p, nn.Parameter) for p in (srnn.deterministic.h0, srnn.encoder.h0)) or \
-            bool(srnn.deterministic.h0.any()) or bool(srnn.encoder.h0.any()):
+    if (
+        any(isinstance(p, nn.Parameter) for p in (srnn.deterministic.h0, srnn.encoder.h0))
+        or bool(srnn.deterministic.h0.any())
+        or bool(srnn.encoder.h0.any())
+    ):
         raise ValueError("needs fixed zero initial GRU states")
 
 
@@ -188,8 +195,13 @@ def from_package(srnn):
     """A :class:`PlainSRNN` with the sizes, dtype, device and a copy of the weights of a
     package SRNN."""
     check_package_model(srnn)
-    plain = PlainSRNN(srnn.obs_dim, srnn.deterministic.rnn.hidden_size, srnn.z_dim,
-                      srnn.prior.first.out_features, srnn.prior.head.min_scale)
+    plain = PlainSRNN(
+        srnn.obs_dim,
+        srnn.deterministic.rnn.hidden_size,
+        srnn.z_dim,
+        srnn.prior.first.out_features,
+        srnn.prior.head.min_scale,
+    )
     ref = srnn.prior.first.weight
     plain.to(dtype=ref.dtype, device=ref.device)
     copy_from_package(plain, srnn)
@@ -201,8 +213,9 @@ def copy_from_package(plain, srnn):
     must have the same parameter count (asserted) and shapes."""
     ours = dict(plain.named_parameters())
     theirs = dict(srnn.named_parameters())
-    assert sum(p.numel() for p in ours.values()) == sum(p.numel() for p in theirs.values()), \
+    assert sum(p.numel() for p in ours.values()) == sum(p.numel() for p in theirs.values()), (
         "the plain SRNN and the package's SRNN have different parameter counts"
+    )
     assert set(PACKAGE_NAMES) == set(ours) and set(PACKAGE_NAMES.values()) == set(theirs)
     with torch.no_grad():
         for name, p in ours.items():

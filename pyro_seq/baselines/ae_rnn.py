@@ -36,16 +36,25 @@ class AERNN(nn.Module):
     :param tuple hidden_dims: layers of the MLP encoder/decoder.
     """
 
-    def __init__(self, image_shape=(32, 32), code_dim=2, lstm_dim=50, encoder="conv",
-                 channels=32, conv_layers=3, hidden_dims=(128, 128)):
+    def __init__(
+        self,
+        image_shape=(32, 32),
+        code_dim=2,
+        lstm_dim=50,
+        encoder="conv",
+        channels=32,
+        conv_layers=3,
+        hidden_dims=(128, 128),
+    ):
         super().__init__()
         self.image_shape = tuple(image_shape)
         D = 1
         for s in self.image_shape:
             D *= s
         self.obs_dim = D
-        body, features, decoder = frame_networks(encoder, self.image_shape, code_dim, channels,
-                                                 conv_layers, hidden_dims)
+        body, features, decoder = frame_networks(
+            encoder, self.image_shape, code_dim, channels, conv_layers, hidden_dims
+        )
         self.encoder = nn.Sequential(body, nn.Linear(features, code_dim))
         self.decoder = decoder  # after the encoder: the parameter order optimizer states keep
         self.lstm = nn.LSTM(code_dim, lstm_dim, batch_first=True)
@@ -60,8 +69,9 @@ class AERNN(nn.Module):
         h, _ = self.lstm(prev)
         pred = self.predict(h)
         logits = self.decoder(torch.stack([codes, pred]))  # (2, B, T, D)
-        per_frame = F.binary_cross_entropy_with_logits(logits, x.expand_as(logits),
-                                                       reduction="none").sum((0, -1))
+        per_frame = F.binary_cross_entropy_with_logits(
+            logits, x.expand_as(logits), reduction="none"
+        ).sum((0, -1))
         if mask is None:
             return per_frame.mean()
         mask = mask.to(per_frame.dtype)

@@ -174,7 +174,9 @@ def score_to_piano_roll(
             for p in n.pitches:
                 m = int(p.midi)
                 if not LOWEST_NOTE <= m < LOWEST_NOTE + NUM_KEYS:
-                    raise ValueError(f"pitch {p.nameWithOctave} (MIDI {m}) is outside the piano range")
+                    raise ValueError(
+                        f"pitch {p.nameWithOctave} (MIDI {m}) is outside the piano range"
+                    )
                 spans.append((a, b, m))
     if not spans:
         raise ValueError("score has no notes")
@@ -207,7 +209,9 @@ def build_chorales(
     rolls: Dict[str, List[torch.Tensor]] = {s: [] for s in DEFAULT_SPLITS}
     names: Dict[str, List[str]] = {s: [] for s in DEFAULT_SPLITS}
     seen = set()
-    for path in tqdm(paths, desc="music21 chorales -> piano rolls", unit="score", disable=not progress):
+    for path in tqdm(
+        paths, desc="music21 chorales -> piano rolls", unit="score", disable=not progress
+    ):
         score = converter.parse(path, forceSource=True)  # forceSource: no music21 pickle cache
         try:
             roll = score_to_piano_roll(score)
@@ -231,7 +235,12 @@ def _valid_cache(obj) -> bool:
         if not isinstance(rolls, list) or not isinstance(names, list) or len(rolls) != len(names):
             return False
         for r in rolls:
-            if not (isinstance(r, torch.Tensor) and r.dim() == 2 and r.shape[1] == NUM_KEYS and r.shape[0] > 0):
+            if not (
+                isinstance(r, torch.Tensor)
+                and r.dim() == 2
+                and r.shape[1] == NUM_KEYS
+                and r.shape[0] > 0
+            ):
                 return False
     return True
 
@@ -278,14 +287,23 @@ def load_chorales(
         try:
             obj = torch.load(path, weights_only=True)
         except Exception as e:  # corrupt or foreign file: rebuild it
-            warnings.warn(f"ignoring unreadable chorale cache {path} ({e}); rebuilding")
+            warnings.warn(
+                f"ignoring unreadable chorale cache {path} ({e}); rebuilding", stacklevel=2
+            )
             obj = None
         if obj is not None and not _valid_cache(obj):
-            warnings.warn(f"ignoring chorale cache {path} of an unexpected format; rebuilding")
+            warnings.warn(
+                f"ignoring chorale cache {path} of an unexpected format; rebuilding", stacklevel=2
+            )
             obj = None
     if obj is None:
         rolls, names = build_chorales(progress=progress)
-        obj = {"format": CACHE_FORMAT, "music21": _music21_version(), "rolls": rolls, "names": names}
+        obj = {
+            "format": CACHE_FORMAT,
+            "music21": _music21_version(),
+            "rolls": rolls,
+            "names": names,
+        }
         directory.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=directory, prefix=path.name, suffix=".tmp")
         try:

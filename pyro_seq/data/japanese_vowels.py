@@ -56,7 +56,8 @@ def _read_ts_files() -> Dict[str, Tuple[List[torch.Tensor], List[str]]]:
         if not os.path.isfile(path):
             raise FileNotFoundError(
                 f"{path} is missing: this aeon installation does not bundle JapaneseVowels "
-                f"(nothing is downloaded); reinstall it with {_INSTALL_HINT}")
+                f"(nothing is downloaded); reinstall it with {_INSTALL_HINT}"
+            )
         data, labels = load_from_ts_file(path)
         seqs = [torch.as_tensor(x, dtype=torch.float64).T.contiguous() for x in data]
         out[split] = (seqs, [str(y) for y in labels])
@@ -69,7 +70,7 @@ def _valid_indices(labels: Sequence[str], valid_fraction: float) -> List[int]:
     for speaker in sorted(set(labels)):
         idx = [i for i, y in enumerate(labels) if y == speaker]
         idx.sort(key=lambda i: hashlib.sha256(f"JapaneseVowels/train/{i}".encode()).hexdigest())
-        chosen.extend(idx[:round(valid_fraction * len(idx))])
+        chosen.extend(idx[: round(valid_fraction * len(idx))])
     return sorted(chosen)
 
 

@@ -41,7 +41,9 @@ PathLike = Union[str, "os.PathLike[str]"]
 
 def _as_note(n: Any, where: str) -> int:
     if isinstance(n, (bool, np.bool_)) or not isinstance(n, numbers.Real):
-        raise ValueError(f"{where}: note {n!r} of type {type(n).__name__} is not a MIDI note number")
+        raise ValueError(
+            f"{where}: note {n!r} of type {type(n).__name__} is not a MIDI note number"
+        )
     if isinstance(n, numbers.Integral):
         v = int(n)
     else:
@@ -80,7 +82,9 @@ def notes_to_roll(steps: Sequence[Iterable[Any]], *, where: str = "sequence") ->
         raise ValueError(f"{where}: empty sequence (0 time steps)")
     roll = np.zeros((len(steps), NUM_KEYS), dtype=np.float32)
     for t, step in enumerate(steps):
-        if isinstance(step, (str, bytes, dict)) or not isinstance(step, (tuple, list, set, frozenset)):
+        if isinstance(step, (str, bytes, dict)) or not isinstance(
+            step, (tuple, list, set, frozenset)
+        ):
             raise ValueError(
                 f"{where}, step {t}: expected a tuple of MIDI notes, got {type(step).__name__} {step!r}"
             )
@@ -154,6 +158,7 @@ def load_piano_rolls(
         if len(seqs) == 0:
             raise ValueError(f"{path}: split {split!r} has no sequences")
         out[split] = [
-            notes_to_roll(s, where=f"{path}: split {split!r}, sequence {i}") for i, s in enumerate(seqs)
+            notes_to_roll(s, where=f"{path}: split {split!r}, sequence {i}")
+            for i, s in enumerate(seqs)
         ]
     return out

@@ -14,5 +14,18 @@ from pyro_seq.distributions.wiener import (
     wiener_transition,
 )
 
-__all__ = ["AISResult", "DiagonalNormalMixture", "EnergyBasedDistribution", "LGSSMForecast", "LinearGaussianSSM", "PresampledValue", "RBM", "ScoredValue", "SparseRBM",
-           "WienerProcess", "kl_diagonal_normal_wiener", "wiener_increments", "wiener_transition"]
+__all__ = [
+    "AISResult",
+    "DiagonalNormalMixture",
+    "EnergyBasedDistribution",
+    "LGSSMForecast",
+    "LinearGaussianSSM",
+    "PresampledValue",
+    "RBM",
+    "ScoredValue",
+    "SparseRBM",
+    "WienerProcess",
+    "kl_diagonal_normal_wiener",
+    "wiener_increments",
+    "wiener_transition",
+]

@@ -41,11 +41,15 @@ def broadcast_element_mask(element_mask, event_size):
     :raises ValueError: not a bool tensor, or a last dim other than ``event_size`` or 1.
     """
     if not torch.is_tensor(element_mask) or element_mask.dtype != torch.bool:
-        raise ValueError(f"element_mask must be a bool tensor, got "
-                         f"{getattr(element_mask, 'dtype', type(element_mask).__name__)}")
+        raise ValueError(
+            f"element_mask must be a bool tensor, got "
+            f"{getattr(element_mask, 'dtype', type(element_mask).__name__)}"
+        )
     if element_mask.dim() > 0 and element_mask.shape[-1] not in (1, event_size):
-        raise ValueError(f"element_mask's last dim must be {event_size} (the event size) or 1, "
-                         f"got shape {tuple(element_mask.shape)}")
+        raise ValueError(
+            f"element_mask's last dim must be {event_size} (the event size) or 1, "
+            f"got shape {tuple(element_mask.shape)}"
+        )
     return element_mask
 
 
@@ -60,22 +64,28 @@ class DiagonalNormalMixture(TorchDistribution):
     ``scale.shape[:-2]``.
     """
 
-    arg_constraints = {"logits": constraints.real_vector,
-                       "loc": constraints.independent(constraints.real, 2),
-                       "scale": constraints.independent(constraints.positive, 2)}
+    arg_constraints = {
+        "logits": constraints.real_vector,
+        "loc": constraints.independent(constraints.real, 2),
+        "scale": constraints.independent(constraints.positive, 2),
+    }
     support = constraints.real_vector
     has_rsample = False
 
     def __init__(self, logits, loc, scale, validate_args=None):
         if logits.dim() < 1 or loc.dim() < 2 or scale.dim() < 2:
-            raise ValueError("DiagonalNormalMixture needs logits (..., K), loc and scale "
-                             f"(..., K, D); got shapes {tuple(logits.shape)}, {tuple(loc.shape)}, "
-                             f"{tuple(scale.shape)}")
+            raise ValueError(
+                "DiagonalNormalMixture needs logits (..., K), loc and scale "
+                f"(..., K, D); got shapes {tuple(logits.shape)}, {tuple(loc.shape)}, "
+                f"{tuple(scale.shape)}"
+            )
         K = logits.shape[-1]
         if loc.shape[-2] != K or scale.shape[-2] != K or loc.shape[-1] != scale.shape[-1]:
-            raise ValueError(f"DiagonalNormalMixture: {K} components in logits {tuple(logits.shape)} "
-                             f"but loc {tuple(loc.shape)} and scale {tuple(scale.shape)} "
-                             "(need (..., K, D) for both)")
+            raise ValueError(
+                f"DiagonalNormalMixture: {K} components in logits {tuple(logits.shape)} "
+                f"but loc {tuple(loc.shape)} and scale {tuple(scale.shape)} "
+                "(need (..., K, D) for both)"
+            )
         batch_shape = torch.broadcast_shapes(logits.shape[:-1], loc.shape[:-2], scale.shape[:-2])
         D = loc.shape[-1]
         self.logits = logits.expand(batch_shape + (K,))
@@ -116,7 +126,9 @@ class DiagonalNormalMixture(TorchDistribution):
         if element_mask is None:
             return self.log_prob(value)
         broadcast_element_mask(element_mask, self.event_shape[0])
-        safe = torch.where(element_mask, value, torch.zeros((), dtype=value.dtype, device=value.device))
+        safe = torch.where(
+            element_mask, value, torch.zeros((), dtype=value.dtype, device=value.device)
+        )
         if self._validate_args:
             self._validate_sample(safe)
         terms = self._element_log_probs(safe)
@@ -145,7 +157,7 @@ class DiagonalNormalMixture(TorchDistribution):
     def variance(self):
         """Eq. (5), ``(..., D)``."""
         w = self.log_weights.exp().unsqueeze(-1)
-        return (w * (self.scale ** 2 + (self.loc - self.mean.unsqueeze(-2)) ** 2)).sum(-2)
+        return (w * (self.scale**2 + (self.loc - self.mean.unsqueeze(-2)) ** 2)).sum(-2)
 
     def expand(self, batch_shape, _instance=None):
         batch_shape = torch.Size(batch_shape)
@@ -154,6 +166,8 @@ class DiagonalNormalMixture(TorchDistribution):
         new.logits = self.logits.expand(batch_shape + (K,))
         new.loc = self.loc.expand(batch_shape + (K, D))
         new.scale = self.scale.expand(batch_shape + (K, D))
-        super(DiagonalNormalMixture, new).__init__(batch_shape, self.event_shape, validate_args=False)
+        super(DiagonalNormalMixture, new).__init__(
+            batch_shape, self.event_shape, validate_args=False
+        )
         new._validate_args = self._validate_args
         return new

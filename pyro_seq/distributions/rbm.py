@@ -60,7 +60,7 @@ from torch.distributions import constraints
 __all__ = ["AISResult", "EnergyBasedDistribution", "RBM", "VISIBLE_TYPES", "VisibleUnits"]
 
 VISIBLE_TYPES = ("bernoulli", "softmax", "binomial_softmax")
-MAX_ENUMERATION = 2 ** 20
+MAX_ENUMERATION = 2**20
 
 
 class AISResult(NamedTuple):
@@ -196,16 +196,28 @@ class RBM(EnergyBasedDistribution):
     arg_constraints = {}
     has_rsample = False
 
-    def __init__(self, W, visible_bias, hidden_bias, visible="bernoulli", num_trials=1,
-                 visible_mask=None, sample_burn_in=1000, sample_thinning=10, validate_args=None):
+    def __init__(
+        self,
+        W,
+        visible_bias,
+        hidden_bias,
+        visible="bernoulli",
+        num_trials=1,
+        visible_mask=None,
+        sample_burn_in=1000,
+        sample_thinning=10,
+        validate_args=None,
+    ):
         if visible not in VISIBLE_TYPES:
             raise ValueError(f"visible must be one of {VISIBLE_TYPES}, got {visible!r}")
         if visible == "binomial_softmax":
             if not isinstance(num_trials, int) or num_trials < 1:
                 raise ValueError(f"num_trials must be a positive int, got {num_trials!r}")
         elif num_trials != 1:
-            raise ValueError(f"num_trials applies to visible='binomial_softmax' only (got "
-                             f"{num_trials!r} with visible={visible!r})")
+            raise ValueError(
+                f"num_trials applies to visible='binomial_softmax' only (got "
+                f"{num_trials!r} with visible={visible!r})"
+            )
         for name, t in (("W", W), ("visible_bias", visible_bias), ("hidden_bias", hidden_bias)):
             if not isinstance(t, torch.Tensor) or not t.is_floating_point():
                 raise TypeError(f"{name} must be a floating-point tensor, got {type(t).__name__}")
@@ -215,32 +227,47 @@ class RBM(EnergyBasedDistribution):
         self.units = VisibleUnits(visible, num_trials)
         self._unit_dims = 1 if visible == "bernoulli" else 2  # dims of one visible layer
         if W.dim() < self._unit_dims + 1:
-            raise ValueError(f"W must have shape (H, V{'' if visible == 'bernoulli' else ', K'}) "
-                             f"for visible={visible!r}, got {tuple(W.shape)}")
+            raise ValueError(
+                f"W must have shape (H, V{'' if visible == 'bernoulli' else ', K'}) "
+                f"for visible={visible!r}, got {tuple(W.shape)}"
+            )
         H = W.shape[-self._unit_dims - 1]
-        unit_shape = W.shape[-self._unit_dims:]
+        unit_shape = W.shape[-self._unit_dims :]
         if visible != "bernoulli" and unit_shape[-1] < 2:
             raise ValueError(f"softmax units need K >= 2 states, got W of shape {tuple(W.shape)}")
-        if visible_bias.dim() < self._unit_dims or visible_bias.shape[-self._unit_dims:] != unit_shape:
-            raise ValueError(f"visible_bias must end in {tuple(unit_shape)} (from W "
-                             f"{tuple(W.shape)}), got {tuple(visible_bias.shape)}")
+        if (
+            visible_bias.dim() < self._unit_dims
+            or visible_bias.shape[-self._unit_dims :] != unit_shape
+        ):
+            raise ValueError(
+                f"visible_bias must end in {tuple(unit_shape)} (from W "
+                f"{tuple(W.shape)}), got {tuple(visible_bias.shape)}"
+            )
         if hidden_bias.dim() < 1 or hidden_bias.shape[-1] != H:
-            raise ValueError(f"hidden_bias must end in H = {H} (from W {tuple(W.shape)}), got "
-                             f"{tuple(hidden_bias.shape)}")
-        shapes = [W.shape[:-self._unit_dims - 1], visible_bias.shape[:-self._unit_dims],
-                  hidden_bias.shape[:-1]]
+            raise ValueError(
+                f"hidden_bias must end in H = {H} (from W {tuple(W.shape)}), got "
+                f"{tuple(hidden_bias.shape)}"
+            )
+        shapes = [
+            W.shape[: -self._unit_dims - 1],
+            visible_bias.shape[: -self._unit_dims],
+            hidden_bias.shape[:-1],
+        ]
         if visible_mask is not None:
             if visible_mask.dtype != torch.bool:
                 raise TypeError(f"visible_mask must be a bool tensor, got {visible_mask.dtype}")
             if visible_mask.dim() < 1 or visible_mask.shape[-1] != unit_shape[0]:
-                raise ValueError(f"visible_mask must end in V = {unit_shape[0]}, got "
-                                 f"{tuple(visible_mask.shape)}")
+                raise ValueError(
+                    f"visible_mask must end in V = {unit_shape[0]}, got {tuple(visible_mask.shape)}"
+                )
             shapes.append(visible_mask.shape[:-1])
         try:
             batch_shape = torch.broadcast_shapes(*shapes)
         except RuntimeError as e:
-            raise ValueError(f"batch dimensions of W, visible_bias, hidden_bias and visible_mask "
-                             f"do not broadcast: {[tuple(s) for s in shapes]}") from e
+            raise ValueError(
+                f"batch dimensions of W, visible_bias, hidden_bias and visible_mask "
+                f"do not broadcast: {[tuple(s) for s in shapes]}"
+            ) from e
         self.W, self.visible_bias, self.hidden_bias = W, visible_bias, hidden_bias
         self.visible_mask = visible_mask
         self.num_hidden, self.num_visible = H, unit_shape[0]
@@ -268,13 +295,22 @@ class RBM(EnergyBasedDistribution):
     def expand(self, batch_shape, _instance=None):
         batch_shape = torch.Size(batch_shape)
         u = self._unit_dims
-        mask = (None if self.visible_mask is None
-                else self.visible_mask.expand(batch_shape + self.visible_mask.shape[-1:]))
-        new = RBM(self.W, self.visible_bias.expand(batch_shape + self.visible_bias.shape[-u:]),
-                  self.hidden_bias.expand(batch_shape + self.hidden_bias.shape[-1:]),
-                  visible=self.visible, num_trials=self.num_trials, visible_mask=mask,
-                  sample_burn_in=self.sample_burn_in, sample_thinning=self.sample_thinning,
-                  validate_args=False)
+        mask = (
+            None
+            if self.visible_mask is None
+            else self.visible_mask.expand(batch_shape + self.visible_mask.shape[-1:])
+        )
+        new = RBM(
+            self.W,
+            self.visible_bias.expand(batch_shape + self.visible_bias.shape[-u:]),
+            self.hidden_bias.expand(batch_shape + self.hidden_bias.shape[-1:]),
+            visible=self.visible,
+            num_trials=self.num_trials,
+            visible_mask=mask,
+            sample_burn_in=self.sample_burn_in,
+            sample_thinning=self.sample_thinning,
+            validate_args=False,
+        )
         new._validate_args = self._validate_args
         return new
 
@@ -365,8 +401,9 @@ class RBM(EnergyBasedDistribution):
 
     def _random_visible(self, shape):
         """Independent uniform draws of every unit (the start of a fresh chain)."""
-        zeros = torch.zeros(shape + self.event_shape, dtype=self.visible_bias.dtype,
-                            device=self.visible_bias.device)
+        zeros = torch.zeros(
+            shape + self.event_shape, dtype=self.visible_bias.dtype, device=self.visible_bias.device
+        )
         return self._sample_units(zeros)
 
     def sample(self, sample_shape=torch.Size()):
@@ -378,7 +415,7 @@ class RBM(EnergyBasedDistribution):
         draws start new chains (a new ``RBM`` object or a different ``sample_shape``).
         """
         shape = torch.Size(sample_shape) + self.batch_shape
-        if self._chain is None or self._chain.shape[:len(shape)] != shape:
+        if self._chain is None or self._chain.shape[: len(shape)] != shape:
             self._chain = self.gibbs(self._random_visible(shape), self.sample_burn_in)
         else:
             self._chain = self.gibbs(self._chain, self.sample_thinning)
@@ -403,14 +440,18 @@ class RBM(EnergyBasedDistribution):
         memory. Not available for binomial-softmax units.
         """
         if self.visible == "binomial_softmax":
-            raise NotImplementedError("pseudo_log_likelihood is defined for 'bernoulli' and "
-                                      "'softmax' units; use monitor='reconstruction'")
+            raise NotImplementedError(
+                "pseudo_log_likelihood is defined for 'bernoulli' and "
+                "'softmax' units; use monitor='reconstruction'"
+            )
         x = self.hidden_input(value)  # (..., H)
         if self.visible == "bernoulli":
             d = 1 - 2 * value  # the change of each unit when flipped
             W_t = self.W.transpose(-1, -2)  # (..., V, H)
             x_flip = x.unsqueeze(-2) + W_t * d.unsqueeze(-1)
-            delta_f = -self.visible_bias * d - (F.softplus(x_flip) - F.softplus(x).unsqueeze(-2)).sum(-1)
+            delta_f = -self.visible_bias * d - (
+                F.softplus(x_flip) - F.softplus(x).unsqueeze(-2)
+            ).sum(-1)
             per_unit = F.logsigmoid(delta_f)
         else:
             W_t = self.W.permute(*range(self.W.dim() - 3), -2, -1, -3)  # (..., V, K, H)
@@ -424,20 +465,30 @@ class RBM(EnergyBasedDistribution):
         """This RBM with its batch dimensions removed, if every batch row has the same
         parameters (an unconditional RBM expanded by a plate); ValueError otherwise."""
         if self.visible_mask is not None:
-            raise ValueError("an RBM with a visible_mask differs per row; persistent chains "
-                             "with num_chains need an unconditional RBM")
+            raise ValueError(
+                "an RBM with a visible_mask differs per row; persistent chains "
+                "with num_chains need an unconditional RBM"
+            )
         u = self._unit_dims
 
         def first(t, event_dims):
-            flat = t.reshape((-1,) + t.shape[t.dim() - event_dims:])
+            flat = t.reshape((-1,) + t.shape[t.dim() - event_dims :])
             if not torch.equal(flat, flat[:1].expand_as(flat)):
-                raise ValueError("the RBM's parameters differ across its batch (a conditional "
-                                 "RBM); persistent chains with num_chains need one shared RBM, "
-                                 "use num_chains=None (one chain per row) or CD-k")
+                raise ValueError(
+                    "the RBM's parameters differ across its batch (a conditional "
+                    "RBM); persistent chains with num_chains need one shared RBM, "
+                    "use num_chains=None (one chain per row) or CD-k"
+                )
             return flat[0]
 
-        return RBM(first(self.W, u + 1), first(self.visible_bias, u), first(self.hidden_bias, 1),
-                   visible=self.visible, num_trials=self.num_trials, validate_args=False)
+        return RBM(
+            first(self.W, u + 1),
+            first(self.visible_bias, u),
+            first(self.hidden_bias, 1),
+            visible=self.visible,
+            num_trials=self.num_trials,
+            validate_args=False,
+        )
 
     # ------------------------------------------------------------------ partition function
     def _unit_states(self):
@@ -448,15 +499,18 @@ class RBM(EnergyBasedDistribution):
         K = self.event_shape[-1]
         if self.visible == "softmax":
             return torch.eye(K, dtype=dtype, device=device)
-        states = [c for c in itertools.product(range(self.num_trials + 1), repeat=K)
-                  if sum(c) == self.num_trials]
+        states = [
+            c
+            for c in itertools.product(range(self.num_trials + 1), repeat=K)
+            if sum(c) == self.num_trials
+        ]
         return torch.tensor(states, dtype=dtype, device=device)
 
     def _hidden_configurations(self):
         H = self.num_hidden
-        if 2 ** H > MAX_ENUMERATION:
+        if 2**H > MAX_ENUMERATION:
             raise ValueError(f"exact enumeration needs 2^H <= {MAX_ENUMERATION}; H = {H}")
-        codes = torch.arange(2 ** H, device=self.W.device)
+        codes = torch.arange(2**H, device=self.W.device)
         bits = (codes.unsqueeze(-1) >> torch.arange(H, device=self.W.device)) & 1
         return bits.to(self.visible_bias.dtype)  # (2^H, H)
 
@@ -470,8 +524,10 @@ class RBM(EnergyBasedDistribution):
         states = self._unit_states()
         count = states.shape[0] ** self.num_visible
         if count > MAX_ENUMERATION:
-            raise ValueError(f"exact enumeration over the visible units needs S^V <= "
-                             f"{MAX_ENUMERATION}; here {states.shape[0]}^{self.num_visible}")
+            raise ValueError(
+                f"exact enumeration over the visible units needs S^V <= "
+                f"{MAX_ENUMERATION}; here {states.shape[0]}^{self.num_visible}"
+            )
         index = torch.cartesian_prod(*[torch.arange(states.shape[0])] * self.num_visible)
         index = index.reshape(count, self.num_visible)
         return states[index]  # (count, V) or (count, V, K)
@@ -508,9 +564,16 @@ class RBM(EnergyBasedDistribution):
             raise ValueError(f"over must be 'auto', 'hidden' or 'visible', got {over!r}")
         if over == "auto":
             visible_count = self._unit_states().shape[0] ** self.num_visible
-            over = "hidden" if 2 ** self.num_hidden <= min(visible_count, MAX_ENUMERATION) else (
-                "visible" if visible_count <= MAX_ENUMERATION else "hidden")
-        return self._log_partition_by_hidden() if over == "hidden" else self._log_partition_by_visible()
+            over = (
+                "hidden"
+                if 2**self.num_hidden <= min(visible_count, MAX_ENUMERATION)
+                else ("visible" if visible_count <= MAX_ENUMERATION else "hidden")
+            )
+        return (
+            self._log_partition_by_hidden()
+            if over == "hidden"
+            else self._log_partition_by_visible()
+        )
 
     def normalized_log_prob(self, value):
         """:math:`\\log p(v) = -F(v) - \\log Z` with the exact :meth:`log_partition`."""
@@ -532,8 +595,11 @@ class RBM(EnergyBasedDistribution):
         if observed.dtype != torch.bool or observed.shape[-1] != self.num_visible:
             raise ValueError(f"observed must be a bool tensor ending in V = {self.num_visible}")
         h = self._hidden_configurations()
-        batch = torch.broadcast_shapes(value.shape[:value.dim() - len(self.event_shape)],
-                                       observed.shape[:-1], self.batch_shape)
+        batch = torch.broadcast_shapes(
+            value.shape[: value.dim() - len(self.event_shape)],
+            observed.shape[:-1],
+            self.batch_shape,
+        )
         h = h.reshape((h.shape[0],) + (1,) * len(batch) + (self.num_hidden,))
         a = self.visible_input(h)
         present = self._unit_log_potential(value, a)
@@ -542,8 +608,7 @@ class RBM(EnergyBasedDistribution):
         return torch.logsumexp((h * self.hidden_bias).sum(-1) + per_unit.sum(-1), 0)
 
     @torch.no_grad()
-    def ais_log_partition(self, num_chains=100, num_betas=1000, betas=None,
-                          base_visible_bias=None):
+    def ais_log_partition(self, num_chains=100, num_betas=1000, betas=None, base_visible_bias=None):
         r"""Annealed importance sampling estimate of :math:`\log Z` (Salakhutdinov & Murray 2008).
 
         The intermediate distributions are the RBMs with joint energy
@@ -572,14 +637,24 @@ class RBM(EnergyBasedDistribution):
             betas = torch.linspace(0.0, 1.0, num_betas, dtype=dtype, device=device)
         else:
             betas = torch.as_tensor(betas, dtype=dtype, device=device)
-            if betas.dim() != 1 or betas.numel() < 2 or float(betas[0]) != 0.0 \
-                    or float(betas[-1]) != 1.0 or bool((betas[1:] < betas[:-1]).any()):
+            if (
+                betas.dim() != 1
+                or betas.numel() < 2
+                or float(betas[0]) != 0.0
+                or float(betas[-1]) != 1.0
+                or bool((betas[1:] < betas[:-1]).any())
+            ):
                 raise ValueError("betas must be a 1-D non-decreasing schedule from 0 to 1")
         if not isinstance(num_chains, int) or num_chains < 2:
-            raise ValueError(f"num_chains must be an int >= 2 (for a standard error), got {num_chains!r}")
-        c0 = (torch.zeros_like(self.visible_bias) if base_visible_bias is None
-              else torch.as_tensor(base_visible_bias, dtype=dtype, device=device))
-        if c0.shape[-len(self.event_shape):] != self.event_shape:
+            raise ValueError(
+                f"num_chains must be an int >= 2 (for a standard error), got {num_chains!r}"
+            )
+        c0 = (
+            torch.zeros_like(self.visible_bias)
+            if base_visible_bias is None
+            else torch.as_tensor(base_visible_bias, dtype=dtype, device=device)
+        )
+        if c0.shape[-len(self.event_shape) :] != self.event_shape:
             raise ValueError(f"base_visible_bias must end in {tuple(self.event_shape)}")
         shape = torch.Size([num_chains]) + self.batch_shape
 
@@ -587,8 +662,9 @@ class RBM(EnergyBasedDistribution):
             """log f_beta(v) - log f_beta_prev(v), and the hidden input b + W v (reused)."""
             x = self.hidden_input(v)
             # the weights (1 - beta) + beta = 1 keep the base measure log m(v) out of the difference
-            visible = self._sum_units(self._unit_log_potential(v, self.visible_bias)
-                                      - self._unit_log_potential(v, c0))
+            visible = self._sum_units(
+                self._unit_log_potential(v, self.visible_bias) - self._unit_log_potential(v, c0)
+            )
             hidden = (F.softplus(beta * x) - F.softplus(beta_prev * x)).sum(-1)
             return (beta - beta_prev) * visible + hidden, x
 
@@ -602,8 +678,9 @@ class RBM(EnergyBasedDistribution):
                 h = torch.bernoulli(torch.sigmoid(beta * x))
                 a = (1 - beta) * c0 + beta * self.visible_input(h)
                 v = self._sample_units(a)
-        log_z0 = (self.num_hidden * math.log(2.0)
-                  + self._sum_units(self._unit_log_normaliser(c0.expand(self.batch_shape + self.event_shape))))
+        log_z0 = self.num_hidden * math.log(2.0) + self._sum_units(
+            self._unit_log_normaliser(c0.expand(self.batch_shape + self.event_shape))
+        )
         log_mean_w = torch.logsumexp(log_w, 0) - math.log(num_chains)
         w = torch.exp(log_w - log_w.max(0).values)
         stderr = w.std(0) / (math.sqrt(num_chains) * w.mean(0))

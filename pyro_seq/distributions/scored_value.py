@@ -80,8 +80,9 @@ class ScoredValue(TorchDistribution):
         batch_shape = torch.Size(batch_shape)
         if batch_shape == self.batch_shape:
             return self
-        return ScoredValue(self.base.expand(batch_shape), self.value,
-                           self.log_prob_value.expand(batch_shape))
+        return ScoredValue(
+            self.base.expand(batch_shape), self.value, self.log_prob_value.expand(batch_shape)
+        )
 
 
 class PresampledValue(ScoredValue):
@@ -108,8 +109,10 @@ class PresampledValue(ScoredValue):
     def expand(self, batch_shape, _instance=None):
         if torch.Size(batch_shape) == self.batch_shape:
             return self
-        raise RuntimeError(f"PresampledValue of batch shape {tuple(self.batch_shape)} cannot be "
-                           f"expanded to {tuple(batch_shape)}: its value was drawn for its own shape")
+        raise RuntimeError(
+            f"PresampledValue of batch shape {tuple(self.batch_shape)} cannot be "
+            f"expanded to {tuple(batch_shape)}: its value was drawn for its own shape"
+        )
 
 
 @register_kl(Distribution, ScoredValue)

@@ -22,7 +22,12 @@ whole entry list and returns one value per row.
 import torch
 import torch.nn.functional as F
 
-from pyro_seq.distributions.rbm import MAX_ENUMERATION, VISIBLE_TYPES, EnergyBasedDistribution, VisibleUnits
+from pyro_seq.distributions.rbm import (
+    MAX_ENUMERATION,
+    VISIBLE_TYPES,
+    EnergyBasedDistribution,
+    VisibleUnits,
+)
 
 __all__ = ["SparseRBM"]
 
@@ -44,28 +49,51 @@ class SparseRBM(EnergyBasedDistribution):
     arg_constraints = {}
     has_rsample = False
 
-    def __init__(self, W, visible_bias, hidden_bias, row, column, num_rows, visible="bernoulli",
-                 num_trials=1, validate_args=None):
+    def __init__(
+        self,
+        W,
+        visible_bias,
+        hidden_bias,
+        row,
+        column,
+        num_rows,
+        visible="bernoulli",
+        num_trials=1,
+        validate_args=None,
+    ):
         if visible not in VISIBLE_TYPES:
             raise ValueError(f"visible must be one of {VISIBLE_TYPES}, got {visible!r}")
         k_dims = 0 if visible == "bernoulli" else 1
         if W.dim() != 2 + k_dims:
-            raise ValueError(f"W must be (H, Q{'' if k_dims == 0 else ', K'}) for visible={visible!r},"
-                             f" got {tuple(W.shape)}")
+            raise ValueError(
+                f"W must be (H, Q{'' if k_dims == 0 else ', K'}) for visible={visible!r},"
+                f" got {tuple(W.shape)}"
+            )
         H, Q = W.shape[:2]
         if tuple(visible_bias.shape) != tuple(W.shape[1:]):
-            raise ValueError(f"visible_bias must have shape {tuple(W.shape[1:])}, got "
-                             f"{tuple(visible_bias.shape)}")
-        if hidden_bias.shape[-1] != H or hidden_bias.dim() > 2 or (
-                hidden_bias.dim() == 2 and hidden_bias.shape[0] != num_rows):
-            raise ValueError(f"hidden_bias must be (H,) or (num_rows, H) = ({num_rows}, {H}), got "
-                             f"{tuple(hidden_bias.shape)}")
+            raise ValueError(
+                f"visible_bias must have shape {tuple(W.shape[1:])}, got "
+                f"{tuple(visible_bias.shape)}"
+            )
+        if (
+            hidden_bias.shape[-1] != H
+            or hidden_bias.dim() > 2
+            or (hidden_bias.dim() == 2 and hidden_bias.shape[0] != num_rows)
+        ):
+            raise ValueError(
+                f"hidden_bias must be (H,) or (num_rows, H) = ({num_rows}, {H}), got "
+                f"{tuple(hidden_bias.shape)}"
+            )
         for name, t in (("row", row), ("column", column)):
             if t.dtype != torch.long or t.dim() != 1:
-                raise ValueError(f"{name} must be a 1-D int64 tensor, got {t.dtype} {tuple(t.shape)}")
+                raise ValueError(
+                    f"{name} must be a 1-D int64 tensor, got {t.dtype} {tuple(t.shape)}"
+                )
         if row.shape != column.shape:
-            raise ValueError(f"row and column must have the same length, got {row.shape[0]} and "
-                             f"{column.shape[0]}")
+            raise ValueError(
+                f"row and column must have the same length, got {row.shape[0]} and "
+                f"{column.shape[0]}"
+            )
         if row.numel() and (int(row.min()) < 0 or int(row.max()) >= num_rows):
             raise ValueError(f"row indices must lie in 0..{num_rows - 1}")
         if column.numel() and (int(column.min()) < 0 or int(column.max()) >= Q):
@@ -81,27 +109,33 @@ class SparseRBM(EnergyBasedDistribution):
 
     def expand(self, batch_shape, _instance=None):
         if torch.Size(batch_shape) != self.batch_shape:
-            raise ValueError(f"a SparseRBM has batch shape {tuple(self.batch_shape)} (its rows) "
-                             f"and cannot be expanded to {tuple(batch_shape)}")
+            raise ValueError(
+                f"a SparseRBM has batch shape {tuple(self.batch_shape)} (its rows) "
+                f"and cannot be expanded to {tuple(batch_shape)}"
+            )
         return self
 
     def _validate_sample(self, value):
         n = self.row.shape[0]
         shape = (n,) if self.visible == "bernoulli" else (n, self.W.shape[-1])
         if tuple(value.shape) != shape:
-            raise ValueError(f"value must have shape {shape} (one state per entry), got "
-                             f"{tuple(value.shape)}")
+            raise ValueError(
+                f"value must have shape {shape} (one state per entry), got {tuple(value.shape)}"
+            )
         if self.visible == "bernoulli":
             ok = ((value == 0) | (value == 1)).all()
         else:
             total = self.num_trials
-            ok = ((value == value.round()) & (value >= 0)).all() and bool((value.sum(-1) == total).all())
+            ok = ((value == value.round()) & (value >= 0)).all() and bool(
+                (value.sum(-1) == total).all()
+            )
         if not ok:
             raise ValueError(f"value is outside the support of {self.visible!r} units")
 
     @property
     def support(self):
         from torch.distributions import constraints
+
         return constraints.real  # checked entry-wise by _validate_sample
 
     # ------------------------------------------------------------------ gathers
@@ -116,8 +150,11 @@ class SparseRBM(EnergyBasedDistribution):
     def hidden_input(self, value):
         r""":math:`b_s + \sum_{i \in s} W_{:, col_i} v_i`, ``(num_rows, H)``."""
         We = self._entry_weights()
-        contrib = We * value.unsqueeze(-1) if self.visible == "bernoulli" else \
-            torch.einsum("nhk,nk->nh", We, value)
+        contrib = (
+            We * value.unsqueeze(-1)
+            if self.visible == "bernoulli"
+            else torch.einsum("nhk,nk->nh", We, value)
+        )
         return self.hidden_bias + self._rows_sum(contrib)
 
     def entry_activations(self, h, row=None, column=None):
@@ -166,8 +203,10 @@ class SparseRBM(EnergyBasedDistribution):
     def pseudo_log_likelihood(self, value):
         """:math:`\\sum_i \\log p(v_i \\mid v_{-i})` per row (Bernoulli units; one flip per entry)."""
         if self.visible != "bernoulli":
-            raise NotImplementedError("SparseRBM.pseudo_log_likelihood is for 'bernoulli' units; "
-                                      "use monitor='reconstruction'")
+            raise NotImplementedError(
+                "SparseRBM.pseudo_log_likelihood is for 'bernoulli' units; "
+                "use monitor='reconstruction'"
+            )
         x = self.hidden_input(value)[self.row]  # (n, H)
         d = 1 - 2 * value
         x_flip = x + self._entry_weights() * d.unsqueeze(-1)
@@ -175,23 +214,31 @@ class SparseRBM(EnergyBasedDistribution):
         return self._rows_sum(F.logsigmoid(delta_f))
 
     def shared(self):
-        raise ValueError("a SparseRBM's rows are different sub-RBMs; persistent chains with "
-                         "num_chains need one shared RBM")
+        raise ValueError(
+            "a SparseRBM's rows are different sub-RBMs; persistent chains with "
+            "num_chains need one shared RBM"
+        )
 
     # ------------------------------------------------------------------ partition function
     def log_partition(self):
         r"""Exact :math:`\log Z_s` of every row's sub-RBM, ``(num_rows,)``, by summing the
         visible entries out for each of the :math:`2^H` hidden configurations (small ``H``)."""
         H = self.num_hidden
-        if 2 ** H > MAX_ENUMERATION:
+        if 2**H > MAX_ENUMERATION:
             raise ValueError(f"exact enumeration needs 2^H <= {MAX_ENUMERATION}; H = {H}")
-        codes = torch.arange(2 ** H, device=self.W.device)
+        codes = torch.arange(2**H, device=self.W.device)
         hs = ((codes.unsqueeze(-1) >> torch.arange(H, device=self.W.device)) & 1).to(self.W.dtype)
         We = self._entry_weights()  # (n, H[, K])
         a = self.visible_bias[self.column].unsqueeze(0) + (
-            torch.einsum("nh,ch->cn", We, hs) if self.visible == "bernoulli"
-            else torch.einsum("nhk,ch->cnk", We, hs))  # (2^H, n[, K])
+            torch.einsum("nh,ch->cn", We, hs)
+            if self.visible == "bernoulli"
+            else torch.einsum("nhk,ch->cnk", We, hs)
+        )  # (2^H, n[, K])
         per_entry = self.units.log_normaliser(a)  # (2^H, n)
         rows = per_entry.new_zeros(hs.shape[0], self.num_rows).index_add(1, self.row, per_entry)
-        hidden = hs @ self.hidden_bias.T if self.hidden_bias.dim() == 2 else (hs @ self.hidden_bias).unsqueeze(-1)
+        hidden = (
+            hs @ self.hidden_bias.T
+            if self.hidden_bias.dim() == 2
+            else (hs @ self.hidden_bias).unsqueeze(-1)
+        )
         return torch.logsumexp(rows + hidden, 0)

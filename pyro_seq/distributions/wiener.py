@@ -66,8 +66,9 @@ def wiener_increments(z, z0=None):
     first = z0.unsqueeze(-2)
     shape = torch.broadcast_shapes(z.shape[:-2], first.shape[:-2])
     T, Z = z.shape[-2:]
-    previous = torch.cat([first.expand(shape + (1, Z)), z[..., :-1, :].expand(shape + (T - 1, Z))],
-                         dim=-2)
+    previous = torch.cat(
+        [first.expand(shape + (1, Z)), z[..., :-1, :].expand(shape + (T - 1, Z))], dim=-2
+    )
     return z - previous
 
 
@@ -118,14 +119,16 @@ class WienerProcess(TorchDistribution):
             raise ValueError(f"scale must be > 0, got {scale}")
         self.num_steps = int(num_steps)
         self.z0, self.scale = broadcast_all(z0, scale)
-        super().__init__(self.z0.shape[:-1], (self.num_steps, self.z0.shape[-1]),
-                         validate_args=validate_args)
+        super().__init__(
+            self.z0.shape[:-1], (self.num_steps, self.z0.shape[-1]), validate_args=validate_args
+        )
 
     def expand(self, batch_shape, _instance=None):
         batch_shape = torch.Size(batch_shape)
         shape = batch_shape + self.z0.shape[-1:]
-        return WienerProcess(self.num_steps, self.z0.expand(shape), self.scale.expand(shape),
-                             validate_args=False)
+        return WienerProcess(
+            self.num_steps, self.z0.expand(shape), self.scale.expand(shape), validate_args=False
+        )
 
     @property
     def mean(self):
@@ -163,13 +166,17 @@ def kl_diagonal_normal_wiener(loc, scale, z0=None, prior_scale=1.0, mask=None):
     loc, scale = torch.broadcast_tensors(loc, scale)
     if not torch.is_tensor(prior_scale):
         prior_scale = torch.as_tensor(prior_scale, dtype=loc.dtype, device=loc.device)
-    var_prior = (prior_scale ** 2).unsqueeze(-2) if prior_scale.dim() else prior_scale ** 2
-    var = scale ** 2
+    var_prior = (prior_scale**2).unsqueeze(-2) if prior_scale.dim() else prior_scale**2
+    var = scale**2
     var_prev = torch.cat([torch.zeros_like(var[..., :1, :]), var[..., :-1, :]], dim=-2)
-    mean_increment = wiener_increments(loc, z0)           # m = g_W(mu) - (z0, 0, ..., 0)
-    terms = 0.5 * ((var + var_prev + mean_increment ** 2) / var_prior - 1.0
-                   + torch.log(var_prior) - torch.log(var))
-    terms = terms.sum(-1)                                  # (..., T)
+    mean_increment = wiener_increments(loc, z0)  # m = g_W(mu) - (z0, 0, ..., 0)
+    terms = 0.5 * (
+        (var + var_prev + mean_increment**2) / var_prior
+        - 1.0
+        + torch.log(var_prior)
+        - torch.log(var)
+    )
+    terms = terms.sum(-1)  # (..., T)
     if mask is not None:
         terms = terms.masked_fill(~mask.bool(), 0.0)
     return terms.sum(-1)
@@ -179,8 +186,13 @@ def kl_diagonal_normal_wiener(loc, scale, z0=None, prior_scale=1.0, mask=None):
 def _kl_independent_normal_wiener(q, p):
     """``kl_divergence(Normal(loc, scale).to_event(2), WienerProcess(...))`` over ``(T, Z)``."""
     base = q.base_dist
-    if not isinstance(base, torch.distributions.Normal) or q.reinterpreted_batch_ndims != 2 \
-            or q.event_shape != p.event_shape:
-        raise NotImplementedError("KL from a Wiener process is implemented for a diagonal Normal "
-                                  "with event shape (T, Z) only")
+    if (
+        not isinstance(base, torch.distributions.Normal)
+        or q.reinterpreted_batch_ndims != 2
+        or q.event_shape != p.event_shape
+    ):
+        raise NotImplementedError(
+            "KL from a Wiener process is implemented for a diagonal Normal "
+            "with event shape (T, Z) only"
+        )
     return kl_diagonal_normal_wiener(base.loc, base.scale, p.z0, p.scale)

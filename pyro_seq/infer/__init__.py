@@ -8,8 +8,8 @@
 * :func:`lgssm_em`: EM for the linear-Gaussian state-space model.
 """
 
-from pyro_seq.infer.contrastive_divergence import ContrastiveDivergence
 from pyro_seq.infer.annealing import FreeBits_ELBO, LatentScale, linear_schedule
+from pyro_seq.infer.contrastive_divergence import ContrastiveDivergence
 from pyro_seq.infer.estimate import LikelihoodEstimate, estimate_log_likelihood
 from pyro_seq.infer.fivo import FIVO
 from pyro_seq.infer.iwae import IWAE

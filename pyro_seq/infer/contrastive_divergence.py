@@ -151,8 +151,10 @@ class ContrastiveDivergence(ELBO):
         if num_chains is not None and (not isinstance(num_chains, int) or num_chains < 1):
             raise ValueError(f"num_chains must be a positive int or None, got {num_chains!r}")
         if num_chains is not None and not persistent:
-            raise ValueError("num_chains applies to persistent=True only (CD-k restarts its "
-                             "chains at the data, one per row)")
+            raise ValueError(
+                "num_chains applies to persistent=True only (CD-k restarts its "
+                "chains at the data, one per row)"
+            )
         if monitor not in MONITORS:
             raise ValueError(f"monitor must be one of {MONITORS}, got {monitor!r}")
         super().__init__(num_particles=1)
@@ -169,26 +171,35 @@ class ContrastiveDivergence(ELBO):
 
     def _model_trace(self, model, guide, args, kwargs):
         guide_trace = poutine.trace(guide).get_trace(*args, **kwargs)
-        latent = [name for name, site in guide_trace.nodes.items()
-                  if site["type"] == "sample" and not site_is_subsample(site)]
+        latent = [
+            name
+            for name, site in guide_trace.nodes.items()
+            if site["type"] == "sample" and not site_is_subsample(site)
+        ]
         if latent:
-            raise ValueError(f"ContrastiveDivergence trains models without latent sample sites; "
-                             f"the guide must be empty, but it samples {latent}")
+            raise ValueError(
+                f"ContrastiveDivergence trains models without latent sample sites; "
+                f"the guide must be empty, but it samples {latent}"
+            )
         trace = poutine.trace(model).get_trace(*args, **kwargs)
         energy, other = [], []
         for name, site in trace.nodes.items():
             if site["type"] != "sample" or site_is_subsample(site):
                 continue
             if not site["is_observed"]:
-                raise ValueError(f"ContrastiveDivergence: model site {name!r} is a latent sample "
-                                 f"site; energy-based models here observe all their variables "
-                                 f"(the hidden units are summed out in the free energy)")
+                raise ValueError(
+                    f"ContrastiveDivergence: model site {name!r} is a latent sample "
+                    f"site; energy-based models here observe all their variables "
+                    f"(the hidden units are summed out in the free energy)"
+                )
             base, mask, event_dims = energy_site(site["fn"])
             (energy if base is not None else other).append((name, site, base, mask, event_dims))
         if not energy:
-            raise ValueError("ContrastiveDivergence needs a model with an observed site whose "
-                             "distribution is energy-based (pyro_seq.distributions.RBM or another "
-                             "EnergyBasedDistribution); this model has none")
+            raise ValueError(
+                "ContrastiveDivergence needs a model with an observed site whose "
+                "distribution is energy-based (pyro_seq.distributions.RBM or another "
+                "EnergyBasedDistribution); this model has none"
+            )
         return energy, other
 
     # ------------------------------------------------------------------ negatives
@@ -226,10 +237,12 @@ class ContrastiveDivergence(ELBO):
         batch, tail = tuple(value.shape[:nb]), (1,) * event
         buf, started = self.chains.get(name), self.chains_started.get(name)
         if buf is not None and (buf.dim() != value.dim() or buf.shape[nb:] != value.shape[nb:]):
-            raise ValueError(f"ContrastiveDivergence: site {name!r} has values of shape "
-                             f"{tuple(value.shape)} but persistent chains of shape "
-                             f"{tuple(buf.shape)} (another number of batch dimensions or another "
-                             f"event shape); call reset_chains() before training another model")
+            raise ValueError(
+                f"ContrastiveDivergence: site {name!r} has values of shape "
+                f"{tuple(value.shape)} but persistent chains of shape "
+                f"{tuple(buf.shape)} (another number of batch dimensions or another "
+                f"event shape); call reset_chains() before training another model"
+            )
         if buf is None:
             buf = value.new_zeros(value.shape)
             started = torch.zeros(batch, dtype=torch.bool, device=value.device)
@@ -256,7 +269,7 @@ class ContrastiveDivergence(ELBO):
     def _monitor(self, energy):
         total, count = 0.0, 0
         with torch.no_grad():
-            for name, site, base, mask, event_dims in energy:
+            for _name, site, base, mask, event_dims in energy:
                 value = site["value"]
                 if self.monitor == "reconstruction":
                     per_row = base.reconstruction_error(value)
@@ -278,7 +291,7 @@ class ContrastiveDivergence(ELBO):
             weight = _row_weights(site, mask, event_dims, positive)
             per_row = positive - self._negative_free_energy(name, base, value, weight > 0)
             surrogate = surrogate + site["scale"] * (per_row * weight).sum()
-        for name, site, _, _, _ in other:
+        for _, site, _, _, _ in other:
             log_p = site["fn"].log_prob(site["value"])
             surrogate = surrogate - scale_and_mask(log_p, site["scale"], site["mask"]).sum()
         return surrogate, energy
@@ -294,8 +307,10 @@ class ContrastiveDivergence(ELBO):
         """Back-propagate the CD surrogate into the parameters; return the monitoring quantity."""
         surrogate, energy = self._surrogate(model, guide, args, kwargs)
         if not bool(torch.isfinite(torch.as_tensor(surrogate)).all()):
-            raise ValueError("contrastive divergence surrogate is not finite; check the data "
-                             "and the learning rate")
+            raise ValueError(
+                "contrastive divergence surrogate is not finite; check the data "
+                "and the learning rate"
+            )
         if torch.is_tensor(surrogate) and surrogate.requires_grad:
             surrogate.backward()
         return self._monitor(energy)

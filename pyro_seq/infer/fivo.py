@@ -64,16 +64,18 @@ from pyro.util import check_site_shape, warn_if_nan
 
 from pyro_seq.infer.iwae import _reduce_site
 from pyro_seq.infer.log_z_bound import LogZBound
+from pyro_seq.infer.protocol import program_device, require_step_program
 from pyro_seq.ops.resampling import (
     DEFAULT_RESAMPLING,
-    check_resampling_args as _check_resampling_args,
     effective_sample_size,
     log_mean_exp,
     resample,
 )
+from pyro_seq.ops.resampling import (
+    check_resampling_args as _check_resampling_args,
+)
 from pyro_seq.ops.state import SequenceState
 from pyro_seq.pyro_internals import is_reparameterized
-from pyro_seq.infer.protocol import program_device, require_step_program
 from pyro_seq.validation import positive_int, prepare_sequences
 
 __all__ = ["FIVO"]
@@ -92,8 +94,10 @@ def _parse_args(args, kwargs, device=None):
     names = ("x", "mask", "num_sequences", "observed", "inputs")
     extra = set(kwargs) - set(names)
     if len(args) > 5 or extra:
-        raise TypeError("FIVO programs take (x, mask=None, num_sequences=None, observed=None, "
-                        f"inputs=None); got extra {sorted(extra)}")
+        raise TypeError(
+            "FIVO programs take (x, mask=None, num_sequences=None, observed=None, "
+            f"inputs=None); got extra {sorted(extra)}"
+        )
     values = dict(zip(names, args))
     for k, v in kwargs.items():
         if k in values:
@@ -102,8 +106,9 @@ def _parse_args(args, kwargs, device=None):
     # the package's one validator (model-specific checks, e.g. feature size and binary data for
     # a Bernoulli likelihood, follow in the model's ``init``)
     observed = values.get("observed")
-    x, mask, _ = prepare_sequences(values.get("x"), values.get("mask"), observed=observed,
-                                   device=device)
+    x, mask, _ = prepare_sequences(
+        values.get("x"), values.get("mask"), observed=observed, device=device
+    )
     return x, mask, values.get("num_sequences"), observed, values.get("inputs")
 
 
@@ -157,7 +162,8 @@ def _check_reparameterized(guide_sites):
                 f"fully reparameterized guide, but guide site {site['name']!r} "
                 f"({type(site['fn']).__name__}) has no rsample; use a reparameterizable "
                 "distribution. To only evaluate the bound, use FIVO.log_z or "
-                "estimate_log_likelihood(method='smc'), which accept any guide")
+                "estimate_log_likelihood(method='smc'), which accept any guide"
+            )
 
 
 class FIVO(LogZBound):
@@ -203,9 +209,17 @@ class FIVO(LogZBound):
     sequence (``(batch,)`` long tensor).
     """
 
-    def __init__(self, num_particles=4, resample="ess", ess_threshold=0.5,
-                 resampling=DEFAULT_RESAMPLING, max_plate_nesting=1, generator=None,
-                 vectorize_particles=True, **kwargs):
+    def __init__(
+        self,
+        num_particles=4,
+        resample="ess",
+        ess_threshold=0.5,
+        resampling=DEFAULT_RESAMPLING,
+        max_plate_nesting=1,
+        generator=None,
+        vectorize_particles=True,
+        **kwargs,
+    ):
         num_particles = positive_int("num_particles", num_particles)
         _check_resampling_args(resample, ess_threshold, resampling, where="FIVO")
         if max_plate_nesting == float("inf") or int(max_plate_nesting) < 1:
@@ -214,11 +228,16 @@ class FIVO(LogZBound):
             raise ValueError(
                 f"FIVO always draws its particles in one vectorized particle plate (it resamples "
                 f"across particles between time steps), so vectorize_particles must be True (the "
-                f"default) or left out; got vectorize_particles={vectorize_particles!r}")
+                f"default) or left out; got vectorize_particles={vectorize_particles!r}"
+            )
         # ELBO's own vectorization (an extra plate and max_plate_nesting + 1) is not used: FIVO
         # opens its particle plate itself, at dim -max_plate_nesting - 1.
-        super().__init__(num_particles=int(num_particles), max_plate_nesting=int(max_plate_nesting),
-                         vectorize_particles=False, **kwargs)
+        super().__init__(
+            num_particles=int(num_particles),
+            max_plate_nesting=int(max_plate_nesting),
+            vectorize_particles=False,
+            **kwargs,
+        )
         self.vectorize_particles = True  # what FIVO does (ELBO._get_traces is never used)
         self.resample = resample
         self.ess_threshold = float(ess_threshold)
@@ -234,8 +253,12 @@ class FIVO(LogZBound):
         """Check per-particle shapes and expand size-1 particle axes to ``K`` before a resample."""
         K = self.num_particles
         for key, value in list(state.items()):
-            if not torch.is_tensor(value) or value.dim() < 2 or value.shape[0] not in (1, K) \
-                    or value.shape[1] not in (1, batch):
+            if (
+                not torch.is_tensor(value)
+                or value.dim() < 2
+                or value.shape[0] not in (1, K)
+                or value.shape[1] not in (1, batch)
+            ):
                 raise ValueError(
                     f"FIVO: state[{key!r}] has shape {tuple(getattr(value, 'shape', ()))}, "
                     f"expected a per-particle tensor (K={K} or 1, batch={batch}, ...); "
@@ -280,7 +303,8 @@ class FIVO(LogZBound):
             if not site["is_observed"] and site["name"] not in latent:
                 raise ValueError(
                     f"latent model site {site['name']!r} has no guide site; importance weights "
-                    "need the guide to propose every latent variable")
+                    "need the guide to propose every latent variable"
+                )
 
     def log_z(self, model, guide, *args, check_reparam=False, **kwargs):
         r"""Run the particle filter once; return :math:`\log \hat p(x^{(b)})` per sequence.
@@ -307,7 +331,8 @@ class FIVO(LogZBound):
         require_step_program(model, "model")
         require_step_program(guide, "guide")
         x, mask, num_sequences, observed, inputs = _parse_args(
-            args, kwargs, device=program_device(model))
+            args, kwargs, device=program_device(model)
+        )
         B, T = mask.shape
         K = self.num_particles
         particle_dim = -self.max_plate_nesting - 1
@@ -328,10 +353,13 @@ class FIVO(LogZBound):
             sampled = [s["name"] for s in guide_sites + model_sites]
             if sampled:
                 raise NotImplementedError(
-                    f"FIVO: init must not sample (found sites {sampled}); sample z_1 in step 0")
+                    f"FIVO: init must not sample (found sites {sampled}); sample z_1 in step 0"
+                )
             for key, value in list(state.items()):
                 if not torch.is_tensor(value) or value.dim() < 1:
-                    raise ValueError(f"FIVO: state[{key!r}] after init must be a (batch, ...) tensor")
+                    raise ValueError(
+                        f"FIVO: state[{key!r}] after init must be a (batch, ...) tensor"
+                    )
                 state[key] = value.unsqueeze(0)  # particle dim of size 1, broadcasts
 
             layout = None
@@ -395,7 +423,8 @@ class FIVO(LogZBound):
             after[t] = do.long()
         epoch = torch.cumsum(after, 0) - after
         sums = inc.new_zeros(len(events) + 1, K, B).scatter_add(
-            0, epoch.unsqueeze(1).expand(inc.shape), inc)  # (epochs, K, B)
+            0, epoch.unsqueeze(1).expand(inc.shape), inc
+        )  # (epochs, K, B)
         # epochs that a sequence never reaches are all zero: log-mean-exp 0 adds nothing
         return log_mean_exp(sums, dim=1).sum(0)
 
@@ -407,7 +436,8 @@ class FIVO(LogZBound):
             if not f:
                 raise ValueError(
                     f"FIVO: site {site['name']!r} is not inside the batch plate at dim -1; every "
-                    "site of a step must be local to its sequence")
+                    "site of a step must be local to its sequence"
+                )
             frames.add((f[0].size, f[0].full_size))
         if len(frames) > 1:
             raise ValueError(f"FIVO: inconsistent batch plates across sites: {sorted(frames)}")

@@ -208,8 +208,9 @@ def _reduce_site(tensor, rank, keep_dims):
     return tensor
 
 
-def site_log_weights(model_trace, guide_trace, rank, keep_dims, divide_scale=1.0,
-                     parts=("weight",)):
+def site_log_weights(
+    model_trace, guide_trace, rank, keep_dims, divide_scale=1.0, parts=("weight",)
+):
     """Per-data-point sums of log-probabilities of two traces.
 
     :param model_trace: model trace with ``log_prob`` computed.
@@ -239,7 +240,7 @@ def site_log_weights(model_trace, guide_trace, rank, keep_dims, divide_scale=1.0
         for p in ("weight", "model"):
             if p in out:
                 out[p] = out[p] + lp
-    for name, site in guide_trace.nodes.items():
+    for site in guide_trace.nodes.values():
         if site["type"] != "sample":
             continue
         lq = _reduce_site(site["log_prob"], rank, keep_dims) / divide_scale
@@ -327,11 +328,13 @@ def vimco_leave_one_out(log_w):
     pad = log_w.new_zeros((1,) + log_w.shape[1:])
     ninf = torch.full_like(pad, -math.inf)
     # sum_{j != k} log w_j and log sum_{j != k} w_j from exclusive prefix/suffix reductions
-    sum_others = (torch.cat([pad, log_w.cumsum(0)[:-1]], 0)
-                  + torch.cat([log_w.flip(0).cumsum(0).flip(0)[1:], pad], 0))
+    sum_others = torch.cat([pad, log_w.cumsum(0)[:-1]], 0) + torch.cat(
+        [log_w.flip(0).cumsum(0).flip(0)[1:], pad], 0
+    )
     lse_others = torch.logaddexp(
         torch.cat([ninf, torch.logcumsumexp(log_w, 0)[:-1]], 0),
-        torch.cat([torch.logcumsumexp(log_w.flip(0), 0).flip(0)[1:], ninf], 0))
+        torch.cat([torch.logcumsumexp(log_w.flip(0), 0).flip(0)[1:], ninf], 0),
+    )
     return torch.logaddexp(lse_others, sum_others / (K - 1)) - math.log(K)
 
 
@@ -469,8 +472,15 @@ class IWAE(LogZBound):
     :param kwargs: other :class:`~pyro.infer.ELBO` options (``retain_graph``, ...).
     """
 
-    def __init__(self, num_particles=2, vectorize_particles=True, max_plate_nesting=float("inf"),
-                 gradient_estimator="standard", score_baseline="vimco", **kwargs):
+    def __init__(
+        self,
+        num_particles=2,
+        vectorize_particles=True,
+        max_plate_nesting=float("inf"),
+        gradient_estimator="standard",
+        score_baseline="vimco",
+        **kwargs,
+    ):
         num_particles = positive_int("num_particles", num_particles)
         if gradient_estimator not in GRADIENT_ESTIMATORS:
             raise ValueError(
@@ -480,8 +490,12 @@ class IWAE(LogZBound):
             raise ValueError(
                 f"score_baseline must be one of {SCORE_BASELINES}, got {score_baseline!r}"
             )
-        super().__init__(num_particles=int(num_particles), max_plate_nesting=max_plate_nesting,
-                         vectorize_particles=vectorize_particles, **kwargs)
+        super().__init__(
+            num_particles=int(num_particles),
+            max_plate_nesting=max_plate_nesting,
+            vectorize_particles=vectorize_particles,
+            **kwargs,
+        )
         self.gradient_estimator = gradient_estimator
         self.score_baseline = score_baseline
 
@@ -519,29 +533,47 @@ class IWAE(LogZBound):
             rank = self.max_plate_nesting
         else:
             particle_dim = None
-            rank = max((-f.dim for pair in traces for s in _sample_sites(*pair)
-                        for f in s["cond_indep_stack"] if f.vectorized), default=0)
+            rank = max(
+                (
+                    -f.dim
+                    for pair in traces
+                    for s in _sample_sites(*pair)
+                    for f in s["cond_indep_stack"]
+                    if f.vectorized
+                ),
+                default=0,
+            )
         rank = max(rank, max((-d for d in keep), default=0))
         shape = [1] * rank
         for f in frames:
             shape[f.dim] = int(f.size)
         if particle_dim is not None:
             shape[particle_dim] = self.num_particles
-        return dict(frames=frames, keep=keep, rank=rank, particle_dim=particle_dim,
-                    shape=shape, scale=plate_scale(frames))
+        return dict(
+            frames=frames,
+            keep=keep,
+            rank=rank,
+            particle_dim=particle_dim,
+            shape=shape,
+            scale=plate_scale(frames),
+        )
 
     def _stack(self, traces, layout, parts, like=None):
         """``site_log_weights`` of every (model, guide) pair, as tensors ``(K, E)`` per part."""
-        results = [site_log_weights(m, g, layout["rank"], layout["keep"], layout["scale"], parts)
-                   for m, g in traces]
+        results = [
+            site_log_weights(m, g, layout["rank"], layout["keep"], layout["scale"], parts)
+            for m, g in traces
+        ]
         if like is None:  # no tensor at all: a model and guide without sample sites
             like = next((t for r in results for t in r if torch.is_tensor(t)), torch.zeros(()))
         shape = layout["shape"]
         if layout["particle_dim"] is not None:
             (res,) = results
             return [_full(t, shape, like).reshape(self.num_particles, -1) for t in res]
-        return [torch.stack([_full(r[i], shape, like).reshape(-1) for r in results])
-                for i in range(len(parts))]
+        return [
+            torch.stack([_full(r[i], shape, like).reshape(-1) for r in results])
+            for i in range(len(parts))
+        ]
 
     def _log_weights(self, model, guide, args, kwargs, parts):
         """Run the particles; return ``(tensors (K, E) for parts, layout, traces, programs)``.
@@ -558,9 +590,12 @@ class IWAE(LogZBound):
     def _replay_detached(self, model, guide, traces, args, kwargs):
         """Model and guide replayed at the detached guide samples (DReG's second pass)."""
         if self._vectorized:
-            model, guide = vectorized_num_particles(self, model), vectorized_num_particles(self, guide)
+            model, guide = (
+                vectorized_num_particles(self, model),
+                vectorized_num_particles(self, guide),
+            )
         replays = []
-        for model_trace, guide_trace in traces:
+        for _model_trace, guide_trace in traces:
             check_fully_reparameterized(guide_trace, "IWAE(gradient_estimator='dreg')")
             replayed = poutine.replay(guide, trace=detached_replay_trace(guide_trace))
             replays.append(self._get_trace(model, replayed, args, kwargs))
@@ -569,7 +604,8 @@ class IWAE(LogZBound):
     def _bound_and_surrogate(self, model, guide, args, kwargs):
         """Return ``(bound, surrogate)`` tensors; ``surrogate`` has the estimator's gradient."""
         (log_w, score), layout, traces, (model, guide) = self._log_weights(
-            model, guide, args, kwargs, ("weight", "score"))
+            model, guide, args, kwargs, ("weight", "score")
+        )
         scale = layout["scale"]
         log_z = log_mean_exp(log_w, dim=0)  # (E,)
         bound = scale * log_z.sum()

@@ -165,8 +165,9 @@ def _args(params, controls, mask):
     return dict(params._asdict(), controls=controls, mask=mask)
 
 
-def lgssm_log_likelihood(x, params, mask=None, controls=None, method="auto", *, step_mask=None,
-                         observation_mask=None):
+def lgssm_log_likelihood(
+    x, params, mask=None, controls=None, method="auto", *, step_mask=None, observation_mask=None
+):
     """``log p(x | theta)`` (eq. 3.12) summed over all sequences.
 
     :param torch.Tensor x: ``(*batch, T, D)``.
@@ -180,7 +181,9 @@ def lgssm_log_likelihood(x, params, mask=None, controls=None, method="auto", *, 
         shape that reads both per step and per element.
     """
     kind, mask = _normalize_mask(mask, x, step_mask, observation_mask)
-    return kalman_filter(x, method=method, **_args(params, controls, _ops_mask(kind, mask, x))).log_likelihoods.sum()
+    return kalman_filter(
+        x, method=method, **_args(params, controls, _ops_mask(kind, mask, x))
+    ).log_likelihoods.sum()
 
 
 def _learn_set(learn, params):
@@ -237,14 +240,20 @@ def _normalize_mask(mask, x, step_mask=None, observation_mask=None):
         if step_mask is not None:
             step_mask = as_bool_mask(torch.as_tensor(step_mask, device=x.device), "step_mask")
             if step_mask.dim() < 1 or step_mask.shape[-1] != T:
-                raise ValueError(f"step_mask must have shape (*batch, T) with T={T}; got "
-                                 f"{tuple(step_mask.shape)}. Per-element masks go in observation_mask.")
+                raise ValueError(
+                    f"step_mask must have shape (*batch, T) with T={T}; got "
+                    f"{tuple(step_mask.shape)}. Per-element masks go in observation_mask."
+                )
             kind, out = "step", step_mask
         if observation_mask is not None:
-            observation_mask = as_bool_mask(torch.as_tensor(observation_mask, device=x.device), "observation_mask")
+            observation_mask = as_bool_mask(
+                torch.as_tensor(observation_mask, device=x.device), "observation_mask"
+            )
             if observation_mask.dim() < 2 or observation_mask.shape[-2:] != (T, D):
-                raise ValueError(f"observation_mask must have shape (*batch, T, D) = (*batch, {T}, {D}); "
-                                 f"got {tuple(observation_mask.shape)}. Per-step masks go in step_mask.")
+                raise ValueError(
+                    f"observation_mask must have shape (*batch, T, D) = (*batch, {T}, {D}); "
+                    f"got {tuple(observation_mask.shape)}. Per-step masks go in step_mask."
+                )
             kind = "element"
             out = observation_mask if out is None else observation_mask & out.unsqueeze(-1)
         per_element = kind == "element"
@@ -258,21 +267,29 @@ def _normalize_mask(mask, x, step_mask=None, observation_mask=None):
             raise ValueError(
                 f"mask of shape {tuple(mask.shape)} is ambiguous: with T == D == {T} it reads both as "
                 "a per-step mask (*batch, T) and as a per-element mask (*batch, T, D). Pass "
-                "step_mask=mask or observation_mask=mask instead.")
-        per_element = mask.dim() >= 2 and mask.shape[-2] == T and (
-            mask.shape[-1] == D or (mask.shape[-1] == 1 and T != 1))
+                "step_mask=mask or observation_mask=mask instead."
+            )
+        per_element = (
+            mask.dim() >= 2
+            and mask.shape[-2] == T
+            and (mask.shape[-1] == D or (mask.shape[-1] == 1 and T != 1))
+        )
         if per_element and mask.shape[-1] == 1 and D != 1:
             mask, per_element = mask[..., 0], False
         if not per_element and (mask.dim() < 1 or mask.shape[-1] != T):
-            raise ValueError(f"mask must have shape (*batch, T) per step or (*batch, T, D) per element with "
-                             f"T={T}, D={D}; got {tuple(mask.shape)}")
+            raise ValueError(
+                f"mask must have shape (*batch, T) per step or (*batch, T, D) per element with "
+                f"T={T}, D={D}; got {tuple(mask.shape)}"
+            )
     batch = mask.shape[:-2] if per_element else mask.shape[:-1]
     try:
         torch.broadcast_shapes(batch, x.shape[:-2])
     except RuntimeError:
         how = "(*batch, T, D) per element" if per_element else "(*batch, T) per step"
-        raise ValueError(f"mask of shape {tuple(mask.shape)}, read as {how} with T={T}, D={D}: its batch shape "
-                         f"{tuple(batch)} does not broadcast with the observations' {tuple(x.shape[:-2])}") from None
+        raise ValueError(
+            f"mask of shape {tuple(mask.shape)}, read as {how} with T={T}, D={D}: its batch shape "
+            f"{tuple(batch)} does not broadcast with the observations' {tuple(x.shape[:-2])}"
+        ) from None
     return ("element" if per_element else "step"), mask
 
 
@@ -286,24 +303,28 @@ def _ops_mask(kind, mask, x):
     return mask.expand(torch.broadcast_shapes(mask.shape, x.shape))
 
 
-
-
 def _check_structure(structure, R):
     """``ValueError`` unless ``structure`` is known and ``R`` belongs to its family (EM's
     monotonicity needs the old parameters inside the family the M-step maximizes over)."""
     if structure not in OBSERVATION_COV_STRUCTURES:
-        raise ValueError(f"observation_cov_structure must be one of {OBSERVATION_COV_STRUCTURES}; got "
-                         f"{structure!r} (block, banded or low-rank R are not supported)")
+        raise ValueError(
+            f"observation_cov_structure must be one of {OBSERVATION_COV_STRUCTURES}; got "
+            f"{structure!r} (block, banded or low-rank R are not supported)"
+        )
     if structure == "full":
         return
     off = R - torch.diag_embed(R.diagonal(dim1=-2, dim2=-1))
     if torch.count_nonzero(off):
-        raise ValueError(f"observation_cov_structure={structure!r} needs a diagonal observation_cov; "
-                         f"its largest off-diagonal entry is {off.abs().max().item():.3g}")
+        raise ValueError(
+            f"observation_cov_structure={structure!r} needs a diagonal observation_cov; "
+            f"its largest off-diagonal entry is {off.abs().max().item():.3g}"
+        )
     d = R.diagonal(dim1=-2, dim2=-1)
     if structure == "scalar" and not torch.all(d == d[..., :1]):
-        raise ValueError("observation_cov_structure='scalar' needs observation_cov = s * I; got diagonal "
-                         f"{d.tolist()}")
+        raise ValueError(
+            "observation_cov_structure='scalar' needs observation_cov = s * I; got diagonal "
+            f"{d.tolist()}"
+        )
 
 
 def _emission_rowwise(xs, o, m, P, C, learn_C, learn_R, structure):
@@ -316,10 +337,14 @@ def _emission_rowwise(xs, o, m, P, C, learn_C, learn_R, structure):
     count = o.sum((0, 1))  # (D,) observations of each element
     never = (count == 0).nonzero().flatten().tolist()
     if count.sum() == 0:
-        raise ValueError("no element of x is observed: observation_matrix/observation_cov cannot be learned")
+        raise ValueError(
+            "no element of x is observed: observation_matrix/observation_cov cannot be learned"
+        )
     if never and (learn_C or structure == "diag"):
-        raise ValueError(f"element(s) {never} of x are never observed, so their rows of observation_matrix "
-                         "and their observation_cov entries are not identified; observe them or keep C, R fixed")
+        raise ValueError(
+            f"element(s) {never} of x are never observed, so their rows of observation_matrix "
+            "and their observation_cov entries are not identified; observe them or keep C, R fixed"
+        )
     if learn_C:
         G = torch.einsum("ntd,ntab->dab", o, P + _outer(m, m))  # (D, S, S) sum_t o_ti E[z z^T]
         M = torch.einsum("ntd,nta->da", o * xs, m)  # (D, S) sum_t o_ti x_ti m_t^T
@@ -355,7 +380,9 @@ def _emission_augmented(xs, o, m, P, C_old, R_old, learn_C, learn_R):
     w = ob.any(-1).to(xs.dtype)  # steps with at least one observed element
     n = w.sum()
     if n == 0:
-        raise ValueError("no element of x is observed: observation_matrix/observation_cov cannot be learned")
+        raise ValueError(
+            "no element of x is observed: observation_matrix/observation_cov cannot be learned"
+        )
     wm = w[..., None, None]
     C = C_old
     if learn_C:
@@ -370,8 +397,18 @@ def _emission_augmented(xs, o, m, P, C_old, R_old, learn_C, learn_R):
     return C, _sym((wm * cov).sum((0, 1)) / n)  # (S6)
 
 
-def em_step(x, params, learn="all", mask=None, controls=None, method="auto", observation_cov_structure="full",
-            *, step_mask=None, observation_mask=None):
+def em_step(
+    x,
+    params,
+    learn="all",
+    mask=None,
+    controls=None,
+    method="auto",
+    observation_cov_structure="full",
+    *,
+    step_mask=None,
+    observation_mask=None,
+):
     """One EM iteration: E-step with the RTS smoother, closed-form M-step (module docstring).
 
     :param torch.Tensor x: observations ``(*batch, T, D)``; all leading dims are independent
@@ -404,7 +441,9 @@ def em_step(x, params, learn="all", mask=None, controls=None, method="auto", obs
     if not (finite if observed is None else finite | ~observed).all():
         raise ValueError("observations contain NaN or inf at observed positions (mask them out)")
     with torch.no_grad():
-        sm = kalman_smoother(x, method=method, **_args(params, controls, _ops_mask(mask_kind, mask, x)))
+        sm = kalman_smoother(
+            x, method=method, **_args(params, controls, _ops_mask(mask_kind, mask, x))
+        )
         log_lik = sm.filtered.log_likelihoods.sum()
         batch = sm.means.shape[:-2]
         m = sm.means.reshape(-1, T, S)
@@ -438,7 +477,9 @@ def em_step(x, params, learn="all", mask=None, controls=None, method="auto", obs
                 Ezu_cur = _outer(m_cur, u).sum((0, 1))  # sum m_t u_t^T
                 Ezu_prev = _outer(m_prev, u).sum((0, 1))
                 Euu = _outer(u, u).sum((0, 1))
-                G = torch.cat([torch.cat([Ezz_prev, Ezu_prev], -1), torch.cat([Ezu_prev.mT, Euu], -1)], -2)
+                G = torch.cat(
+                    [torch.cat([Ezz_prev, Ezu_prev], -1), torch.cat([Ezu_prev.mT, Euu], -1)], -2
+                )
                 M = torch.cat([Ezz_cross, Ezu_cur], -1)
                 AB = _solve_right(M, G)
                 A, B = AB[:, :S], AB[:, S:]
@@ -465,11 +506,27 @@ def em_step(x, params, learn="all", mask=None, controls=None, method="auto", obs
                 xs = torch.where(o, xs, torch.zeros((), dtype=x.dtype, device=x.device))
                 o = o.to(x.dtype)
                 if observation_cov_structure == "full":
-                    C, R = _emission_augmented(xs, o, m, P, params.observation_matrix, params.observation_cov,
-                                               learn_C, learn_R)
+                    C, R = _emission_augmented(
+                        xs,
+                        o,
+                        m,
+                        P,
+                        params.observation_matrix,
+                        params.observation_cov,
+                        learn_C,
+                        learn_R,
+                    )
                 else:
-                    C, R = _emission_rowwise(xs, o, m, P, params.observation_matrix, learn_C, learn_R,
-                                             observation_cov_structure)
+                    C, R = _emission_rowwise(
+                        xs,
+                        o,
+                        m,
+                        P,
+                        params.observation_matrix,
+                        learn_C,
+                        learn_R,
+                        observation_cov_structure,
+                    )
                 new["observation_matrix"] = C
                 if learn_R:
                     new["observation_cov"] = R
@@ -479,8 +536,12 @@ def em_step(x, params, learn="all", mask=None, controls=None, method="auto", obs
                 else:
                     w = mask.expand(batch + (T,)).reshape(N, T).to(x.dtype)
                 if w.sum() == 0:
-                    raise ValueError("no step of x is observed: observation_matrix/observation_cov cannot be learned")
-                xs = torch.where(w.unsqueeze(-1) > 0, xs, torch.zeros((), dtype=x.dtype, device=x.device))
+                    raise ValueError(
+                        "no step of x is observed: observation_matrix/observation_cov cannot be learned"
+                    )
+                xs = torch.where(
+                    w.unsqueeze(-1) > 0, xs, torch.zeros((), dtype=x.dtype, device=x.device)
+                )
                 wv, wm = w.unsqueeze(-1), w.unsqueeze(-1).unsqueeze(-1)
                 C = new["observation_matrix"]
                 if learn_C:
@@ -500,8 +561,21 @@ def em_step(x, params, learn="all", mask=None, controls=None, method="auto", obs
     return LGSSMParams(**new), log_lik
 
 
-def lgssm_em(x, params, num_iters=20, learn="all", mask=None, controls=None, tol=None, method="auto", callback=None,
-             observation_cov_structure="full", *, step_mask=None, observation_mask=None):
+def lgssm_em(
+    x,
+    params,
+    num_iters=20,
+    learn="all",
+    mask=None,
+    controls=None,
+    tol=None,
+    method="auto",
+    callback=None,
+    observation_cov_structure="full",
+    *,
+    step_mask=None,
+    observation_mask=None,
+):
     """Run EM (thesis Sec. 3.4.3) for ``num_iters`` iterations or until the log-likelihood
     improves by less than ``tol``.
 
@@ -526,8 +600,15 @@ def lgssm_em(x, params, num_iters=20, learn="all", mask=None, controls=None, tol
     masks = {} if kind is None else {("step_mask" if kind == "step" else "observation_mask"): mask}
     lls = []
     for it in range(num_iters):
-        new_params, ll = em_step(x, params, learn=learn, controls=controls, method=method,
-                                 observation_cov_structure=observation_cov_structure, **masks)
+        new_params, ll = em_step(
+            x,
+            params,
+            learn=learn,
+            controls=controls,
+            method=method,
+            observation_cov_structure=observation_cov_structure,
+            **masks,
+        )
         lls.append(ll)
         if callback is not None:
             callback(it, params, ll)

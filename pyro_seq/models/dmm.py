@@ -43,8 +43,14 @@ import pyro.distributions as dist
 import torch
 import torch.nn as nn
 
-from pyro_seq.models.base import (SequenceModel, cache_guide_prior, masked, normal,
-                                  on_real_steps, prior_from_guide)
+from pyro_seq.models.base import (
+    SequenceModel,
+    cache_guide_prior,
+    masked,
+    normal,
+    on_real_steps,
+    prior_from_guide,
+)
 from pyro_seq.models.contract import example
 from pyro_seq.models.emission import make_emission, stack_params
 from pyro_seq.nn import MLP, BackwardRNN, Combiner, GatedTransition, cat_broadcast, combiner_scan
@@ -100,9 +106,21 @@ class DMM(SequenceModel):
     module_name = "dmm"
     small_example = example(z_dim=2, transition_dim=4, emission_dim=4, rnn_dim=4)
 
-    def __init__(self, obs_dim, z_dim=100, transition_dim=200, emission_dim=100, rnn_dim=600,
-                 inference="smoothing", rnn_cell="rnn", likelihood="bernoulli", min_scale=1e-3,
-                 residual=False, input_dim=0, **emission_kwargs):
+    def __init__(
+        self,
+        obs_dim,
+        z_dim=100,
+        transition_dim=200,
+        emission_dim=100,
+        rnn_dim=600,
+        inference="smoothing",
+        rnn_cell="rnn",
+        likelihood="bernoulli",
+        min_scale=1e-3,
+        residual=False,
+        input_dim=0,
+        **emission_kwargs,
+    ):
         super().__init__(obs_dim)
         self.input_dim = input_dim = validate_input_dim(input_dim)
         self.binary_observations = likelihood == "bernoulli"
@@ -115,13 +133,15 @@ class DMM(SequenceModel):
             self.transition = InputGatedTransition(z_dim, input_dim, transition_dim, min_scale)
         else:
             self.transition = GatedTransition(z_dim, transition_dim, min_scale)
-        self.emitter, self.likelihood = make_emission(likelihood, z_dim, [emission_dim] * 2, obs_dim,
-                                                      **emission_kwargs)
+        self.emitter, self.likelihood = make_emission(
+            likelihood, z_dim, [emission_dim] * 2, obs_dim, **emission_kwargs
+        )
         if inference == "smoothing":
             self.encoder = BackwardRNN(obs_dim + input_dim, rnn_dim, cell=rnn_cell, learn_init=True)
         else:
-            self.encoder = MLP(obs_dim + input_dim, [rnn_dim], rnn_dim, activation="tanh",
-                               activate_output=True)
+            self.encoder = MLP(
+                obs_dim + input_dim, [rnn_dim], rnn_dim, activation="tanh", activate_output=True
+            )
         self.combiner = Combiner(z_dim, rnn_dim, min_scale)
         self.z_0 = nn.Parameter(torch.zeros(z_dim))
         self.z_q_0 = nn.Parameter(torch.zeros(z_dim))
@@ -192,9 +212,16 @@ class DMM(SequenceModel):
         # random stream, hence the same values as the step loop for the same seed
         eps = torch.stack([a.new_empty(z0.shape).normal_() for _ in range(a.shape[-2])], -2)
         c = self.combiner
-        loc, scale, z = combiner_scan(z0, a, eps, c.z_to_hidden.weight, c.z_to_hidden.bias,
-                                      state.shared["combiner_w"], state.shared["combiner_b"],
-                                      c.min_scale)
+        loc, scale, z = combiner_scan(
+            z0,
+            a,
+            eps,
+            c.z_to_hidden.weight,
+            c.z_to_hidden.bias,
+            state.shared["combiner_w"],
+            state.shared["combiner_b"],
+            c.min_scale,
+        )
         self.sample_presampled("z", normal, (loc, scale), z, mask)
         state["guide_z"] = z[:, -1]
         return True

@@ -53,8 +53,10 @@ def gmm_likelihood(params):
     logits, loc, scale = params
     K = logits.shape[-1]
     if loc.shape[-1] % K or scale.shape[-1] != loc.shape[-1]:
-        raise ValueError(f"gmm params: loc {tuple(loc.shape)} and scale {tuple(scale.shape)} must "
-                         f"both end in K*D with K = {K} (the size of logits)")
+        raise ValueError(
+            f"gmm params: loc {tuple(loc.shape)} and scale {tuple(scale.shape)} must "
+            f"both end in K*D with K = {K} (the size of logits)"
+        )
     D = loc.shape[-1] // K
     return DiagonalNormalMixture(logits, loc.unflatten(-1, (K, D)), scale.unflatten(-1, (K, D)))
 
@@ -77,8 +79,9 @@ class GMMHead(nn.Module):
         return self.logits(h), loc, scale
 
 
-def make_emission(likelihood, in_dim, hidden_dims, obs_dim, activation="relu",
-                  num_components=None, min_scale=1e-3):
+def make_emission(
+    likelihood, in_dim, hidden_dims, obs_dim, activation="relu", num_components=None, min_scale=1e-3
+):
     """Return ``(network, likelihood_fn)`` for ``"bernoulli"``, ``"gaussian"`` or ``"gmm"``.
 
     The network maps features ``(..., in_dim)`` to the likelihood's parameters (see the module
@@ -91,14 +94,24 @@ def make_emission(likelihood, in_dim, hidden_dims, obs_dim, activation="relu",
     if likelihood not in LIKELIHOODS:
         raise ValueError(f"likelihood must be one of {LIKELIHOODS}, got {likelihood!r}")
     if likelihood != "gmm" and num_components is not None:
-        raise ValueError(f"num_components applies to likelihood 'gmm' only, got it with {likelihood!r}")
+        raise ValueError(
+            f"num_components applies to likelihood 'gmm' only, got it with {likelihood!r}"
+        )
     if likelihood == "bernoulli":
         return MLP(in_dim, hidden_dims, obs_dim, activation), bernoulli_likelihood
     body = MLP(in_dim, hidden_dims[:-1], hidden_dims[-1], activation, activate_output=True)
     if likelihood == "gaussian":
-        return nn.Sequential(body, GaussianHead(hidden_dims[-1], obs_dim, min_scale)), gaussian_likelihood
-    if isinstance(num_components, bool) or not isinstance(num_components, int) or num_components < 1:
-        raise ValueError(f"likelihood 'gmm' needs num_components, a positive int; got {num_components!r}")
+        return nn.Sequential(
+            body, GaussianHead(hidden_dims[-1], obs_dim, min_scale)
+        ), gaussian_likelihood
+    if (
+        isinstance(num_components, bool)
+        or not isinstance(num_components, int)
+        or num_components < 1
+    ):
+        raise ValueError(
+            f"likelihood 'gmm' needs num_components, a positive int; got {num_components!r}"
+        )
     head = GMMHead(hidden_dims[-1], obs_dim, num_components, min_scale)
     return nn.Sequential(body, head), gmm_likelihood
 
@@ -145,8 +158,10 @@ def masked_log_prob(fn, value, element_mask=None):
         safe = torch.where(element_mask, value, _fill_value(base, value))
         terms = base.log_prob(safe)
         return torch.where(element_mask, terms, torch.zeros_like(terms)).sum(-1)
-    raise ValueError(f"masked_log_prob supports Independent(base, 1) and DiagonalNormalMixture "
-                     f"(or a masked_log_prob method), got {type(fn).__name__}")
+    raise ValueError(
+        f"masked_log_prob supports Independent(base, 1) and DiagonalNormalMixture "
+        f"(or a masked_log_prob method), got {type(fn).__name__}"
+    )
 
 
 class ObservedElements(TorchDistribution):
@@ -164,7 +179,9 @@ class ObservedElements(TorchDistribution):
 
     def __init__(self, fn, element_mask):
         if len(fn.event_shape) != 1:
-            raise ValueError(f"ObservedElements needs event shape (D,), got {tuple(fn.event_shape)}")
+            raise ValueError(
+                f"ObservedElements needs event shape (D,), got {tuple(fn.event_shape)}"
+            )
         self.fn = fn
         self.element_mask = broadcast_element_mask(element_mask, fn.event_shape[0])
         super().__init__(fn.batch_shape, fn.event_shape, validate_args=False)

@@ -236,8 +236,10 @@ class _ActionProgram(StepProgram):
     def _validate(self, state, x, mask, observed, inputs=None):
         owner = self._owner
         if observed is not None:
-            raise ValueError("GTMSM does not take observed= (missing frames are not modelled: "
-                             "every memorisation step writes its frame into the memory)")
+            raise ValueError(
+                "GTMSM does not take observed= (missing frames are not modelled: "
+                "every memorisation step writes its frame into the memory)"
+            )
         if torch.is_tensor(inputs) and not inputs.is_floating_point() and owner.input_dim:
             inputs = owner.one_hot(inputs)
         x, mask = super()._validate(state, x, mask, observed, inputs)
@@ -322,24 +324,59 @@ class GTMSM(SequenceModel):
     latent_names = ("s", "z")
     tasks = frozenset()
     impute_methods = ()
-    small_example = example(obs_dim=4, input_dim=5, length=6, tau=3, num_neighbours=3, z_dim=2,
-                            hidden_dims=[5], wall_hidden=4)
-    unsupported = MappingProxyType(dict(
-        SequenceModel.unsupported,
-        generate="a GTM-SM predicts frames from a memory of observed frames and actions; use "
-                 "GTMSM.predict(frames, actions) (tutorials/spatial_memory.py)",
-        impute="a GTM-SM predicts the frames after its memorisation phase; use "
-               "GTMSM.predict(frames, actions)",
-        denoise="a GTM-SM has no per-frame denoising path; use GTMSM.predict(frames, actions)",
-        forecast="a GTM-SM forecasts from its memory with GTMSM.predict(frames, actions)"))
+    small_example = example(
+        obs_dim=4,
+        input_dim=5,
+        length=6,
+        tau=3,
+        num_neighbours=3,
+        z_dim=2,
+        hidden_dims=[5],
+        wall_hidden=4,
+    )
+    unsupported = MappingProxyType(
+        dict(
+            SequenceModel.unsupported,
+            generate="a GTM-SM predicts frames from a memory of observed frames and actions; use "
+            "GTMSM.predict(frames, actions) (tutorials/spatial_memory.py)",
+            impute="a GTM-SM predicts the frames after its memorisation phase; use "
+            "GTMSM.predict(frames, actions)",
+            denoise="a GTM-SM has no per-frame denoising path; use GTMSM.predict(frames, actions)",
+            forecast="a GTM-SM forecasts from its memory with GTMSM.predict(frames, actions)",
+        )
+    )
 
-    def __init__(self, frame_shape=(8, 8), num_actions=5, tau=256, state_dim=2, z_dim=16,
-                 num_neighbours=5, delta=1e-4, transition_noise=1e-3, walls=True, rotation=False,
-                 wall_hidden=32, init_displacement_std=0.5, encoder="mlp", hidden_dims=(256, 256),
-                 channels=32, conv_layers=2, likelihood="gaussian", pixel_var=0.01,
-                 min_scale=1e-3, pack_actions=False, inference="prior", landmark_neighbours=5,
-                 landmark_hidden=32, displacements="free", inverse_actions=((0, 1), (2, 3)),
-                 neighbour_warmup=None, displacement_lr_multiplier=1.0, wall_lr_multiplier=1.0):
+    def __init__(
+        self,
+        frame_shape=(8, 8),
+        num_actions=5,
+        tau=256,
+        state_dim=2,
+        z_dim=16,
+        num_neighbours=5,
+        delta=1e-4,
+        transition_noise=1e-3,
+        walls=True,
+        rotation=False,
+        wall_hidden=32,
+        init_displacement_std=0.5,
+        encoder="mlp",
+        hidden_dims=(256, 256),
+        channels=32,
+        conv_layers=2,
+        likelihood="gaussian",
+        pixel_var=0.01,
+        min_scale=1e-3,
+        pack_actions=False,
+        inference="prior",
+        landmark_neighbours=5,
+        landmark_hidden=32,
+        displacements="free",
+        inverse_actions=((0, 1), (2, 3)),
+        neighbour_warmup=None,
+        displacement_lr_multiplier=1.0,
+        wall_lr_multiplier=1.0,
+    ):
         frame_shape = tuple(frame_shape)
         if len(frame_shape) not in (2, 3):
             raise ValueError(f"frame_shape must be (H, W) or (C, H, W), got {frame_shape!r}")
@@ -356,32 +393,46 @@ class GTMSM(SequenceModel):
         self.num_neighbours = positive_int("num_neighbours", num_neighbours)
         if neighbour_warmup is not None:
             if not (isinstance(neighbour_warmup, (tuple, list)) and len(neighbour_warmup) == 2):
-                raise ValueError(f"neighbour_warmup must be (K_0, epochs) or None, got "
-                                 f"{neighbour_warmup!r}")
-            neighbour_warmup = (positive_int("neighbour_warmup K_0", neighbour_warmup[0]),
-                                positive_int("neighbour_warmup epochs", neighbour_warmup[1]))
+                raise ValueError(
+                    f"neighbour_warmup must be (K_0, epochs) or None, got {neighbour_warmup!r}"
+                )
+            neighbour_warmup = (
+                positive_int("neighbour_warmup K_0", neighbour_warmup[0]),
+                positive_int("neighbour_warmup epochs", neighbour_warmup[1]),
+            )
         self.neighbour_warmup = neighbour_warmup
         self.training_neighbours = None if neighbour_warmup is None else neighbour_warmup[0]
         self.tau = tau  # validated by the property's setter
         self.check_tau()  # K <= tau: the memory holds tau entries
         #: names of the parameters that make up ``M`` (:meth:`displacement_matrix`)
-        self.displacement_params = {"free": ("M",), "conformal": ("M_direction", "M_log_scale"),
-                                    "inverse_pairs": ("M_pairs", "M_other")}.get(displacements,
-                                                                                  ())
+        self.displacement_params = {
+            "free": ("M",),
+            "conformal": ("M_direction", "M_log_scale"),
+            "inverse_pairs": ("M_pairs", "M_other"),
+        }.get(displacements, ())
         self.lr_multipliers = {}
         for option, factor, names in (
-                ("displacement_lr_multiplier", displacement_lr_multiplier,
-                 self.displacement_params),
-                ("wall_lr_multiplier", wall_lr_multiplier, ("wall_net",))):
-            if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not (
-                    factor >= 0 and math.isfinite(factor)):
+            ("displacement_lr_multiplier", displacement_lr_multiplier, self.displacement_params),
+            ("wall_lr_multiplier", wall_lr_multiplier, ("wall_net",)),
+        ):
+            if (
+                isinstance(factor, bool)
+                or not isinstance(factor, (int, float))
+                or not (factor >= 0 and math.isfinite(factor))
+            ):
                 raise ValueError(f"{option} must be a finite number >= 0, got {factor!r}")
             if factor != 1:
                 self.lr_multipliers.update({name: float(factor) for name in names})
-        for name, value in (("delta", delta), ("transition_noise", transition_noise),
-                            ("pixel_var", pixel_var)):
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
-                    value > 0 and math.isfinite(value)):
+        for name, value in (
+            ("delta", delta),
+            ("transition_noise", transition_noise),
+            ("pixel_var", pixel_var),
+        ):
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, (int, float))
+                or not (value > 0 and math.isfinite(value))
+            ):
                 raise ValueError(f"{name} must be a positive finite number, got {value!r}")
         for name, flag in (("walls", walls), ("rotation", rotation)):
             if not isinstance(flag, bool):
@@ -389,24 +440,33 @@ class GTMSM(SequenceModel):
         if rotation and self.state_dim != 3:
             raise ValueError(f"rotation=True (eq. 7.4) needs state_dim=3, got {state_dim}")
         if not isinstance(displacements, str) or displacements not in DISPLACEMENTS:
-            raise ValueError(f"displacements must be one of {DISPLACEMENTS}, got "
-                             f"{displacements!r}")
+            raise ValueError(f"displacements must be one of {DISPLACEMENTS}, got {displacements!r}")
         if displacements == "conformal" and (rotation or self.state_dim > num_actions):
-            raise ValueError("displacements='conformal' needs rotation=False and state_dim <= "
-                             f"num_actions, got rotation={rotation}, state_dim={self.state_dim}, "
-                             f"num_actions={num_actions}")
+            raise ValueError(
+                "displacements='conformal' needs rotation=False and state_dim <= "
+                f"num_actions, got rotation={rotation}, state_dim={self.state_dim}, "
+                f"num_actions={num_actions}"
+            )
         std = init_displacement_std
-        if isinstance(std, bool) or not isinstance(std, (int, float)) or not (
-                std > 0 and math.isfinite(std)):
+        if (
+            isinstance(std, bool)
+            or not isinstance(std, (int, float))
+            or not (std > 0 and math.isfinite(std))
+        ):
             raise ValueError(f"init_displacement_std must be a positive finite number, got {std!r}")
         self.displacements = displacements
         pairs = tuple(tuple(pair) for pair in inverse_actions)
         flat = [i for pair in pairs for i in pair]
         if displacements == "inverse_pairs" and (
-                not pairs or any(len(pair) != 2 for pair in pairs) or len(set(flat)) != len(flat)
-                or not all(isinstance(i, int) and 0 <= i < num_actions for i in flat)):
-            raise ValueError("inverse_actions must be disjoint pairs (i, j) of action indices in "
-                             f"0..{num_actions - 1}, got {inverse_actions!r}")
+            not pairs
+            or any(len(pair) != 2 for pair in pairs)
+            or len(set(flat)) != len(flat)
+            or not all(isinstance(i, int) and 0 <= i < num_actions for i in flat)
+        ):
+            raise ValueError(
+                "inverse_actions must be disjoint pairs (i, j) of action indices in "
+                f"0..{num_actions - 1}, got {inverse_actions!r}"
+            )
         self.inverse_actions = pairs
         if encoder not in ENCODERS:
             raise ValueError(f"encoder must be one of {ENCODERS}, got {encoder!r}")
@@ -426,7 +486,8 @@ class GTMSM(SequenceModel):
 
         Z = self.z_dim
         self.encoder_body, enc_out, self.decoder = frame_networks(
-            encoder, frame_shape, Z, channels, conv_layers, hidden_dims)
+            encoder, frame_shape, Z, channels, conv_layers, hidden_dims
+        )
         self.encoder_head = GaussianHead(enc_out, Z, min_scale)
         start = init_displacement_std * torch.randn(self.state_dim, num_actions)
         if displacements == "free":
@@ -441,7 +502,8 @@ class GTMSM(SequenceModel):
         else:
             self.M_direction = nn.Parameter(start)
             self.M_log_scale = nn.Parameter(
-                torch.tensor(math.log(init_displacement_std * math.sqrt(num_actions))))
+                torch.tensor(math.log(init_displacement_std * math.sqrt(num_actions)))
+            )
         if walls:
             self.wall_net = MLP(self.state_dim, (wall_hidden,), 1, "relu")
             # sigma_d starts as the constant sigmoid(3) ~= 0.95: every move is scaled alike, so
@@ -479,20 +541,28 @@ class GTMSM(SequenceModel):
         options = dict(options)
         packed = not input_dim
         if options.pop("pack_actions", packed) is not packed:
-            raise ValueError("pack_actions must be false when the data carry the actions as "
-                             "inputs, true when the actions are packed into x")
+            raise ValueError(
+                "pack_actions must be false when the data carry the actions as "
+                "inputs, true when the actions are packed into x"
+            )
         num_actions = options.pop("num_actions", input_dim or 5)
         if input_dim and num_actions != input_dim:
-            raise ValueError(f"num_actions={num_actions!r} but the data have {input_dim} action "
-                             "features per step")
-        if isinstance(num_actions, bool) or not isinstance(num_actions, int) or not (
-                0 < num_actions < obs_dim or not packed and num_actions > 0):
+            raise ValueError(
+                f"num_actions={num_actions!r} but the data have {input_dim} action "
+                "features per step"
+            )
+        if (
+            isinstance(num_actions, bool)
+            or not isinstance(num_actions, int)
+            or not (0 < num_actions < obs_dim or not packed and num_actions > 0)
+        ):
             raise ValueError(f"num_actions={num_actions!r} does not fit {obs_dim} values per step")
         frames = obs_dim - num_actions if packed else obs_dim
         shape = tuple(options.pop("frame_shape", None) or square_frame_shape(frames))
         if math.prod(shape) != frames:
-            raise ValueError(f"frame_shape {list(shape)} does not hold the {frames} frame values "
-                             "per step")
+            raise ValueError(
+                f"frame_shape {list(shape)} does not hold the {frames} frame values per step"
+            )
         return cls(shape, num_actions=num_actions, pack_actions=packed, **options)
 
     def one_hot(self, actions):
@@ -501,13 +571,17 @@ class GTMSM(SequenceModel):
         :raises ValueError: not 2-D, or an index outside ``0..num_actions-1``.
         """
         if actions.dtype == torch.bool or actions.dim() != 2:
-            raise ValueError(f"integer actions must be indices of shape (batch, T), got "
-                             f"{actions.dtype} {tuple(actions.shape)}")
+            raise ValueError(
+                f"integer actions must be indices of shape (batch, T), got "
+                f"{actions.dtype} {tuple(actions.shape)}"
+            )
         bad = (actions < 0) | (actions >= self.num_actions)
         if bool(bad.any()):
             b, t = (int(i) for i in bad.nonzero()[0])
-            raise ValueError(f"action index {int(actions[b, t])} at sequence {b}, step {t} is "
-                             f"outside 0..{self.num_actions - 1}")
+            raise ValueError(
+                f"action index {int(actions[b, t])} at sequence {b}, step {t} is "
+                f"outside 0..{self.num_actions - 1}"
+            )
         dtype = self.s0.dtype
         return nn.functional.one_hot(actions.long(), self.num_actions).to(dtype)
 
@@ -540,16 +614,22 @@ class GTMSM(SequenceModel):
         tau = self.tau if tau is None else tau
         if isinstance(tau, bool) or not isinstance(tau, int) or tau < 1:
             raise ValueError(f"tau must be a positive int (memorisation steps), got {tau!r}")
-        for name, k in (("num_neighbours", self.num_neighbours),
-                        ("neighbour_warmup K_0", (self.neighbour_warmup or (0,))[0])):
+        for name, k in (
+            ("num_neighbours", self.num_neighbours),
+            ("neighbour_warmup K_0", (self.neighbour_warmup or (0,))[0]),
+        ):
             if k > tau:
-                raise ValueError(f"{name}={k} exceeds the memory: it holds tau={tau} entries "
-                                 f"(one per memorised step); use {name} <= tau")
+                raise ValueError(
+                    f"{name}={k} exceeds the memory: it holds tau={tau} entries "
+                    f"(one per memorised step); use {name} <= tau"
+                )
         if num_steps is None:
             return tau
         if tau >= num_steps:
-            raise ValueError(f"tau={tau} memorisation steps leave no prediction step in "
-                             f"sequences of T={num_steps} steps; use T > tau")
+            raise ValueError(
+                f"tau={tau} memorisation steps leave no prediction step in "
+                f"sequences of T={num_steps} steps; use T > tau"
+            )
         return tau
 
     def pad_short_batch(self, state, x, mask):
@@ -576,9 +656,9 @@ class GTMSM(SequenceModel):
 
     def _split(self, state, x):
         """``(frames (batch, T, F), actions (batch, T, num_actions))`` of a program's input."""
-        frames = x[..., :self.frame_dim]
+        frames = x[..., : self.frame_dim]
         if self.pack_actions:
-            return frames, x[..., self.frame_dim:]
+            return frames, x[..., self.frame_dim :]
         return frames, state.shared["inputs"]
 
     # ------------------------------------------------------------------ building blocks
@@ -631,27 +711,37 @@ class GTMSM(SequenceModel):
         """
         M = torch.as_tensor(M, dtype=self.s0.dtype, device=self.s0.device)
         if M.shape != (self.state_dim, self.num_actions):
-            raise ValueError(f"M must be ({self.state_dim}, {self.num_actions}), got "
-                             f"{tuple(M.shape)}")
+            raise ValueError(
+                f"M must be ({self.state_dim}, {self.num_actions}), got {tuple(M.shape)}"
+            )
         if self.displacements == "free":
             self.M.copy_(M)
             return
         if self.displacements == "inverse_pairs":
             for i, j in self.inverse_actions:
                 if not torch.allclose(M[:, j], -M[:, i], rtol=0, atol=1e-6):
-                    raise ValueError(f"inverse_pairs: column {j} of M must be minus column {i}, "
-                                     f"got {M[:, i].tolist()} and {M[:, j].tolist()}")
+                    raise ValueError(
+                        f"inverse_pairs: column {j} of M must be minus column {i}, "
+                        f"got {M[:, i].tolist()} and {M[:, j].tolist()}"
+                    )
             self.M_pairs.copy_(M[:, [i for i, _ in self.inverse_actions]])
             self.M_other.copy_(M[:, self.other_actions])
             return
         gram = M @ M.T
         scale2 = torch.diagonal(gram).mean()
-        if not (scale2 > 0 and torch.allclose(gram, scale2 * torch.eye(self.state_dim,
-                                                                       dtype=M.dtype,
-                                                                       device=M.device),
-                                              rtol=0, atol=1e-5 * float(scale2))):
-            raise ValueError("a conformal M needs orthogonal rows of equal norm (M M^T = "
-                             f"alpha^2 I), got M M^T = {gram.tolist()}")
+        if not (
+            scale2 > 0
+            and torch.allclose(
+                gram,
+                scale2 * torch.eye(self.state_dim, dtype=M.dtype, device=M.device),
+                rtol=0,
+                atol=1e-5 * float(scale2),
+            )
+        ):
+            raise ValueError(
+                "a conformal M needs orthogonal rows of equal norm (M M^T = "
+                f"alpha^2 I), got M M^T = {gram.tolist()}"
+            )
         self.M_direction.copy_(M)
         self.M_log_scale.copy_(0.5 * scale2.log())
 
@@ -663,8 +753,9 @@ class GTMSM(SequenceModel):
         if self.rotation:
             d = d.expand(torch.broadcast_shapes(d.shape, s_prev.shape))
             c, s = torch.cos(s_prev[..., 2]), torch.sin(s_prev[..., 2])
-            d = torch.stack([c * d[..., 0] - s * d[..., 1], s * d[..., 0] + c * d[..., 1],
-                             d[..., 2]], -1)
+            d = torch.stack(
+                [c * d[..., 0] - s * d[..., 1], s * d[..., 0] + c * d[..., 1], d[..., 2]], -1
+            )
         return d
 
     def transition_mean(self, s_prev, a, M=None):
@@ -740,8 +831,9 @@ class GTMSM(SequenceModel):
         mu_q = mu_p + (beta.unsqueeze(-1) * (mu_k - mu_p.unsqueeze(-2))).sum(-2)
         log_var_p = var_p.log()
         ratio = (var_k.log() - log_var_p.unsqueeze(-2)) * w.unsqueeze(-1)
-        features = cat_broadcast([distances, ratio.flatten(-2),
-                                  log_var_p - 2 * math.log(self.r), w])
+        features = cat_broadcast(
+            [distances, ratio.flatten(-2), log_var_p - 2 * math.log(self.r), w]
+        )
         correction = self.landmark_var(features) * valid.any(-1, keepdim=True).to(mu_p.dtype)
         var_q = var_p * torch.exp(correction)
         return mu_q, var_q.expand(torch.broadcast_shapes(mu_q.shape, var_q.shape))
@@ -775,7 +867,7 @@ class GTMSM(SequenceModel):
         means, variances, M = [], [], self.displacement_matrix()
         for t in range(n):
             mu_p = self.transition_mean(mean, actions[:, t], M)
-            var_p = var + self.r ** 2
+            var_p = var + self.r**2
             if t == 0:  # empty memory: placeholders that no valid slot reads
                 mu_k = mu_p.new_zeros(batch, K, S)
                 var_k = mu_p.new_ones(batch, K, S)
@@ -783,8 +875,9 @@ class GTMSM(SequenceModel):
                 idx = near.indices[:, t].unsqueeze(-1).expand(batch, K, S)
                 mu_k = torch.gather(torch.stack(means, 1), 1, idx)
                 var_k = torch.gather(torch.stack(variances, 1), 1, idx)
-            mean, var = self.landmark_merge(mu_p, var_p, near.distances[:, t], mu_k, var_k,
-                                            near.valid[:, t], beta[:, t])
+            mean, var = self.landmark_merge(
+                mu_p, var_p, near.distances[:, t], mu_k, var_k, near.valid[:, t], beta[:, t]
+            )
             means.append(mean)
             variances.append(var)
         return torch.stack(means, 1), torch.stack(variances, 1)
@@ -805,7 +898,7 @@ class GTMSM(SequenceModel):
         else:
             means, rev = self.mean_path(actions), None
             steps = torch.arange(1, means.shape[1] + 1, dtype=means.dtype, device=means.device)
-            variances = (steps * self.r ** 2).unsqueeze(-1).expand(means.shape)
+            variances = (steps * self.r**2).unsqueeze(-1).expand(means.shape)
         dnd = DND(self.key_dim).write(self.key(means), torch.stack([loc, scale], -2))
         return GTMSMMemory(dnd, rev, means, variances)
 
@@ -847,8 +940,9 @@ class GTMSM(SequenceModel):
         ``neighbour_warmup`` for this epoch's updates."""
         if self.neighbour_warmup is not None:
             start, epochs = self.neighbour_warmup
-            self.training_neighbours = int(round(warmup_value(epoch, start, epochs,
-                                                              self.num_neighbours)))
+            self.training_neighbours = int(
+                round(warmup_value(epoch, start, epochs, self.num_neighbours))
+            )
 
     def neighbours_now(self):
         """``K`` read by :meth:`memory_prior`: the warm-up's in training mode, else
@@ -895,15 +989,16 @@ class GTMSM(SequenceModel):
         if t != tau:
             scale = s_prev.new_tensor(self.r)
         elif "s_tau_var" in state.shared:
-            scale = (state.shared["s_tau_var"] + self.r ** 2).sqrt()
+            scale = (state.shared["s_tau_var"] + self.r**2).sqrt()
         else:
             scale = self._first_scale(tau, s_prev)
         return loc, scale
 
     def _sample_position(self, state, key, t, mask, loc, scale):
         """``s_t ~ N(loc, diag scale^2)`` at site ``s_{t+1}``, stored in ``state[key]``."""
-        s = pyro.sample(f"s_{t + 1}", masked(dist.Normal(loc, scale.expand(loc.shape)).to_event(1),
-                                             mask[:, t]))
+        s = pyro.sample(
+            f"s_{t + 1}", masked(dist.Normal(loc, scale.expand(loc.shape)).to_event(1), mask[:, t])
+        )
         state[key] = s
         return s
 
@@ -912,10 +1007,13 @@ class GTMSM(SequenceModel):
         if t < tau:  # memorisation: written by init
             return
         s = self._sample_position(state, "s", t, mask, *self._position_prior(state, "s", t))
-        z = pyro.sample(f"z_{t + 1}", masked(self.memory_prior(s, state.shared["memory"]), mask[:, t]))
-        frames = x[..., :self.frame_dim]
-        pyro.sample(f"x_{t + 1}", masked(self.likelihood(self.decode(z)), mask[:, t]),
-                    obs=frames[:, t])
+        z = pyro.sample(
+            f"z_{t + 1}", masked(self.memory_prior(s, state.shared["memory"]), mask[:, t])
+        )
+        frames = x[..., : self.frame_dim]
+        pyro.sample(
+            f"x_{t + 1}", masked(self.likelihood(self.decode(z)), mask[:, t]), obs=frames[:, t]
+        )
 
     def guide_init(self, state, x, mask):
         frames, actions = self._split(state, x)
@@ -924,8 +1022,9 @@ class GTMSM(SequenceModel):
         state.shared["M"] = self.displacement_matrix()
         if self.inference == "landmark":
             loc, scale = self.encode(frames)
-            memory = self.memorise(frames[:, :tau], actions[:, :tau],
-                                   codes=(loc[:, :tau], scale[:, :tau]))
+            memory = self.memorise(
+                frames[:, :tau], actions[:, :tau], codes=(loc[:, :tau], scale[:, :tau])
+            )
             loc, scale = loc[:, tau:], scale[:, tau:]
             # the reversed DND read with every prediction-phase code at once: (T - tau, batch, .)
             reads = self.read_landmarks(memory.reversed, loc.transpose(0, 1))
@@ -976,16 +1075,19 @@ class GTMSM(SequenceModel):
             actions = self.one_hot(actions)
         frames = frames.to(self.s0.dtype)
         if frames.dim() != 3 or frames.shape[-1] != self.frame_dim:
-            raise ValueError(f"frames must be (batch, T, {self.frame_dim}), got {tuple(frames.shape)}")
+            raise ValueError(
+                f"frames must be (batch, T, {self.frame_dim}), got {tuple(frames.shape)}"
+            )
         if actions.shape != frames.shape[:2] + (self.num_actions,):
-            raise ValueError(f"actions of shape {tuple(actions.shape)} do not match frames "
-                             f"{tuple(frames.shape)}")
+            raise ValueError(
+                f"actions of shape {tuple(actions.shape)} do not match frames {tuple(frames.shape)}"
+            )
         tau = self.check_tau(frames.shape[1], tau)
         memory = self.memorise(frames[:, :tau], actions[:, :tau])
         dnd, means = memory.memory, memory.means
         s = means[:, -1]
         if self.inference == "landmark":
-            first_scale = (memory.variances[:, -1] + self.r ** 2).sqrt()
+            first_scale = (memory.variances[:, -1] + self.r**2).sqrt()
         else:
             first_scale = self.r * math.sqrt(tau + 1)
         states, zs, M = [], [], self.displacement_matrix()

@@ -80,12 +80,23 @@ from pyro_seq.models.contract import example
 from pyro_seq.models.emission import bernoulli_likelihood
 from pyro_seq.nn import GaussianHead
 from pyro_seq.nn.conv import FRAME_NETWORKS, frame_networks
-from pyro_seq.ops.kalman import (kalman_filter, kalman_predict, kalman_smoother, kalman_update,
-                                 psd_sqrt)
+from pyro_seq.ops.kalman import (
+    kalman_filter,
+    kalman_predict,
+    kalman_smoother,
+    kalman_update,
+    psd_sqrt,
+)
 from pyro_seq.ops.linalg import mv as _mv
-from pyro_seq.validation import (module_device, positive_int, square_frame_shape,
-                                  validate_generate_args, validate_inputs, validate_mask,
-                                  validate_sequences)
+from pyro_seq.validation import (
+    module_device,
+    positive_int,
+    square_frame_shape,
+    validate_generate_args,
+    validate_inputs,
+    validate_mask,
+    validate_sequences,
+)
 
 __all__ = ["KVAE", "KVAEFilterResult"]
 
@@ -178,14 +189,41 @@ class KVAE(SequenceModel):
     latent_names = ("a",)
     time_parallel = True  #: when :meth:`scores_all_steps` allows it (no missing frame)
     impute_methods = ("smoothing", "filtering", "generation", "iterative", "importance")
-    small_example = example(obs_dim=16, input_dim=1, length=6, encoder="mlp", hidden_dims=[4],
-                            lstm_dim=4, z_dim=2, num_modes=2, dynamics_warmup_epochs=1)
+    small_example = example(
+        obs_dim=16,
+        input_dim=1,
+        length=6,
+        encoder="mlp",
+        hidden_dims=[4],
+        lstm_dim=4,
+        z_dim=2,
+        num_modes=2,
+        dynamics_warmup_epochs=1,
+    )
 
-    def __init__(self, image_shape=(32, 32), a_dim=2, z_dim=4, num_modes=3, control_dim=0,
-                 lstm_dim=50, encoder="conv", channels=32, conv_layers=3, hidden_dims=(128, 128),
-                 transition_noise=0.08, emission_noise=0.03, init_cov=20.0, init_matrix_std=0.05,
-                 likelihood="bernoulli", pixel_var=0.1, min_scale=1e-3,
-                 reconstruction_weight=0.3, dynamics_warmup_epochs=5, prior_score="exact"):
+    def __init__(
+        self,
+        image_shape=(32, 32),
+        a_dim=2,
+        z_dim=4,
+        num_modes=3,
+        control_dim=0,
+        lstm_dim=50,
+        encoder="conv",
+        channels=32,
+        conv_layers=3,
+        hidden_dims=(128, 128),
+        transition_noise=0.08,
+        emission_noise=0.03,
+        init_cov=20.0,
+        init_matrix_std=0.05,
+        likelihood="bernoulli",
+        pixel_var=0.1,
+        min_scale=1e-3,
+        reconstruction_weight=0.3,
+        dynamics_warmup_epochs=5,
+        prior_score="exact",
+    ):
         image_shape = tuple(image_shape)
         super().__init__(math.prod(image_shape))
         self.image_shape = self.frame_shape = image_shape
@@ -195,14 +233,22 @@ class KVAE(SequenceModel):
         if isinstance(control_dim, bool) or not isinstance(control_dim, int) or control_dim < 0:
             raise ValueError(f"control_dim must be a non-negative int, got {control_dim!r}")
         self.input_dim = self.control_dim = control_dim
-        for name, value in (("transition_noise", transition_noise), ("emission_noise", emission_noise),
-                            ("init_cov", init_cov)):
+        for name, value in (
+            ("transition_noise", transition_noise),
+            ("emission_noise", emission_noise),
+            ("init_cov", init_cov),
+        ):
             if not (isinstance(value, (int, float)) and value > 0 and math.isfinite(value)):
                 raise ValueError(f"{name} must be a positive finite number, got {value!r}")
-        if not (isinstance(reconstruction_weight, (int, float)) and reconstruction_weight > 0
-                and math.isfinite(reconstruction_weight)):
-            raise ValueError(f"reconstruction_weight must be a positive finite number, got "
-                             f"{reconstruction_weight!r}")
+        if not (
+            isinstance(reconstruction_weight, (int, float))
+            and reconstruction_weight > 0
+            and math.isfinite(reconstruction_weight)
+        ):
+            raise ValueError(
+                f"reconstruction_weight must be a positive finite number, got "
+                f"{reconstruction_weight!r}"
+            )
         if encoder not in ENCODERS:
             raise ValueError(f"encoder must be one of {ENCODERS}, got {encoder!r}")
         if likelihood not in LIKELIHOODS:
@@ -218,7 +264,8 @@ class KVAE(SequenceModel):
 
         A, S, K = self.a_dim, self.z_dim, self.num_modes
         self.encoder_body, enc_out, self.emitter = frame_networks(
-            encoder, image_shape, A, channels, conv_layers, hidden_dims)
+            encoder, image_shape, A, channels, conv_layers, hidden_dims
+        )
         self.encoder_head = GaussianHead(enc_out, A, min_scale)
         self.likelihood_name = likelihood
         self.binary_observations = likelihood == "bernoulli"
@@ -228,8 +275,9 @@ class KVAE(SequenceModel):
         self.a0 = nn.Parameter(torch.zeros(A))
         self.A_modes = nn.Parameter(torch.eye(S).expand(K, S, S).clone())
         self.C_modes = nn.Parameter(init_matrix_std * torch.randn(K, A, S))
-        self.B_modes = (nn.Parameter(init_matrix_std * torch.randn(K, S, control_dim))
-                        if control_dim else None)
+        self.B_modes = (
+            nn.Parameter(init_matrix_std * torch.randn(K, S, control_dim)) if control_dim else None
+        )
         self.register_buffer("Q", transition_noise * torch.eye(S))
         self.register_buffer("R", emission_noise * torch.eye(A))
         self.register_buffer("init_loc", torch.zeros(S))
@@ -274,8 +322,9 @@ class KVAE(SequenceModel):
     def _dynamics_step(self, a_prev, hidden):
         if self.dynamics_frozen:
             with torch.no_grad():
-                alpha, hidden = self.dynamics.step(a_prev.detach(),
-                                                   tuple(h.detach() for h in hidden))
+                alpha, hidden = self.dynamics.step(
+                    a_prev.detach(), tuple(h.detach() for h in hidden)
+                )
             return alpha, hidden
         return self.dynamics.step(a_prev, hidden)
 
@@ -304,8 +353,11 @@ class KVAE(SequenceModel):
         mu_{t|t-1}`` where missing). Returns ``(m, P, a_used)``."""
         keep = ok.reshape(ok.shape + (1,))
         a_used = torch.where(keep, a, step.loc)
-        return (torch.where(keep, step.mean(a), m_pred),
-                torch.where(keep.unsqueeze(-1), step.cov, P_pred), a_used)
+        return (
+            torch.where(keep, step.mean(a), m_pred),
+            torch.where(keep.unsqueeze(-1), step.cov, P_pred),
+            a_used,
+        )
 
     @staticmethod
     def _step_observed(state, t, mask):
@@ -331,13 +383,16 @@ class KVAE(SequenceModel):
         """A KVAE for frames of ``obs_dim`` pixels (square unless ``image_shape`` is given) with
         ``input_dim`` controls per step (``control_dim``)."""
         options = dict(options)
-        shape = tuple(options.pop("image_shape", None)
-                      or square_frame_shape(obs_dim, "image_shape"))
+        shape = tuple(
+            options.pop("image_shape", None) or square_frame_shape(obs_dim, "image_shape")
+        )
         if math.prod(shape) != obs_dim:
             raise ValueError(f"image_shape {list(shape)} does not hold {obs_dim} values per step")
         if input_dim and options.get("control_dim", input_dim) != input_dim:
-            raise ValueError(f"control_dim={options['control_dim']} but the data have "
-                             f"{input_dim} input features per step")
+            raise ValueError(
+                f"control_dim={options['control_dim']} but the data have "
+                f"{input_dim} input features per step"
+            )
         if input_dim:
             options["control_dim"] = input_dim
         return cls(shape, **options)
@@ -353,8 +408,9 @@ class KVAE(SequenceModel):
         if isinstance(t, slice):
             return self._model_all_steps(state, x, mask)
         u_t = state.shared_at("inputs", t) if self.control_dim else None
-        _, (d, c), m_pred, P_pred, step = self._predict(state["m"], state["P"], state["a"],
-                                                        (state["d"], state["c"]), t, u_t)
+        _, (d, c), m_pred, P_pred, step = self._predict(
+            state["m"], state["P"], state["a"], (state["d"], state["c"]), t, u_t
+        )
         ok = self._step_observed(state, t, mask)
         fn = dist.MultivariateNormal(step.loc, scale_tril=step.scale_tril)  # p(a_t | a_{<t})
         a = pyro.sample(f"a_{t + 1}", masked(fn, ok))
@@ -371,8 +427,19 @@ class KVAE(SequenceModel):
         A_t, B_t, C_t = self.mix(alpha)
         u = state.shared.get("inputs")
         step_mask = mask.expand(a_obs.shape[:-2] + mask.shape[-1:])
-        f = kalman_filter(a_obs, self.init_loc, self.init_cov, A_t, self.Q, C_t, self.R, B_t, u,
-                          step_mask, validate_args=False)
+        f = kalman_filter(
+            a_obs,
+            self.init_loc,
+            self.init_cov,
+            A_t,
+            self.Q,
+            C_t,
+            self.R,
+            B_t,
+            u,
+            step_mask,
+            validate_args=False,
+        )
         if self.prior_score == "exact":
             log_p = f.log_likelihoods
         else:
@@ -382,8 +449,11 @@ class KVAE(SequenceModel):
         scale_tril = torch.linalg.cholesky(0.5 * (cov + cov.mT))
         log_p = log_p.unbind(-1)
         for i in pyro.markov(range(len(values))):
-            fn = ScoredValue(dist.MultivariateNormal(loc[..., i, :], scale_tril=scale_tril[..., i, :, :]),
-                             values[i], log_p[i])
+            fn = ScoredValue(
+                dist.MultivariateNormal(loc[..., i, :], scale_tril=scale_tril[..., i, :, :]),
+                values[i],
+                log_p[i],
+            )
             value = pyro.sample(f"a_{i + 1}", fn.mask(mask[:, i]))
             if value is not values[i]:
                 raise RuntimeError(f"site a_{i + 1} did not take its replayed value")
@@ -398,8 +468,19 @@ class KVAE(SequenceModel):
         every z. Padded steps are filtered as missing, and their terms are added to the
         sequence's last real step, so that the masked sites still sum to ``log p(a_{1:L})``.
         """
-        sm = kalman_smoother(a, self.init_loc, self.init_cov, A_t, self.Q, C_t, self.R, B_t, u,
-                             step_mask, validate_args=False)
+        sm = kalman_smoother(
+            a,
+            self.init_loc,
+            self.init_cov,
+            A_t,
+            self.Q,
+            C_t,
+            self.R,
+            B_t,
+            u,
+            step_mask,
+            validate_args=False,
+        )
         f = sm.filtered
         noise = torch.randn_like(f.means)
         T = a.shape[-2]
@@ -418,16 +499,21 @@ class KVAE(SequenceModel):
         jitter = 1e-9 * torch.eye(self.z_dim, dtype=a.dtype, device=a.device)
         terms = []
         for t in range(T):
-            obs = dist.MultivariateNormal(_mv(C_t[..., t, :, :], zs[..., t, :]),
-                                          covariance_matrix=self.R).log_prob(a[..., t, :])
+            obs = dist.MultivariateNormal(
+                _mv(C_t[..., t, :, :], zs[..., t, :]), covariance_matrix=self.R
+            ).log_prob(a[..., t, :])
             obs = torch.where(step_mask[..., t], obs, torch.zeros_like(obs))
             if t == 0:
-                prior = dist.MultivariateNormal(self.init_loc, self.init_cov).log_prob(zs[..., 0, :])
+                prior = dist.MultivariateNormal(self.init_loc, self.init_cov).log_prob(
+                    zs[..., 0, :]
+                )
             else:
                 mean = _mv(A_t[..., t, :, :], zs[..., t - 1, :])
                 if B_t is not None:
                     mean = mean + _mv(B_t[..., t, :, :], u[..., t, :])
-                prior = dist.MultivariateNormal(mean, covariance_matrix=self.Q).log_prob(zs[..., t, :])
+                prior = dist.MultivariateNormal(mean, covariance_matrix=self.Q).log_prob(
+                    zs[..., t, :]
+                )
             post = dist.MultivariateNormal(cond[t][0], covariance_matrix=cond[t][1] + jitter)
             terms.append(obs + prior - post.log_prob(zs[..., t, :]))
         terms = torch.stack(terms, -1)
@@ -489,19 +575,27 @@ class KVAE(SequenceModel):
             observed step, ``observed_steps`` not ``(batch, T)`` 0/1, ``inputs`` missing,
             unexpected, of the wrong shape or non-finite (the messages of the Pyro programs).
         """
-        if not torch.is_tensor(a) or a.dim() != 3 or a.shape[-1] != self.a_dim \
-                or not a.is_floating_point():
-            raise ValueError(f"a must be a floating-point tensor of shape (batch, T, a_dim = "
-                             f"{self.a_dim}), got "
-                             f"{tuple(a.shape) if torch.is_tensor(a) else type(a).__name__}")
+        if (
+            not torch.is_tensor(a)
+            or a.dim() != 3
+            or a.shape[-1] != self.a_dim
+            or not a.is_floating_point()
+        ):
+            raise ValueError(
+                f"a must be a floating-point tensor of shape (batch, T, a_dim = "
+                f"{self.a_dim}), got "
+                f"{tuple(a.shape) if torch.is_tensor(a) else type(a).__name__}"
+            )
         B, T, _ = a.shape
         observed_steps, inputs = self._check_steps_and_inputs((B, T), observed_steps, inputs, a)
         bad = ~torch.isfinite(a).all(-1) & observed_steps
         if bool(bad.any()):
             b, t = (int(i) for i in bad.nonzero()[0])
-            raise ValueError(f"a has a non-finite value at an observed step (sequence {b}, step "
-                             f"{t}); mark the step unobserved in observed_steps or give a finite "
-                             f"encoding")
+            raise ValueError(
+                f"a has a non-finite value at an observed step (sequence {b}, step "
+                f"{t}); mark the step unobserved in observed_steps or give a finite "
+                f"encoding"
+            )
         m, P = self.init_loc.expand(B, self.z_dim), self.init_cov.expand(B, self.z_dim, self.z_dim)
         prev = self.a0.expand(B, self.a_dim)
         hidden = self.dynamics.initial(a, (B,))
@@ -514,8 +608,18 @@ class KVAE(SequenceModel):
             alphas.append(alpha)
         a_used, alpha = torch.stack(used, 1), torch.stack(alphas, 1)
         A_t, B_t, C_t = self.mix(alpha)
-        args = (a_used, self.init_loc, self.init_cov, A_t, self.Q, C_t, self.R, B_t, inputs,
-                observed_steps)
+        args = (
+            a_used,
+            self.init_loc,
+            self.init_cov,
+            A_t,
+            self.Q,
+            C_t,
+            self.R,
+            B_t,
+            inputs,
+            observed_steps,
+        )
         out = KVAEFilterResult(a=a_used, alpha=alpha, A=A_t, B=B_t, C=C_t)
         if smooth:
             sm = kalman_smoother(*args, validate_args=False)
@@ -562,16 +666,20 @@ class KVAE(SequenceModel):
             ``inputs`` missing, unexpected, of the wrong shape or non-finite.
         """
         if method not in ("smoothing", "filtering", "generation"):
-            raise ValueError(f"method must be 'smoothing', 'filtering' or 'generation', got {method!r}")
+            raise ValueError(
+                f"method must be 'smoothing', 'filtering' or 'generation', got {method!r}"
+            )
         if isinstance(num_initial, bool) or not isinstance(num_initial, int) or num_initial < 0:
-            raise ValueError(f"num_initial must be a non-negative int (the frames that "
-                             f"'generation' keeps), got {num_initial!r}")
+            raise ValueError(
+                f"num_initial must be a non-negative int (the frames that "
+                f"'generation' keeps), got {num_initial!r}"
+            )
         seen = None
         if torch.is_tensor(x) and x.dim() == 3:  # otherwise validate_sequences names x's problem
-            seen = validate_mask(observed_steps, x.shape[:2], device=x.device,
-                                 name="observed_steps")
-        x, _ = validate_sequences(x, None, self.obs_dim, observed=seen,
-                                  device=module_device(self))
+            seen = validate_mask(
+                observed_steps, x.shape[:2], device=x.device, name="observed_steps"
+            )
+        x, _ = validate_sequences(x, None, self.obs_dim, observed=seen, device=module_device(self))
         seen, inputs = self._check_steps_and_inputs(x.shape[:2], seen, inputs, x)
         if method == "generation":
             seen = seen & (torch.arange(x.shape[1], device=x.device) < num_initial)
@@ -588,11 +696,13 @@ class KVAE(SequenceModel):
         package's validator (:func:`~pyro_seq.validation.validate_inputs`: the messages of the
         Pyro programs), in ``like``'s dtype; controls are known at every step, so all must be
         finite."""
-        seen = validate_mask(observed_steps, tuple(shape), device=like.device,
-                             name="observed_steps")
+        seen = validate_mask(
+            observed_steps, tuple(shape), device=like.device, name="observed_steps"
+        )
         every = torch.ones(tuple(shape), dtype=torch.bool, device=like.device)
-        inputs = validate_inputs(inputs, tuple(shape), self.control_dim, every, like.dtype,
-                                 like.device)
+        inputs = validate_inputs(
+            inputs, tuple(shape), self.control_dim, every, like.dtype, like.device
+        )
         return seen, inputs
 
     @torch.no_grad()
@@ -608,7 +718,9 @@ class KVAE(SequenceModel):
         """
         B, T = validate_generate_args(num_sequences, num_steps)
         if self.control_dim and (inputs is None or tuple(inputs.shape) != (B, T, self.control_dim)):
-            raise ValueError(f"generate needs inputs of shape {(B, T, self.control_dim)} (controls)")
+            raise ValueError(
+                f"generate needs inputs of shape {(B, T, self.control_dim)} (controls)"
+            )
         m, P = self.init_loc.expand(B, self.z_dim), self.init_cov.expand(B, self.z_dim, self.z_dim)
         prev = self.a0.expand(B, self.a_dim)
         hidden = self.dynamics.initial(m, (B,))

@@ -84,8 +84,20 @@ class LinearGaussianSequenceModel(SequenceModel):
     module_name = "linear_gaussian_ssm"
     small_example = example(obs_dim=2, state_dim=2)
 
-    def __init__(self, obs_dim, state_dim, A=None, C=None, Q=None, R=None, init_loc=None,
-                 init_cov=None, learnable=True, guide="smoothing", jitter=0.0):
+    def __init__(
+        self,
+        obs_dim,
+        state_dim,
+        A=None,
+        C=None,
+        Q=None,
+        R=None,
+        init_loc=None,
+        init_cov=None,
+        learnable=True,
+        guide="smoothing",
+        jitter=0.0,
+    ):
         super().__init__(obs_dim)
         S, D = positive_int("state_dim", state_dim), self.obs_dim
         if guide not in GUIDES:
@@ -103,7 +115,11 @@ class LinearGaussianSequenceModel(SequenceModel):
         self.learnable = frozenset(learnable)
 
         def tensor(value, default, shape, name):
-            value = default if value is None else torch.as_tensor(value, dtype=torch.get_default_dtype())
+            value = (
+                default
+                if value is None
+                else torch.as_tensor(value, dtype=torch.get_default_dtype())
+            )
             if value.shape != shape:
                 raise ValueError(f"{name} must have shape {tuple(shape)}, got {tuple(value.shape)}")
             return value.clone()
@@ -122,8 +138,10 @@ class LinearGaussianSequenceModel(SequenceModel):
             # the package's covariance check (pyro_seq.ops.kalman.covariance_problem)
             problem = covariance_problem(cov, definite=True)
             if problem is not None:
-                raise ValueError(f"{name} must be a symmetric positive definite matrix (it is "
-                                 f"learned through its Cholesky factor): {name} {problem}")
+                raise ValueError(
+                    f"{name} must be a symmetric positive definite matrix (it is "
+                    f"learned through its Cholesky factor): {name} {problem}"
+                )
             L = torch.linalg.cholesky(cov)
             raw = torch.tril(L, -1) + torch.diag_embed(_softplus_inv(L.diagonal()))
             self._register(f"_{name}_raw", raw, learn=name in self.learnable)
@@ -198,8 +216,10 @@ class LinearGaussianSequenceModel(SequenceModel):
             return mask
         whole = seen.all(-1)
         if not torch.equal(whole, seen.any(-1)):
-            raise ValueError("LinearGaussianSequenceModel supports missing data per step only: "
-                             "observed must be all True or all False across the features of a step")
+            raise ValueError(
+                "LinearGaussianSequenceModel supports missing data per step only: "
+                "observed must be all True or all False across the features of a step"
+            )
         return mask & whole
 
     def model_step(self, state, t, x, mask):
@@ -208,11 +228,14 @@ class LinearGaussianSequenceModel(SequenceModel):
         m_x = m_t if seen is None else m_t & seen[:, t].all(-1)
         loc = self._prior_loc(state, t, "z")
         loc = loc.expand(torch.broadcast_shapes(loc.shape, (x.shape[0], self.state_dim)))
-        z = pyro.sample(f"z_{t + 1}",
-                        dist.MultivariateNormal(loc, scale_tril=self._prior_tril(t)).mask(m_t))
-        pyro.sample(f"x_{t + 1}",
-                    dist.MultivariateNormal(_matvec(self.C, z), scale_tril=self.R_tril).mask(m_x),
-                    obs=x[:, t])
+        z = pyro.sample(
+            f"z_{t + 1}", dist.MultivariateNormal(loc, scale_tril=self._prior_tril(t)).mask(m_t)
+        )
+        pyro.sample(
+            f"x_{t + 1}",
+            dist.MultivariateNormal(_matvec(self.C, z), scale_tril=self.R_tril).mask(m_x),
+            obs=x[:, t],
+        )
         state["z"] = z
 
     @classmethod
@@ -263,7 +286,11 @@ class LinearGaussianSequenceModel(SequenceModel):
             loc = torch.where(e_t.unsqueeze(-1), loc_post, prior_loc)
             tril = torch.where(e_t[:, None, None], tril_post, self._prior_tril(t))
         else:
-            G, g, tril = state.shared["G"][:, t], state.shared["g"][:, t], state.shared["tril"][:, t]
+            G, g, tril = (
+                state.shared["G"][:, t],
+                state.shared["g"][:, t],
+                state.shared["tril"][:, t],
+            )
             loc = _matvec(G, prior_loc) + g
         loc = loc.expand(torch.broadcast_shapes(loc.shape, (batch, self.state_dim)))
         z = pyro.sample(f"z_{t + 1}", dist.MultivariateNormal(loc, scale_tril=tril).mask(m_t))
@@ -318,7 +345,9 @@ class LinearGaussianSequenceModel(SequenceModel):
             if t > 0:
                 JL = Jp @ L  # (B, S, S)
                 inner_J = Jp - JL @ torch.cholesky_solve(JL.transpose(-1, -2), N)
-                inner_h = hp - _matvec(JL, torch.cholesky_solve(_matvec(L.T, hp).unsqueeze(-1), N).squeeze(-1))
+                inner_h = hp - _matvec(
+                    JL, torch.cholesky_solve(_matvec(L.T, hp).unsqueeze(-1), N).squeeze(-1)
+                )
                 J = _sym(A.T @ inner_J @ A)
                 h = _matvec(A.T, inner_h)
         return torch.stack(G, 1), torch.stack(g, 1), torch.stack(tril, 1)
@@ -344,15 +373,22 @@ class LinearGaussianSequenceModel(SequenceModel):
         if method not in ("kalman", "dense"):
             raise ValueError(f"method must be 'kalman' or 'dense', got {method!r}")
         if method == "kalman":
-
             f = torch.float64
             # a per-element (B, T, D) mask: a per-step (B, T) one would be read per element by
             # the ops when B == T == D
             elem = mask.unsqueeze(-1).expand(x.shape)
             with torch.no_grad():
-                res = kalman_filter(x.to(f), self.init_loc.to(f), self.init_cov.to(f), self.A.to(f),
-                                    self.Q.to(f), self.C.to(f), self.R.to(f), mask=elem,
-                                    method="sequential")
+                res = kalman_filter(
+                    x.to(f),
+                    self.init_loc.to(f),
+                    self.init_cov.to(f),
+                    self.A.to(f),
+                    self.Q.to(f),
+                    self.C.to(f),
+                    self.R.to(f),
+                    mask=elem,
+                    method="sequential",
+                )
             return res.log_likelihoods.sum(-1)
         with torch.no_grad():
             f = torch.float64
@@ -371,8 +407,8 @@ class LinearGaussianSequenceModel(SequenceModel):
                     block = C @ cross @ C.T
                     if t == s:
                         block = block + R
-                    cov_x[t * D:(t + 1) * D, s * D:(s + 1) * D] = block
-                    cov_x[s * D:(s + 1) * D, t * D:(t + 1) * D] = block.T
+                    cov_x[t * D : (t + 1) * D, s * D : (s + 1) * D] = block
+                    cov_x[s * D : (s + 1) * D, t * D : (t + 1) * D] = block.T
                     cross = A @ cross
             lengths = mask.sum(-1).tolist()
             out = []

@@ -25,14 +25,17 @@ polyphonic-music setting (GRU 300, one hidden layer of 500 units, leaky ReLU 1/3
 
 import torch
 
-from pyro_seq.models.base import SequenceModel
+from pyro_seq.models.base import SequenceModel, shift_right
 from pyro_seq.models.contract import example
 from pyro_seq.models.emission import make_emission, stack_params
-from pyro_seq.models.base import shift_right
 from pyro_seq.nn import ForwardRNN
 from pyro_seq.nn.recurrent import RNN_CELLS
-from pyro_seq.validation import (module_device, positive_int, validate_generate_args,
-                                 validate_sequences)
+from pyro_seq.validation import (
+    module_device,
+    positive_int,
+    validate_generate_args,
+    validate_sequences,
+)
 
 
 class RNNBaseline(SequenceModel):
@@ -55,8 +58,16 @@ class RNNBaseline(SequenceModel):
     module_name = "rnn_baseline"
     small_example = example(d_dim=4, hidden_dim=4)
 
-    def __init__(self, obs_dim, d_dim=300, hidden_dim=500, cell="gru", likelihood="bernoulli",
-                 activation="clipped_leaky_relu", **emission_kwargs):
+    def __init__(
+        self,
+        obs_dim,
+        d_dim=300,
+        hidden_dim=500,
+        cell="gru",
+        likelihood="bernoulli",
+        activation="clipped_leaky_relu",
+        **emission_kwargs,
+    ):
         super().__init__(obs_dim)
         for name, value in (("d_dim", d_dim), ("hidden_dim", hidden_dim)):
             positive_int(name, value)
@@ -66,7 +77,8 @@ class RNNBaseline(SequenceModel):
         self.d_dim = int(d_dim)
         self.deterministic = ForwardRNN(obs_dim, self.d_dim, cell=cell)
         self.emitter, self.likelihood = make_emission(
-            likelihood, self.d_dim, [int(hidden_dim)], obs_dim, activation, **emission_kwargs)
+            likelihood, self.d_dim, [int(hidden_dim)], obs_dim, activation, **emission_kwargs
+        )
 
     def _deterministic_states(self, x, mask):
         """``d_{1:T}``: ``(batch, T, d_dim)`` (zero after each sequence's end)."""
@@ -93,10 +105,11 @@ class RNNBaseline(SequenceModel):
         :param mask: ``(batch, T)`` prefix mask or None.
         :returns: tensor ``(batch,)`` (differentiable).
         """
-        x, mask = validate_sequences(x, mask, self.obs_dim, self.binary_observations,
-                                     device=module_device(self))
+        x, mask = validate_sequences(
+            x, mask, self.obs_dim, self.binary_observations, device=module_device(self)
+        )
         d = self._deterministic_states(x, mask)
-        log_p = self.likelihood(self.emitter(d)).log_prob(x)            # (batch, T)
+        log_p = self.likelihood(self.emitter(d)).log_prob(x)  # (batch, T)
         return torch.where(mask, log_p, log_p.new_zeros(())).sum(-1)
 
     @torch.no_grad()

@@ -38,8 +38,13 @@ from torch import nn
 
 from pyro_seq.distributions.rbm import RBM
 from pyro_seq.models.contract import EnergyBasedModel, example
-from pyro_seq.validation import (check_device, module_device, positive_int, validate_generate_args,
-                                 validate_sequences)
+from pyro_seq.validation import (
+    check_device,
+    module_device,
+    positive_int,
+    validate_generate_args,
+    validate_sequences,
+)
 
 __all__ = ["RTRBM", "SRTRBM", "SequenceLogLikelihood"]
 
@@ -68,14 +73,17 @@ class RTRBM(EnergyBasedModel):
     module_name = "rtrbm"
     tasks = frozenset({"generate"})
     small_example = example(obs_dim=5, num_hidden=3)
-    unsupported = MappingProxyType(dict(
-        EnergyBasedModel.unsupported,
-        impute="an RTRBM has no recognition model to condition on the observed steps; impute "
-               "with a latent-variable model (srnn, dmm)",
-        denoise="an RTRBM has no recognition model; denoise with a latent-variable model "
-                "(srnn, dmm)",
-        forecast="continue a sequence with RTRBM.generate(num_sequences, num_steps, "
-                 "prefix=x) instead"))
+    unsupported = MappingProxyType(
+        dict(
+            EnergyBasedModel.unsupported,
+            impute="an RTRBM has no recognition model to condition on the observed steps; impute "
+            "with a latent-variable model (srnn, dmm)",
+            denoise="an RTRBM has no recognition model; denoise with a latent-variable model "
+            "(srnn, dmm)",
+            forecast="continue a sequence with RTRBM.generate(num_sequences, num_steps, "
+            "prefix=x) instead",
+        )
+    )
 
     def __init__(self, num_visible, num_hidden=150, init_scale=0.01):
         super().__init__()
@@ -96,8 +104,9 @@ class RTRBM(EnergyBasedModel):
         return self.W, self.U
 
     def _check(self, x, mask):
-        x, mask = validate_sequences(x, mask, self.num_visible, binary=True,
-                                     device=module_device(self))
+        x, mask = validate_sequences(
+            x, mask, self.num_visible, binary=True, device=module_device(self)
+        )
         return x.to(self.W.dtype), mask
 
     # ------------------------------------------------------------------ recursion
@@ -135,10 +144,17 @@ class RTRBM(EnergyBasedModel):
         pyro.module(self.module_name, self)
         rbm = self.step_rbms(x)
         B = x.shape[0]
-        plate = (pyro.plate("sequences", B, dim=-1, device=x.device) if num_sequences is None
-                 else pyro.plate("sequences", num_sequences,
-                                 subsample=torch.arange(B, device=x.device), dim=-1,
-                                 device=x.device))
+        plate = (
+            pyro.plate("sequences", B, dim=-1, device=x.device)
+            if num_sequences is None
+            else pyro.plate(
+                "sequences",
+                num_sequences,
+                subsample=torch.arange(B, device=x.device),
+                dim=-1,
+                device=x.device,
+            )
+        )
         with plate:
             pyro.sample("x", rbm.mask(mask).to_event(1), obs=x)
 
@@ -167,8 +183,17 @@ class RTRBM(EnergyBasedModel):
         return (per_step * mask.to(per_step.dtype)).sum(-1)
 
     @torch.no_grad()
-    def log_likelihood(self, x, mask=None, method="exact", num_chains=100, num_betas=1000,
-                       betas=None, base_visible_bias=None, steps_per_chunk=None):
+    def log_likelihood(
+        self,
+        x,
+        mask=None,
+        method="exact",
+        num_chains=100,
+        num_betas=1000,
+        betas=None,
+        base_visible_bias=None,
+        steps_per_chunk=None,
+    ):
         r"""Per-sequence :math:`\log p(v_{1:T}) = \sum_t [-F_t(v_t) - \log Z_t]`.
 
         :param str method: ``"exact"`` (enumeration; small ``H`` or ``V``) or ``"ais"`` (each
@@ -199,7 +224,7 @@ class RTRBM(EnergyBasedModel):
             chunk = steps_per_chunk or flat_bias.shape[0]
             values, errors = [], []
             for start in range(0, flat_bias.shape[0], chunk):
-                part = RBM(W, self.c, flat_bias[start:start + chunk])
+                part = RBM(W, self.c, flat_bias[start : start + chunk])
                 est = part.ais_log_partition(num_chains, num_betas, betas, base_visible_bias)
                 values.append(est.log_partition)
                 errors.append(est.stderr)
@@ -259,25 +284,34 @@ class RTRBM(EnergyBasedModel):
         in the weights' dtype (a batch of 1 is shared by every sequence)."""
         V = self.num_visible
         if not torch.is_tensor(prefix):
-            raise ValueError(f"prefix must be a tensor (num_sequences, T0, {V}) of 0/1 steps, "
-                             f"got {type(prefix).__name__}")
+            raise ValueError(
+                f"prefix must be a tensor (num_sequences, T0, {V}) of 0/1 steps, "
+                f"got {type(prefix).__name__}"
+            )
         if prefix.dim() != 3 or prefix.shape[0] not in (1, num_sequences) or prefix.shape[2] != V:
-            raise ValueError(f"prefix must have shape (num_sequences = {num_sequences} or 1, T0, "
-                             f"num_visible = {V}), got {tuple(prefix.shape)}")
+            raise ValueError(
+                f"prefix must have shape (num_sequences = {num_sequences} or 1, T0, "
+                f"num_visible = {V}), got {tuple(prefix.shape)}"
+            )
         if prefix.shape[1] > num_steps:
-            raise ValueError(f"prefix has {prefix.shape[1]} steps, more than num_steps = "
-                             f"{num_steps} (which counts the prefix); pass num_steps >= "
-                             f"{prefix.shape[1]}")
+            raise ValueError(
+                f"prefix has {prefix.shape[1]} steps, more than num_steps = "
+                f"{num_steps} (which counts the prefix); pass num_steps >= "
+                f"{prefix.shape[1]}"
+            )
         if prefix.is_complex():
-            raise ValueError(f"prefix must have a bool, integer or floating dtype, got "
-                             f"{prefix.dtype}")
+            raise ValueError(
+                f"prefix must have a bool, integer or floating dtype, got {prefix.dtype}"
+            )
         check_device("prefix", prefix, module_device(self))
         bad = (prefix != 0) & (prefix != 1)
         if bool(bad.any()):
             b, t, v = (int(i) for i in bad.nonzero()[0])
-            raise ValueError(f"prefix must be binary (0/1), found {prefix[b, t, v].item()!r} at "
-                             f"(sequence {b}, step {t}, unit {v}); binarise it first, e.g. "
-                             f"(prefix > 0.5)")
+            raise ValueError(
+                f"prefix must be binary (0/1), found {prefix[b, t, v].item()!r} at "
+                f"(sequence {b}, step {t}, unit {v}); binarise it first, e.g. "
+                f"(prefix > 0.5)"
+            )
         return prefix.to(self.W.dtype).expand(num_sequences, -1, -1)
 
 
@@ -298,8 +332,11 @@ class SRTRBM(RTRBM):
     def __init__(self, num_visible, num_hidden, W_mask, U_mask=None, init_scale=0.01):
         super().__init__(num_visible, num_hidden, init_scale)
         W_mask = _binary_mask(W_mask, (num_hidden, num_visible), "W_mask")
-        U_mask = (torch.ones(num_hidden, num_hidden) if U_mask is None
-                  else _binary_mask(U_mask, (num_hidden, num_hidden), "U_mask"))
+        U_mask = (
+            torch.ones(num_hidden, num_hidden)
+            if U_mask is None
+            else _binary_mask(U_mask, (num_hidden, num_hidden), "U_mask")
+        )
         self.register_buffer("W_mask", W_mask)
         self.register_buffer("U_mask", U_mask)
         with torch.no_grad():
@@ -307,8 +344,9 @@ class SRTRBM(RTRBM):
             self.U.mul_(U_mask)
 
     @classmethod
-    def for_data(cls, obs_dim, input_dim=0, num_groups=4, hidden_per_group=8, edges="chain",
-                 **options):
+    def for_data(
+        cls, obs_dim, input_dim=0, num_groups=4, hidden_per_group=8, edges="chain", **options
+    ):
         """An SRTRBM over ``obs_dim`` visibles split into ``num_groups`` contiguous groups (e.g.
         registers of a piano roll), ``hidden_per_group`` hidden units each, groups linked
         through ``U`` along a chain (``edges="chain"``), not at all (``"none"``) or as a list
@@ -324,8 +362,9 @@ class SRTRBM(RTRBM):
             edges = [(g, g + 1) for g in range(G - 1)]
         elif edges == "none":
             edges = []
-        W_mask, U_mask = cls.block_masks(groups, positive_int("hidden_per_group",
-                                                              hidden_per_group), edges)
+        W_mask, U_mask = cls.block_masks(
+            groups, positive_int("hidden_per_group", hidden_per_group), edges
+        )
         return cls(obs_dim, W_mask.shape[0], W_mask, U_mask, **options)
 
     def weights(self):
@@ -349,7 +388,7 @@ class SRTRBM(RTRBM):
         W_mask = torch.zeros(H, V)
         U_group = torch.eye(G)
         for g, units in enumerate(visible_groups):
-            W_mask[g * hidden_per_group:(g + 1) * hidden_per_group, units] = 1.0
+            W_mask[g * hidden_per_group : (g + 1) * hidden_per_group, units] = 1.0
         for g, g2 in edges or ():
             U_group[g, g2] = U_group[g2, g] = 1.0
         U_mask = torch.kron(U_group, torch.ones(hidden_per_group, hidden_per_group))

@@ -32,11 +32,17 @@ import pyro
 import pyro.distributions as dist
 import torch
 
-from pyro_seq.models.base import (SequenceModel, cache_guide_prior, masked, normal,
-                                  prior_from_guide, shift_right)
+from pyro_seq.models.base import (
+    SequenceModel,
+    cache_guide_prior,
+    masked,
+    normal,
+    prior_from_guide,
+    shift_right,
+)
 from pyro_seq.models.contract import example
 from pyro_seq.models.emission import make_emission, stack_params
-from pyro_seq.nn import BackwardRNN, ForwardRNN, GaussianMLP, MLP, cat_broadcast
+from pyro_seq.nn import MLP, BackwardRNN, ForwardRNN, GaussianMLP, cat_broadcast
 from pyro_seq.validation import validate_generate_args, validate_input_dim
 
 
@@ -75,9 +81,21 @@ class SRNN(SequenceModel):
     shared_with_guide = ("d", "prior_context")
     shared_with_guide_modules = ("deterministic", "prior")
 
-    def __init__(self, obs_dim, d_dim=300, z_dim=100, hidden_dim=500, inference="smoothing",
-                 residual=True, likelihood="bernoulli", activation="clipped_leaky_relu",
-                 min_scale=1e-3, variance="softplus", input_dim=0, **emission_kwargs):
+    def __init__(
+        self,
+        obs_dim,
+        d_dim=300,
+        z_dim=100,
+        hidden_dim=500,
+        inference="smoothing",
+        residual=True,
+        likelihood="bernoulli",
+        activation="clipped_leaky_relu",
+        min_scale=1e-3,
+        variance="softplus",
+        input_dim=0,
+        **emission_kwargs,
+    ):
         super().__init__(obs_dim)
         self.input_dim = input_dim = validate_input_dim(input_dim)
         self.binary_observations = likelihood == "bernoulli"
@@ -87,13 +105,17 @@ class SRNN(SequenceModel):
         self.deterministic = ForwardRNN(obs_dim + input_dim, d_dim, cell="gru")
         self.prior = GaussianMLP(z_dim, d_dim, hidden_dim, z_dim, activation, min_scale, variance)
         self.emitter, self.likelihood = make_emission(
-            likelihood, z_dim + d_dim, [hidden_dim], obs_dim, activation, **emission_kwargs)
+            likelihood, z_dim + d_dim, [hidden_dim], obs_dim, activation, **emission_kwargs
+        )
         if inference == "smoothing":
             self.encoder = BackwardRNN(d_dim + obs_dim, d_dim, cell="gru")
         else:
-            self.encoder = MLP(d_dim + obs_dim, [hidden_dim], d_dim, activation, activate_output=True)
-        self.posterior = GaussianMLP(z_dim, d_dim, hidden_dim, z_dim, activation, min_scale,
-                                     variance)
+            self.encoder = MLP(
+                d_dim + obs_dim, [hidden_dim], d_dim, activation, activate_output=True
+            )
+        self.posterior = GaussianMLP(
+            z_dim, d_dim, hidden_dim, z_dim, activation, min_scale, variance
+        )
 
     @classmethod
     def for_data(cls, obs_dim, input_dim=0, **options):
@@ -110,7 +132,7 @@ class SRNN(SequenceModel):
 
     # generative model: eq. 5.1, 5.3
     def model_init(self, state, x, mask):
-        d = state.shared.get("d")          # set by guide_init when both share a state (FIVO)
+        d = state.shared.get("d")  # set by guide_init when both share a state (FIVO)
         if d is None:
             d = state.shared["d"] = self._deterministic_states(x, mask, state.shared.get("inputs"))
         if "prior_context" not in state.shared:
@@ -124,8 +146,11 @@ class SRNN(SequenceModel):
             history = [state["z"][..., 0, :]] + state.replayed["z"][:-1]
             loc_scale = state.guide_record.steps_at("prior", history)
         if loc_scale is None:
-            loc_scale = self.prior(state["z"], state.shared_at("prior_context", t),
-                                   self._step_weights(state, "prior", t))
+            loc_scale = self.prior(
+                state["z"],
+                state.shared_at("prior_context", t),
+                self._step_weights(state, "prior", t),
+            )
         loc, scale = loc_scale
         z = self.sample_latent(state, "z", t, normal, (loc, scale), mask)
         self.observe(state, t, x, mask, cat_broadcast([z, state.shared_at("d", t)]))
@@ -157,11 +182,15 @@ class SRNN(SequenceModel):
 
     def guide_step(self, state, t, x, mask):
         z_prev = state["guide_z"]
-        loc, scale = self.posterior(z_prev, state.shared_at("posterior_context", t),
-                                    self._step_weights(state, "posterior", t))
+        loc, scale = self.posterior(
+            z_prev,
+            state.shared_at("posterior_context", t),
+            self._step_weights(state, "posterior", t),
+        )
         if self.residual:  # Res_q, eq. 5.12: residual to the prior mean at the guide's z_{t-1}
-            prior = self.prior(z_prev, state.shared_at("prior_context", t),
-                               self._step_weights(state, "prior", t))
+            prior = self.prior(
+                z_prev, state.shared_at("prior_context", t), self._step_weights(state, "prior", t)
+            )
             loc = loc + prior[0]
             # a model step sharing this state (FIVO) reuses p(z_t | z_{t-1}) at the same z_{t-1}
             cache_guide_prior(state, t, z_prev, prior)
@@ -188,7 +217,7 @@ class SRNN(SequenceModel):
         z = h0.new_zeros(num_sequences, self.z_dim)
         xs, params = [], []
         for t in range(num_steps):
-            u = x_prev if k is None else torch.cat([x_prev, k[:, t:t + 1]], -1)
+            u = x_prev if k is None else torch.cat([x_prev, k[:, t : t + 1]], -1)
             d, h = self.deterministic.rnn(u, h)
             d = d[:, 0]
             loc, scale = self.prior(z, self.prior.project_context(d))

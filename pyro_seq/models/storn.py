@@ -49,10 +49,14 @@ import torch
 import torch.nn as nn
 
 from pyro_seq.distributions.wiener import wiener_transition
-from pyro_seq.models.base import SequenceModel, masked, normal
+from pyro_seq.models.base import (
+    SequenceModel,
+    masked,
+    normal,
+    shift_right,  # u_t = x_{t-1}, x_0 = 0
+)
 from pyro_seq.models.contract import example
 from pyro_seq.models.emission import make_emission, stack_params
-from pyro_seq.models.base import shift_right  # u_t = x_{t-1}, x_0 = 0
 from pyro_seq.nn import GaussianHead, cat_broadcast
 from pyro_seq.validation import positive_int, validate_generate_args
 
@@ -105,9 +109,14 @@ class StepRNN(nn.Module):
     def step(self, u, h):
         shape = torch.broadcast_shapes(u.shape[:-1], h.shape[:-1])
         r = self.rnn
-        out = self._cell(u.expand(shape + u.shape[-1:]).reshape(-1, u.shape[-1]),
-                         h.expand(shape + h.shape[-1:]).reshape(-1, h.shape[-1]),
-                         r.weight_ih_l0, r.weight_hh_l0, r.bias_ih_l0, r.bias_hh_l0)
+        out = self._cell(
+            u.expand(shape + u.shape[-1:]).reshape(-1, u.shape[-1]),
+            h.expand(shape + h.shape[-1:]).reshape(-1, h.shape[-1]),
+            r.weight_ih_l0,
+            r.weight_hh_l0,
+            r.bias_ih_l0,
+            r.bias_hh_l0,
+        )
         return out.reshape(shape + (self.hidden_dim,))
 
     def sequence(self, u, h0):
@@ -156,9 +165,20 @@ class STORN(SequenceModel):
     module_name = "storn"
     small_example = example(z_dim=2, rnn_dim=4, emission_dim=4)
 
-    def __init__(self, obs_dim, z_dim=100, rnn_dim=300, emission_dim=500, prior="white",
-                 likelihood="bernoulli", cell="tanh", activation="tanh", min_scale=1e-3,
-                 variance="softplus", **emission_kwargs):
+    def __init__(
+        self,
+        obs_dim,
+        z_dim=100,
+        rnn_dim=300,
+        emission_dim=500,
+        prior="white",
+        likelihood="bernoulli",
+        cell="tanh",
+        activation="tanh",
+        min_scale=1e-3,
+        variance="softplus",
+        **emission_kwargs,
+    ):
         super().__init__(obs_dim)
         for name, value in (("z_dim", z_dim), ("rnn_dim", rnn_dim), ("emission_dim", emission_dim)):
             positive_int(name, value)
@@ -167,7 +187,8 @@ class STORN(SequenceModel):
         self.binary_observations = likelihood == "bernoulli"
         self.decoder = StepRNN(obs_dim + z_dim, rnn_dim, cell)
         self.emitter, self.likelihood = make_emission(
-            likelihood, rnn_dim, [emission_dim], obs_dim, activation, **emission_kwargs)
+            likelihood, rnn_dim, [emission_dim], obs_dim, activation, **emission_kwargs
+        )
         self.encoder = StepRNN(obs_dim, rnn_dim, cell)
         self.recognition = GaussianHead(rnn_dim, z_dim, min_scale, variance)
 
@@ -180,7 +201,7 @@ class STORN(SequenceModel):
     def model_step(self, state, t, x, mask):
         z = self.sample_latent(state, "z", t, self.prior_dist, (state["z"],), mask)
         inputs = cat_broadcast([state.shared_at("u", t), z])
-        if isinstance(t, slice):   # every z_t known (replayed): the RNN runs once over all steps
+        if isinstance(t, slice):  # every z_t known (replayed): the RNN runs once over all steps
             h = self.decoder.sequence(inputs, state["h"])
         else:
             h = self.decoder.step(inputs, state["h"])

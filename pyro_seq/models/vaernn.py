@@ -34,10 +34,9 @@ import pyro.distributions as dist
 import torch
 import torch.nn as nn
 
-from pyro_seq.models.base import SequenceModel, masked, normal
+from pyro_seq.models.base import SequenceModel, masked, normal, shift_right
 from pyro_seq.models.contract import example
 from pyro_seq.models.emission import make_emission, stack_params
-from pyro_seq.models.base import shift_right
 from pyro_seq.nn import ForwardRNN, GaussianHead, cat_broadcast, make_activation
 from pyro_seq.validation import positive_int, validate_generate_args
 
@@ -79,9 +78,19 @@ class VAERNN(SequenceModel):
     module_name = "vaernn"
     small_example = example(d_dim=4, z_dim=2, hidden_dim=4)
 
-    def __init__(self, obs_dim, d_dim=300, z_dim=100, hidden_dim=500, skip=False,
-                 likelihood="bernoulli", activation="clipped_leaky_relu", min_scale=1e-3,
-                 variance="softplus", **emission_kwargs):
+    def __init__(
+        self,
+        obs_dim,
+        d_dim=300,
+        z_dim=100,
+        hidden_dim=500,
+        skip=False,
+        likelihood="bernoulli",
+        activation="clipped_leaky_relu",
+        min_scale=1e-3,
+        variance="softplus",
+        **emission_kwargs,
+    ):
         super().__init__(obs_dim)
         for name, value in (("d_dim", d_dim), ("z_dim", z_dim), ("hidden_dim", hidden_dim)):
             positive_int(name, value)
@@ -90,13 +99,16 @@ class VAERNN(SequenceModel):
         self.binary_observations = likelihood == "bernoulli"
         self.d_dim, self.z_dim, self.skip = int(d_dim), int(z_dim), skip
         self.deterministic = ForwardRNN(obs_dim, self.d_dim, cell="gru")
-        self.prior = GaussianNet(self.d_dim, hidden_dim, self.z_dim, activation, min_scale,
-                                 variance)
-        self.posterior = GaussianNet(obs_dim + self.d_dim, hidden_dim, self.z_dim, activation,
-                                     min_scale, variance)
+        self.prior = GaussianNet(
+            self.d_dim, hidden_dim, self.z_dim, activation, min_scale, variance
+        )
+        self.posterior = GaussianNet(
+            obs_dim + self.d_dim, hidden_dim, self.z_dim, activation, min_scale, variance
+        )
         emit_dim = self.z_dim + (self.d_dim if skip else 0)
         self.emitter, self.likelihood = make_emission(
-            likelihood, emit_dim, [hidden_dim], obs_dim, activation, **emission_kwargs)
+            likelihood, emit_dim, [hidden_dim], obs_dim, activation, **emission_kwargs
+        )
 
     def _deterministic_states(self, x, mask):
         """``d_{1:T}`` (eq. 4.11): ``(batch, T, d_dim)`` (zero after each sequence's end)."""
@@ -107,7 +119,7 @@ class VAERNN(SequenceModel):
 
     # generative model: eq. 4.11-4.12
     def model_init(self, state, x, mask):
-        d = state.shared.get("d")          # set by guide_init when both share a state (FIVO)
+        d = state.shared.get("d")  # set by guide_init when both share a state (FIVO)
         if d is None:
             d = state.shared["d"] = self._deterministic_states(x, mask)
         state.shared["prior_loc"], state.shared["prior_scale"] = self.prior(d)
@@ -125,7 +137,8 @@ class VAERNN(SequenceModel):
     def guide_init(self, state, x, mask):
         d = state.shared["d"] = self._deterministic_states(x, mask)
         state.shared["post_loc"], state.shared["post_scale"] = self.posterior(
-            torch.cat([x, d], dim=-1))
+            torch.cat([x, d], dim=-1)
+        )
 
     def guide_step(self, state, t, x, mask):
         loc, scale = state.shared_at("post_loc", t), state.shared_at("post_scale", t)

@@ -82,9 +82,20 @@ class VOSP(SequenceModel):
     shared_with_guide = ("h",)
     shared_with_guide_modules = ("encoder",)
 
-    def __init__(self, obs_dim, z_dim=8, rnn_dim=300, emission_dim=500, prior="wiener",
-                 likelihood="bernoulli", cell="tanh", activation="tanh", min_scale=1e-3,
-                 variance="softplus", **emission_kwargs):
+    def __init__(
+        self,
+        obs_dim,
+        z_dim=8,
+        rnn_dim=300,
+        emission_dim=500,
+        prior="wiener",
+        likelihood="bernoulli",
+        cell="tanh",
+        activation="tanh",
+        min_scale=1e-3,
+        variance="softplus",
+        **emission_kwargs,
+    ):
         super().__init__(obs_dim)
         for name, value in (("z_dim", z_dim), ("rnn_dim", rnn_dim), ("emission_dim", emission_dim)):
             positive_int(name, value)
@@ -94,7 +105,8 @@ class VOSP(SequenceModel):
         self.encoder = StepRNN(obs_dim, rnn_dim, cell)
         self.recognition = GaussianHead(rnn_dim, z_dim, min_scale, variance)
         self.emitter, self.likelihood = make_emission(
-            likelihood, rnn_dim + z_dim, [emission_dim], obs_dim, activation, **emission_kwargs)
+            likelihood, rnn_dim + z_dim, [emission_dim], obs_dim, activation, **emission_kwargs
+        )
 
     def recognition_states(self, x):
         """``h_{1:T}`` of the recognition RNN, ``h_t = f(h_{t-1}, x_t)``, ``h_0 = 0``:
@@ -103,10 +115,10 @@ class VOSP(SequenceModel):
 
     # generative model: z_t ~ p(z_t | z_{t-1}), x_t ~ p(x_t | h_{t-1}, z_t)
     def model_init(self, state, x, mask):
-        h = state.shared.get("h")   # set by guide_init (same state, FIVO) or the guide's run
+        h = state.shared.get("h")  # set by guide_init (same state, FIVO) or the guide's run
         if h is None:
             h = state.shared["h"] = self.recognition_states(x)
-        state.shared["h_prev"] = shift_right(h)     # h_{0:T-1}
+        state.shared["h_prev"] = shift_right(h)  # h_{0:T-1}
         state["z"] = x.new_zeros(x.shape[0], self.z_dim)
 
     def model_step(self, state, t, x, mask):

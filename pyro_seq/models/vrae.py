@@ -46,8 +46,12 @@ from pyro_seq.models.contract import example
 from pyro_seq.models.emission import make_emission, stack_params
 from pyro_seq.models.storn import StepRNN, latent_prior
 from pyro_seq.nn import GaussianHead, reverse_padded
-from pyro_seq.validation import (module_device, positive_int, validate_generate_args,
-                                 validate_sequences)
+from pyro_seq.validation import (
+    module_device,
+    positive_int,
+    validate_generate_args,
+    validate_sequences,
+)
 
 __all__ = ["VRAE"]
 
@@ -78,12 +82,28 @@ class VRAE(SequenceModel):
     module_name = "vrae"
     small_example = example(z_dim=2, encoder_dim=4, decoder_dim=4, emission_dim=4)
 
-    def __init__(self, obs_dim, z_dim=8, encoder_dim=300, decoder_dim=300, emission_dim=500,
-                 prior="wiener", likelihood="bernoulli", cell="tanh", activation="tanh",
-                 min_scale=1e-3, variance="softplus", **emission_kwargs):
+    def __init__(
+        self,
+        obs_dim,
+        z_dim=8,
+        encoder_dim=300,
+        decoder_dim=300,
+        emission_dim=500,
+        prior="wiener",
+        likelihood="bernoulli",
+        cell="tanh",
+        activation="tanh",
+        min_scale=1e-3,
+        variance="softplus",
+        **emission_kwargs,
+    ):
         super().__init__(obs_dim)
-        for name, value in (("z_dim", z_dim), ("encoder_dim", encoder_dim),
-                            ("decoder_dim", decoder_dim), ("emission_dim", emission_dim)):
+        for name, value in (
+            ("z_dim", z_dim),
+            ("encoder_dim", encoder_dim),
+            ("decoder_dim", decoder_dim),
+            ("emission_dim", emission_dim),
+        ):
             positive_int(name, value)
         self.prior_dist = latent_prior(prior)
         self.prior, self.z_dim = prior, int(z_dim)
@@ -94,7 +114,8 @@ class VRAE(SequenceModel):
         self.recognition = GaussianHead(2 * encoder_dim, z_dim, min_scale, variance)
         self.decoder = StepRNN(z_dim, decoder_dim, cell)
         self.emitter, self.likelihood = make_emission(
-            likelihood, decoder_dim, [emission_dim], obs_dim, activation, **emission_kwargs)
+            likelihood, decoder_dim, [emission_dim], obs_dim, activation, **emission_kwargs
+        )
 
     # generative model: z_t ~ p(z_t | z_{t-1}), h_t = f(h_{t-1}, z_t), x_t ~ p(x_t | h_t)
     def model_init(self, state, x, mask):
@@ -103,7 +124,7 @@ class VRAE(SequenceModel):
 
     def model_step(self, state, t, x, mask):
         z = self.sample_latent(state, "z", t, self.prior_dist, (state["z"],), mask)
-        if isinstance(t, slice):   # every z_t known (replayed): the decoder runs once
+        if isinstance(t, slice):  # every z_t known (replayed): the decoder runs once
             h = self.decoder.sequence(z, state["h"])
         else:
             h = self.decoder.step(z, state["h"])
@@ -116,8 +137,9 @@ class VRAE(SequenceModel):
         zeros = x.new_zeros(x.shape[0], self.encoder_dim)
         forward = self.forward_encoder.sequence(x, zeros)
         lengths = mask.sum(-1)
-        backward = reverse_padded(self.backward_encoder.sequence(reverse_padded(x, lengths), zeros),
-                                  lengths)   # starts at each sequence's own last step
+        backward = reverse_padded(
+            self.backward_encoder.sequence(reverse_padded(x, lengths), zeros), lengths
+        )  # starts at each sequence's own last step
         return self.recognition(torch.cat([forward, backward], dim=-1))
 
     def guide_init(self, state, x, mask):
@@ -136,12 +158,13 @@ class VRAE(SequenceModel):
 
         :returns: ``(batch,)``.
         """
-        x, mask = validate_sequences(x, mask, self.obs_dim, self.binary_observations,
-                                     device=module_device(self))
+        x, mask = validate_sequences(
+            x, mask, self.obs_dim, self.binary_observations, device=module_device(self)
+        )
         loc, scale = self.recognition_params(x, mask)
         if self.prior == "wiener":
             return kl_diagonal_normal_wiener(loc, scale, mask=mask)
-        terms = 0.5 * (scale ** 2 + loc ** 2 - 1.0) - torch.log(scale)
+        terms = 0.5 * (scale**2 + loc**2 - 1.0) - torch.log(scale)
         return terms.sum(-1).masked_fill(~mask, 0.0).sum(-1)
 
     @torch.no_grad()

@@ -82,8 +82,7 @@ import torch.nn as nn
 from pyro_seq.models.base import SequenceModel, masked, normal
 from pyro_seq.models.contract import example
 from pyro_seq.models.emission import make_emission, stack_params
-from pyro_seq.nn import GaussianMLP
-from pyro_seq.nn import MLP, BackwardRNN, GaussianHead, cat_broadcast
+from pyro_seq.nn import MLP, BackwardRNN, GaussianHead, GaussianMLP, cat_broadcast
 from pyro_seq.validation import positive_int, validate_generate_args, validate_input_dim
 
 __all__ = ["VRNN"]
@@ -160,9 +159,22 @@ class VRNN(SequenceModel):
     module_name = "vrnn"
     small_example = example(d_dim=4, z_dim=2, hidden_dim=4, feature_dim=4)
 
-    def __init__(self, obs_dim, d_dim=64, z_dim=64, hidden_dim=64, feature_dim=64,
-                 inference="filtering", cell="lstm", likelihood="bernoulli", activation="relu",
-                 min_scale=1e-3, variance="softplus", input_dim=0, **emission_kwargs):
+    def __init__(
+        self,
+        obs_dim,
+        d_dim=64,
+        z_dim=64,
+        hidden_dim=64,
+        feature_dim=64,
+        inference="filtering",
+        cell="lstm",
+        likelihood="bernoulli",
+        activation="relu",
+        min_scale=1e-3,
+        variance="softplus",
+        input_dim=0,
+        **emission_kwargs,
+    ):
         super().__init__(obs_dim)
         self.input_dim = input_dim = validate_input_dim(input_dim)
         d_dim, z_dim = positive_int("d_dim", d_dim), positive_int("z_dim", z_dim)
@@ -178,24 +190,27 @@ class VRNN(SequenceModel):
         self.phi_x = MLP(obs_dim, [hidden_dim], feature_dim, activation, activate_output=True)
         self.phi_z = MLP(z_dim, [hidden_dim], feature_dim, activation, activate_output=True)
         self.recurrence = Recurrence(2 * feature_dim + input_dim, d_dim, cell)  # eq. 4.16, f
-        self.prior = nn.Sequential(                                          # p(z_t | d_t)
+        self.prior = nn.Sequential(  # p(z_t | d_t)
             MLP(d_dim, [], hidden_dim, activation, activate_output=True),
-            GaussianHead(hidden_dim, z_dim, min_scale, variance))
+            GaussianHead(hidden_dim, z_dim, min_scale, variance),
+        )
         emission_args = (likelihood, feature_dim + d_dim, [hidden_dim], obs_dim, activation)
         try:
             inspect.signature(make_emission).bind(*emission_args, **emission_kwargs)
         except TypeError:
             raise TypeError(
                 f"VRNN got unexpected option(s) {sorted(emission_kwargs)}: options other than "
-                f"VRNN's own are passed to make_emission, which does not accept them") from None
+                f"VRNN's own are passed to make_emission, which does not accept them"
+            ) from None
         self.emitter, self.likelihood = make_emission(*emission_args, **emission_kwargs)  # p(x|z,d)
         if inference == "smoothing":
             self.encoder = BackwardRNN(obs_dim + input_dim, d_dim, cell=cell)  # a_t, [x_t, k_t]
             context_dim = d_dim
         else:
-            context_dim = feature_dim                                        # c_t = phi_x(x_t)
-        self.posterior = GaussianMLP(d_dim, context_dim, hidden_dim, z_dim, activation, min_scale,
-                                     variance)                               # q(z_t | c_t, d_t)
+            context_dim = feature_dim  # c_t = phi_x(x_t)
+        self.posterior = GaussianMLP(
+            d_dim, context_dim, hidden_dim, z_dim, activation, min_scale, variance
+        )  # q(z_t | c_t, d_t)
 
     @classmethod
     def for_data(cls, obs_dim, input_dim=0, **options):
@@ -216,8 +231,13 @@ class VRNN(SequenceModel):
     def _first_hidden(self, like, num_sequences, k_1=None):
         """``d_1 = f(d_0, [phi_x(x_0), phi_z(z_0)])`` with ``d_0, x_0, z_0 = 0``: ``(B, d_dim)``;
         with known inputs ``f(d_0, [phi_x(x_0), phi_z(z_0), k_1])``, ``k_1`` ``(B, input_dim)``."""
-        u = torch.cat([self.phi_x(like.new_zeros(1, self.obs_dim)),
-                       self.phi_z(like.new_zeros(1, self.z_dim))], dim=-1)
+        u = torch.cat(
+            [
+                self.phi_x(like.new_zeros(1, self.obs_dim)),
+                self.phi_z(like.new_zeros(1, self.z_dim)),
+            ],
+            dim=-1,
+        )
         if self.input_dim:
             u = cat_broadcast([u, k_1])
         hidden = self.recurrence(u, self.recurrence.initial(like, (1,)))
@@ -245,7 +265,7 @@ class VRNN(SequenceModel):
 
     # ----------------------------------------------------------------- generative model
     def model_init(self, state, x, mask):
-        self._features_x(state, x)          # set by guide_init when both share a state (FIVO)
+        self._features_x(state, x)  # set by guide_init when both share a state (FIVO)
         self._write_hidden(state, "", self._first_hidden(x, x.shape[0], self._input_at(state, 0)))
 
     def model_step(self, state, t, x, mask):
@@ -276,12 +296,13 @@ class VRNN(SequenceModel):
         phi_x = self._features_x(state, x)
         if self.inference == "smoothing":
             seen = torch.cat([x, state.shared["inputs"]], -1) if self.input_dim else x
-            context = self.encoder(seen, mask)                       # a_t from [x_t, k_t]
+            context = self.encoder(seen, mask)  # a_t from [x_t, k_t]
         else:
             context = phi_x
         state.shared["posterior_context"] = self.posterior.project_context(context)
-        self._write_hidden(state, "guide_",
-                           self._first_hidden(x, x.shape[0], self._input_at(state, 0)))
+        self._write_hidden(
+            state, "guide_", self._first_hidden(x, x.shape[0], self._input_at(state, 0))
+        )
 
     def guide_step(self, state, t, x, mask):
         hidden = self._read_hidden(state, "guide_")

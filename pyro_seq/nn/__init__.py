@@ -3,8 +3,8 @@
 from pyro_seq.nn.combiner_scan import combiner_scan
 from pyro_seq.nn.conv import ConvEncoder, SubPixelDecoder
 from pyro_seq.nn.heads import BernoulliHead, GaussianHead, GaussianMLP
-from pyro_seq.nn.memory import DND, DNDRead, EarlierRead, nearest_earlier
 from pyro_seq.nn.init import INIT_SCHEMES, bernoulli_output_layer, init_output_bias, init_weights
+from pyro_seq.nn.memory import DND, DNDRead, EarlierRead, nearest_earlier
 from pyro_seq.nn.mlp import MLP, ClippedLeakyReLU, cat_broadcast, layer_widths, make_activation
 from pyro_seq.nn.recurrent import BackwardRNN, ForwardRNN, reverse_padded
 from pyro_seq.nn.relu_scan import ragged_relu_rnn

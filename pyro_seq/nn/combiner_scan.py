@@ -26,7 +26,7 @@ class _CombinerScan(torch.autograd.Function):
     def forward(ctx, z0, a, eps, w_z, b_z, w_h, b_h, min_scale):
         B, T, Z = eps.shape
         H = a.shape[-1]
-        g = a.new_empty(B, T, H)       # tanh(u_t)
+        g = a.new_empty(B, T, H)  # tanh(u_t)
         out = a.new_empty(B, T, 2 * Z)  # [loc_t, r_t]
         z = a.new_empty(B, T, Z)
         w_z_t, w_h_t = w_z.t(), w_h.t()
@@ -50,8 +50,9 @@ class _CombinerScan(torch.autograd.Function):
     def backward(ctx, g_loc, g_scale, g_z):
         z0, a, eps, w_z, w_h, g, raw, z = ctx.saved_tensors
         B, T, Z = eps.shape
-        g_loc, g_scale, g_z = (torch.zeros_like(z) if v is None else v
-                               for v in (g_loc, g_scale, g_z))  # outputs that got no gradient
+        g_loc, g_scale, g_z = (
+            torch.zeros_like(z) if v is None else v for v in (g_loc, g_scale, g_z)
+        )  # outputs that got no gradient
         # everything that does not depend on the carried gradient, for all steps at once
         sig = torch.sigmoid(raw)
         d_out = torch.cat([g_loc + g_z, (g_scale + g_z * eps) * sig], -1)  # (B, T, 2Z)
@@ -93,9 +94,15 @@ def combiner_scan(z0, a, eps, w_z, b_z, w_h, b_h, min_scale):
     :returns: ``(loc, scale, z)``, each ``(B, T, Z)``; ``z = loc + scale * eps``.
     """
     B, T, Z = eps.shape
-    if z0.shape != (B, Z) or a.shape[:2] != (B, T) or w_z.shape != (a.shape[-1], Z) \
-            or w_h.shape != (2 * Z, a.shape[-1]):
-        raise ValueError(f"combiner_scan: inconsistent shapes z0 {tuple(z0.shape)}, a "
-                         f"{tuple(a.shape)}, eps {tuple(eps.shape)}, w_z {tuple(w_z.shape)}, "
-                         f"w_h {tuple(w_h.shape)}")
+    if (
+        z0.shape != (B, Z)
+        or a.shape[:2] != (B, T)
+        or w_z.shape != (a.shape[-1], Z)
+        or w_h.shape != (2 * Z, a.shape[-1])
+    ):
+        raise ValueError(
+            f"combiner_scan: inconsistent shapes z0 {tuple(z0.shape)}, a "
+            f"{tuple(a.shape)}, eps {tuple(eps.shape)}, w_z {tuple(w_z.shape)}, "
+            f"w_h {tuple(w_h.shape)}"
+        )
     return _CombinerScan.apply(z0, a, eps.detach(), w_z, b_z, w_h, b_h, float(min_scale))

@@ -29,15 +29,19 @@ FRAME_NETWORKS = ("conv", "mlp")
 
 def _check_image_shape(image_shape, layers):
     if len(image_shape) not in (2, 3) or any(
-            isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in image_shape):
-        raise ValueError(f"image_shape must be (H, W) or (C, H, W) positive ints, got {image_shape!r}")
+        isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in image_shape
+    ):
+        raise ValueError(
+            f"image_shape must be (H, W) or (C, H, W) positive ints, got {image_shape!r}"
+        )
     shape = tuple(image_shape) if len(image_shape) == 3 else (1,) + tuple(image_shape)
     if isinstance(layers, bool) or not isinstance(layers, int) or layers < 1:
         raise ValueError(f"layers must be a positive int, got {layers!r}")
-    factor = 2 ** layers
+    factor = 2**layers
     if shape[1] % factor or shape[2] % factor:
-        raise ValueError(f"image height and width must be divisible by 2**layers = {factor}, got "
-                         f"{shape[1:]}")
+        raise ValueError(
+            f"image height and width must be divisible by 2**layers = {factor}, got {shape[1:]}"
+        )
     return shape
 
 
@@ -56,16 +60,20 @@ class ConvEncoder(nn.Module):
         C, H, W = self.image_shape
         convs = []
         for i in range(layers):
-            convs += [nn.Conv2d(C if i == 0 else channels, channels, 3, stride=2, padding=1),
-                      nn.ReLU()]
+            convs += [
+                nn.Conv2d(C if i == 0 else channels, channels, 3, stride=2, padding=1),
+                nn.ReLU(),
+            ]
         self.convs = nn.Sequential(*convs)
         self.out_dim = channels * (H >> layers) * (W >> layers)
 
     def forward(self, x):
         lead = x.shape[:-1]
         if x.shape[-1] != math.prod(self.image_shape):
-            raise ValueError(f"ConvEncoder expects frames of {math.prod(self.image_shape)} values "
-                             f"{self.image_shape}, got {x.shape[-1]}")
+            raise ValueError(
+                f"ConvEncoder expects frames of {math.prod(self.image_shape)} values "
+                f"{self.image_shape}, got {x.shape[-1]}"
+            )
         h = self.convs(x.reshape((-1,) + self.image_shape))
         return h.reshape(lead + (self.out_dim,))
 

@@ -55,8 +55,10 @@ class GaussianHead(nn.Module):
         and raw-scale layers stacked, so that one ``F.linear(h, W, b)`` gives ``[loc, r]``
         (for :meth:`from_fused`; built once and used at many steps, it halves the number of
         small matrix products of a recurrence)."""
-        return (torch.cat([self.loc.weight, self.raw_scale.weight]),
-                torch.cat([self.loc.bias, self.raw_scale.bias]))
+        return (
+            torch.cat([self.loc.weight, self.raw_scale.weight]),
+            torch.cat([self.loc.bias, self.raw_scale.bias]),
+        )
 
     def from_fused(self, out):
         """``(loc, scale)`` from ``out = F.linear(h, *fused_weights())`` ``(..., 2 out_dim)``:
@@ -90,8 +92,9 @@ class GaussianMLP(nn.Module):
     Results are the same.
     """
 
-    def __init__(self, z_dim, context_dim, hidden_dim, out_dim, activation, min_scale,
-                 variance="softplus"):
+    def __init__(
+        self, z_dim, context_dim, hidden_dim, out_dim, activation, min_scale, variance="softplus"
+    ):
         super().__init__()
         self.z_dim = z_dim
         self.first = nn.Linear(z_dim + context_dim, hidden_dim)
@@ -99,20 +102,20 @@ class GaussianMLP(nn.Module):
         self.head = GaussianHead(hidden_dim, out_dim, min_scale, variance)
 
     def project_context(self, context):
-        return F.linear(context, self.first.weight[:, self.z_dim:], self.first.bias)
+        return F.linear(context, self.first.weight[:, self.z_dim :], self.first.bias)
 
     def step_weights(self):
         """``(W_z, W_head, b_head)`` for :meth:`forward` at many steps of one sequence pass:
         ``W_z (hidden, z_dim)`` the ``z`` block of the first layer, ``W_head, b_head`` the fused
         output layers. Build them again after the parameters change (they are views and copies
         made now, with their own autograd history)."""
-        return (self.first.weight[:, :self.z_dim],) + self.head.fused_weights()
+        return (self.first.weight[:, : self.z_dim],) + self.head.fused_weights()
 
     def forward(self, z, projected_context, weights=None):
         """``(loc, scale)`` of eq. 5.3 / 5.10 from ``z`` and the projected context of one step
         (or of all steps, time at dim -2); ``weights`` from :meth:`step_weights` or None."""
         if weights is None:
-            hidden = F.linear(z, self.first.weight[:, :self.z_dim]) + projected_context
+            hidden = F.linear(z, self.first.weight[:, : self.z_dim]) + projected_context
             return self.head(self.activation(hidden))
         w_z, w_head, b_head = weights
         hidden = F.linear(z, w_z) + projected_context

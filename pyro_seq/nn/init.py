@@ -113,8 +113,10 @@ def init_output_bias(model, train_sequences, eps=1e-3):
     """
     layer = bernoulli_output_layer(model)
     if layer is None or layer.bias is None:
-        raise ValueError("init_output_bias needs a model whose Bernoulli emission ends in a "
-                         "Linear layer with a bias")
+        raise ValueError(
+            "init_output_bias needs a model whose Bernoulli emission ends in a "
+            "Linear layer with a bias"
+        )
     if not train_sequences or sum(len(s) for s in train_sequences) == 0:
         raise ValueError("init_output_bias needs at least one training time step")
     frames = torch.cat([torch.as_tensor(s, dtype=torch.float64) for s in train_sequences], 0)

@@ -35,7 +35,9 @@ def make_activation(name):
     try:
         return ACTIVATIONS[name]()
     except KeyError:
-        raise ValueError(f"unknown activation {name!r}; choose from {sorted(ACTIVATIONS)}") from None
+        raise ValueError(
+            f"unknown activation {name!r}; choose from {sorted(ACTIVATIONS)}"
+        ) from None
 
 
 def _width(value):
@@ -56,13 +58,16 @@ def layer_widths(hidden_dims, name="hidden_dims"):
     :raises ValueError: an entry that is not a positive int (0, negative, fractional, bool).
     """
     if isinstance(hidden_dims, (str, bytes)) or not hasattr(hidden_dims, "__iter__"):
-        raise TypeError(f"{name} must be a sequence of layer widths such as (256, 256), got "
-                        f"{hidden_dims!r}")
+        raise TypeError(
+            f"{name} must be a sequence of layer widths such as (256, 256), got {hidden_dims!r}"
+        )
     dims = tuple(hidden_dims)
     for h in dims:
         if _width(h) is None:
-            raise ValueError(f"{name} must hold positive ints (hidden layer widths), got "
-                             f"{dims!r}: {h!r} is not a width; drop the layer or make it >= 1")
+            raise ValueError(
+                f"{name} must hold positive ints (hidden layer widths), got "
+                f"{dims!r}: {h!r} is not a width; drop the layer or make it >= 1"
+            )
     return tuple(_width(h) for h in dims)
 
 

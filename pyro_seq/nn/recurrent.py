@@ -62,13 +62,21 @@ class ForwardRNN(nn.Module):
             if lengths is None:
                 lengths = torch.full((B,), T, dtype=torch.long, device=inputs.device)
             r = self.rnn
-            return ragged_relu_rnn(inputs, lengths.long(), self.h0.expand(B, -1), r.weight_ih_l0,
-                                   r.weight_hh_l0, r.bias_ih_l0 + r.bias_hh_l0)
+            return ragged_relu_rnn(
+                inputs,
+                lengths.long(),
+                self.h0.expand(B, -1),
+                r.weight_ih_l0,
+                r.weight_hh_l0,
+                r.bias_ih_l0 + r.bias_hh_l0,
+            )
         h0 = self.h0.expand(1, inputs.shape[0], -1).contiguous()
         init = (h0, torch.zeros_like(h0)) if self.cell == "lstm" else h0
         out, _ = self.rnn(inputs, init)
         if lengths is not None:
-            out = out * (torch.arange(inputs.shape[1], device=out.device) < lengths.unsqueeze(-1)).unsqueeze(-1)
+            out = out * (
+                torch.arange(inputs.shape[1], device=out.device) < lengths.unsqueeze(-1)
+            ).unsqueeze(-1)
         return out
 
 

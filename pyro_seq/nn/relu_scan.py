@@ -51,7 +51,9 @@ class _RaggedReluRNN(torch.autograd.Function):
         w_hh_t = w_hh.t()
         start = 0
         for n in counts:
-            h = torch.addmm(pre[start:start + n], h[:n], w_hh_t, out=out[start:start + n]).relu_()
+            h = torch.addmm(
+                pre[start : start + n], h[:n], w_hh_t, out=out[start : start + n]
+            ).relu_()
             start += n
         ctx.save_for_backward(xp, h0, w_ih, w_hh, out, order, index)
         ctx.counts, ctx.shape = counts, (B, T)
@@ -72,15 +74,16 @@ class _RaggedReluRNN(torch.autograd.Function):
         dh = None
         for t in range(len(counts) - 1, -1, -1):
             lo, n = offsets[t], counts[t]
-            gt = g[lo:lo + n]
+            gt = g[lo : lo + n]
             if dh is not None:
-                gt[:dh.shape[0]] += dh
-            torch.mul(gt, out[lo:lo + n] > 0, out=dpre[lo:lo + n])
-            dh = dpre[lo:lo + n] @ w_hh
+                gt[: dh.shape[0]] += dh
+            torch.mul(gt, out[lo : lo + n] > 0, out=dpre[lo : lo + n])
+            dh = dpre[lo : lo + n] @ w_hh
         # previous states of every packed row: h0 for step 0, else the same rank one step back
         h0s = h0.index_select(0, order)
-        prev = [h0s[:counts[0]]] + [out[offsets[t - 1]:offsets[t - 1] + counts[t]]
-                                    for t in range(1, len(counts))]
+        prev = [h0s[: counts[0]]] + [
+            out[offsets[t - 1] : offsets[t - 1] + counts[t]] for t in range(1, len(counts))
+        ]
         hprev = torch.cat(prev, 0)
         d_w_hh = dpre.t() @ hprev
         d_w_ih = dpre.t() @ xp
@@ -108,9 +111,13 @@ def ragged_relu_rnn(x, lengths, h0, weight_ih, weight_hh, bias):
     :returns: ``(batch, T, hidden)``, zero at padded steps.
     """
     if x.dim() != 3 or h0.shape != (x.shape[0], weight_hh.shape[0]):
-        raise ValueError(f"expected x (B, T, I) and h0 (B, H); got {tuple(x.shape)}, "
-                         f"{tuple(h0.shape)}")
-    if lengths.shape != (x.shape[0],) or bool((lengths < 1).any()) or \
-            bool((lengths > x.shape[1]).any()):
+        raise ValueError(
+            f"expected x (B, T, I) and h0 (B, H); got {tuple(x.shape)}, {tuple(h0.shape)}"
+        )
+    if (
+        lengths.shape != (x.shape[0],)
+        or bool((lengths < 1).any())
+        or bool((lengths > x.shape[1]).any())
+    ):
         raise ValueError(f"lengths must be (batch,) with values in [1, {x.shape[1]}]")
     return _RaggedReluRNN.apply(x, h0, weight_ih, weight_hh, bias, lengths)

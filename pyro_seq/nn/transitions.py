@@ -57,8 +57,10 @@ class Combiner(nn.Module):
 
     def stacked_heads(self):
         """``(W, b)``: the loc and scale layers stacked, ``(2 z_dim, rnn_dim)`` and ``(2 z_dim,)``."""
-        return (torch.cat([self.loc.weight, self.raw_scale.weight]),
-                torch.cat([self.loc.bias, self.raw_scale.bias]))
+        return (
+            torch.cat([self.loc.weight, self.raw_scale.weight]),
+            torch.cat([self.loc.bias, self.raw_scale.bias]),
+        )
 
     def forward(self, z_prev, a, heads=None):
         h = 0.5 * (torch.tanh(self.z_to_hidden(z_prev)) + a)

@@ -24,12 +24,12 @@ from pyro_seq.ops.kalman import (
     KalmanSmootherResult,
     KalmanStep,
     LGSSMSample,
+    covariance_problem,
     kalman_filter,
     kalman_predict,
-    kalman_update,
     kalman_sample,
     kalman_smoother,
-    covariance_problem,
+    kalman_update,
     lgssm_sample,
     psd_sqrt,
 )
@@ -42,8 +42,8 @@ from pyro_seq.ops.nonlinear import (
     unscented_kalman_filter,
     unscented_kalman_smoother,
 )
-from pyro_seq.ops.particle_filter import ParticleFilterResult, bootstrap_particle_filter
 from pyro_seq.ops.padding import SequenceList, inputs_of, pad_sequences
+from pyro_seq.ops.particle_filter import ParticleFilterResult, bootstrap_particle_filter
 from pyro_seq.ops.resampling import (
     DEFAULT_RESAMPLING,
     RESAMPLE_CRITERIA,

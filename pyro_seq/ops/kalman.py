@@ -150,14 +150,32 @@ import torch
 from torch import Tensor
 
 from pyro_seq.ops.kalman_parallel import affine_scan, backward_scan, covariance_scan
-from pyro_seq.ops.kalman_sequential import (backward_covariance_pass, backward_mean_pass,
-                                            covariance_pass, mean_pass)
-from pyro_seq.ops.kalman_steps import (a_sigma, backward_coefficients, mean_coefficients,
-                                       measurement_update, predicted_means,
-                                       smoother_coefficients, step_log_likelihoods)
-from pyro_seq.ops.lgssm import (COV_TOL_EPS, LGSSMParams, PreparedLGSSM, cat_time,  # noqa: F401
-                                check_devices, covariance_problem, prepare, slice_time,
-                                validate_parameters)
+from pyro_seq.ops.kalman_sequential import (
+    backward_covariance_pass,
+    backward_mean_pass,
+    covariance_pass,
+    mean_pass,
+)
+from pyro_seq.ops.kalman_steps import (
+    a_sigma,
+    backward_coefficients,
+    mean_coefficients,
+    measurement_update,
+    predicted_means,
+    smoother_coefficients,
+    step_log_likelihoods,
+)
+from pyro_seq.ops.lgssm import (  # noqa: F401
+    COV_TOL_EPS,
+    LGSSMParams,
+    PreparedLGSSM,
+    cat_time,
+    check_devices,
+    covariance_problem,
+    prepare,
+    slice_time,
+    validate_parameters,
+)
 from pyro_seq.ops.linalg import broadcast_shapes, jitter_cholesky, mv, sym
 from pyro_seq.pyro_internals import default_validate_args
 from pyro_seq.validation import check_device
@@ -251,15 +269,33 @@ class KalmanSampleResult(NamedTuple):
 # ---------------------------------------------------------------------------------------
 
 
-def _prepare(observations, initial_loc, initial_cov, transition_matrix, transition_cov,
-             observation_matrix, observation_cov, control_matrix=None, controls=None, mask=None,
-             nan_as_missing: bool = False, validate_args: Optional[bool] = None) -> PreparedLGSSM:
+def _prepare(
+    observations,
+    initial_loc,
+    initial_cov,
+    transition_matrix,
+    transition_cov,
+    observation_matrix,
+    observation_cov,
+    control_matrix=None,
+    controls=None,
+    mask=None,
+    nan_as_missing: bool = False,
+    validate_args: Optional[bool] = None,
+) -> PreparedLGSSM:
     """:func:`~pyro_seq.ops.lgssm.prepare` on the arguments of the public functions, with
     ``validate_args=None`` read from ``torch.distributions`` (module docstring)."""
     if validate_args is None:
         validate_args = default_validate_args()
-    params = LGSSMParams(initial_loc, initial_cov, transition_matrix, transition_cov,
-                         observation_matrix, observation_cov, control_matrix)
+    params = LGSSMParams(
+        initial_loc,
+        initial_cov,
+        transition_matrix,
+        transition_cov,
+        observation_matrix,
+        observation_cov,
+        control_matrix,
+    )
     return prepare(observations, params, controls, mask, nan_as_missing, validate_args)
 
 
@@ -316,15 +352,20 @@ def _expand_filter(res: KalmanFilterResult, batch: torch.Size) -> KalmanFilterRe
     )
 
 
-def _smooth(mdl: PreparedLGSSM, f: KalmanFilterResult, method: str, ASig: Optional[Tensor] = None,
-            steady_from: Optional[int] = None, steady_state_tol: float = 0.0):
+def _smooth(
+    mdl: PreparedLGSSM,
+    f: KalmanFilterResult,
+    method: str,
+    ASig: Optional[Tensor] = None,
+    steady_from: Optional[int] = None,
+    steady_state_tol: float = 0.0,
+):
     T = mdl.T
     if T == 1:
         empty = f.covs[..., :0, :, :]
         return f.means, f.covs, empty, empty
     parallel = _resolve_method(method, mdl) == "parallel"
-    J, h, Pc = smoother_coefficients(mdl, f, ASig, backward_covs=parallel,
-                                     steady_from=steady_from)
+    J, h, Pc = smoother_coefficients(mdl, f, ASig, backward_covs=parallel, steady_from=steady_from)
     mT, PT = f.means[..., -1, :], f.covs[..., -1, :, :]
     if parallel:
         means, covs = backward_scan(J, h, Pc, mT, PT)
@@ -388,9 +429,20 @@ def kalman_filter(
         ``batch + (T, S, S)``, ``batch + (T, S)``, ``batch + (T, S, S)``, ``batch + (T,)``
         where ``batch`` broadcasts all batch dimensions.
     """
-    mdl = _prepare(observations, initial_loc, initial_cov, transition_matrix, transition_cov,
-                   observation_matrix, observation_cov, control_matrix, controls, mask,
-                   nan_as_missing, validate_args)
+    mdl = _prepare(
+        observations,
+        initial_loc,
+        initial_cov,
+        transition_matrix,
+        transition_cov,
+        observation_matrix,
+        observation_cov,
+        control_matrix,
+        controls,
+        mask,
+        nan_as_missing,
+        validate_args,
+    )
     res, _, _ = _filter(mdl, method, steady_state_tol)
     return _expand_filter(res, mdl.batch_shape)
 
@@ -429,9 +481,20 @@ def kalman_smoother(
         ``covs batch + (T, S, S)``, ``cross_covs batch + (T-1, S, S)``,
         ``gains batch + (T-1, S, S)``, ``filtered`` (:class:`KalmanFilterResult`).
     """
-    mdl = _prepare(observations, initial_loc, initial_cov, transition_matrix, transition_cov,
-                   observation_matrix, observation_cov, control_matrix, controls, mask,
-                   nan_as_missing, validate_args)
+    mdl = _prepare(
+        observations,
+        initial_loc,
+        initial_cov,
+        transition_matrix,
+        transition_cov,
+        observation_matrix,
+        observation_cov,
+        control_matrix,
+        controls,
+        mask,
+        nan_as_missing,
+        validate_args,
+    )
     f, ASig, steady_from = _filter(mdl, method, steady_state_tol)
     means, covs, cross, J = _smooth(mdl, f, method, ASig, steady_from, steady_state_tol)
     batch = mdl.batch_shape
@@ -476,9 +539,20 @@ def kalman_sample(
     :returns: :class:`KalmanSampleResult` with ``samples`` of shape
         ``sample_shape + batch + (T, S)`` and the ``filtered`` result.
     """
-    mdl = _prepare(observations, initial_loc, initial_cov, transition_matrix, transition_cov,
-                   observation_matrix, observation_cov, control_matrix, controls, mask,
-                   nan_as_missing, validate_args)
+    mdl = _prepare(
+        observations,
+        initial_loc,
+        initial_cov,
+        transition_matrix,
+        transition_cov,
+        observation_matrix,
+        observation_cov,
+        control_matrix,
+        controls,
+        mask,
+        nan_as_missing,
+        validate_args,
+    )
     f, _, _ = _filter(mdl, method, steady_state_tol)
     samples = _sample(mdl, f, sample_shape, noise, method)
     return KalmanSampleResult(samples, _expand_filter(f, mdl.batch_shape))
@@ -537,8 +611,17 @@ def lgssm_sample(
     :returns: :class:`LGSSMSample` ``(states, observations)``.
     """
     sample_shape = torch.Size(sample_shape)
-    sizes = [p.shape[-3] for p in (transition_matrix, transition_cov, observation_matrix,
-                                   observation_cov, control_matrix) if p is not None and p.dim() > 2]
+    sizes = [
+        p.shape[-3]
+        for p in (
+            transition_matrix,
+            transition_cov,
+            observation_matrix,
+            observation_cov,
+            control_matrix,
+        )
+        if p is not None and p.dim() > 2
+    ]
     if controls is not None:
         sizes.append(controls.shape[-2])
     if num_steps is None:
@@ -551,15 +634,26 @@ def lgssm_sample(
         raise ValueError(f"lgssm_sample needs num_steps T >= 1; got T = {T}")
     S, D = initial_loc.shape[-1], observation_matrix.shape[-2]
     dummy = initial_loc.new_zeros(()).expand(T, D)
-    mdl = _prepare(dummy, initial_loc, initial_cov, transition_matrix, transition_cov,
-                   observation_matrix, observation_cov, control_matrix, controls,
-                   validate_args=validate_args)
+    mdl = _prepare(
+        dummy,
+        initial_loc,
+        initial_cov,
+        transition_matrix,
+        transition_cov,
+        observation_matrix,
+        observation_cov,
+        control_matrix,
+        controls,
+        validate_args=validate_args,
+    )
     batch = mdl.param_batch_shape
     if noise is None:
-        e = torch.randn(sample_shape + batch + (T, S), dtype=initial_loc.dtype,
-                        device=initial_loc.device)
-        f = torch.randn(sample_shape + batch + (T, D), dtype=initial_loc.dtype,
-                        device=initial_loc.device)
+        e = torch.randn(
+            sample_shape + batch + (T, S), dtype=initial_loc.dtype, device=initial_loc.device
+        )
+        f = torch.randn(
+            sample_shape + batch + (T, D), dtype=initial_loc.dtype, device=initial_loc.device
+        )
     else:
         e, f = noise
         check_devices(("initial_loc", initial_loc), ("noise[0]", e), ("noise[1]", f))
@@ -619,8 +713,13 @@ class KalmanStep(NamedTuple):
         return self.pred_mean + mv(self.gain, observation - self.loc)
 
 
-def kalman_predict(mean: Tensor, cov: Tensor, transition_matrix: Tensor, transition_cov: Tensor,
-                   offset: Optional[Tensor] = None):
+def kalman_predict(
+    mean: Tensor,
+    cov: Tensor,
+    transition_matrix: Tensor,
+    transition_cov: Tensor,
+    offset: Optional[Tensor] = None,
+):
     """Prediction step (thesis eq. 3.11): mu_{t|t-1} = A_t mu_{t-1} + b_t,
     Sigma_{t|t-1} = A_t Sigma_{t-1} A_t^T + Q_t.
 
@@ -635,8 +734,9 @@ def kalman_predict(mean: Tensor, cov: Tensor, transition_matrix: Tensor, transit
     return m, sym(transition_matrix @ cov @ transition_matrix.mT + transition_cov)
 
 
-def kalman_update(pred_mean: Tensor, pred_cov: Tensor, observation_matrix: Tensor,
-                  observation_cov: Tensor) -> KalmanStep:
+def kalman_update(
+    pred_mean: Tensor, pred_cov: Tensor, observation_matrix: Tensor, observation_cov: Tensor
+) -> KalmanStep:
     """Measurement step (thesis eq. 3.11) up to the observation: K_t = Sigma_{t|t-1} C_t^T S_t^{-1}
     with S_t = C_t Sigma_{t|t-1} C_t^T + R_t, Sigma_t in Joseph form
     (I - K C) Sigma_{t|t-1} (I - K C)^T + K R K^T (PSD by construction), and the predictive

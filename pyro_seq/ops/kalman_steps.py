@@ -19,9 +19,19 @@ import torch
 from torch import Tensor
 
 from pyro_seq.ops.lgssm import PreparedLGSSM, at_time, cat_time, slice_time
-from pyro_seq.ops.linalg import (checked_cholesky, fused_addmm, mv, psd_cholesky, psd_solve,
-                                 repeat_last, rounding_scale, sym, tri_solve_lower,
-                                 tri_solve_lower_transposed, trsv)
+from pyro_seq.ops.linalg import (
+    checked_cholesky,
+    fused_addmm,
+    mv,
+    psd_cholesky,
+    psd_solve,
+    repeat_last,
+    rounding_scale,
+    sym,
+    tri_solve_lower,
+    tri_solve_lower_transposed,
+    trsv,
+)
 
 __all__ = [
     "a_sigma",
@@ -98,7 +108,7 @@ def mean_coefficients(mdl: PreparedLGSSM, K: Tensor):
 def predicted_covs(mdl: PreparedLGSSM, covs: Tensor) -> Tensor:
     """Sigma_{t|t-1} = A_t Sigma_{t-1} A_t^T + Q_t (t >= 2), Sigma_{1|0} for t = 1.
     (pb, T, S, S)."""
-    T, S = mdl.T, mdl.S
+    T = mdl.T
     first = mdl.init_cov.unsqueeze(-3)
     if T == 1:
         return first
@@ -110,7 +120,7 @@ def predicted_covs(mdl: PreparedLGSSM, covs: Tensor) -> Tensor:
 
 def predicted_means(mdl: PreparedLGSSM, means: Tensor) -> Tensor:
     """mu_{t|t-1} = A_t mu_{t-1} + B_t u_t (t >= 2), mu_{1|0} for t = 1. (b, T, S)."""
-    T, S = mdl.T, mdl.S
+    T = mdl.T
     first = mdl.init_loc.unsqueeze(-2)
     if T == 1:
         return first
@@ -148,9 +158,12 @@ def backward_coefficients(mdl: PreparedLGSSM, f):
     A = slice_time(mdl.A, 1, None, 2)
     Q = slice_time(mdl.Q, 1, None, 2)
     Sig = f.covs[..., :-1, :, :]
-    J = psd_solve(f.predicted_covs[..., 1:, :, :], A @ Sig,
-                  "predicted covariance Sigma_{t+1|t}",
-                  scale=rounding_scale(f.predicted_covs)[..., 1:]).mT
+    J = psd_solve(
+        f.predicted_covs[..., 1:, :, :],
+        A @ Sig,
+        "predicted covariance Sigma_{t+1|t}",
+        scale=rounding_scale(f.predicted_covs)[..., 1:],
+    ).mT
     IJA = torch.eye(S, dtype=J.dtype, device=J.device) - J @ A
     Pc = sym(IJA @ Sig @ IJA.mT + J @ Q @ J.mT)
     h = f.means[..., :-1, :] - mv(J, f.predicted_means[..., 1:, :])
@@ -166,8 +179,13 @@ def a_sigma(mdl: PreparedLGSSM, Sig: Tensor) -> Tensor:
     return A @ Sig
 
 
-def smoother_coefficients(mdl: PreparedLGSSM, f, ASig: Optional[Tensor],
-                          backward_covs: bool, steady_from: Optional[int] = None):
+def smoother_coefficients(
+    mdl: PreparedLGSSM,
+    f,
+    ASig: Optional[Tensor],
+    backward_covs: bool,
+    steady_from: Optional[int] = None,
+):
     """RTS gains for smoothing (cheaper variants of :func:`backward_coefficients`).
 
     With L_t L_t^T = Sigma_{t+1|t} (Cholesky) and A_{t+1} Sigma_t (``ASig``, reused from
@@ -185,9 +203,9 @@ def smoother_coefficients(mdl: PreparedLGSSM, f, ASig: Optional[Tensor],
     T1 = mdl.T - 1
     u = T1 if steady_from is None or backward_covs else min(steady_from + 1, T1)
     Sig = f.covs[..., :u, :, :]
-    P = f.predicted_covs[..., 1:u + 1, :, :]
+    P = f.predicted_covs[..., 1 : u + 1, :, :]
     what = "predicted covariance Sigma_{t+1|t}"
-    scale = rounding_scale(f.predicted_covs[..., :u + 1, :, :])[..., 1:]
+    scale = rounding_scale(f.predicted_covs[..., : u + 1, :, :])[..., 1:]
     Lp, deficient = factor = psd_cholesky(P, what, scale)
     if ASig is None:
         ASig = a_sigma(mdl, Sig)

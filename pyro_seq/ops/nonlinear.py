@@ -137,8 +137,10 @@ def _mT(P):
     return P.transpose(-1, -2)
 
 
-_EKF_HINT = ("; for the EKF this usually means f or h is not differentiable at the current "
-             "mean (e.g. sqrt at 0); try the UKF")
+_EKF_HINT = (
+    "; for the EKF this usually means f or h is not differentiable at the current "
+    "mean (e.g. sqrt at 0); try the UKF"
+)
 
 
 def _cholesky(P, what):
@@ -171,15 +173,22 @@ def _prepare(x, mask, initial_loc, initial_cov, transition_cov, observation_cov)
         raise ValueError(f"x must have shape (..., T, D), got {tuple(x.shape)}")
     T, D = x.shape[-2:]
     if T == 0:
-        raise ValueError(f"x has T = 0 time steps (shape {tuple(x.shape)}); the filters need T >= 1")
+        raise ValueError(
+            f"x has T = 0 time steps (shape {tuple(x.shape)}); the filters need T >= 1"
+        )
     if mask is not None:
         mask = element_mask(mask, T, D, x.shape[:-2])  # (..., T, D)
     mask = observed_finite(x, mask, nan_as_missing=False)  # NaN/inf only where masked
     if mask is None:
         mask = torch.ones(x.shape, dtype=torch.bool, device=x.device)
-    for name, p, k in (("transition_cov", transition_cov, 2), ("observation_cov", observation_cov, 2)):
+    for name, p, k in (
+        ("transition_cov", transition_cov, 2),
+        ("observation_cov", observation_cov, 2),
+    ):
         if p.dim() > k and p.shape[-k - 1] not in (1, T):
-            raise ValueError(f"{name}: time dim (dim -3) must have size 1 or T={T}, got {tuple(p.shape)}")
+            raise ValueError(
+                f"{name}: time dim (dim -3) must have size 1 or T={T}, got {tuple(p.shape)}"
+            )
     batch_shape = torch.broadcast_shapes(
         x.shape[:-2],
         mask.shape[:-2],
@@ -231,11 +240,15 @@ def _measurement_update(m_pred, P_pred, x_t, obs_mean, P_zx, P_xx, R, observed):
     any_obs = observed.any(-1)
     m = torch.where(any_obs.unsqueeze(-1), m, m_pred)
     P = torch.where(any_obs.unsqueeze(-1).unsqueeze(-1), P, P_pred)
-    log_lik = torch.where(any_obs, log_lik, torch.zeros((), dtype=log_lik.dtype, device=log_lik.device))
+    log_lik = torch.where(
+        any_obs, log_lik, torch.zeros((), dtype=log_lik.dtype, device=log_lik.device)
+    )
     return m, P, log_lik
 
 
-def _run_gaussian_filter(predict, update, x, mask, initial_loc, initial_cov, transition_cov, observation_cov):
+def _run_gaussian_filter(
+    predict, update, x, mask, initial_loc, initial_cov, transition_cov, observation_cov
+):
     """Shared forward pass. ``predict(m, P, t) -> (m_pred, P_pred_without_Q, D)`` and
     ``update(m_pred, P_pred, t) -> (obs_mean, P_zx, P_xx_without_R)``."""
     T, mask, m, P, x = _prepare(x, mask, initial_loc, initial_cov, transition_cov, observation_cov)
@@ -249,7 +262,9 @@ def _run_gaussian_filter(predict, update, x, mask, initial_loc, initial_cov, tra
             P_pred = sym(P_pred + _time_slice(transition_cov, t, 2))
         obs_mean, P_zx, P_xx = update(m_pred, P_pred, t)
         R = _time_slice(observation_cov, t, 2)
-        m, P, ll = _measurement_update(m_pred, P_pred, x[..., t, :], obs_mean, P_zx, P_xx, R, mask[..., t, :])
+        m, P, ll = _measurement_update(
+            m_pred, P_pred, x[..., t, :], obs_mean, P_zx, P_xx, R, mask[..., t, :]
+        )
         means.append(m)
         covs.append(P)
         pmeans.append(m_pred)
@@ -383,7 +398,9 @@ def extended_kalman_filter(
         P_zx = P_pred @ _mT(G)
         return hm, P_zx, G @ P_zx
 
-    return _run_gaussian_filter(predict, update, x, mask, initial_loc, initial_cov, transition_cov, observation_cov)
+    return _run_gaussian_filter(
+        predict, update, x, mask, initial_loc, initial_cov, transition_cov, observation_cov
+    )
 
 
 def extended_kalman_smoother(
@@ -524,16 +541,22 @@ def unscented_kalman_filter(
     :returns: :class:`GaussianFilterResult`.
     """
     S = initial_loc.shape[-1]
-    wm, wc, scale = unscented_weights(S, alpha, beta, kappa, dtype=initial_loc.dtype, device=initial_loc.device)
+    wm, wc, scale = unscented_weights(
+        S, alpha, beta, kappa, dtype=initial_loc.dtype, device=initial_loc.device
+    )
 
     def predict(m, P, t):
         return _unscented_transform(transition_fn, m, P, t, wm, wc, scale)
 
     def update(m_pred, P_pred, t):
-        obs_mean, obs_cov, cross = _unscented_transform(observation_fn, m_pred, P_pred, t, wm, wc, scale)
+        obs_mean, obs_cov, cross = _unscented_transform(
+            observation_fn, m_pred, P_pred, t, wm, wc, scale
+        )
         return obs_mean, cross, obs_cov
 
-    return _run_gaussian_filter(predict, update, x, mask, initial_loc, initial_cov, transition_cov, observation_cov)
+    return _run_gaussian_filter(
+        predict, update, x, mask, initial_loc, initial_cov, transition_cov, observation_cov
+    )
 
 
 def unscented_kalman_smoother(

@@ -69,12 +69,16 @@ def check_input_list(seqs, inputs, what="inputs"):
     U = None
     for i, (s, u) in enumerate(zip(seqs, inputs)):
         if not torch.is_tensor(u) or u.dim() != 2 or not u.is_floating_point():
-            raise ValueError(f"{what}[{i}]: expected a floating (T, U) tensor, got "
-                             f"{getattr(u, 'dtype', type(u).__name__)} of shape "
-                             f"{tuple(getattr(u, 'shape', ()))}")
+            raise ValueError(
+                f"{what}[{i}]: expected a floating (T, U) tensor, got "
+                f"{getattr(u, 'dtype', type(u).__name__)} of shape "
+                f"{tuple(getattr(u, 'shape', ()))}"
+            )
         if u.shape[0] != s.shape[0]:
-            raise ValueError(f"{what}[{i}] has {u.shape[0]} steps, its sequence {s.shape[0]}: "
-                             "give one input per step")
+            raise ValueError(
+                f"{what}[{i}] has {u.shape[0]} steps, its sequence {s.shape[0]}: "
+                "give one input per step"
+            )
         if U is None:
             U = u.shape[1]
         elif u.shape[1] != U:
@@ -127,5 +131,6 @@ def pad_sequences(
     for i, s in enumerate(seqs):
         x[i, : s.shape[0]] = s.to(dtype)
     mask = torch.arange(x.shape[1], device=device).unsqueeze(0) < torch.tensor(
-        lengths, device=device).unsqueeze(1)
+        lengths, device=device
+    ).unsqueeze(1)
     return x, mask

@@ -43,10 +43,17 @@ from pyro_seq.ops.resampling import (
     deprecated_alias,
     effective_sample_size,
     normalize_log_weights,
+)
+from pyro_seq.ops.resampling import (
     resample as _resample,
 )
 
-__all__ = ["ParticleFilterResult", "additive_gaussian", "ancestral_paths", "bootstrap_particle_filter"]
+__all__ = [
+    "ParticleFilterResult",
+    "additive_gaussian",
+    "ancestral_paths",
+    "bootstrap_particle_filter",
+]
 
 
 class ParticleFilterResult(NamedTuple):
@@ -156,20 +163,25 @@ def bootstrap_particle_filter(
     if resample_threshold is not None:
         warnings.warn(
             f"{name}: `resample_threshold` is deprecated and will be removed in the next release; "
-            "use `resample` (\"ess\", \"always\", \"never\") and `ess_threshold` instead",
-            FutureWarning, stacklevel=2)
+            'use `resample` ("ess", "always", "never") and `ess_threshold` instead',
+            FutureWarning,
+            stacklevel=2,
+        )
         t = float(resample_threshold)
         if resample != "ess" or ess_threshold != 0.5:
-            raise ValueError(f"{name}: pass either `resample`/`ess_threshold` or their deprecated "
-                             f"alias `resample_threshold`, not both")
+            raise ValueError(
+                f"{name}: pass either `resample`/`ess_threshold` or their deprecated "
+                f"alias `resample_threshold`, not both"
+            )
         if t >= 1:
             resample = "always"
         elif t <= 0:
             resample = "never"
         else:
             ess_threshold = t
-    resampling = deprecated_alias(name, "resampling_scheme", resampling_scheme, "resampling",
-                                   resampling, DEFAULT_RESAMPLING)
+    resampling = deprecated_alias(
+        name, "resampling_scheme", resampling_scheme, "resampling", resampling, DEFAULT_RESAMPLING
+    )
     check_resampling_args(resample, ess_threshold, resampling, where=name)
     if isinstance(num_particles, bool) or int(num_particles) != num_particles or num_particles < 1:
         raise ValueError(f"{name}: num_particles must be a positive integer, got {num_particles!r}")
@@ -185,7 +197,11 @@ def bootstrap_particle_filter(
 
     z = _sample(initial_dist.expand((K,) + batch_shape))  # (K, *batch, S)
     log_W = None
-    identity = torch.arange(K, device=x.device).reshape((K,) + (1,) * len(batch_shape)).expand((K,) + batch_shape)
+    identity = (
+        torch.arange(K, device=x.device)
+        .reshape((K,) + (1,) * len(batch_shape))
+        .expand((K,) + batch_shape)
+    )
     particles, log_weights, ancestors, increments, esses, flags = [], [], [], [], [], []
     for t in range(T):
         if t == 0:
@@ -208,7 +224,9 @@ def bootstrap_particle_filter(
                 anc, log_W_bar = identity, log_W
             z = _sample(transition_fn(z, t))
         log_alpha = observation_fn(z, t).log_prob(x[..., t, :])
-        log_alpha = torch.where(mask[..., t], log_alpha, torch.zeros((), dtype=log_alpha.dtype, device=x.device))
+        log_alpha = torch.where(
+            mask[..., t], log_alpha, torch.zeros((), dtype=log_alpha.dtype, device=x.device)
+        )
         log_W_unnorm = log_W_bar + log_alpha
         # exactly 0 at masked steps (where log_W_bar is already normalized)
         zero = torch.zeros((), dtype=log_W_unnorm.dtype, device=x.device)

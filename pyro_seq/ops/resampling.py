@@ -71,10 +71,15 @@ def deprecated_alias(fn_name, old_name, old_value, new_name, new_value, new_defa
         return new_value
     warnings.warn(
         f"{fn_name}: `{old_name}` is deprecated and will be removed in the next release; use "
-        f"`{new_name}` instead", FutureWarning, stacklevel=stacklevel)
+        f"`{new_name}` instead",
+        FutureWarning,
+        stacklevel=stacklevel,
+    )
     if new_value != new_default and new_value != old_value:
-        raise ValueError(f"{fn_name}: got both `{new_name}`={new_value!r} and its deprecated alias "
-                         f"`{old_name}`={old_value!r}; pass only `{new_name}`")
+        raise ValueError(
+            f"{fn_name}: got both `{new_name}`={new_value!r} and its deprecated alias "
+            f"`{old_name}`={old_value!r}; pass only `{new_name}`"
+        )
     return old_value
 
 
@@ -84,19 +89,24 @@ def check_resampling_args(resample=None, ess_threshold=None, resampling=None, wh
     :raises ValueError: with a message naming the argument and its allowed values.
     """
     if resample is not None and resample not in RESAMPLE_CRITERIA:
-        raise ValueError(f"{where}: resample must be one of {RESAMPLE_CRITERIA} (the criterion), "
-                         f"got {resample!r}")
+        raise ValueError(
+            f"{where}: resample must be one of {RESAMPLE_CRITERIA} (the criterion), "
+            f"got {resample!r}"
+        )
     if resampling is not None and resampling not in RESAMPLING_SCHEMES:
-        raise ValueError(f"{where}: resampling must be one of {RESAMPLING_SCHEMES} (the scheme), "
-                         f"got {resampling!r}")
+        raise ValueError(
+            f"{where}: resampling must be one of {RESAMPLING_SCHEMES} (the scheme), "
+            f"got {resampling!r}"
+        )
     if ess_threshold is not None:
         try:
             ok = 0.0 <= float(ess_threshold) <= 1.0
         except (TypeError, ValueError):
             ok = False
         if not ok:
-            raise ValueError(f"{where}: ess_threshold must be a fraction of K in [0, 1], "
-                             f"got {ess_threshold!r}")
+            raise ValueError(
+                f"{where}: ess_threshold must be a fraction of K in [0, 1], got {ess_threshold!r}"
+            )
 
 
 def log_mean_exp(x, dim=0, keepdim=False):
@@ -158,10 +168,14 @@ def resample(log_weights, resampling=DEFAULT_RESAMPLING, generator=None, *, sche
         ``b``. For the stratified and systematic schemes the indices are sorted along the
         particle dimension. Computed without gradient (integer indices are never differentiable).
     """
-    resampling = deprecated_alias("resample", "scheme", scheme, "resampling", resampling, DEFAULT_RESAMPLING)
+    resampling = deprecated_alias(
+        "resample", "scheme", scheme, "resampling", resampling, DEFAULT_RESAMPLING
+    )
     if resampling not in RESAMPLING_SCHEMES:
-        raise ValueError(f"resample: unknown resampling scheme {resampling!r}; choose `resampling` from "
-                         f"{RESAMPLING_SCHEMES}")
+        raise ValueError(
+            f"resample: unknown resampling scheme {resampling!r}; choose `resampling` from "
+            f"{RESAMPLING_SCHEMES}"
+        )
     if log_weights.dim() < 1:
         raise ValueError("log_weights needs a leading particle dimension")
     with torch.no_grad():

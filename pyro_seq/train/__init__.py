@@ -1,7 +1,13 @@
 """Training, evaluation, checkpoints and figures for sequence models."""
 
-from pyro_seq.train.checkpoint import (CheckpointError, load_checkpoint, load_weights, restore,
-                                       save_checkpoint, save_weights)
+from pyro_seq.train.checkpoint import (
+    CheckpointError,
+    load_checkpoint,
+    load_weights,
+    restore,
+    save_checkpoint,
+    save_weights,
+)
 from pyro_seq.train.config import INITS, LR_SCHEDULES, TrainConfig
 from pyro_seq.train.evaluate import elbo_terms, evaluate_bound
 from pyro_seq.train.loop import TrainHistory, fit, initialise

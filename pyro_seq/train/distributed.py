@@ -61,9 +61,18 @@ import pyro
 import torch
 import torch.distributed as dist
 
-__all__ = ["AllReduceGradients", "Launch", "ProcessGroup", "SingleProcess", "check_launch",
-           "default_backend", "free_port", "join_launched_group", "launch_environment",
-           "rank_device"]
+__all__ = [
+    "AllReduceGradients",
+    "Launch",
+    "ProcessGroup",
+    "SingleProcess",
+    "check_launch",
+    "default_backend",
+    "free_port",
+    "join_launched_group",
+    "launch_environment",
+    "rank_device",
+]
 
 
 class SingleProcess:
@@ -117,7 +126,7 @@ class ProcessGroup(SingleProcess):
         return x, mask, inputs
 
     def shard_list(self, sequences):
-        return sequences[self.rank::self.world_size]
+        return sequences[self.rank :: self.world_size]
 
     def all_sum(self, values):
         t = torch.tensor([float(v) for v in values], dtype=torch.float64, device=self.device)
@@ -174,20 +183,24 @@ class AllReduceGradients:
         dtype, device = params[0].dtype, params[0].device
         # one flat tensor: the gradients (zeros for grad None), then per parameter 1 where this
         # rank has a gradient, then the loss and its weight
-        touched = torch.tensor([float(p.grad is not None) for p in params], dtype=dtype,
-                               device=device)
-        tail = torch.tensor([float(value) * weight if mean else float(value), weight],
-                            dtype=dtype, device=device)
-        flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
-                          for p in params] + [touched, tail])
+        touched = torch.tensor(
+            [float(p.grad is not None) for p in params], dtype=dtype, device=device
+        )
+        tail = torch.tensor(
+            [float(value) * weight if mean else float(value), weight], dtype=dtype, device=device
+        )
+        flat = torch.cat(
+            [(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params]
+            + [touched, tail]
+        )
         dist.all_reduce(flat)
         offset = sum(p.numel() for p in params)
-        touched_by = flat[offset:offset + len(params)].tolist()  # ranks with a gradient
+        touched_by = flat[offset : offset + len(params)].tolist()  # ranks with a gradient
         offset = 0
         for p, count in zip(params, touched_by):
             n = p.numel()
             if count > 0:  # else no rank touched it: grad stays None (None here too)
-                grad = flat[offset:offset + n].view_as(p)
+                grad = flat[offset : offset + n].view_as(p)
                 if p.grad is None:
                     p.grad = grad.clone()
                 else:
@@ -228,8 +241,9 @@ def init_process_group(rank, world_size, port, backend=None, timeout=120.0, devi
     backend = backend or default_backend(device)
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ["MASTER_PORT"] = str(port)
-    dist.init_process_group(backend, rank=rank, world_size=world_size,
-                            timeout=timedelta(seconds=timeout))
+    dist.init_process_group(
+        backend, rank=rank, world_size=world_size, timeout=timedelta(seconds=timeout)
+    )
     return ProcessGroup(rank, world_size, device)
 
 
@@ -253,8 +267,10 @@ def _env_int(env, name, default=None):
     try:
         return int(value)
     except ValueError:
-        raise ValueError(f"environment variable {name}={value!r} must be an integer (torchrun "
-                         f"sets it; unset it to train in one process)") from None
+        raise ValueError(
+            f"environment variable {name}={value!r} must be an integer (torchrun "
+            f"sets it; unset it to train in one process)"
+        ) from None
 
 
 def launch_environment(environ=None):
@@ -275,18 +291,27 @@ def launch_environment(environ=None):
     rank, world_size = _env_int(env, "RANK"), _env_int(env, "WORLD_SIZE")
     local_rank = _env_int(env, "LOCAL_RANK", 0)
     if world_size < 1 or not 0 <= rank < world_size:
-        raise ValueError(f"environment variables RANK={rank} and WORLD_SIZE={world_size}: RANK "
-                         "must be in [0, WORLD_SIZE) and WORLD_SIZE >= 1; launch with torchrun "
-                         "or unset both to train in one process")
+        raise ValueError(
+            f"environment variables RANK={rank} and WORLD_SIZE={world_size}: RANK "
+            "must be in [0, WORLD_SIZE) and WORLD_SIZE >= 1; launch with torchrun "
+            "or unset both to train in one process"
+        )
     if local_rank < 0:
         raise ValueError(f"environment variable LOCAL_RANK={local_rank} must be >= 0")
     missing = [name for name in ("MASTER_ADDR", "MASTER_PORT") if not env.get(name)]
     if world_size > 1 and missing:
-        raise ValueError(f"RANK and WORLD_SIZE={world_size} are set but {' and '.join(missing)} "
-                         "is not: set the address and port of rank 0's rendezvous (torchrun's "
-                         "--master-addr/--master-port or --rdzv-endpoint do)")
-    return Launch(rank, world_size, local_rank, env.get("MASTER_ADDR", "127.0.0.1"),
-                  _env_int(env, "MASTER_PORT", 0))
+        raise ValueError(
+            f"RANK and WORLD_SIZE={world_size} are set but {' and '.join(missing)} "
+            "is not: set the address and port of rank 0's rendezvous (torchrun's "
+            "--master-addr/--master-port or --rdzv-endpoint do)"
+        )
+    return Launch(
+        rank,
+        world_size,
+        local_rank,
+        env.get("MASTER_ADDR", "127.0.0.1"),
+        _env_int(env, "MASTER_PORT", 0),
+    )
 
 
 def check_launch(config, launch):
@@ -295,28 +320,33 @@ def check_launch(config, launch):
     free bits needs one process (see the module docstring); on CUDA, ``cuda:K+LOCAL_RANK``
     must exist on this node. Raises ``ValueError``."""
     if config.world_size not in (1, launch.world_size):
-        raise ValueError(f"TrainConfig.world_size={config.world_size} (--nproc) but the launcher "
-                         f"started WORLD_SIZE={launch.world_size} processes; leave world_size at 1 "
-                         f"(the launcher's count is used) or set it to {launch.world_size}")
+        raise ValueError(
+            f"TrainConfig.world_size={config.world_size} (--nproc) but the launcher "
+            f"started WORLD_SIZE={launch.world_size} processes; leave world_size at 1 "
+            f"(the launcher's count is used) or set it to {launch.world_size}"
+        )
     if launch.world_size > 1 and config.free_bits > 0:
         raise ValueError(
             f"free_bits={config.free_bits} with WORLD_SIZE={launch.world_size}: free bits clamps "
             "each group's KL summed over the whole minibatch, and each rank would clamp its own "
-            "shard instead (a different objective); train with free bits in one process")
+            "shard instead (a different objective); train with free bits in one process"
+        )
     device = torch.device(config.device)
     if device.type == "cuda":
         mine = rank_device(device, launch.local_rank)
         if mine.index >= torch.cuda.device_count():
-            raise ValueError(f"LOCAL_RANK={launch.local_rank} on device {config.device!r} needs "
-                             f"{mine} (one GPU per process of a node), but this node has "
-                             f"{torch.cuda.device_count()} CUDA device(s); start at most that "
-                             "many processes per node (torchrun --nproc-per-node)")
+            raise ValueError(
+                f"LOCAL_RANK={launch.local_rank} on device {config.device!r} needs "
+                f"{mine} (one GPU per process of a node), but this node has "
+                f"{torch.cuda.device_count()} CUDA device(s); start at most that "
+                "many processes per node (torchrun --nproc-per-node)"
+            )
 
 
 def join_launched_group(launch, device, backend=None, timeout=120.0):
     """Join the default process group of ``launch`` (``init_method="env://"``) training on
     ``device`` (``rank_device(device, launch.local_rank)``). A group that this process has
-    already joined (``torch.distributed.is_initialized()``: an earlier :func:`fit`, or the
+    already joined (``torch.distributed.is_initialized()``: an earlier :func:`~pyro_seq.train.fit`, or the
     caller's own ``init_process_group``) is used as it is, after checking its rank and size.
 
     :returns: ``(comm, joined)``: the :class:`ProcessGroup` of this rank, and whether this call
@@ -329,20 +359,29 @@ def join_launched_group(launch, device, backend=None, timeout=120.0):
     if not joined:
         rank, size = dist.get_rank(), dist.get_world_size()
         if (rank, size) != (launch.rank, launch.world_size):
-            raise ValueError(f"the process group already joined has rank {rank} of {size}, but "
-                             f"the environment says RANK={launch.rank} of "
-                             f"WORLD_SIZE={launch.world_size}")
+            raise ValueError(
+                f"the process group already joined has rank {rank} of {size}, but "
+                f"the environment says RANK={launch.rank} of "
+                f"WORLD_SIZE={launch.world_size}"
+            )
     else:
-        dist.init_process_group(backend or default_backend(device), init_method="env://",
-                                rank=launch.rank, world_size=launch.world_size,
-                                timeout=timedelta(seconds=timeout))
+        dist.init_process_group(
+            backend or default_backend(device),
+            init_method="env://",
+            rank=launch.rank,
+            world_size=launch.world_size,
+            timeout=timedelta(seconds=timeout),
+        )
     return ProcessGroup(launch.rank, launch.world_size, device), joined
 
 
 def _data_summary(sequences):
     """``(count, elements, sum)`` of a list of tensors: equal lists give equal summaries."""
-    return (len(sequences), sum(int(s.numel()) for s in sequences),
-            float(sum(float(s.double().sum()) for s in sequences)))
+    return (
+        len(sequences),
+        sum(int(s.numel()) for s in sequences),
+        float(sum(float(s.double().sum()) for s in sequences)),
+    )
 
 
 def check_same_run(comm, train_sequences, valid_sequences, settings):
@@ -350,8 +389,11 @@ def check_same_run(comm, train_sequences, valid_sequences, settings):
     validation data (count, elements, sum) and the same ``settings`` (a dict): launched
     processes each load their own, and ranks with different numbers of minibatches would wait
     for each other until ``dist_timeout``."""
-    mine = {"train": _data_summary(train_sequences), "valid": _data_summary(valid_sequences),
-            **settings}
+    mine = {
+        "train": _data_summary(train_sequences),
+        "valid": _data_summary(valid_sequences),
+        **settings,
+    }
     everyone = [None] * comm.world_size
     dist.all_gather_object(everyone, mine)
     for rank, theirs in enumerate(everyone):
@@ -360,13 +402,13 @@ def check_same_run(comm, train_sequences, valid_sequences, settings):
                 raise ValueError(
                     f"rank {rank} has {key}={theirs.get(key)!r} but rank 0 has "
                     f"{everyone[0].get(key)!r}: every launched process must call fit with the "
-                    "same data (train/valid: count, elements, sum) and the same TrainConfig")
+                    "same data (train/valid: count, elements, sum) and the same TrainConfig"
+                )
 
 
 def broadcast_weights(comm, model):
     """Give every rank rank 0's parameters and buffers (in place)."""
-    state = [{k: v.detach().cpu() for k, v in model.state_dict().items()} if comm.is_main
-             else None]
+    state = [{k: v.detach().cpu() for k, v in model.state_dict().items()} if comm.is_main else None]
     dist.broadcast_object_list(state, src=0, device=comm.device)
     if not comm.is_main:
         model.load_state_dict(state[0])
@@ -390,6 +432,8 @@ def check_shared_folder(comm, out_dir):
     dist.all_gather_object(seen, sees)
     blind = [rank for rank, ok in enumerate(seen) if not ok]
     if blind:
-        raise RuntimeError(f"rank(s) {blind} do not see the files rank 0 writes in {out_dir}: "
-                           "give fit an output folder on a file system that every node reads "
-                           "(rank 0 writes the checkpoints there and every rank reads them)")
+        raise RuntimeError(
+            f"rank(s) {blind} do not see the files rank 0 writes in {out_dir}: "
+            "give fit an output folder on a file system that every node reads "
+            "(rank 0 writes the checkpoints there and every rank reads them)"
+        )

@@ -16,12 +16,17 @@ def plot_history(history, path):
     if "valid_elbo_per_step" in history[0]:
         ax.plot(epochs, [row["valid_elbo_per_step"] for row in history], label="validation ELBO")
         ax2 = ax.twinx()
-        ax2.plot(epochs, [row["valid_kl_per_step"] for row in history], "C2--", label="validation KL")
+        ax2.plot(
+            epochs, [row["valid_kl_per_step"] for row in history], "C2--", label="validation KL"
+        )
         ax2.set_ylabel("KL (nats / step)")
         ax2.legend(loc="lower right")
     elif "valid_pll_per_step" in history[0]:
-        ax.plot(epochs, [row["valid_pll_per_step"] for row in history],
-                label="validation pseudo-log-likelihood")
+        ax.plot(
+            epochs,
+            [row["valid_pll_per_step"] for row in history],
+            label="validation pseudo-log-likelihood",
+        )
     ax.set_xlabel("epoch")
     ax.set_ylabel("bound (nats / step)")
     ax.legend(loc="upper left")
@@ -40,8 +45,15 @@ def plot_piano_roll(roll, path, probs=None, title="sample", lowest_note=21):
     if probs is not None:
         images.append((torch.as_tensor(probs).float(), f"{title}: note probabilities"))
     for ax, (img, name) in zip(axes[:, 0], images):
-        ax.imshow(img.T.numpy(), aspect="auto", origin="lower", cmap="Greys", vmin=0, vmax=1,
-                  extent=(0, img.shape[0], lowest_note - 0.5, lowest_note + img.shape[1] - 0.5))
+        ax.imshow(
+            img.T.numpy(),
+            aspect="auto",
+            origin="lower",
+            cmap="Greys",
+            vmin=0,
+            vmax=1,
+            extent=(0, img.shape[0], lowest_note - 0.5, lowest_note + img.shape[1] - 0.5),
+        )
         ax.set_xlabel("time step")
         ax.set_ylabel("MIDI note")
         ax.set_title(name)
@@ -55,8 +67,13 @@ def plot_features(values, path, title="sample", max_lines=8):
     the curves of the first ``max_lines``."""
     values = torch.as_tensor(values).float()
     fig, axes = plt.subplots(2, 1, figsize=(8, 6), squeeze=False)
-    image = axes[0, 0].imshow(values.T.numpy(), aspect="auto", origin="lower", cmap="viridis",
-                              extent=(0, values.shape[0], -0.5, values.shape[1] - 0.5))
+    image = axes[0, 0].imshow(
+        values.T.numpy(),
+        aspect="auto",
+        origin="lower",
+        cmap="viridis",
+        extent=(0, values.shape[0], -0.5, values.shape[1] - 0.5),
+    )
     fig.colorbar(image, ax=axes[0, 0])
     axes[0, 0].set_ylabel("feature")
     axes[0, 0].set_title(f"{title}: features")
@@ -82,13 +99,23 @@ def plot_recovery(clean, corrupted, recovered, path, probs=None, title="recovery
     corrupted = torch.as_tensor(corrupted).float()
     errors = (recovered != clean).float()
     shown = recovered if probs is None else torch.as_tensor(probs).float()
-    panels = [(clean, "clean"), (torch.nan_to_num(corrupted, nan=0.5), "corrupted (grey: missing)"),
-              (shown, "recovered" if probs is None else "recovered (probabilities)"),
-              (errors, f"errors ({int(errors.sum())} of {errors.numel()})")]
+    panels = [
+        (clean, "clean"),
+        (torch.nan_to_num(corrupted, nan=0.5), "corrupted (grey: missing)"),
+        (shown, "recovered" if probs is None else "recovered (probabilities)"),
+        (errors, f"errors ({int(errors.sum())} of {errors.numel()})"),
+    ]
     fig, axes = plt.subplots(len(panels), 1, figsize=(8, 2.4 * len(panels)), squeeze=False)
     for ax, (img, name) in zip(axes[:, 0], panels):
-        ax.imshow(img.T.numpy(), aspect="auto", origin="lower", cmap="Greys", vmin=0, vmax=1,
-                  extent=(0, img.shape[0], lowest_note - 0.5, lowest_note + img.shape[1] - 0.5))
+        ax.imshow(
+            img.T.numpy(),
+            aspect="auto",
+            origin="lower",
+            cmap="Greys",
+            vmin=0,
+            vmax=1,
+            extent=(0, img.shape[0], lowest_note - 0.5, lowest_note + img.shape[1] - 0.5),
+        )
         ax.set_ylabel("MIDI note")
         ax.set_title(f"{title}: {name}")
     axes[-1, 0].set_xlabel("time step")
@@ -130,8 +157,14 @@ def plot_video(frames, path, positions=None, title="video", max_frames=20):
     fig = plt.figure(figsize=(5.0 + 1.1 * cols, max(4.2, 1.2 * rows)), layout="constrained")
     left, right = fig.subfigures(1, 2, width_ratios=(5.0, 1.1 * cols))
     ax = left.subplots()
-    ax.imshow(video_trajectory(frames).numpy(), cmap="Greys", vmin=0, vmax=1,
-              interpolation="nearest", extent=(0, W, H, 0))
+    ax.imshow(
+        video_trajectory(frames).numpy(),
+        cmap="Greys",
+        vmin=0,
+        vmax=1,
+        interpolation="nearest",
+        extent=(0, W, H, 0),
+    )
     if positions is not None:
         pos = torch.as_tensor(positions).float()
         scatter = ax.scatter(pos[:, 0], pos[:, 1], c=range(T), cmap="viridis", s=12, zorder=3)
@@ -145,8 +178,9 @@ def plot_video(frames, path, positions=None, title="video", max_frames=20):
         ax.set_xticks([])
         ax.set_yticks([])
         if k < len(shown):
-            ax.imshow(frames[shown[k]].numpy(), cmap="Greys", vmin=0, vmax=1,
-                      interpolation="nearest")
+            ax.imshow(
+                frames[shown[k]].numpy(), cmap="Greys", vmin=0, vmax=1, interpolation="nearest"
+            )
             ax.set_title(f"t={shown[k]}", fontsize=8)
         else:
             ax.axis("off")

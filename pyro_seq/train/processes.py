@@ -29,8 +29,9 @@ __all__ = ["fit_processes"]
 PER_RANK_SETTINGS = ("world_size", "progress", "num_threads")
 
 
-def _worker(rank, world_size, port, model, train_sequences, valid_sequences, config, out_dir,
-            resume):
+def _worker(
+    rank, world_size, port, model, train_sequences, valid_sequences, config, out_dir, resume
+):
     """One rank of :func:`fit_processes` (started by ``torch.multiprocessing.spawn``)."""
     import torch.distributed as dist
 
@@ -43,10 +44,13 @@ def _worker(rank, world_size, port, model, train_sequences, valid_sequences, con
         # N processes with torch's default thread count each would oversubscribe the cores
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
     device = rank_device(parse_device(config.device), rank)
-    comm = init_process_group(rank, world_size, port, config.dist_backend, config.dist_timeout,
-                              device=device)
+    comm = init_process_group(
+        rank, world_size, port, config.dist_backend, config.dist_timeout, device=device
+    )
     try:
-        fit_rank(model, train_sequences, valid_sequences, config, Path(out_dir), resume, comm, device)
+        fit_rank(
+            model, train_sequences, valid_sequences, config, Path(out_dir), resume, comm, device
+        )
     finally:
         dist.destroy_process_group()
 
@@ -62,8 +66,9 @@ def fit_processes(model, train_sequences, valid_sequences, config, out_dir, resu
     of rank 0 (spawned) or of this rank (launched), with ``model`` holding the trained weights.
     """
     if launch is not None:
-        return _fit_launched(model, train_sequences, valid_sequences, config, out_dir, resume,
-                             launch)
+        return _fit_launched(
+            model, train_sequences, valid_sequences, config, out_dir, resume, launch
+        )
     import torch.multiprocessing as mp
 
     from pyro_seq.train.distributed import free_port
@@ -72,21 +77,37 @@ def fit_processes(model, train_sequences, valid_sequences, config, out_dir, resu
     if summary_path.exists():
         summary_path.unlink()
     try:
-        mp.spawn(_worker, nprocs=config.world_size, join=True,
-                 args=(config.world_size, free_port(), model, train_sequences, valid_sequences,
-                       config, str(out_dir), resume))
+        mp.spawn(
+            _worker,
+            nprocs=config.world_size,
+            join=True,
+            args=(
+                config.world_size,
+                free_port(),
+                model,
+                train_sequences,
+                valid_sequences,
+                config,
+                str(out_dir),
+                resume,
+            ),
+        )
     except mp.ProcessRaisedException as e:
         raise RuntimeError(f"distributed training failed in a rank: {e}") from None
     except mp.ProcessExitedException as e:
-        raise RuntimeError(f"distributed training failed: {e} (the other ranks were "
-                           "stopped)") from None
+        raise RuntimeError(
+            f"distributed training failed: {e} (the other ranks were stopped)"
+        ) from None
     summary = json.loads(summary_path.read_text())
     log = out_dir / "log.json"
     history = TrainHistory(json.loads(log.read_text()) if log.exists() else [])
     for key, value in summary.items():
         setattr(history, key, value)
-    weights = (load_weights(out_dir / "best.pt") if summary["restored_best"]
-               else load_checkpoint(out_dir / "checkpoint.pt")["model"])
+    weights = (
+        load_weights(out_dir / "best.pt")
+        if summary["restored_best"]
+        else load_checkpoint(out_dir / "checkpoint.pt")["model"]
+    )
     model.load_state_dict(weights)
     model.to(parse_device(config.device))  # as after a one-process fit: on the (first) device
     pyro.clear_param_store()
@@ -98,18 +119,24 @@ def _fit_launched(model, train_sequences, valid_sequences, config, out_dir, resu
     """:func:`fit_processes` as one rank of the group that ``launch`` describes."""
     import torch.distributed as dist
 
-    from pyro_seq.train.distributed import (broadcast_weights, check_same_run,
-                                            check_shared_folder, join_launched_group)
+    from pyro_seq.train.distributed import (
+        broadcast_weights,
+        check_same_run,
+        check_shared_folder,
+        join_launched_group,
+    )
 
-    comm, joined = join_launched_group(launch, parse_device(config.device), config.dist_backend,
-                                       config.dist_timeout)
+    comm, joined = join_launched_group(
+        launch, parse_device(config.device), config.dist_backend, config.dist_timeout
+    )
     try:
         settings = {k: v for k, v in asdict(config).items() if k not in PER_RANK_SETTINGS}
         check_same_run(comm, train_sequences, valid_sequences, dict(settings, resume=resume))
         check_shared_folder(comm, out_dir)
         broadcast_weights(comm, model)
-        return fit_rank(model, train_sequences, valid_sequences, config, out_dir, resume, comm,
-                    comm.device)
+        return fit_rank(
+            model, train_sequences, valid_sequences, config, out_dir, resume, comm, comm.device
+        )
     finally:
         if joined:
             dist.destroy_process_group()

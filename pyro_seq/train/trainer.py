@@ -13,5 +13,16 @@ from pyro_seq.train.config import INITS, LR_SCHEDULES, TrainConfig
 from pyro_seq.train.loop import MONITORED_BOUND, TrainHistory, fit, initialise
 from pyro_seq.train.schedules import epoch_lr, kl_beta, lr_multiplier, make_optimizer
 
-__all__ = ["INITS", "LR_SCHEDULES", "MONITORED_BOUND", "TrainConfig", "TrainHistory", "epoch_lr",
-           "fit", "initialise", "kl_beta", "lr_multiplier", "make_optimizer"]
+__all__ = [
+    "INITS",
+    "LR_SCHEDULES",
+    "MONITORED_BOUND",
+    "TrainConfig",
+    "TrainHistory",
+    "epoch_lr",
+    "fit",
+    "initialise",
+    "kl_beta",
+    "lr_multiplier",
+    "make_optimizer",
+]

@@ -12,7 +12,9 @@ POLYPHONIC = PROJECT_ROOT.parent / "shared" / "data" / "polyphonic"
 def _require(name: str) -> Path:
     path = POLYPHONIC / name
     if not path.is_file():
-        pytest.skip(f"needs the shared data file {path}: {name} is absent (the shared data folder ../shared/data is not beside this checkout)")
+        pytest.skip(
+            f"needs the shared data file {path}: {name} is absent (the shared data folder ../shared/data is not beside this checkout)"
+        )
     return path
 
 

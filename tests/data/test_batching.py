@@ -22,8 +22,10 @@ def _tagged(n, seed=0, D=2):
     """Sequences whose feature 0 is their index + 1 at every step, with varied lengths."""
     g = torch.Generator().manual_seed(seed)
     lengths = torch.randint(1, 30, (n,), generator=g).tolist()
-    return [torch.cat([torch.full((T, 1), i + 1.0), torch.rand(T, D - 1, generator=g)], 1)
-            for i, T in enumerate(lengths)]
+    return [
+        torch.cat([torch.full((T, 1), i + 1.0), torch.rand(T, D - 1, generator=g)], 1)
+        for i, T in enumerate(lengths)
+    ]
 
 
 def _ids(x, mask):
@@ -71,7 +73,7 @@ def test_chunk_concat_round_trip():
     per_seq = [3, 1, 2, 2]
     start = 0
     for s, n in zip(seqs, per_seq):
-        assert torch.equal(torch.cat(chunks[start:start + n]), s)
+        assert torch.equal(torch.cat(chunks[start : start + n]), s)
         start += n
     dropped = chunk_sequences(seqs, 4, drop_remainder=True)
     assert [c.shape[0] for c in dropped] == [4, 4, 4, 4, 4]
@@ -87,8 +89,14 @@ def test_chunk_concat_round_trip():
 @pytest.mark.parametrize("sort_by_length", [False, True])
 def test_loader_covers_every_sequence_once_per_epoch(drop_last, sort_by_length):
     seqs = _tagged(23)
-    loader = SequenceLoader(seqs, batch_size=5, seed=3, drop_last=drop_last,
-                            sort_by_length=sort_by_length, bucket_batches=2)
+    loader = SequenceLoader(
+        seqs,
+        batch_size=5,
+        seed=3,
+        drop_last=drop_last,
+        sort_by_length=sort_by_length,
+        bucket_batches=2,
+    )
     assert len(loader) == (4 if drop_last else 5)
     for epoch in range(3):
         batches = list(loader.batches(epoch))
@@ -155,7 +163,9 @@ def test_loader_chunking():
     assert len(loader.items) == 6 and len(loader) == 3
     assert loader.num_steps == 20
     x, mask = next(iter(loader))
-    assert x.shape == (2, 4, 3) and torch.equal(x[0], seqs[0][:4]) and torch.equal(x[1], seqs[0][4:8])
+    assert (
+        x.shape == (2, 4, 3) and torch.equal(x[0], seqs[0][:4]) and torch.equal(x[1], seqs[0][4:8])
+    )
     steps = sum(int(m.sum()) for _, m in loader.batches(1))
     assert steps == 20
 
@@ -189,27 +199,59 @@ def _batch():
         (lambda: (torch.zeros(2, 3, 4, 1), None), {}, r"3 dimensions .* got 4"),
         (lambda: (torch.zeros(2, 3, 4, dtype=torch.long), None), {}, "floating-point"),
         (lambda: (torch.zeros(2, 0, 4), None), {}, "empty dimension"),
-        (lambda: (_batch()[0], torch.ones(2, 4, dtype=torch.bool)), {},
-         r"mask shape \(2, 4\) does not match x's \(batch, T\) = \(2, 3\)"),
-        (lambda: (_batch()[0], torch.tensor([[1.0, 1.0, 0.5], [1.0, 1.0, 0.0]])), {},
-         r"mask must be bool or contain only 0 and 1 \(dtype torch.float32\), found 0.5 at "
-         r"\(batch 0, step 2\)"),
-        (lambda: (_batch()[0], torch.tensor([[2, 1, 1], [1, 1, 0]])), {},
-         r"contain only 0 and 1 \(dtype torch.int64\), found 2 at \(batch 0, step 0\)"),
+        (
+            lambda: (_batch()[0], torch.ones(2, 4, dtype=torch.bool)),
+            {},
+            r"mask shape \(2, 4\) does not match x's \(batch, T\) = \(2, 3\)",
+        ),
+        (
+            lambda: (_batch()[0], torch.tensor([[1.0, 1.0, 0.5], [1.0, 1.0, 0.0]])),
+            {},
+            r"mask must be bool or contain only 0 and 1 \(dtype torch.float32\), found 0.5 at "
+            r"\(batch 0, step 2\)",
+        ),
+        (
+            lambda: (_batch()[0], torch.tensor([[2, 1, 1], [1, 1, 0]])),
+            {},
+            r"contain only 0 and 1 \(dtype torch.int64\), found 2 at \(batch 0, step 0\)",
+        ),
         (lambda: (torch.zeros(0, 3, 4), None), {}, r"empty dimension \(batch = 0\)"),
         (lambda: (torch.zeros(2, 3, 0), None), {}, r"empty dimension \(D = 0\)"),
-        (lambda: (_batch()[0].index_put((torch.tensor(1), torch.tensor(2), torch.tensor(0)),
-                                        torch.tensor(float("nan"))), _batch()[1]), {},
-         r"NaN at \(batch 1, step 2, feature 0\), a padded step"),
-        (lambda: (_batch()[0].index_put((torch.tensor(0), torch.tensor(1), torch.tensor(3)),
-                                        torch.tensor(float("inf"))), _batch()[1]), {},
-         r"infinite value at \(batch 0, step 1, feature 3\), a real step"),
-        (lambda: (_batch()[0], torch.tensor([[True, True, True], [False, False, False]])), {},
-         "empty sequence: mask row 1"),
-        (lambda: (_batch()[0], torch.tensor([[True, False, True], [True, True, False]])),
-         {"prefix_mask": True}, "mask row 0 is not a prefix"),
-        (lambda: (_batch()[0] * 0.5, _batch()[1]), {"binary": True},
-         r"binary \(0/1\) for a Bernoulli model, found 0.5 at \(batch 0, step 0, feature 0\)"),
+        (
+            lambda: (
+                _batch()[0].index_put(
+                    (torch.tensor(1), torch.tensor(2), torch.tensor(0)), torch.tensor(float("nan"))
+                ),
+                _batch()[1],
+            ),
+            {},
+            r"NaN at \(batch 1, step 2, feature 0\), a padded step",
+        ),
+        (
+            lambda: (
+                _batch()[0].index_put(
+                    (torch.tensor(0), torch.tensor(1), torch.tensor(3)), torch.tensor(float("inf"))
+                ),
+                _batch()[1],
+            ),
+            {},
+            r"infinite value at \(batch 0, step 1, feature 3\), a real step",
+        ),
+        (
+            lambda: (_batch()[0], torch.tensor([[True, True, True], [False, False, False]])),
+            {},
+            "empty sequence: mask row 1",
+        ),
+        (
+            lambda: (_batch()[0], torch.tensor([[True, False, True], [True, True, False]])),
+            {"prefix_mask": True},
+            "mask row 0 is not a prefix",
+        ),
+        (
+            lambda: (_batch()[0] * 0.5, _batch()[1]),
+            {"binary": True},
+            r"binary \(0/1\) for a Bernoulli model, found 0.5 at \(batch 0, step 0, feature 0\)",
+        ),
     ],
 )
 def test_validate_errors_name_the_problem(make, kwargs, message):
@@ -243,14 +285,19 @@ def test_validate_binary_ignores_padding_but_not_real_steps():
     validate_sequences(x, mask, binary=False)
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    (dict(bucket_batches=2.5, sort_by_length=True),
-     r"bucket_batches must be a positive int, got 2\.5"),
-    (dict(bucket_batches="4"), r"bucket_batches must be a positive int, got '4'"),
-    (dict(seed=-1), r"seed must be a non-negative int, got -1"),
-    (dict(seed="abc"), r"seed must be a non-negative int, got 'abc'"),
-    (dict(seed=None), r"seed must be a non-negative int, got None"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (
+            dict(bucket_batches=2.5, sort_by_length=True),
+            r"bucket_batches must be a positive int, got 2\.5",
+        ),
+        (dict(bucket_batches="4"), r"bucket_batches must be a positive int, got '4'"),
+        (dict(seed=-1), r"seed must be a non-negative int, got -1"),
+        (dict(seed="abc"), r"seed must be a non-negative int, got 'abc'"),
+        (dict(seed=None), r"seed must be a non-negative int, got None"),
+    ],
+)
 def test_bad_pool_size_and_seed_are_refused_at_construction(kwargs, message):
     # regression (found by tests/property): bucket_batches=2.5 and seed=-1 were accepted and
     # failed at the first iteration with numpy's "'float' object cannot be interpreted as an

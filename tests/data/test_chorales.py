@@ -34,19 +34,24 @@ def _synthetic_score():
     """A tiny score whose roll is known by hand (offsets in quarter notes in comments)."""
     soprano = _part(
         "Soprano",
-        note.Rest(quarterLength=1),                 # 0-1
-        note.Note("C5", quarterLength=1),           # 1-2   MIDI 72
-        note.Note("D5", quarterLength=0.5),         # 2-2.5 MIDI 74, sounds at beat 2
-        note.Note("E5", quarterLength=0.5),         # 2.5-3 between beats: dropped
-        note.Note("F5", quarterLength=2),           # 3-5   MIDI 77
-        note.Rest(quarterLength=1),                 # 5-6
-        note.Note("G5", quarterLength=1),           # 6-7   MIDI 79
+        note.Rest(quarterLength=1),  # 0-1
+        note.Note("C5", quarterLength=1),  # 1-2   MIDI 72
+        note.Note("D5", quarterLength=0.5),  # 2-2.5 MIDI 74, sounds at beat 2
+        note.Note("E5", quarterLength=0.5),  # 2.5-3 between beats: dropped
+        note.Note("F5", quarterLength=2),  # 3-5   MIDI 77
+        note.Rest(quarterLength=1),  # 5-6
+        note.Note("G5", quarterLength=1),  # 6-7   MIDI 79
     )
-    alto = _part("Alto 1", note.Rest(quarterLength=2), note.Note("A4", quarterLength=2),  # 2-4: 69
-                 note.Rest(quarterLength=3))
-    tenor = _part("Tenor", note.Rest(quarterLength=1),
-                  chord.Chord(["C3", "E3"], quarterLength=1))                    # 1-2: 48, 52
-    horn = _part("Horn 1", note.Note("C4", quarterLength=4))                     # 0-4: 60 (not vocal)
+    alto = _part(
+        "Alto 1",
+        note.Rest(quarterLength=2),
+        note.Note("A4", quarterLength=2),  # 2-4: 69
+        note.Rest(quarterLength=3),
+    )
+    tenor = _part(
+        "Tenor", note.Rest(quarterLength=1), chord.Chord(["C3", "E3"], quarterLength=1)
+    )  # 1-2: 48, 52
+    horn = _part("Horn 1", note.Note("C4", quarterLength=4))  # 0-4: 60 (not vocal)
     score = stream.Score()
     for p in (soprano, alto, tenor, horn):
         score.insert(0, p)
@@ -59,10 +64,31 @@ def test_synthetic_score_reference():
     assert raw.dtype == torch.uint8 and raw.shape == (7, 88)
     assert roll_to_notes(raw) == [(), (48, 52, 72), (69, 74), (69, 77), (77,), (), (79,)]
     everything = score_to_piano_roll(score, vocal_only=False, max_silence=None)
-    assert roll_to_notes(everything) == [(60,), (48, 52, 60, 72), (60, 69, 74), (60, 69, 77), (77,), (), (79,)]
+    assert roll_to_notes(everything) == [
+        (60,),
+        (48, 52, 60, 72),
+        (60, 69, 74),
+        (60, 69, 77),
+        (77,),
+        (),
+        (79,),
+    ]
     # default: leading/trailing silence removed, silent runs limited to 4 steps
-    assert roll_to_notes(score_to_piano_roll(score)) == [(48, 52, 72), (69, 74), (69, 77), (77,), (), (79,)]
-    assert roll_to_notes(score_to_piano_roll(score, max_silence=0)) == [(48, 52, 72), (69, 74), (69, 77), (77,), (79,)]
+    assert roll_to_notes(score_to_piano_roll(score)) == [
+        (48, 52, 72),
+        (69, 74),
+        (69, 77),
+        (77,),
+        (),
+        (79,),
+    ]
+    assert roll_to_notes(score_to_piano_roll(score, max_silence=0)) == [
+        (48, 52, 72),
+        (69, 74),
+        (69, 77),
+        (77,),
+        (79,),
+    ]
     # eighth-note resolution keeps the passing note E5 (76) at step 5 (offset 2.5)
     fine = score_to_piano_roll(score, steps_per_quarter=2, max_silence=None)
     assert fine.shape == (14, 88) and roll_to_notes(fine)[4:6] == [(69, 74), (69, 76)]
@@ -121,7 +147,11 @@ def test_split_is_deterministic_and_groups_versions():
 def test_build_a_few_chorales():
     files = [_corpus_file(n) for n in ("bwv66.6.mxl", "bwv1.6.mxl", "bwv269.mxl")]
     rolls, names = ch.build_chorales(files, progress=False)
-    assert sorted(n for s in names for n in names[s]) == ["bach/bwv1.6.mxl", "bach/bwv269.mxl", "bach/bwv66.6.mxl"]
+    assert sorted(n for s in names for n in names[s]) == [
+        "bach/bwv1.6.mxl",
+        "bach/bwv269.mxl",
+        "bach/bwv66.6.mxl",
+    ]
     for split in ("train", "valid", "test"):
         assert len(rolls[split]) == len(names[split])
         for r, name in zip(rolls[split], names[split]):
@@ -136,10 +166,13 @@ def _fake_build(calls):
     def build(paths=None, progress=True):
         calls.append(progress)
         g = torch.Generator().manual_seed(len(calls))
-        rolls = {s: [(torch.rand(T, 88, generator=g) < 0.05).to(torch.uint8) for T in (5, 9)]
-                 for s in ("train", "valid", "test")}
+        rolls = {
+            s: [(torch.rand(T, 88, generator=g) < 0.05).to(torch.uint8) for T in (5, 9)]
+            for s in ("train", "valid", "test")
+        }
         names = {s: [f"bach/{s}{i}.mxl" for i in range(2)] for s in rolls}
         return rolls, names
+
     return build
 
 
@@ -151,11 +184,15 @@ def test_cache_is_built_once_then_loaded(tmp_path, monkeypatch):
     first = load_chorales(progress=False)
     assert calls == [False]
     files = os.listdir(tmp_path / "cache")
-    assert files == [f"chorales-v{ch.CACHE_FORMAT}-music21-{music21.__version__}.pt"]  # no temp files left
+    assert files == [
+        f"chorales-v{ch.CACHE_FORMAT}-music21-{music21.__version__}.pt"
+    ]  # no temp files left
     second, names = load_chorales(return_names=True)
     assert calls == [False]  # loaded, not rebuilt
     for s in ("train", "valid", "test"):
-        assert all(a.dtype == torch.float32 and torch.equal(a, b) for a, b in zip(first[s], second[s]))
+        assert all(
+            a.dtype == torch.float32 and torch.equal(a, b) for a, b in zip(first[s], second[s])
+        )
         assert names[s] == [f"bach/{s}0.mxl", f"bach/{s}1.mxl"]
     assert list(load_chorales(splits="test")) == ["test"]
     # the cache holds plain tensors: loadable with weights_only=True

@@ -19,13 +19,19 @@ def test_named_dataset_found_in_pyro_seq_data(jsb_path, monkeypatch, tmp_path):
     monkeypatch.setenv("PYRO_SEQ_DATA", str(jsb_path.parent))
     out = load_dataset("jsb")
     assert {k: len(v) for k, v in out.items()} == {"train": 229, "valid": 76, "test": 77}
-    assert {k: len(v) for k, v in load_dataset("jsb_2x").items()} == {"train": 272, "valid": 80, "test": 77}
+    assert {k: len(v) for k, v in load_dataset("jsb_2x").items()} == {
+        "train": 272,
+        "valid": 80,
+        "test": 77,
+    }
 
 
 def test_named_dataset_missing(monkeypatch, tmp_path):
     monkeypatch.setenv("PYRO_SEQ_CACHE", str(tmp_path))
     monkeypatch.delenv("PYRO_SEQ_DATA", raising=False)
-    with pytest.raises(FileNotFoundError, match=r"nottingham\.pickle not found.*nothing is downloaded"):
+    with pytest.raises(
+        FileNotFoundError, match=r"nottingham\.pickle not found.*nothing is downloaded"
+    ):
         load_dataset("nottingham")
     with pytest.raises(FileNotFoundError, match=r"no dataset 'no/such/file.pickle'"):
         load_dataset("no/such/file.pickle")

@@ -38,7 +38,7 @@ def test_sizes_lengths_and_features(raw, loaded):
     assert len(raw["train"][0]) == 270 and len(raw["test"][0]) == 370
     data, _ = loaded
     assert len(data["train"]) + len(data["valid"]) == 270 and len(data["test"]) == 370
-    assert len(data["valid"]) == 27                             # 10% of each speaker's 30
+    assert len(data["valid"]) == 27  # 10% of each speaker's 30
     lengths = [x.shape[0] for s in data.values() for x in s]
     assert min(lengths) == 7 and max(lengths) == 29
     for seqs in data.values():
@@ -52,8 +52,12 @@ def test_validation_split_is_stratified_and_partitions_train(raw):
     seqs, labels = raw["train"]
     assert _sorted_rows(data["train"] + data["valid"]) == _sorted_rows(seqs)
     valid_rows = set(_sorted_rows(data["valid"]))
-    speakers = [y for x, y in zip(seqs, labels) if tuple(x.float().flatten().tolist()) in valid_rows]
-    assert sorted(set(speakers)) == sorted(set(labels)) and all(speakers.count(s) == 3 for s in set(speakers))
+    speakers = [
+        y for x, y in zip(seqs, labels) if tuple(x.float().flatten().tolist()) in valid_rows
+    ]
+    assert sorted(set(speakers)) == sorted(set(labels)) and all(
+        speakers.count(s) == 3 for s in set(speakers)
+    )
     assert load_japanese_vowels("valid", valid_fraction=0.0)["valid"] == []
     assert len(load_japanese_vowels("valid", valid_fraction=0.2)["valid"]) == 54
 
@@ -70,7 +74,9 @@ def test_standardised_with_training_statistics(raw, loaded):
     # ... and every split is mapped by the same affine map (eq. 2): undo it on the test set
     undone = torch.cat(data["test"]).double() * stats["std"] + stats["mean"]
     torch.testing.assert_close(undone, torch.cat(raw["test"][0]), rtol=1e-5, atol=1e-5)
-    assert not (torch.cat(data["test"]).double().mean(0).abs() < 1e-6).all()   # not self-standardised
+    assert not (
+        torch.cat(data["test"]).double().mean(0).abs() < 1e-6
+    ).all()  # not self-standardised
 
 
 def test_deterministic_and_registered(loaded):
@@ -79,7 +85,9 @@ def test_deterministic_and_registered(loaded):
     for split in data:
         assert len(again[0][split]) == len(data[split])
         assert all(torch.equal(a, b) for a, b in zip(again[0][split], data[split]))
-    assert torch.equal(again[1]["mean"], stats["mean"]) and torch.equal(again[1]["std"], stats["std"])
+    assert torch.equal(again[1]["mean"], stats["mean"]) and torch.equal(
+        again[1]["std"], stats["std"]
+    )
     only_test = load_dataset("japanese_vowels", ("test",))
     assert list(only_test) == ["test"]
 
@@ -96,7 +104,7 @@ def test_bad_arguments(raw):
 def test_missing_aeon_names_the_extra(monkeypatch):
     for name in [m for m in sys.modules if m == "aeon" or m.startswith("aeon.")]:
         monkeypatch.delitem(sys.modules, name)
-    monkeypatch.setitem(sys.modules, "aeon", None)              # makes `import aeon...` fail
+    monkeypatch.setitem(sys.modules, "aeon", None)  # makes `import aeon...` fail
     with pytest.raises(ImportError, match=r"pip install pyro-seq\[data\]"):
         load_japanese_vowels()
     with pytest.raises(ImportError, match=r"pip install pyro-seq\[data\]"):

@@ -36,7 +36,9 @@ def test_sustained_notes_are_merged_and_timed(tmp_path):
     assert [m.program for m in msgs if m.type == "program_change"] == [19]
 
 
-@pytest.mark.parametrize("step_seconds, steps_per_beat", [(0.25, 1), (0.3, 1), (0.125, 2), (1 / 3, 4)])
+@pytest.mark.parametrize(
+    "step_seconds, steps_per_beat", [(0.25, 1), (0.3, 1), (0.125, 2), (1 / 3, 4)]
+)
 def test_roll_midi_roll_round_trip(tmp_path, step_seconds, steps_per_beat):
     g = torch.Generator().manual_seed(0)
     roll = (torch.rand(64, 88, generator=g) < 0.05).float()
@@ -83,14 +85,17 @@ def test_reader_other_files(tmp_path):
     # 120 bpm, 480 ticks per beat: 240 ticks = 0.25 s. Note-on with velocity 0 ends a note;
     # drums (channel index 9) are ignored by default.
     path = tmp_path / "o.mid"
-    _write_raw(path, [
-        mido.Message("note_on", note=60, velocity=70, time=0),
-        mido.Message("note_on", note=36, velocity=70, channel=9, time=0),
-        mido.Message("note_on", note=60, velocity=0, time=480),
-        mido.Message("note_off", note=36, channel=9, time=0),
-        mido.Message("note_on", note=62, velocity=70, time=240),
-        mido.Message("note_off", note=62, time=240),
-    ])
+    _write_raw(
+        path,
+        [
+            mido.Message("note_on", note=60, velocity=70, time=0),
+            mido.Message("note_on", note=36, velocity=70, channel=9, time=0),
+            mido.Message("note_on", note=60, velocity=0, time=480),
+            mido.Message("note_off", note=36, channel=9, time=0),
+            mido.Message("note_on", note=62, velocity=70, time=240),
+            mido.Message("note_off", note=62, time=240),
+        ],
+    )
     roll = midi_to_piano_roll(path, step_seconds=0.25)
     assert roll.shape == (4, 88)
     expected = notes_to_roll([(60,), (60,), (), (62,)])
@@ -101,7 +106,12 @@ def test_reader_other_files(tmp_path):
 
 def test_reader_rejects_notes_outside_piano(tmp_path):
     path = tmp_path / "low.mid"
-    _write_raw(path, [mido.Message("note_on", note=12, velocity=70, time=0),
-                      mido.Message("note_off", note=12, time=480)])
+    _write_raw(
+        path,
+        [
+            mido.Message("note_on", note=12, velocity=70, time=0),
+            mido.Message("note_off", note=12, time=480),
+        ],
+    )
     with pytest.raises(ValueError, match=r"note 12 .* outside the piano range 21\.\.108"):
         midi_to_piano_roll(path)

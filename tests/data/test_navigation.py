@@ -10,8 +10,11 @@ import torch
 pytest.importorskip("sklearn")
 pytest.importorskip("PIL")
 
-from pyro_seq.data.simulators import ACTIONS, image_navigation  # noqa: E402
-from pyro_seq.data.simulators import navigation  # noqa: E402
+from pyro_seq.data.simulators import (  # noqa: E402
+    ACTIONS,
+    image_navigation,
+    navigation,  # noqa: E402
+)
 from pyro_seq.data.simulators.navigation import ACTION_MOVES, action_runs  # noqa: E402
 
 QUIET = dict(cache=False, progress=False)
@@ -72,15 +75,22 @@ def test_every_frame_is_the_crop_of_its_image_at_its_position(colour):
     for i in range(3):
         for t in range(60):
             r, c = v.positions[i, t].tolist()
-            assert torch.equal(v.frames[i, t], v.images[i][..., 3 * r:3 * r + 8, 3 * c:3 * c + 8])
+            assert torch.equal(
+                v.frames[i, t], v.images[i][..., 3 * r : 3 * r + 8, 3 * c : 3 * c + 8]
+            )
 
 
 def _expected_step(prev, action, blocked=None):
     """Brute-force rule: the move of ACTIONS[action] unless it leaves the grid or is blocked."""
     name = ACTIONS[action]
     r, c = prev
-    r, c = {"up": (r - 1, c), "down": (r + 1, c), "left": (r, c - 1), "right": (r, c + 1),
-            "stay": (r, c)}[name]
+    r, c = {
+        "up": (r - 1, c),
+        "down": (r + 1, c),
+        "left": (r, c - 1),
+        "right": (r, c + 1),
+        "stay": (r, c),
+    }[name]
     if not (0 <= r <= 8 and 0 <= c <= 8) or (blocked is not None and (r, c) in blocked):
         return prev
     return (r, c)
@@ -117,7 +127,7 @@ def test_obstacles_are_never_entered_and_drawn_grey():
             target = tuple(np.array(pos[t - 1]) + ACTION_MOVES[int(v.actions[i, t])])
             bumps += target in blocked
         # the grey square: pixels [3 r0 + 2, 3 (r0 + 1) + 6) in both directions
-        square = v.images[i][3 * r0 + 2:3 * r0 + 9, 3 * c0 + 2:3 * c0 + 9]
+        square = v.images[i][3 * r0 + 2 : 3 * r0 + 9, 3 * c0 + 2 : 3 * c0 + 9]
         assert square.shape == (7, 7) and torch.all(square == 0.5)
     assert bumps > 5
 
@@ -130,14 +140,16 @@ def test_action_runs_statistics():
     actions, lengths = action_runs(rng, 200_000, rate)
     n = len(lengths)
     assert abs(lengths.mean() - (1 + rate)) < 4.5 * np.sqrt(rate / n)
-    assert abs(lengths.var() - rate) < 4.5 * np.sqrt(2 * rate ** 2 / n + rate / n)  # Var of Poisson var
+    assert abs(lengths.var() - rate) < 4.5 * np.sqrt(
+        2 * rate**2 / n + rate / n
+    )  # Var of Poisson var
     starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
     run_actions = actions[starts]
     freq = np.bincount(run_actions, minlength=5) / n
     assert np.all(np.abs(freq - 0.2) < 4.5 * np.sqrt(0.16 / n))
     # a run repeats one action: consecutive steps inside a run are equal
     for s, length in list(zip(starts, lengths))[:1000]:
-        assert np.all(actions[s:s + length] == actions[s])
+        assert np.all(actions[s : s + length] == actions[s])
 
 
 def test_action_statistics_of_the_environment():
@@ -196,7 +208,7 @@ def test_sources_are_block_means_of_the_photographs():
     for f, s in zip(full, small):
         assert s.shape == (f.shape[0] // 4, f.shape[1] // 4)
         i, j = 7, 11
-        assert np.isclose(s[i, j], f[4 * i:4 * i + 4, 4 * j:4 * j + 4].mean(), atol=1e-6)
+        assert np.isclose(s[i, j], f[4 * i : 4 * i + 4, 4 * j : 4 * j + 4].mean(), atol=1e-6)
     assert all(s.dtype == np.float32 and 0 <= s.min() and s.max() <= 1 for s in small)
 
 

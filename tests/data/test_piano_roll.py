@@ -61,8 +61,11 @@ def test_integral_float_notes_accepted():
 
 @pytest.mark.parametrize(
     "roll, message",
-    [(torch.zeros(3, 87), r"shape \(T, 88\)"), (torch.full((2, 88), 0.5), "only 0 and 1"),
-     (torch.full((2, 88), float("nan")), "only 0 and 1")],
+    [
+        (torch.zeros(3, 87), r"shape \(T, 88\)"),
+        (torch.full((2, 88), 0.5), "only 0 and 1"),
+        (torch.full((2, 88), float("nan")), "only 0 and 1"),
+    ],
 )
 def test_roll_to_notes_errors(roll, message):
     with pytest.raises(ValueError, match=message):
@@ -70,7 +73,11 @@ def test_roll_to_notes_errors(roll, message):
 
 
 def test_load_small_file(tmp_path):
-    data = {"train": [[(60, 64), (), (62,)], [(21,)]], "valid": [[(108,)]], "test": [[(70,), (71,)]]}
+    data = {
+        "train": [[(60, 64), (), (62,)], [(21,)]],
+        "valid": [[(108,)]],
+        "test": [[(70,), (71,)]],
+    }
     out = load_piano_rolls(_write(tmp_path, data))
     assert list(out) == ["train", "valid", "test"]
     assert [r.shape for r in out["train"]] == [(3, 88), (1, 88)]
@@ -93,12 +100,18 @@ def test_missing_split_names_it(tmp_path):
         ([[(60,)]], r"expected a dict with splits"),
         ({"train": "x", "valid": [], "test": []}, r"split 'train' must be a list of sequences"),
         ({"train": [], "valid": [], "test": []}, r"split 'train' has no sequences"),
-        ({"train": [[(60,)], []], "valid": [[(60,)]], "test": [[(60,)]]},
-         r"split 'train', sequence 1: empty sequence"),
-        ({"train": [[(60,)]], "valid": [[(60,), (61, 7)]], "test": [[(60,)]]},
-         r"split 'valid', sequence 0, step 1: note 7 is outside the piano range"),
-        ({"train": [[(60,)]], "valid": [[(60,)]], "test": [[60]]},
-         r"split 'test', sequence 0, step 0: expected a tuple of MIDI notes"),
+        (
+            {"train": [[(60,)], []], "valid": [[(60,)]], "test": [[(60,)]]},
+            r"split 'train', sequence 1: empty sequence",
+        ),
+        (
+            {"train": [[(60,)]], "valid": [[(60,), (61, 7)]], "test": [[(60,)]]},
+            r"split 'valid', sequence 0, step 1: note 7 is outside the piano range",
+        ),
+        (
+            {"train": [[(60,)]], "valid": [[(60,)]], "test": [[60]]},
+            r"split 'test', sequence 0, step 0: expected a tuple of MIDI notes",
+        ),
     ],
 )
 def test_bad_files_name_the_problem(tmp_path, obj, message):

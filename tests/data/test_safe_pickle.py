@@ -158,15 +158,20 @@ def _refused_cheaply(data, match):
 
 
 def test_the_60_byte_reconstruct_pickle_is_refused_without_allocating():
-    assert _globals(MALICIOUS_RECONSTRUCT) == {("numpy.core.multiarray", "_reconstruct"),
-                                              ("numpy", "ndarray")}
-    _refused_cheaply(MALICIOUS_RECONSTRUCT,
-                     r"numpy _reconstruct: refusing shape \(1099511627776,\) and type code b'b'; "
-                     r"numpy's pickles use \(0,\) and b'b'")
+    assert _globals(MALICIOUS_RECONSTRUCT) == {
+        ("numpy.core.multiarray", "_reconstruct"),
+        ("numpy", "ndarray"),
+    }
+    _refused_cheaply(
+        MALICIOUS_RECONSTRUCT,
+        r"numpy _reconstruct: refusing shape \(1099511627776,\) and type code b'b'; "
+        r"numpy's pickles use \(0,\) and b'b'",
+    )
 
 
-@pytest.mark.parametrize("args", [((2**20,), b"b"), ((0, 0), b"b"), ((0,), b"d"), ((False,), b"b"),
-                                  ([0], b"b")])
+@pytest.mark.parametrize(
+    "args", [((2**20,), b"b"), ((0, 0), b"b"), ((0,), b"d"), ((False,), b"b"), ([0], b"b")]
+)
 def test_reconstruct_admits_only_numpy_shape_and_typecode(args):
     class R:
         def __reduce__(self):
@@ -188,33 +193,41 @@ def test_array_state_whose_shape_disagrees_with_its_bytes_is_refused():
     f8 = np.dtype("f8")
     cases = {
         (2**40,): r"shape \(1099511627776,\) of float64 needs 8796093022208 bytes but the file "
-                  r"holds 16; refused",
+        r"holds 16; refused",
         (3,): r"shape \(3,\) of float64 needs 24 bytes but the file holds 16",
         (1,): r"shape \(1,\) of float64 needs 8 bytes but the file holds 16",
         (2**32, 2**32): r"shape \(4294967296, 4294967296\) of float64 needs 147573952589676412928 "
-                        r"bytes but the file holds 16",
+        r"bytes but the file holds 16",
         (-2,): r"invalid shape \(-2,\)",
     }
     for shape, match in cases.items():
-        data = _reduce_pickle(_multiarray._reconstruct, (np.ndarray, (0,), b"b"),
-                              (1, shape, f8, False, b"\0" * 16))
+        data = _reduce_pickle(
+            _multiarray._reconstruct, (np.ndarray, (0,), b"b"), (1, shape, f8, False, b"\0" * 16)
+        )
         _refused_cheaply(data, "numpy array: " + match)
     # the well-formed version of the same pickle loads
-    good = _reduce_pickle(_multiarray._reconstruct, (np.ndarray, (0,), b"b"),
-                          (1, (2,), f8, False, b"\0" * 16))
+    good = _reduce_pickle(
+        _multiarray._reconstruct, (np.ndarray, (0,), b"b"), (1, (2,), f8, False, b"\0" * 16)
+    )
     np.testing.assert_array_equal(safe_loads(good), np.zeros(2))
 
 
 @pytest.mark.parametrize("protocol", [2, 5])
 def test_frombuffer_whose_shape_disagrees_with_its_bytes_is_refused(protocol):
     f8 = np.dtype("f8")
-    for shape, match in [((2**40,), r"shape \(1099511627776,\) of float64 needs 8796093022208 "
-                                    r"bytes but the file holds 16; refused"),
-                         ((2, 2), r"shape \(2, 2\) of float64 needs 32 bytes but the file holds 16"),
-                         ((-1,), r"invalid shape \(-1,\)"),
-                         ((2.0,), r"invalid shape \(2.0,\)")]:
-        data = _reduce_pickle(_numeric._frombuffer, (bytearray(16), f8, shape, "C"),
-                              protocol=protocol)
+    for shape, match in [
+        (
+            (2**40,),
+            r"shape \(1099511627776,\) of float64 needs 8796093022208 "
+            r"bytes but the file holds 16; refused",
+        ),
+        ((2, 2), r"shape \(2, 2\) of float64 needs 32 bytes but the file holds 16"),
+        ((-1,), r"invalid shape \(-1,\)"),
+        ((2.0,), r"invalid shape \(2.0,\)"),
+    ]:
+        data = _reduce_pickle(
+            _numeric._frombuffer, (bytearray(16), f8, shape, "C"), protocol=protocol
+        )
         _refused_cheaply(data, "numpy _frombuffer: " + match)
     data = _reduce_pickle(_numeric._frombuffer, (bytearray(16), f8, (2,), "X"), protocol=protocol)
     with pytest.raises(UnsafePickleError, match="numpy _frombuffer: invalid order 'X'"):
@@ -224,29 +237,43 @@ def test_frombuffer_whose_shape_disagrees_with_its_bytes_is_refused(protocol):
 @pytest.mark.parametrize("payload", [b"\0" * 3, b"\0" * 30, b""])
 def test_scalar_whose_payload_disagrees_with_its_itemsize_is_refused(payload):
     data = _reduce_pickle(_multiarray.scalar, (np.dtype("f8"), payload))
-    with pytest.raises(UnsafePickleError,
-                       match=rf"numpy scalar: {len(payload)} bytes of data for dtype float64 "
-                             r"\(itemsize 8\); refused"):
+    with pytest.raises(
+        UnsafePickleError,
+        match=rf"numpy scalar: {len(payload)} bytes of data for dtype float64 "
+        r"\(itemsize 8\); refused",
+    ):
         safe_loads(data)
 
 
-@pytest.mark.parametrize("opcodes, what", [
-    (b"\x80\x04\x8e" + struct.pack("<Q", 2**34), "expected 17179869184 bytes in a bytes8"),
-    (b"\x80\x05\x96" + struct.pack("<Q", 2**34), "expected 17179869184 bytes in a bytearray8"),
-    (b"\x80\x04\x8d" + struct.pack("<Q", 2**34), "expected 17179869184 bytes in a unicodestring8"),
-    (b"\x80\x02\x8b" + struct.pack("<i", 2**30), "not enough data in stream to read long4"),
-])
+@pytest.mark.parametrize(
+    "opcodes, what",
+    [
+        (b"\x80\x04\x8e" + struct.pack("<Q", 2**34), "expected 17179869184 bytes in a bytes8"),
+        (b"\x80\x05\x96" + struct.pack("<Q", 2**34), "expected 17179869184 bytes in a bytearray8"),
+        (
+            b"\x80\x04\x8d" + struct.pack("<Q", 2**34),
+            "expected 17179869184 bytes in a unicodestring8",
+        ),
+        (b"\x80\x02\x8b" + struct.pack("<i", 2**30), "not enough data in stream to read long4"),
+    ],
+)
 def test_length_fields_larger_than_the_file_are_refused_before_allocating(opcodes, what):
     # the stock unpickler allocates the claimed size first (16 GiB here), then finds it truncated
-    _refused_cheaply(opcodes + b".", rf"malformed pickle: {what}(, but only 1 remain)? "
-                                     r"\(truncated or crafted file\); refused")
+    _refused_cheaply(
+        opcodes + b".",
+        rf"malformed pickle: {what}(, but only 1 remain)? "
+        r"\(truncated or crafted file\); refused",
+    )
 
 
 def test_memo_index_far_past_the_opcodes_is_refused():
     # the stock unpickler zero-fills a memo of 2 * index entries: 2 GiB for LONG_BINPUT 2**27
     data = b"\x80\x02Nr" + struct.pack("<I", 2**27) + b"."
-    _refused_cheaply(data, r"malformed pickle: memo index 134217728 at byte 3 after only 2 "
-                           r"opcodes \(a crafted file\); refused")
+    _refused_cheaply(
+        data,
+        r"malformed pickle: memo index 134217728 at byte 3 after only 2 "
+        r"opcodes \(a crafted file\); refused",
+    )
     assert safe_loads(b"\x80\x02Nr" + struct.pack("<I", 2) + b".") is None
 
 
@@ -257,10 +284,12 @@ def test_frame_longer_than_the_file_is_refused():
 
 def test_dtype_state_cannot_graft_subarray_fields_or_flags():
     base = (3, "<", None, None, None, -1, -1, 0)
-    bad = [base[:2] + ((np.dtype("f8"), (2,)),) + base[3:],       # sub-array
-           base[:7] + (63,),                                          # object flags
-           base[:5] + (1000, 1, 0),                                   # element size
-           base + ({"meta": 1},)]                                     # metadata
+    bad = [
+        base[:2] + ((np.dtype("f8"), (2,)),) + base[3:],  # sub-array
+        base[:7] + (63,),  # object flags
+        base[:5] + (1000, 1, 0),  # element size
+        base + ({"meta": 1},),
+    ]  # metadata
     for state in bad:
         data = _reduce_pickle(np.dtype, ("f8", False, True), state)
         with pytest.raises(UnsafePickleError, match=r"numpy.dtype: refusing state"):
@@ -285,8 +314,9 @@ def test_repeated_copies_of_one_list_are_refused():
     data = b"".join(ops) + b"e."
     ref = pickle.loads(data)
     assert len(ref) == 1000 and ref[0] == [1] * 1000 and len(data) < 9000
-    with pytest.raises(UnsafePickleError,
-                       match=r"list\(\): the pickle copies more items than its size can hold"):
+    with pytest.raises(
+        UnsafePickleError, match=r"list\(\): the pickle copies more items than its size can hold"
+    ):
         safe_loads(data)
     # a single copy (how protocol 2 pickles sets) is fine
     assert safe_loads(pickle.dumps({1, 2, 3}, protocol=2)) == {1, 2, 3}
@@ -338,9 +368,18 @@ def test_real_numpy_pickles_load_identically(name, protocol):
 @pytest.mark.parametrize("protocol", [2, 3, 4, 5])
 def test_real_numpy_scalars_and_shared_arrays_load_identically(protocol):
     arr = np.arange(3.0)
-    obj = {"pair": (arr, arr), "list": [arr, (arr,)],
-           "scalars": [np.float16(1.5), np.complex64(1j), np.uint16(7), np.bool_(False),
-                       np.int64(-(2**62)), np.float64(np.nan)]}
+    obj = {
+        "pair": (arr, arr),
+        "list": [arr, (arr,)],
+        "scalars": [
+            np.float16(1.5),
+            np.complex64(1j),
+            np.uint16(7),
+            np.bool_(False),
+            np.int64(-(2**62)),
+            np.float64(np.nan),
+        ],
+    }
     data = pickle.dumps(obj, protocol=protocol)
     out, ref = safe_loads(data), pickle.loads(data)
     # the same array object everywhere it was shared, as with pickle.load
@@ -357,16 +396,30 @@ def test_file_object_is_left_after_the_pickle():
     assert f.read() == b""
 
 
-@pytest.mark.parametrize("data, cause", [
-    (b"}Na.", r"AttributeError: \"'dict' object has no attribute 'append'\""),  # APPEND to a dict
-    (b"dp0\n.", r"UnpicklingError: 'could not find MARK'"),
-    (b"(}]s.", r"UnpicklingError: 'unexpected MARK found'"),
-    (b"\x80\x52N.", r"ValueError: 'unsupported pickle protocol: 82'"),
-    (b"\x82\x01.", r"ValueError: 'unregistered extension code 1'"),                # EXT1
-    (b"cnumpy\ndtype\n)R.", r"TypeError: \"_safe_dtype\(\) missing 1 required positional"),
-    (b"(lp0\nI1\naI2\nag0\n\x85R.", r"TypeError: \"'list' object is not callable\""),
-], ids=["append_to_dict", "no_mark", "stray_mark", "protocol", "extension", "arguments",
-        "call_list"])
+@pytest.mark.parametrize(
+    "data, cause",
+    [
+        (
+            b"}Na.",
+            r"AttributeError: \"'dict' object has no attribute 'append'\"",
+        ),  # APPEND to a dict
+        (b"dp0\n.", r"UnpicklingError: 'could not find MARK'"),
+        (b"(}]s.", r"UnpicklingError: 'unexpected MARK found'"),
+        (b"\x80\x52N.", r"ValueError: 'unsupported pickle protocol: 82'"),
+        (b"\x82\x01.", r"ValueError: 'unregistered extension code 1'"),  # EXT1
+        (b"cnumpy\ndtype\n)R.", r"TypeError: \"_safe_dtype\(\) missing 1 required positional"),
+        (b"(lp0\nI1\naI2\nag0\n\x85R.", r"TypeError: \"'list' object is not callable\""),
+    ],
+    ids=[
+        "append_to_dict",
+        "no_mark",
+        "stray_mark",
+        "protocol",
+        "extension",
+        "arguments",
+        "call_list",
+    ],
+)
 def test_opcodes_that_do_not_fit_together_are_an_unsafe_pickle_error(tmp_path, data, cause):
     # regression (found by tests/property): the C unpickler's AttributeError, TypeError,
     # ValueError and bare UnpicklingError escaped safe_load (and load_piano_rolls), although

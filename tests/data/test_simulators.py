@@ -26,17 +26,18 @@ from pyro_seq.data.simulators import (
     PendulumParams,
     box,
     box_gravity,
+    core,
     pendulum,
     pendulum_energy,
     polygon,
     pong,
     simulate,
 )
-from pyro_seq.data.simulators import core
 from pyro_seq.data.simulators.balls import wall_distances
 
-needs_pymunk = pytest.mark.skipif(importlib.util.find_spec("pymunk") is None,
-                                  reason="needs pymunk (pip install pyro-seq[sim])")
+needs_pymunk = pytest.mark.skipif(
+    importlib.util.find_spec("pymunk") is None, reason="needs pymunk (pip install pyro-seq[sim])"
+)
 ALL = [pytest.param(f, marks=needs_pymunk) for f in (box, box_gravity, polygon, pong)] + [pendulum]
 QUIET = dict(cache=False, progress=False, num_workers=1)
 # pymunk lets the ball overlap a wall by its collision slop (0.1 px) plus one sub-step's travel
@@ -51,10 +52,13 @@ def _private_cache(tmp_path, monkeypatch):
 
 
 def _same(a, b):
-    return (torch.equal(a.frames, b.frames) and torch.equal(a.positions, b.positions)
-            and torch.equal(a.states, b.states)
-            and (a.controls is None) == (b.controls is None)
-            and (a.controls is None or torch.equal(a.controls, b.controls)))
+    return (
+        torch.equal(a.frames, b.frames)
+        and torch.equal(a.positions, b.positions)
+        and torch.equal(a.states, b.states)
+        and (a.controls is None) == (b.controls is None)
+        and (a.controls is None or torch.equal(a.controls, b.controls))
+    )
 
 
 def _centroids(frames):
@@ -67,6 +71,7 @@ def _centroids(frames):
 
 
 # --- the interface ------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("make", ALL)
 def test_shapes_binary_frames_and_fields(make):
@@ -130,6 +135,7 @@ def test_import_without_pymunk_and_the_error_names_the_extra(monkeypatch):
 
 # --- determinism, prefixes, workers -------------------------------------------------------------
 
+
 @pytest.mark.parametrize("make", ALL)
 def test_deterministic_for_a_seed(make):
     a, b = make(3, num_steps=6, seed=7, **QUIET), make(3, num_steps=6, seed=7, **QUIET)
@@ -155,6 +161,7 @@ def test_worker_processes_do_not_change_the_result():
 
 # --- the cache ----------------------------------------------------------------------------------
 
+
 def _forbid_generation(monkeypatch):
     def fail(*args, **kwargs):
         raise AssertionError("simulated although the cache holds the sequences")
@@ -175,13 +182,15 @@ def test_cache_round_trip_prefix_and_extension(tmp_path, monkeypatch):
     with monkeypatch.context() as m:
         _forbid_generation(m)
         assert _same(pendulum(6, num_steps=5, cache=tmp_path, progress=False), fresh)
-        assert _same(pendulum(4, num_steps=5, cache=tmp_path, progress=False),
-                     fresh.subset(slice(0, 4)))
+        assert _same(
+            pendulum(4, num_steps=5, cache=tmp_path, progress=False), fresh.subset(slice(0, 4))
+        )
 
     calls = []
     generate = core._generate
-    monkeypatch.setattr(core, "_generate",
-                        lambda *a: calls.append(a[5:7]) or generate(*a))  # (start, stop)
+    monkeypatch.setattr(
+        core, "_generate", lambda *a: calls.append(a[5:7]) or generate(*a)
+    )  # (start, stop)
     extended = pendulum(9, num_steps=5, cache=tmp_path, progress=False)
     assert calls == [(6, 9)]  # only the missing sequences were simulated
     assert _same(extended, pendulum(9, num_steps=5, **QUIET))
@@ -223,6 +232,7 @@ def test_a_corrupt_cache_is_regenerated(tmp_path, damage):
 
 # --- rendering ----------------------------------------------------------------------------------
 
+
 @needs_pymunk
 @pytest.mark.parametrize("make", [box, box_gravity, polygon, pong])
 def test_rendered_ball_is_at_the_returned_position(make):
@@ -241,6 +251,7 @@ def test_rendered_ball_is_at_the_returned_position(make):
 
 # --- physics ------------------------------------------------------------------------------------
 
+
 @needs_pymunk
 @pytest.mark.parametrize("make", [box, polygon])
 def test_elastic_walls_conserve_speed_and_keep_the_ball_inside(make):
@@ -251,7 +262,7 @@ def test_elastic_walls_conserve_speed_and_keep_the_ball_inside(make):
     np.testing.assert_allclose(speed, speed[:, :1].repeat(20, 1), rtol=1e-9)
     assert (speed[:, 0] >= p.speed[0]).all() and (speed[:, 0] <= p.speed[1]).all()
     # there were bounces: the velocity changed direction in most videos
-    turned = (np.abs(np.diff(vel, axis=1)).max(axis=(1, 2)) > 1e-6)
+    turned = np.abs(np.diff(vel, axis=1)).max(axis=(1, 2)) > 1e-6
     assert turned.sum() >= 6
     assert wall_distances(pos, p.walls).min() >= p.radius - OVERLAP
     # away from the walls the ball moves by v dt: finite differences of the positions
@@ -259,8 +270,7 @@ def test_elastic_walls_conserve_speed_and_keep_the_ball_inside(make):
     assert free.sum() > 20
     step = (pos[:, 1:] - pos[:, :-1])[free]
     np.testing.assert_allclose(step, vel[:, :-1][free] * p.dt, atol=1e-9)
-    np.testing.assert_allclose(np.linalg.norm(step, axis=-1) / p.dt, speed[:, :-1][free],
-                               rtol=1e-9)
+    np.testing.assert_allclose(np.linalg.norm(step, axis=-1) / p.dt, speed[:, :-1][free], rtol=1e-9)
 
 
 @needs_pymunk
@@ -274,11 +284,11 @@ def test_gravity_is_the_second_difference_of_height(gravity):
     pos = v.states[..., :2].numpy()
     vmax = np.linalg.norm(v.states[..., 2:4].numpy(), axis=-1).max()
     # three frames away from the walls: no collision can have happened in between
-    far = wall_distances(pos, p.walls).min(-1) > p.radius + vmax * p.dt + g * p.dt ** 2
+    far = wall_distances(pos, p.walls).min(-1) > p.radius + vmax * p.dt + g * p.dt**2
     free = far[:, :-2] & far[:, 1:-1] & far[:, 2:]
     assert free.sum() > 20
     second = (pos[:, 2:] - 2 * pos[:, 1:-1] + pos[:, :-2])[free]
-    np.testing.assert_allclose(second[:, 1], g * p.dt ** 2, atol=1e-9)
+    np.testing.assert_allclose(second[:, 1], g * p.dt**2, atol=1e-9)
     np.testing.assert_allclose(second[:, 0], 0.0, atol=1e-9)
     assert wall_distances(pos, p.walls).min() >= p.radius - OVERLAP
 

@@ -101,7 +101,9 @@ def test_split():
     for ans in (d.train, d.test):
         key = ans.student * d.num_questions + ans.question
         assert bool((key[1:] > key[:-1]).all())
-    no_test = simulate_students(num_students=20, num_questions=30, observed_fraction=0.2, test_fraction=0.0)
+    no_test = simulate_students(
+        num_students=20, num_questions=30, observed_fraction=0.2, test_fraction=0.0
+    )
     assert len(no_test.test) == 0
 
 
@@ -112,7 +114,7 @@ def test_parameters_follow_their_priors():
     for x, sd in ((d.ability, 1.0), (d.difficulty, 1.0), (d.discrimination.log(), 0.3)):
         n = x.shape[0]
         assert abs(float(x.mean())) < Z * sd / math.sqrt(n)
-        assert abs(float(x.var()) - sd ** 2) < Z * sd ** 2 * math.sqrt(2 / (n - 1))
+        assert abs(float(x.var()) - sd**2) < Z * sd**2 * math.sqrt(2 / (n - 1))
     assert d.ability.dtype == torch.float64 and bool((d.discrimination > 0).all())
 
 
@@ -162,8 +164,10 @@ def test_four_options():
         assert abs(dev) < Z * math.sqrt(float((pik[:, k - 1] * (1 - pik[:, k - 1])).sum()))
     # per question (about 3000 * 0.4 * 0.8 * P(wrong) answers each): option frequencies of the
     # wrong answers track pi_q, whose rows vary a lot under Dirichlet(1, 1, 1)
-    freq = torch.stack([torch.bincount(ans.question[wrong & (ans.answer == k)], minlength=50)
-                        for k in (1, 2, 3)], 1).double()
+    freq = torch.stack(
+        [torch.bincount(ans.question[wrong & (ans.answer == k)], minlength=50) for k in (1, 2, 3)],
+        1,
+    ).double()
     freq = freq / freq.sum(1, keepdim=True)
     assert float(torch.corrcoef(torch.stack([freq.flatten(), pi.flatten()]))[0, 1]) > 0.95
 
@@ -179,38 +183,45 @@ def test_batches_are_a_csr_view_of_the_split():
         assert b.offsets[0] == 0 and int(b.offsets[-1]) == len(b.question)
         for i, s in enumerate(b.student.tolist()):
             lo, hi = int(b.offsets[i]), int(b.offsets[i + 1])
-            assert torch.equal(b.question[lo:hi], question[offsets[s]:offsets[s + 1]])
-            assert torch.equal(b.answer[lo:hi], answer[offsets[s]:offsets[s + 1]])
+            assert torch.equal(b.question[lo:hi], question[offsets[s] : offsets[s + 1]])
+            assert torch.equal(b.answer[lo:hi], answer[offsets[s] : offsets[s + 1]])
             seen += [(s, int(q), int(a)) for q, a in zip(b.question[lo:hi], b.answer[lo:hi])]
         assert torch.equal(b.student[b.row], torch.repeat_interleave(b.student, b.offsets.diff()))
         cols, local = b.columns()
         assert torch.equal(cols[local], b.question) and bool((cols[1:] > cols[:-1]).all())
     # every training answer exactly once
-    expected = list(zip(d.train.student.tolist(), d.train.question.tolist(), d.train.answer.tolist()))
+    expected = list(
+        zip(d.train.student.tolist(), d.train.question.tolist(), d.train.answer.tolist())
+    )
     assert sorted(seen) == sorted(expected) and len(seen) == len(expected)
     order = [b.student for b in batches]
     again = [b.student for b in d.batches(10, shuffle=True, seed=1)]
     other = torch.cat([b.student for b in d.batches(10, shuffle=True, seed=2)])
     assert all(torch.equal(x, y) for x, y in zip(order, again))
     assert not torch.equal(torch.cat(order), other)
-    assert torch.equal(torch.cat([b.student for b in d.batches(50, shuffle=False)]), torch.arange(103))
+    assert torch.equal(
+        torch.cat([b.student for b in d.batches(50, shuffle=False)]), torch.arange(103)
+    )
     # the test split: only students with held-out answers
     test_students = torch.cat([b.student for b in d.batches(7, split="test", shuffle=False)])
     assert torch.equal(test_students, d.test.student.unique())
 
 
-@pytest.mark.parametrize("kwargs, name", [
-    (dict(num_students=0), "num_students"),
-    (dict(num_students=2.5), "num_students"),
-    (dict(num_questions=1), "num_questions"),
-    (dict(observed_fraction=0.0), "observed_fraction"),
-    (dict(observed_fraction=1.5), "observed_fraction"),
-    (dict(observed_fraction=float("nan")), "observed_fraction"),
-    (dict(num_options=3), "num_options"),
-    (dict(seed=-1), "seed"),
-    (dict(test_fraction=1.0), "test_fraction"),
-    (dict(test_fraction=-0.1), "test_fraction"),
-])
+@pytest.mark.parametrize(
+    "kwargs, name",
+    [
+        (dict(num_students=0), "num_students"),
+        (dict(num_students=2.5), "num_students"),
+        (dict(num_questions=1), "num_questions"),
+        (dict(observed_fraction=0.0), "observed_fraction"),
+        (dict(observed_fraction=1.5), "observed_fraction"),
+        (dict(observed_fraction=float("nan")), "observed_fraction"),
+        (dict(num_options=3), "num_options"),
+        (dict(seed=-1), "seed"),
+        (dict(test_fraction=1.0), "test_fraction"),
+        (dict(test_fraction=-0.1), "test_fraction"),
+    ],
+)
 def test_argument_validation(kwargs, name):
     base = dict(num_students=10, num_questions=10, observed_fraction=0.3)
     with pytest.raises(ValueError, match=name):

@@ -26,11 +26,13 @@ def random_hmm(S=3, D=2, T=5, batch=(2,), homogeneous=False, diagonal_obs=False,
     observations, non-zero transition and observation offsets (row-vector convention)."""
     gen = torch.Generator().manual_seed(seed)
     tt = (1,) if homogeneous else (T,)
-    init = pdist.MultivariateNormal(torch.randn(batch + (S,), generator=gen, dtype=F64),
-                                    _spd(gen, batch, S))
+    init = pdist.MultivariateNormal(
+        torch.randn(batch + (S,), generator=gen, dtype=F64), _spd(gen, batch, S)
+    )
     M = 0.5 * torch.randn(batch + tt + (S, S), generator=gen, dtype=F64)
-    trans = pdist.MultivariateNormal(torch.randn(tt + (S,), generator=gen, dtype=F64),
-                                     _spd(gen, tt, S))
+    trans = pdist.MultivariateNormal(
+        torch.randn(tt + (S,), generator=gen, dtype=F64), _spd(gen, tt, S)
+    )
     H = torch.randn(tt + (S, D), generator=gen, dtype=F64)
     loc = torch.randn(tt + (D,), generator=gen, dtype=F64)
     if diagonal_obs:
@@ -87,15 +89,15 @@ def test_rsample_posterior_matches_gaussian_hmm_posterior():
     mean = s.means.reshape(-1)
     cov = torch.zeros(T * S, T * S, dtype=F64)
     for t in range(T):
-        cov[t * S:(t + 1) * S, t * S:(t + 1) * S] = s.covs[t]
+        cov[t * S : (t + 1) * S, t * S : (t + 1) * S] = s.covs[t]
         if t + 1 < T:
-            cov[(t + 1) * S:(t + 2) * S, t * S:(t + 1) * S] = s.cross_covs[t]
-            cov[t * S:(t + 1) * S, (t + 1) * S:(t + 2) * S] = s.cross_covs[t].T
+            cov[(t + 1) * S : (t + 2) * S, t * S : (t + 1) * S] = s.cross_covs[t]
+            cov[t * S : (t + 1) * S, (t + 1) * S : (t + 2) * S] = s.cross_covs[t].T
     var = cov.diagonal()
     assert ((z.mean(0) - mean).abs() <= 5 * (var / N).sqrt()).all()
     near = torch.zeros_like(cov, dtype=torch.bool)  # blocks |t - s| <= 1 are known exactly
     for t in range(T):
-        near[max(t - 1, 0) * S:min(t + 2, T) * S, t * S:(t + 1) * S] = True
+        near[max(t - 1, 0) * S : min(t + 2, T) * S, t * S : (t + 1) * S] = True
     se = ((var[:, None] * var[None, :] + cov**2) / N).sqrt()
     assert ((torch.cov(z.T) - cov).abs() <= 5 * se)[near].all()
 
@@ -119,8 +121,19 @@ def test_observation_offset_matches_dense():
     T = T_obs + steps
     p = random_model(S, D, T, time_varying=True, controls=True, seed=97)
     off = torch.randn(T, D, generator=torch.Generator().manual_seed(98), dtype=F64)
-    args = [p[k] for k in ("initial_loc", "initial_cov", "transition_matrix", "transition_cov",
-                           "observation_matrix", "observation_cov", "control_matrix", "controls")]
+    args = [
+        p[k]
+        for k in (
+            "initial_loc",
+            "initial_cov",
+            "transition_matrix",
+            "transition_cov",
+            "observation_matrix",
+            "observation_cov",
+            "control_matrix",
+            "controls",
+        )
+    ]
     d = LinearGaussianSSM(*args, observation_offset=off)
     assert d.num_steps == T
     dense = dense_with_offset(p, T, off)
@@ -154,8 +167,17 @@ def test_observation_offset_shifts_samples():
     T, S, D, N = 3, 2, 2, 20000
     p = random_model(S, D, T, time_varying=True, seed=100)
     off = torch.tensor([[5.0, -3.0], [0.0, 1.0], [-2.0, 2.0]], dtype=F64)
-    args = [p[k] for k in ("initial_loc", "initial_cov", "transition_matrix", "transition_cov",
-                           "observation_matrix", "observation_cov")]
+    args = [
+        p[k]
+        for k in (
+            "initial_loc",
+            "initial_cov",
+            "transition_matrix",
+            "transition_cov",
+            "observation_matrix",
+            "observation_cov",
+        )
+    ]
     torch.manual_seed(6)
     x = LinearGaussianSSM(*args, observation_offset=off).rsample((N,)).reshape(N, -1)
     dense = dense_with_offset(p, T, off)

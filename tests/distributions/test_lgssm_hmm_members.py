@@ -13,8 +13,16 @@ from tests.distributions.test_lgssm_gaussian_hmm import random_hmm
 from tests.ops.test_kalman import observations, random_model
 
 F64 = torch.float64
-NAMES = ("initial_loc", "initial_cov", "transition_matrix", "transition_cov",
-         "observation_matrix", "observation_cov", "control_matrix", "controls")
+NAMES = (
+    "initial_loc",
+    "initial_cov",
+    "transition_matrix",
+    "transition_cov",
+    "observation_matrix",
+    "observation_cov",
+    "control_matrix",
+    "controls",
+)
 
 
 def assert_close(a, b, tol=1e-10):  # exact identities in float64
@@ -54,8 +62,11 @@ def homogeneous_hmm(S, D, duration, batch=(2,), seed=0):
 def test_duration_equals_gaussian_hmm():
     T, S, D = 5, 3, 2
     durations = []
-    for hmm in (random_hmm(S, D, T, seed=1), random_hmm(S, D, T, homogeneous=True, seed=2),
-                homogeneous_hmm(S, D, 7, seed=3)):
+    for hmm in (
+        random_hmm(S, D, T, seed=1),
+        random_hmm(S, D, T, homogeneous=True, seed=2),
+        homogeneous_hmm(S, D, 7, seed=3),
+    ):
         d = LinearGaussianSSM.from_gaussian_hmm(hmm)
         assert d.duration == hmm.duration and d.event_shape == hmm.event_shape
         assert d.expand((4, 2)).duration == hmm.expand((4, 2)).duration
@@ -93,8 +104,10 @@ def test_filter_is_gaussian_hmm_final_state_posterior(homogeneous):
     H = torch.ones(S, D, dtype=F64)
     obs = pdist.MultivariateNormal(torch.zeros(D, dtype=F64), torch.eye(D, dtype=F64))
     x2 = observations(3, D, batch=(4, 2), seed=8)
-    assert_close(pdist.GaussianHMM(f, M, noise, H, obs).log_prob(x2),
-                 pdist.GaussianHMM(post, M, noise, H, obs).log_prob(x2))
+    assert_close(
+        pdist.GaussianHMM(f, M, noise, H, obs).log_prob(x2),
+        pdist.GaussianHMM(post, M, noise, H, obs).log_prob(x2),
+    )
 
 
 def test_filter_keeps_every_step_for_existing_callers():
@@ -118,14 +131,23 @@ def test_filter_with_singular_final_covariance_refuses_density_only():
     # z_t = z_{t-1} exactly, known z_1: Cov(z_T | x) = 0, which the filter moments allow
     T, S, D = 3, 2, 2
     eye = torch.eye(S, dtype=F64)
-    d = LinearGaussianSSM(torch.tensor([1.0, -2.0], dtype=F64), torch.zeros(S, S, dtype=F64),
-                          eye, torch.zeros(S, S, dtype=F64), torch.ones(D, S, dtype=F64),
-                          torch.eye(D, dtype=F64), num_steps=T)
+    d = LinearGaussianSSM(
+        torch.tensor([1.0, -2.0], dtype=F64),
+        torch.zeros(S, S, dtype=F64),
+        eye,
+        torch.zeros(S, S, dtype=F64),
+        torch.ones(D, S, dtype=F64),
+        torch.eye(D, dtype=F64),
+        num_steps=T,
+    )
     f = d.filter(observations(T, D, seed=11))
     assert_close(f.loc, torch.tensor([1.0, -2.0], dtype=F64))
     assert bool((f.covariance_matrix == 0).all())
-    with pytest.raises(ValueError, match=r"filtered covariance Cov\(z_T \| x_\{1:T\}\) is "
-                                         r"singular .* use \.loc and \.covariance_matrix"):
+    with pytest.raises(
+        ValueError,
+        match=r"filtered covariance Cov\(z_T \| x_\{1:T\}\) is "
+        r"singular .* use \.loc and \.covariance_matrix",
+    ):
         f.log_prob(torch.zeros(S, dtype=F64))
 
 
@@ -157,8 +179,9 @@ def test_prefix_condition_is_the_chain_rule_with_masks_controls_and_offsets(t):
     mask = torch.rand(2, T, D, generator=gen) < 0.7
     mask[0, 1] = False
     offset = torch.randn(T, D, generator=gen, dtype=F64)
-    d = LinearGaussianSSM(*(p.get(n) for n in NAMES), observation_mask=mask,
-                          observation_offset=offset)
+    d = LinearGaussianSSM(
+        *(p.get(n) for n in NAMES), observation_mask=mask, observation_offset=offset
+    )
     x = observations(T, D, batch=(2,), seed=16)
     x = torch.where(mask, x, torch.full_like(x, float("nan")))  # masked values never matter
     right = d.prefix_condition(x[:, :t])
@@ -172,8 +195,11 @@ def test_prefix_condition_refusals():
     S, D = 2, 2
     hmm = random_hmm(S, D, batch=(), homogeneous=True, seed=17)
     d = LinearGaussianSSM.from_gaussian_hmm(hmm)
-    with pytest.raises(ValueError, match="prefix_condition needs the model's length T .* "
-                                         "construct the LinearGaussianSSM with num_steps=T"):
+    with pytest.raises(
+        ValueError,
+        match="prefix_condition needs the model's length T .* "
+        "construct the LinearGaussianSSM with num_steps=T",
+    ):
         d.prefix_condition(observations(3, D))
     d5 = LinearGaussianSSM.from_gaussian_hmm(hmm, num_steps=5)
     for t in (5, 6):
@@ -219,9 +245,12 @@ def test_conjugate_update_identity_with_control_matrix_and_offsets(T):
     x = observations(T, D, batch=(4, 2), seed=24)
     assert_close(d.log_prob(x) + g.log_prob(x), new.log_prob(x) + log_z)
     # the normaliser is log N(l; E x, Cov x + G): the same model with R + G at l
-    Rg = LinearGaussianSSM(*(p.get(n) for n in NAMES[:5]), p["observation_cov"]
-                           + g.base_dist.covariance_matrix, *(p.get(n) for n in NAMES[6:]),
-                           observation_offset=offset)
+    Rg = LinearGaussianSSM(
+        *(p.get(n) for n in NAMES[:5]),
+        p["observation_cov"] + g.base_dist.covariance_matrix,
+        *(p.get(n) for n in NAMES[6:]),
+        observation_offset=offset,
+    )
     assert_close(log_z, Rg.log_prob(g.base_dist.loc))
 
 
@@ -229,18 +258,24 @@ def test_conjugate_update_refusals():
     T, S, D = 4, 2, 2
     p = random_model(S, D, T, time_varying=True, seed=25)
     d = LinearGaussianSSM(*(p.get(n) for n in NAMES))
-    with pytest.raises(TypeError, match=r"conjugate_update expects other = Independent\(Normal, "
-                                        r"2\) or Independent\(MultivariateNormal, 1\)"):
+    with pytest.raises(
+        TypeError,
+        match=r"conjugate_update expects other = Independent\(Normal, "
+        r"2\) or Independent\(MultivariateNormal, 1\)",
+    ):
         d.conjugate_update(pdist.Normal(torch.zeros(T, D, dtype=F64), 1.0))
     with pytest.raises(TypeError, match=r"got Independent\(Normal, 1\)$"):
         d.conjugate_update(pdist.Normal(torch.zeros(T, D, dtype=F64), 1.0).to_event(1))
     with pytest.raises(ValueError, match=r"other.event_shape == \(T, D\) = \(4, 2\); got \(3, 2\)"):
         d.conjugate_update(likelihood(3, D, (), "normal", seed=26))
-    masked = LinearGaussianSSM(*(p.get(n) for n in NAMES), step_mask=torch.tensor(
-        [True, False, True, True]))
-    msg = (r"^LinearGaussianSSM.conjugate_update is not implemented for a model with "
-           r"observation_mask, step_mask or nan_as_missing, because masked entries are left out "
-           r"of log_prob so the product with other is no density over all of x; call it on the "
-           r"same model built without masks.$")
+    masked = LinearGaussianSSM(
+        *(p.get(n) for n in NAMES), step_mask=torch.tensor([True, False, True, True])
+    )
+    msg = (
+        r"^LinearGaussianSSM.conjugate_update is not implemented for a model with "
+        r"observation_mask, step_mask or nan_as_missing, because masked entries are left out "
+        r"of log_prob so the product with other is no density over all of x; call it on the "
+        r"same model built without masks.$"
+    )
     with pytest.raises(NotImplementedError, match=msg):
         masked.conjugate_update(likelihood(T, D, (), "normal", seed=27))

@@ -16,17 +16,26 @@ def assert_close(a, b):  # exact identities in float64: <= 1e-9 relative
 
 
 def make(p, **kw):
-    return LinearGaussianSSM(p["initial_loc"], p["initial_cov"], p["transition_matrix"],
-                             p["transition_cov"], p["observation_matrix"], p["observation_cov"],
-                             p.get("control_matrix"), p.get("controls"), **kw)
+    return LinearGaussianSSM(
+        p["initial_loc"],
+        p["initial_cov"],
+        p["transition_matrix"],
+        p["transition_cov"],
+        p["observation_matrix"],
+        p["observation_cov"],
+        p.get("control_matrix"),
+        p.get("controls"),
+        **kw,
+    )
 
 
 def dense_lp(p, x, elem_mask):
     """log p(x[observed]) of each sequence of x (B, T, D) under the per-element mask (B, T, D)."""
     T = x.shape[-2]
     dense = dense_of(p, T)
-    return torch.stack([log_marginal(dense, x[i], observed_index(dense, elem_mask[i]))
-                        for i in range(x.shape[0])])
+    return torch.stack(
+        [log_marginal(dense, x[i], observed_index(dense, elem_mask[i])) for i in range(x.shape[0])]
+    )
 
 
 def square_case(seed=60):
@@ -99,10 +108,15 @@ def test_step_and_element_masks_combine_with_and():
 def test_mask_shape_errors_name_the_right_argument():
     T, S, D = 4, 2, 3
     p = random_model(S, D, T, time_varying=True, seed=69)
-    with pytest.raises(ValueError, match=r"step_mask must have shape \(\.\.\., T\) = \(\.\.\., 4\)"):
+    with pytest.raises(
+        ValueError, match=r"step_mask must have shape \(\.\.\., T\) = \(\.\.\., 4\)"
+    ):
         make(p, step_mask=torch.ones(5, dtype=torch.bool))
-    with pytest.raises(ValueError, match=r"observation_mask must have shape \(\.\.\., T, D\) = "
-                                         r"\(\.\.\., 4, 3\) \(per element\); got \(4,\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"observation_mask must have shape \(\.\.\., T, D\) = "
+        r"\(\.\.\., 4, 3\) \(per element\); got \(4,\)",
+    ):
         make(p, observation_mask=torch.ones(4, dtype=torch.bool), step_mask=True)
     with pytest.raises(ValueError, match=r"observation_mask must have shape .* got \(4, 2\)"):
         make(p, observation_mask=torch.ones(4, 2, dtype=torch.bool))
@@ -112,15 +126,22 @@ def test_mask_values_other_than_zero_and_one_are_refused():
     # a .bool() cast read 0.5 as observed; 0/1 masks of any dtype equal the bool mask
     S, D, T = 2, 3, 4
     eye = torch.eye
-    args = (torch.zeros(S, dtype=torch.float64), eye(S, dtype=torch.float64),
-            0.9 * eye(S, dtype=torch.float64), 0.1 * eye(S, dtype=torch.float64),
-            torch.ones(D, S, dtype=torch.float64), eye(D, dtype=torch.float64))
+    args = (
+        torch.zeros(S, dtype=torch.float64),
+        eye(S, dtype=torch.float64),
+        0.9 * eye(S, dtype=torch.float64),
+        0.1 * eye(S, dtype=torch.float64),
+        torch.ones(D, S, dtype=torch.float64),
+        eye(D, dtype=torch.float64),
+    )
     x = torch.randn(T, D, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
     steps = torch.tensor([1.0, 1.0, 0.0, 1.0], dtype=torch.float64)
     a = LinearGaussianSSM(*args, step_mask=steps).log_prob(x)
     b = LinearGaussianSSM(*args, step_mask=steps.bool()).log_prob(x)
     assert torch.equal(a, b)
-    with pytest.raises(ValueError, match=r"step_mask must be bool or contain only 0 and 1 .*found 0.5"):
+    with pytest.raises(
+        ValueError, match=r"step_mask must be bool or contain only 0 and 1 .*found 0.5"
+    ):
         LinearGaussianSSM(*args, step_mask=torch.tensor([1.0, 0.5, 1.0, 1.0]))
     with pytest.raises(ValueError, match=r"observation_mask must be bool or contain only 0 and 1"):
         LinearGaussianSSM(*args, observation_mask=torch.full((T, D), 0.5))

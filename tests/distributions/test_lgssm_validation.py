@@ -10,8 +10,16 @@ from tests.dense_gaussian import log_marginal, observed_index
 from tests.ops.test_kalman import dense_of, observations, random_model
 
 F64 = torch.float64
-NAMES = ("initial_loc", "initial_cov", "transition_matrix", "transition_cov",
-         "observation_matrix", "observation_cov", "control_matrix", "controls")
+NAMES = (
+    "initial_loc",
+    "initial_cov",
+    "transition_matrix",
+    "transition_cov",
+    "observation_matrix",
+    "observation_cov",
+    "control_matrix",
+    "controls",
+)
 
 
 def assert_close(a, b):  # exact identities in float64: <= 1e-9 relative
@@ -31,8 +39,10 @@ def test_nan_without_mask_names_observation_mask():
     x = observations(T, D, seed=71)
     x[2, 1] = float("nan")
     d = make(p, num_steps=T)
-    msg = (r"observations contain 1 NaN value\(s\) at entries that are not masked \(first at "
-           r"index \(2, 1\)\)\. Mark missing entries with observation_mask")
+    msg = (
+        r"observations contain 1 NaN value\(s\) at entries that are not masked \(first at "
+        r"index \(2, 1\)\)\. Mark missing entries with observation_mask"
+    )
     for call in (d.log_prob, d.filter, d.smooth, d.sample_posterior):
         with pytest.raises(ValueError, match=msg):
             call(x)
@@ -76,7 +86,9 @@ def test_nan_as_missing_equals_the_explicit_mask():
     step = torch.tensor([True, True, False, True, True, True])
     lp2 = make(p, nan_as_missing=True, step_mask=step).log_prob(xn)
     for i in range(2):
-        assert_close(lp2[i], log_marginal(dense, x[i], observed_index(dense, mask[i] & step[:, None])))
+        assert_close(
+            lp2[i], log_marginal(dense, x[i], observed_index(dense, mask[i] & step[:, None]))
+        )
 
 
 def test_zero_time_steps_are_refused():
@@ -88,7 +100,9 @@ def test_zero_time_steps_are_refused():
         make(p).log_prob(torch.zeros(0, D, dtype=F64))
     with pytest.raises(ValueError, match="transition_matrix has a time dimension of size 0"):
         make({**p, "transition_matrix": torch.zeros(0, S, S, dtype=F64)})
-    with pytest.raises(ValueError, match=r"the masks have a time dimension of size 0; T must be >= 1"):
+    with pytest.raises(
+        ValueError, match=r"the masks have a time dimension of size 0; T must be >= 1"
+    ):
         make(p, step_mask=torch.zeros(0, dtype=torch.bool))
 
 
@@ -111,8 +125,11 @@ def test_invalid_covariances_are_refused_with_a_message(name):
     T, S, D = 4, 2, 2
     p = random_model(S, D, T, seed=78)
     n = D if name == "observation_cov" else S
-    with pytest.raises(ValueError, match=rf"{name} is not symmetric( at index \(\d+,\))?: max \|M - M\^T\| = 0\.1 "
-                                         r"exceeds .* not symmetrised for you"):
+    with pytest.raises(
+        ValueError,
+        match=rf"{name} is not symmetric( at index \(\d+,\))?: max \|M - M\^T\| = 0\.1 "
+        r"exceeds .* not symmetrised for you",
+    ):
         make({**p, name: _bad(n, "asym")}, num_steps=T)
     kind = "definite" if name == "observation_cov" else "semi-definite"
     with pytest.raises(ValueError, match=rf"{name} is not positive {kind}.*-0\.5"):
@@ -180,8 +197,11 @@ def test_nan_placeholders_give_finite_values_and_gradients(method):
         xv = x.masked_fill(~mask, placeholder).requires_grad_()
         kw = dict(nan_as_missing=True) if nan_as_missing else dict(observation_mask=mask)
         d = make(q, observation_offset=d_t, method=method, **kw)
-        lp = d.log_prob(xv).sum() + d.smooth(xv).means.sum() + d.sample_posterior(
-            xv, noise=torch.ones(2, T, S, dtype=F64)).sum()
+        lp = (
+            d.log_prob(xv).sum()
+            + d.smooth(xv).means.sum()
+            + d.sample_posterior(xv, noise=torch.ones(2, T, S, dtype=F64)).sum()
+        )
         gs = torch.autograd.grad(lp, [*q.values(), d_t, xv])
         return lp.detach(), gs
 

@@ -27,9 +27,15 @@ def assert_close(a, b, atol=1e-9, rtol=1e-9):
 
 def make(p, **kw):
     return LinearGaussianSSM(
-        p["initial_loc"], p["initial_cov"], p["transition_matrix"], p["transition_cov"],
-        p["observation_matrix"], p["observation_cov"], p.get("control_matrix"),
-        p.get("controls"), **kw,
+        p["initial_loc"],
+        p["initial_cov"],
+        p["transition_matrix"],
+        p["transition_cov"],
+        p["observation_matrix"],
+        p["observation_cov"],
+        p.get("control_matrix"),
+        p.get("controls"),
+        **kw,
     )
 
 
@@ -109,8 +115,12 @@ def test_observation_mask_equals_deleting_rows(kind):
     C = p["observation_matrix"].clone().requires_grad_()
     g = torch.autograd.grad(make({**p, "observation_matrix": C}, **kw).log_prob(x).sum(), C)[0]
     C2 = C.detach().clone().requires_grad_()
-    ref = sum(log_marginal(dense_of({**p, "observation_matrix": C2}, T), x[i],
-                           observed_index(dense, mask[i])) for i in range(2))
+    ref = sum(
+        log_marginal(
+            dense_of({**p, "observation_matrix": C2}, T), x[i], observed_index(dense, mask[i])
+        )
+        for i in range(2)
+    )
     g_ref = torch.autograd.grad(ref, C2)[0]
     assert_close(g, g_ref)
 
@@ -142,8 +152,10 @@ def test_rsample_joint_moments():
     dense = dense_of(p, T)
     v = torch.cat([z.reshape(N, -1), x.reshape(N, -1)], -1)
     mean = torch.cat([dense.mean_z, dense.mean_x])
-    cov = torch.cat([torch.cat([dense.cov_zz, dense.cov_xz.T], 1),
-                     torch.cat([dense.cov_xz, dense.cov_xx], 1)], 0)
+    cov = torch.cat(
+        [torch.cat([dense.cov_zz, dense.cov_xz.T], 1), torch.cat([dense.cov_xz, dense.cov_xx], 1)],
+        0,
+    )
     var = cov.diagonal()
     # sample mean SE sqrt(var/N); sample covariance SE sqrt((S_ii S_jj + S_ij^2)/N) for
     # Gaussians; 5 SE per entry: 12 means + 78 distinct covariances, family-wise false-alarm
@@ -161,8 +173,15 @@ def test_rsample_is_reparameterized():
     g = torch.autograd.grad(x.sum(), m0)[0]
     # x is affine in mu_{1|0} with coefficient d E[x] / d mu_{1|0} = C_b G[:, :S] (dense)
     m1 = m0.detach().clone().requires_grad_()
-    dense = dense_lgssm(m1, p["initial_cov"], p["transition_matrix"], p["transition_cov"],
-                        p["observation_matrix"], p["observation_cov"], T)
+    dense = dense_lgssm(
+        m1,
+        p["initial_cov"],
+        p["transition_matrix"],
+        p["transition_cov"],
+        p["observation_matrix"],
+        p["observation_cov"],
+        T,
+    )
     g_ref = torch.autograd.grad(N * dense.mean_x.sum(), m1)[0]
     assert_close(g, g_ref)
 
@@ -217,12 +236,14 @@ def test_in_pyro_model_with_plate():
     mask = torch.ones(B, T, dtype=torch.bool)
     mask[0, 2:4] = False
     dense = dense_of(p, T)
-    expected = torch.stack([log_marginal(dense, x[i], observed_index(dense, mask[i]))
-                            for i in range(B)])
+    expected = torch.stack(
+        [log_marginal(dense, x[i], observed_index(dense, mask[i])) for i in range(B)]
+    )
 
     def model(x, mask):
-        R_scale = pyro.param("R_scale", torch.tensor(1.0, dtype=F64),
-                             constraint=pdist.constraints.positive)
+        R_scale = pyro.param(
+            "R_scale", torch.tensor(1.0, dtype=F64), constraint=pdist.constraints.positive
+        )
         q = {**p, "observation_cov": R_scale * p["observation_cov"]}
         with pyro.plate("sequences", x.shape[0]):
             pyro.sample("x", make(q, step_mask=mask), obs=x)
@@ -231,8 +252,9 @@ def test_in_pyro_model_with_plate():
     tr.compute_log_prob()
     assert_close(tr.nodes["x"]["log_prob"], expected)
     # with no latent sites the ELBO is the exact log-likelihood; SVI's first loss equals it
-    svi = pyro.infer.SVI(model, lambda x, mask: None, pyro.optim.Adam({"lr": 0.05}),
-                         pyro.infer.Trace_ELBO())
+    svi = pyro.infer.SVI(
+        model, lambda x, mask: None, pyro.optim.Adam({"lr": 0.05}), pyro.infer.Trace_ELBO()
+    )
     loss0 = svi.step(x, mask)
     assert abs(loss0 + expected.sum().item()) < 1e-8
     losses = [svi.step(x, mask) for _ in range(20)]
@@ -278,7 +300,9 @@ def test_distribution_smooth_equals_ops():
 def test_from_scale_tril_equals_covariance_form_and_is_differentiable():
     torch.manual_seed(3)
     S, D, T = 3, 2, 6
-    tril = lambda n: (torch.randn(n, n, dtype=torch.float64).tril() + 2 * torch.eye(n, dtype=torch.float64))
+    tril = lambda n: (
+        torch.randn(n, n, dtype=torch.float64).tril() + 2 * torch.eye(n, dtype=torch.float64)
+    )
     L0, Lq, Lr = tril(S).requires_grad_(), tril(S), tril(D)
     A = 0.5 * torch.randn(S, S, dtype=torch.float64)
     C = torch.randn(D, S, dtype=torch.float64)

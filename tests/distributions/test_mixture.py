@@ -6,7 +6,13 @@ import pyro
 import pyro.distributions as dist
 import pytest
 import torch
-from torch.distributions import Categorical, Independent, MixtureSameFamily, MultivariateNormal, Normal
+from torch.distributions import (
+    Categorical,
+    Independent,
+    MixtureSameFamily,
+    MultivariateNormal,
+    Normal,
+)
 
 from pyro_seq.distributions import DiagonalNormalMixture
 
@@ -71,10 +77,10 @@ def test_samples_match_moments_and_cdf():
     mean, var = d.mean, d.variance
     se_mean = (var / n).sqrt()
     assert ((x.mean(0) - mean).abs() < 5 * se_mean).all()
-    fourth = ((x - mean) ** 4).mean(0)                          # SE of the sample variance
-    se_var = ((fourth - var ** 2) / n).sqrt()
+    fourth = ((x - mean) ** 4).mean(0)  # SE of the sample variance
+    se_var = ((fourth - var**2) / n).sqrt()
     assert ((x.var(0) - var).abs() < 5 * se_var).all()
-    c = mean                                                    # a threshold in the bulk
+    c = mean  # a threshold in the bulk
     w = torch.softmax(logits, -1).unsqueeze(-1)
     cdf = (w * Normal(loc, scale).cdf(c.unsqueeze(-2))).sum(-2)
     frac = (x < c).double().mean(0)
@@ -87,7 +93,7 @@ def test_sample_picks_one_component_per_draw():
     loc = torch.tensor([[-5.0, 1.0], [0.0, 0.0], [7.0, -3.0]])
     d = DiagonalNormalMixture(torch.zeros(3), loc, torch.full((3, 2), 1e-4))
     x = d.sample((3000,))
-    dist_to = (x.unsqueeze(-2) - loc).norm(dim=-1)              # (n, 3)
+    dist_to = (x.unsqueeze(-2) - loc).norm(dim=-1)  # (n, 3)
     assert (dist_to.min(-1).values < 1e-2).all()
     counts = torch.bincount(dist_to.argmin(-1), minlength=3).double()
     se = math.sqrt(3000 * (1 / 3) * (2 / 3))
@@ -126,7 +132,7 @@ def test_bad_shapes_raise():
         DiagonalNormalMixture(logits, loc, scale[..., :2])
     with pytest.raises(ValueError, match="needs logits"):
         DiagonalNormalMixture(logits, loc[0, 0], scale)
-    with pytest.raises(ValueError):                             # argument validation: scale > 0
+    with pytest.raises(ValueError):  # argument validation: scale > 0
         DiagonalNormalMixture(logits, loc, -scale, validate_args=True)
 
 
@@ -146,13 +152,16 @@ def test_masked_log_prob_is_the_marginal_of_the_observed_dims(float64):
     logits, loc, scale = _random_mixture(batch=(4,), K=3, D=5, seed=3)
     d = DiagonalNormalMixture(logits, loc, scale)
     x = torch.randn(4, 5)
-    masks = torch.tensor([[1, 0, 1, 1, 0], [0, 0, 0, 0, 1], [1, 1, 1, 1, 1], [0, 1, 0, 1, 0]]).bool()
+    masks = torch.tensor(
+        [[1, 0, 1, 1, 0], [0, 0, 0, 0, 1], [1, 1, 1, 1, 1], [0, 1, 0, 1, 0]]
+    ).bool()
     got = d.masked_log_prob(x, masks)
     for b in range(4):
         obs = masks[b].nonzero().squeeze(-1)
         cov = torch.diag_embed(scale[b][:, obs] ** 2)
-        ref = MixtureSameFamily(Categorical(logits=logits[b]),
-                                MultivariateNormal(loc[b][:, obs], covariance_matrix=cov))
+        ref = MixtureSameFamily(
+            Categorical(logits=logits[b]), MultivariateNormal(loc[b][:, obs], covariance_matrix=cov)
+        )
         torch.testing.assert_close(got[b], ref.log_prob(x[b, obs]), rtol=1e-12, atol=0)
 
 
@@ -161,7 +170,10 @@ def test_masked_log_prob_equals_numerical_integral_over_a_missing_dim(float64):
     logits, loc, scale = _random_mixture(batch=(), K=3, D=3, seed=4)
     d = DiagonalNormalMixture(logits, loc, scale)
     x = torch.tensor([0.3, float("nan"), -1.2])
-    lo, hi = (loc[:, 1] - 12 * scale[:, 1]).min().item(), (loc[:, 1] + 12 * scale[:, 1]).max().item()
+    lo, hi = (
+        (loc[:, 1] - 12 * scale[:, 1]).min().item(),
+        (loc[:, 1] + 12 * scale[:, 1]).max().item(),
+    )
     grid = torch.linspace(lo, hi, 20001)
     pts = x.repeat(len(grid), 1)
     pts[:, 1] = grid
@@ -174,14 +186,16 @@ def test_nan_at_masked_entries_reaches_neither_value_nor_gradients(float64):
     logits, loc, scale = (t.clone().requires_grad_() for t in _random_mixture(batch=(3,)))
     x = torch.randn(3, 5)
     mask = torch.rand(3, 5, generator=torch.Generator().manual_seed(5)) < 0.5
-    mask[0] = False                                             # a row with nothing observed
+    mask[0] = False  # a row with nothing observed
     x_nan = torch.where(mask, x, torch.full_like(x, float("nan"))).requires_grad_()
     d = DiagonalNormalMixture(logits, loc, scale)
     lp = d.masked_log_prob(x_nan, mask)
     assert torch.isfinite(lp).all() and lp[0] == 0
     grads = torch.autograd.grad(lp.sum(), (logits, loc, scale, x_nan))
     assert all(torch.isfinite(g).all() for g in grads)
-    assert (grads[3][~mask] == 0).all() and (grads[1][~mask.unsqueeze(-2).expand_as(loc)] == 0).all()
+    assert (grads[3][~mask] == 0).all() and (
+        grads[1][~mask.unsqueeze(-2).expand_as(loc)] == 0
+    ).all()
     # the same value as with finite (arbitrary) numbers at the masked entries
     torch.testing.assert_close(lp, d.masked_log_prob(x + 100 * (~mask), mask), rtol=0, atol=0)
 
@@ -206,4 +220,6 @@ def test_in_a_pyro_site_with_plate():
 
     tr = pyro.poutine.trace(model).get_trace()
     tr.compute_log_prob()
-    torch.testing.assert_close(tr.nodes["x"]["log_prob"], _torch_reference(logits, loc, scale).log_prob(x))
+    torch.testing.assert_close(
+        tr.nodes["x"]["log_prob"], _torch_reference(logits, loc, scale).log_prob(x)
+    )

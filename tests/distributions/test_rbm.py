@@ -56,8 +56,12 @@ def test_ais_within_three_standard_errors_and_unbiased_in_exp():
     est = d.ais_log_partition(num_chains=200, num_betas=300)
     assert abs(float(est.log_partition - exact)) <= 3 * float(est.stderr)
     # E[Z_hat] = Z: the mean over repeats of Z_hat / Z is 1 within 3 standard errors
-    ratios = torch.stack([(d.ais_log_partition(num_chains=20, num_betas=30).log_partition - exact).exp()
-                          for _ in range(200)])
+    ratios = torch.stack(
+        [
+            (d.ais_log_partition(num_chains=20, num_betas=30).log_partition - exact).exp()
+            for _ in range(200)
+        ]
+    )
     se = ratios.std() / math.sqrt(ratios.numel())
     assert abs(float(ratios.mean()) - 1.0) <= 3 * float(se)
 
@@ -67,7 +71,9 @@ def test_ais_with_base_rates_and_custom_schedule():
     data = (torch.rand(500, 8, dtype=D) < 0.3).to(D)
     c0 = d.base_rate_bias(data)
     assert torch.allclose(torch.sigmoid(c0), data.mean(0).clamp(1e-3, 1 - 1e-3))
-    betas = torch.cat([torch.linspace(0, 0.5, 100, dtype=D), torch.linspace(0.5, 1, 300, dtype=D)[1:]])
+    betas = torch.cat(
+        [torch.linspace(0, 0.5, 100, dtype=D), torch.linspace(0.5, 1, 300, dtype=D)[1:]]
+    )
     torch.manual_seed(1)
     est = d.ais_log_partition(num_chains=100, betas=betas, base_visible_bias=c0)
     assert abs(float(est.log_partition - d.log_partition())) <= 3 * float(est.stderr) + 1e-6
@@ -114,25 +120,37 @@ def _brute_force_log_z(W, c, b, present, visible, n):
     return torch.logsumexp(torch.cat(terms), 0)
 
 
-@pytest.mark.parametrize("visible,K,n", [("bernoulli", None, 1), ("softmax", 3, 1),
-                                         ("binomial_softmax", 3, 2), ("binomial_softmax", 2, 3)])
+@pytest.mark.parametrize(
+    "visible,K,n",
+    [
+        ("bernoulli", None, 1),
+        ("softmax", 3, 1),
+        ("binomial_softmax", 3, 2),
+        ("binomial_softmax", 2, 3),
+    ],
+)
 def test_masked_log_partition_by_brute_force_for_every_method(visible, K, n, monkeypatch):
     """With missing units every exact method and "auto" give the sub-RBM's log Z; here S^V < 2^H,
     so "auto" enumerates the visibles (S states per unit, C(n+K-1, K-1) for binomial units)."""
     V = 3
     S = 2 if K is None else math.comb(n + K - 1, K - 1)
-    H = int(math.log2(S ** V)) + 1
+    H = int(math.log2(S**V)) + 1
     g = torch.Generator().manual_seed(7)
     shape = (H, V) if K is None else (H, V, K)
     W = torch.randn(shape, generator=g, dtype=D)
     c = torch.randn(shape[1:], generator=g, dtype=D)
     b = torch.randn(2, 1, H, generator=g, dtype=D)  # conditional biases broadcast with the mask
-    mask = torch.tensor([[True, False, True], [False, True, False], [True, True, True],
-                         [False, False, False]])
+    mask = torch.tensor(
+        [[True, False, True], [False, True, False], [True, True, True], [False, False, False]]
+    )
     d = RBM(W, c, b, visible=visible, num_trials=n, visible_mask=mask)
     assert d.batch_shape == (2, 4)
-    expected = torch.stack([torch.stack([_brute_force_log_z(W, c, b[i, 0], mask[j], visible, n)
-                                         for j in range(4)]) for i in range(2)])
+    expected = torch.stack(
+        [
+            torch.stack([_brute_force_log_z(W, c, b[i, 0], mask[j], visible, n) for j in range(4)])
+            for i in range(2)
+        ]
+    )
     for over in ("hidden", "visible"):
         assert torch.allclose(d.log_partition(over), expected, atol=1e-10, rtol=0)
 
@@ -152,17 +170,22 @@ def test_marginal_log_prob_equals_summation_over_missing_units():
         full = v.clone()
         full[~observed] = torch.tensor(fill, dtype=D)
         total.append(d.log_prob(full))
-    assert torch.allclose(d.marginal_log_prob(v, observed), torch.logsumexp(torch.stack(total), 0),
-                          atol=1e-10)
+    assert torch.allclose(
+        d.marginal_log_prob(v, observed), torch.logsumexp(torch.stack(total), 0), atol=1e-10
+    )
 
 
-@pytest.mark.parametrize("visible,n", [("softmax", 1), ("binomial_softmax", 2), ("binomial_softmax", 3)])
+@pytest.mark.parametrize(
+    "visible,n", [("softmax", 1), ("binomial_softmax", 2), ("binomial_softmax", 3)]
+)
 def test_softmax_units_conditionals_and_partition_by_replica_enumeration(visible, n):
     """A binomial-softmax unit is n softmax replicas with shared weights (seed 003 eq. 16):
     its partition function equals that of the softmax RBM with W and c tiled n times."""
     V, K, H = 3, 3, 2
     d = _rbm(V, H, K=K, visible=visible, n=n, seed=3)
-    replicas = RBM(d.W.repeat(1, n, 1), d.visible_bias.repeat(n, 1), d.hidden_bias, visible="softmax")
+    replicas = RBM(
+        d.W.repeat(1, n, 1), d.visible_bias.repeat(n, 1), d.hidden_bias, visible="softmax"
+    )
     assert torch.allclose(d.log_partition("hidden"), replicas.log_partition("visible"), atol=1e-10)
     assert torch.allclose(d.log_partition("visible"), replicas.log_partition("visible"), atol=1e-10)
     # p(v_i | h): enumerate the replica states of unit 0 and count

@@ -14,7 +14,7 @@ def test_log_prob_for_the_value_object_and_delegation_otherwise():
     marker = torch.full((3,), 7.0)
     scored = ScoredValue(base, value, marker)
     assert scored.log_prob(value) is marker
-    other = value.clone()                       # equal but not the same object
+    other = value.clone()  # equal but not the same object
     assert torch.allclose(scored.log_prob(other), base.log_prob(other))
     assert scored.batch_shape == (3,) and scored.event_shape == (2,)
     assert scored.has_rsample and scored.rsample().shape == (3, 2)
@@ -26,8 +26,9 @@ def test_kl_delegates_to_the_base_distribution_also_when_masked():
     scored = ScoredValue(q, torch.zeros(4, 2), torch.zeros(4))
     assert torch.allclose(kl_divergence(p, scored), kl_divergence(p, q))
     mask = torch.tensor([True, False, True, True])
-    assert torch.allclose(kl_divergence(p.mask(mask), scored.mask(mask)),
-                          kl_divergence(p, q) * mask)
+    assert torch.allclose(
+        kl_divergence(p.mask(mask), scored.mask(mask)), kl_divergence(p, q) * mask
+    )
 
 
 def test_expand_keeps_the_precomputed_score():

@@ -31,15 +31,17 @@ def _case(visible="bernoulli", K=None, n_trials=1, seed=0, rows=4, Q=7, H=3):
     return sparse, masked, values, dense, present
 
 
-@pytest.mark.parametrize("visible,K,n", [("bernoulli", None, 1), ("softmax", 3, 1),
-                                         ("binomial_softmax", 3, 2)])
+@pytest.mark.parametrize(
+    "visible,K,n", [("bernoulli", None, 1), ("softmax", 3, 1), ("binomial_softmax", 3, 2)]
+)
 def test_rows_are_the_masked_dense_rbms(visible, K, n):
     sparse, masked, values, dense, present = _case(visible, K, n)
     assert torch.allclose(sparse.free_energy(values), masked.free_energy(dense), atol=1e-12)
     assert torch.allclose(sparse.log_partition(), masked.log_partition("hidden"), atol=1e-10)
     assert torch.allclose(sparse.hidden_probs(values), masked.hidden_probs(dense), atol=1e-12)
-    assert torch.allclose(sparse.reconstruction_error(values), masked.reconstruction_error(dense),
-                          atol=1e-12)
+    assert torch.allclose(
+        sparse.reconstruction_error(values), masked.reconstruction_error(dense), atol=1e-12
+    )
     # prediction at every (row, question): the dense mean-field pass
     rows, Q = present.shape
     qr, qc = torch.meshgrid(torch.arange(rows), torch.arange(Q), indexing="ij")
@@ -59,33 +61,45 @@ def test_log_partition_by_brute_force_over_each_rows_entries(visible, K, n):
     W = torch.randn((H, Q) + unit, generator=g, dtype=D)
     c = torch.randn((Q,) + unit, generator=g, dtype=D)
     b = torch.randn(rows, H, generator=g, dtype=D)
-    present = torch.tensor([[True, False, True, False], [False, True, True, True],
-                            [True, True, False, False], [False, False, False, False]])
+    present = torch.tensor(
+        [
+            [True, False, True, False],
+            [False, True, True, True],
+            [True, True, False, False],
+            [False, False, False, False],
+        ]
+    )
     row, column = present.nonzero(as_tuple=True)
     d = SparseRBM(W, c, b, row, column, rows, visible=visible, num_trials=n)
-    expected = torch.stack([_brute_force_log_z(W, c, b[s], present[s], visible, n)
-                            for s in range(rows)])
+    expected = torch.stack(
+        [_brute_force_log_z(W, c, b[s], present[s], visible, n) for s in range(rows)]
+    )
     assert torch.allclose(d.log_partition(), expected, atol=1e-10, rtol=0)
     assert torch.allclose(expected[-1], torch.nn.functional.softplus(b[-1]).sum(), atol=1e-12)
 
 
 def test_pseudo_likelihood_and_gibbs_shapes():
     sparse, masked, values, dense, present = _case()
-    assert torch.allclose(sparse.pseudo_log_likelihood(values), masked.pseudo_log_likelihood(dense),
-                          atol=1e-12)
+    assert torch.allclose(
+        sparse.pseudo_log_likelihood(values), masked.pseudo_log_likelihood(dense), atol=1e-12
+    )
     neg = sparse.gibbs(values, 3)
     assert neg.shape == values.shape and set(neg.unique().tolist()) <= {0.0, 1.0}
 
 
 def test_cd_gradient_equals_the_dense_masked_gradient_with_the_same_negatives():
     import pyro
+
     sparse, masked, values, dense, present = _case(seed=2)
     W = sparse.W.clone().requires_grad_()
 
     def model(v):
         with pyro.plate("rows", 4):
-            pyro.sample("x", SparseRBM(W, sparse.visible_bias, sparse.hidden_bias, sparse.row,
-                                       sparse.column, 4), obs=v)
+            pyro.sample(
+                "x",
+                SparseRBM(W, sparse.visible_bias, sparse.hidden_bias, sparse.row, sparse.column, 4),
+                obs=v,
+            )
 
     cd = ContrastiveDivergence(k=1)
     cd.differentiable_loss(model, lambda v: None, values).backward()

@@ -28,8 +28,11 @@ def min_kernel(T, var=1.0):
 def dense_gaussian_logpdf(v, mean, cov):
     n = v.shape[-1]
     d = v - mean
-    return (-0.5 * d @ torch.linalg.solve(cov, d) - 0.5 * torch.logdet(cov)
-            - 0.5 * n * math.log(2 * math.pi))
+    return (
+        -0.5 * d @ torch.linalg.solve(cov, d)
+        - 0.5 * torch.logdet(cov)
+        - 0.5 * n * math.log(2 * math.pi)
+    )
 
 
 def dense_kl(mu_q, cov_q, mu_p, cov_p):
@@ -37,12 +40,13 @@ def dense_kl(mu_q, cov_q, mu_p, cov_p):
     n = mu_q.shape[-1]
     inv_p = torch.linalg.inv(cov_p)
     d = mu_p - mu_q
-    return 0.5 * (torch.logdet(cov_p) - torch.logdet(cov_q) - n + torch.trace(inv_p @ cov_q)
-                  + d @ inv_p @ d)
+    return 0.5 * (
+        torch.logdet(cov_p) - torch.logdet(cov_q) - n + torch.trace(inv_p @ cov_q) + d @ inv_p @ d
+    )
 
 
 def test_increments_are_the_difference_map():
-    z = torch.tensor([[1.0, 2.0], [4.0, 3.0], [4.5, -1.0]])      # T=3, Z=2
+    z = torch.tensor([[1.0, 2.0], [4.0, 3.0], [4.5, -1.0]])  # T=3, Z=2
     assert torch.equal(wiener_increments(z), torch.tensor([[1.0, 2.0], [3.0, 1.0], [0.5, -4.0]]))
     z0 = torch.tensor([0.5, -1.0])
     assert torch.equal(wiener_increments(z, z0)[0], torch.tensor([0.5, 3.0]))
@@ -62,8 +66,10 @@ def test_log_prob_is_the_dense_gp_with_min_kernel(with_start):
     sig = torch.as_tensor(scale).expand(Z)
     for s in range(4):
         for b in range(2):
-            expected = sum(dense_gaussian_logpdf(z[s, b, :, i], z0[b, i].expand(T),
-                                                 min_kernel(T, sig[i] ** 2)) for i in range(Z))
+            expected = sum(
+                dense_gaussian_logpdf(z[s, b, :, i], z0[b, i].expand(T), min_kernel(T, sig[i] ** 2))
+                for i in range(Z)
+            )
             assert abs(got[s, b] - expected) < 1e-10, (got[s, b], expected)
 
 
@@ -79,8 +85,12 @@ def test_per_step_transitions_multiply_to_the_process_density():
         z_prev = z[:, t]
     full = WienerProcess(T, torch.zeros(Z)).log_prob(z)
     assert torch.allclose(total, full, atol=1e-12, rtol=0)
-    dense = torch.stack([sum(dense_gaussian_logpdf(z[b, :, i], torch.zeros(T), min_kernel(T))
-                             for i in range(Z)) for b in range(3)])
+    dense = torch.stack(
+        [
+            sum(dense_gaussian_logpdf(z[b, :, i], torch.zeros(T), min_kernel(T)) for i in range(Z))
+            for b in range(3)
+        ]
+    )
     assert torch.allclose(total, dense, atol=1e-10, rtol=0)
 
 
@@ -88,12 +98,12 @@ def test_rsample_has_the_min_kernel_covariance():
     torch.manual_seed(2)
     T = 4
     p = WienerProcess(T, torch.tensor([0.5]), 1.5)
-    z = p.rsample((40000,))[..., 0]                      # (N, T)
+    z = p.rsample((40000,))[..., 0]  # (N, T)
     assert z.shape == (40000, T)
     emp = torch.cov(z.T)
-    assert torch.allclose(emp, min_kernel(T, 1.5 ** 2), atol=0.15), emp
+    assert torch.allclose(emp, min_kernel(T, 1.5**2), atol=0.15), emp
     assert torch.allclose(z.mean(0), torch.full((T,), 0.5), atol=0.05)
-    assert torch.allclose(p.variance[:, 0], torch.diagonal(min_kernel(T, 1.5 ** 2)))
+    assert torch.allclose(p.variance[:, 0], torch.diagonal(min_kernel(T, 1.5**2)))
 
 
 @pytest.mark.parametrize("with_start", [False, True])
@@ -110,8 +120,9 @@ def test_kl_via_difference_map_equals_dense_kl(with_start):
         expected = 0.0
         for i in range(Z):
             mu_p = (z0[b, i] if with_start else torch.tensor(0.0)).expand(T)
-            expected = expected + dense_kl(loc[b, :, i], torch.diag(scale[b, :, i] ** 2),
-                                           mu_p, min_kernel(T, sig[i] ** 2))
+            expected = expected + dense_kl(
+                loc[b, :, i], torch.diag(scale[b, :, i] ** 2), mu_p, min_kernel(T, sig[i] ** 2)
+            )
         assert abs(got[b] - expected) < 1e-10, (got[b], expected)
     # the registered kl_divergence for Normal(loc, scale).to_event(2) gives the same numbers
     q = torch.distributions.Independent(torch.distributions.Normal(loc, scale), 2)
@@ -125,8 +136,10 @@ def test_kl_mask_gives_the_prefix_kl():
     loc, scale = torch.randn(T, Z), 0.3 + torch.rand(T, Z)
     mask = torch.arange(T) < L
     masked = kl_diagonal_normal_wiener(loc, scale, mask=mask)
-    expected = sum(dense_kl(loc[:L, i], torch.diag(scale[:L, i] ** 2), torch.zeros(L),
-                            min_kernel(L)) for i in range(Z))
+    expected = sum(
+        dense_kl(loc[:L, i], torch.diag(scale[:L, i] ** 2), torch.zeros(L), min_kernel(L))
+        for i in range(Z)
+    )
     assert abs(masked - expected) < 1e-10
 
 

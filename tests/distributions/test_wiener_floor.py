@@ -25,7 +25,8 @@ def test_mean_field_floor_is_reached_and_never_beaten():
     assert abs(float(kl) - floor) <= 1e-10 * floor
     g = torch.Generator().manual_seed(0)
     for _ in range(200):  # any other independent Gaussian pays more
-        other = kl_diagonal_normal_wiener(0.3 * torch.randn(T, Z, generator=g, dtype=torch.float64),
-                                          scale * torch.exp(0.3 * torch.randn(T, Z, generator=g,
-                                                                              dtype=torch.float64)))
+        other = kl_diagonal_normal_wiener(
+            0.3 * torch.randn(T, Z, generator=g, dtype=torch.float64),
+            scale * torch.exp(0.3 * torch.randn(T, Z, generator=g, dtype=torch.float64)),
+        )
         assert float(other) > floor

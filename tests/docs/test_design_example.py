@@ -26,9 +26,16 @@ def batch():
     return x, mask
 
 
-@pytest.mark.parametrize("loss", [Trace_ELBO(), TraceMeanField_ELBO(),
-                                  IWAE(num_particles=3, max_plate_nesting=1),
-                                  FIVO(num_particles=3)], ids=lambda l: type(l).__name__)
+@pytest.mark.parametrize(
+    "loss",
+    [
+        Trace_ELBO(),
+        TraceMeanField_ELBO(),
+        IWAE(num_particles=3, max_plate_nesting=1),
+        FIVO(num_particles=3),
+    ],
+    ids=lambda l: type(l).__name__,
+)
 def test_trains_with_every_objective(batch, loss):
     pyro.clear_param_store()
     pyro.set_rng_seed(0)
@@ -48,7 +55,9 @@ def test_estimators_missing_data_and_tasks(batch):
         assert torch.isfinite(torch.tensor(est.nats_per_step))
     observed = torch.ones(3, 7, dtype=torch.bool)
     observed[0, 2] = False
-    loss = SVI(m.model, m.guide, Adam({"lr": 1e-2}), loss=Trace_ELBO()).step(x, mask, observed=observed)
+    loss = SVI(m.model, m.guide, Adam({"lr": 1e-2}), loss=Trace_ELBO()).step(
+        x, mask, observed=observed
+    )
     assert torch.isfinite(torch.tensor(loss))
     assert impute(m, x, observed, mask=mask, num_iterations=2).probs.shape == x.shape
     x_hat, means = denoise(m, x, mask)

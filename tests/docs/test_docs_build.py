@@ -53,7 +53,7 @@ def test_equation_index_entries_resolve_to_real_objects():
         assert c.source in pyro_seq_docs.SOURCES_BY_KEY, c
     assert pyro_seq_docs.citation_problems(citations) == []
     found = {(c.source, c.equation): c.target for c in citations}
-    assert found[("thesis", "3.12")]                       # the Kalman log-likelihood
+    assert found[("thesis", "3.12")]  # the Kalman log-likelihood
     assert ("seed000", "1.2") in found and ("seed003", "17") in found
 
 
@@ -67,7 +67,9 @@ def test_equation_citations_are_attributed_to_their_documents():
     assert pyro_seq_docs._attribute((9,), "see seed 003 sec. 2.1,", "seed002") == "seed003"
     assert pyro_seq_docs._attribute((2,), "a recurrent cell,", "seed002") == "seed002"
     assert pyro_seq_docs._attribute((7,), "nothing named", "") == ""
-    assert pyro_seq_docs.in_source("thesis", (3, 20)) and not pyro_seq_docs.in_source("thesis", (3, 21))
+    assert pyro_seq_docs.in_source("thesis", (3, 20)) and not pyro_seq_docs.in_source(
+        "thesis", (3, 21)
+    )
 
 
 @pytest.fixture(scope="module")
@@ -77,12 +79,32 @@ def built_site(tmp_path_factory):
             pytest.skip(f"{name} is not installed (pip install -e '.[docs]')")
     out = tmp_path_factory.mktemp("docs")
     env = dict(os.environ, PYRO_SEQ_SMOKE="1", PYRO_SEQ_DOCS_EXECUTION="force", MPLBACKEND="Agg")
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + [p for p in [os.environ.get("PYTHONPATH")] if p])
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(ROOT)] + [p for p in [os.environ.get("PYTHONPATH")] if p]
+    )
     start = time.perf_counter()
     proc = subprocess.run(
-        [sys.executable, "-m", "sphinx", "-W", "--keep-going", "-b", "html",
-         "-d", str(out / "doctrees"), "-D", "nb_execution_in_temp=1", str(DOCS), str(out / "html")],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+        [
+            sys.executable,
+            "-m",
+            "sphinx",
+            "-W",
+            "--keep-going",
+            "-b",
+            "html",
+            "-d",
+            str(out / "doctrees"),
+            "-D",
+            "nb_execution_in_temp=1",
+            str(DOCS),
+            str(out / "html"),
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     seconds = time.perf_counter() - start
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     return out / "html", proc, seconds
@@ -99,9 +121,13 @@ def test_api_pages_document_the_public_symbols(built_site):
 
     with open(built_site[0] / "objects.inv", "rb") as fh:
         inventory = InventoryFile.load(fh, "", os.path.join)
-    names = set(inventory.get("py:class", {})) | set(inventory.get("py:function", {})) | \
-        set(inventory.get("py:data", {})) | set(inventory.get("py:module", {})) | \
-        set(inventory.get("py:exception", {}))
+    names = (
+        set(inventory.get("py:class", {}))
+        | set(inventory.get("py:function", {}))
+        | set(inventory.get("py:data", {}))
+        | set(inventory.get("py:module", {}))
+        | set(inventory.get("py:exception", {}))
+    )
     for s in pyro_seq_docs.public_symbols():
         assert any(t in names for t in s.targets), s.public_name
 

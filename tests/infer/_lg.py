@@ -14,8 +14,16 @@ def make_model(guide="prior", learnable=False, seed=0, obs_dim=2, state_dim=2):
     A = 0.7 * torch.eye(state_dim) + 0.2 * torch.randn(state_dim, state_dim, generator=g)
     A = A * min(1.0, 0.9 / torch.linalg.eigvals(A).abs().max().item())  # stable: radius <= 0.9
     C = torch.randn(obs_dim, state_dim, generator=g)
-    return LinearGaussianSequenceModel(obs_dim, state_dim, A=A, C=C, Q=0.3 * torch.eye(state_dim),
-                                       R=0.4 * torch.eye(obs_dim), learnable=learnable, guide=guide)
+    return LinearGaussianSequenceModel(
+        obs_dim,
+        state_dim,
+        A=A,
+        C=C,
+        Q=0.3 * torch.eye(state_dim),
+        R=0.4 * torch.eye(obs_dim),
+        learnable=learnable,
+        guide=guide,
+    )
 
 
 def make_data(m, lengths, seed=1):
@@ -60,15 +68,18 @@ class PerturbedGuideLG(LinearGaussianSequenceModel):
 
 def make_perturbed(seed=0, obs_dim=2, state_dim=2, learnable=True):
     base = make_model(seed=seed, obs_dim=obs_dim, state_dim=state_dim)
-    return PerturbedGuideLG(obs_dim, state_dim, A=base.A, C=base.C, Q=base.Q, R=base.R,
-                            learnable=learnable)
+    return PerturbedGuideLG(
+        obs_dim, state_dim, A=base.A, C=base.C, Q=base.Q, R=base.R, learnable=learnable
+    )
 
 
 def grads(m):
     """Flat vector of the gradients of ``m``'s parameters (zeros where None), then zero them."""
     out = []
     for p in m.parameters():
-        out.append(torch.zeros_like(p).reshape(-1) if p.grad is None else p.grad.reshape(-1).clone())
+        out.append(
+            torch.zeros_like(p).reshape(-1) if p.grad is None else p.grad.reshape(-1).clone()
+        )
         p.grad = None
     return torch.cat(out)
 

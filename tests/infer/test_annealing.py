@@ -11,8 +11,9 @@ from pyro_seq.infer import FreeBits_ELBO, LatentScale, linear_schedule
 from pyro_seq.infer.annealing import HandledStepProgram
 
 N, D = 5, 3
-X = torch.tensor([[0.3, -1.2, 0.5], [1.0, 0.2, -0.4], [2.0, 1.1, 0.0], [-0.7, 0.4, 0.9],
-                  [0.1, 0.1, 0.1]])
+X = torch.tensor(
+    [[0.3, -1.2, 0.5], [1.0, 0.2, -0.4], [2.0, 1.1, 0.0], [-0.7, 0.4, 0.9], [0.1, 0.1, 0.1]]
+)
 
 
 def model(x):
@@ -34,8 +35,11 @@ def _terms(seed, x=X):
     torch.manual_seed(seed)
     gtr = pyro.poutine.trace(guide).get_trace(x)
     mtr = pyro.poutine.trace(pyro.poutine.replay(model, trace=gtr)).get_trace(x)
-    return (mtr.nodes["x"]["fn"].log_prob(x).sum(), mtr.nodes["z"]["fn"].log_prob(
-        mtr.nodes["z"]["value"]).sum(), gtr.nodes["z"]["fn"].log_prob(gtr.nodes["z"]["value"]).sum())
+    return (
+        mtr.nodes["x"]["fn"].log_prob(x).sum(),
+        mtr.nodes["z"]["fn"].log_prob(mtr.nodes["z"]["value"]).sum(),
+        gtr.nodes["z"]["fn"].log_prob(gtr.nodes["z"]["value"]).sum(),
+    )
 
 
 def _loss_and_grads(elbo, mdl, gde, seed):
@@ -177,7 +181,9 @@ def test_free_bits_composes_with_latent_scale():
     torch.manual_seed(9)
     loss = FreeBits_ELBO(free_bits=100.0, group="all").loss(ls(model), ls(guide), X)
     loglik, _, _ = _terms(9)
-    assert loss == pytest.approx((-loglik + 0.5 * torch.maximum(kl, torch.tensor(100.0 * N))).item(), rel=1e-6)
+    assert loss == pytest.approx(
+        (-loglik + 0.5 * torch.maximum(kl, torch.tensor(100.0 * N))).item(), rel=1e-6
+    )
 
 
 def test_free_bits_respects_subsampling_scale():

@@ -16,9 +16,14 @@ D = torch.float64
 
 def _params(V=6, H=3, seed=0):
     g = torch.Generator().manual_seed(seed)
-    return [torch.nn.Parameter(t) for t in (0.5 * torch.randn(H, V, generator=g, dtype=D),
-                                            torch.randn(V, generator=g, dtype=D),
-                                            torch.randn(H, generator=g, dtype=D))]
+    return [
+        torch.nn.Parameter(t)
+        for t in (
+            0.5 * torch.randn(H, V, generator=g, dtype=D),
+            torch.randn(V, generator=g, dtype=D),
+            torch.randn(H, generator=g, dtype=D),
+        )
+    ]
 
 
 def _data(N=20, V=6, seed=1):
@@ -38,6 +43,7 @@ def _model(W, c, b, subsample=None, N=None):
         with plate:
             fn = RBM(W, c, b)
             pyro.sample("x", fn if mask is None else fn.mask(mask), obs=x)
+
     return model
 
 
@@ -85,8 +91,9 @@ def test_mask_outside_to_event_is_aligned():
     cd = ContrastiveDivergence(k=1)
     cd.differentiable_loss(model, guide, x).backward()
     neg = cd.last_negatives["x"]
-    dW, _, _ = _cd_update(W.detach(), c.detach(), b.detach(), x[rows].reshape(-1, 6),
-                          neg[rows].reshape(-1, 6))
+    dW, _, _ = _cd_update(
+        W.detach(), c.detach(), b.detach(), x[rows].reshape(-1, 6), neg[rows].reshape(-1, 6)
+    )
     assert torch.allclose(W.grad, -dW, atol=1e-12)
 
 
@@ -127,8 +134,9 @@ def test_composes_with_clipped_adam_and_a_scheduler():
             pyro.sample("x", RBM(W, c, b), obs=x[idx])
 
     x = _data(200, V, seed=4)
-    scheduler = ExponentialLR({"optimizer": torch.optim.Adam, "optim_args": {"lr": 0.05},
-                               "gamma": 0.99})
+    scheduler = ExponentialLR(
+        {"optimizer": torch.optim.Adam, "optim_args": {"lr": 0.05}, "gamma": 0.99}
+    )
     svi = SVI(model, guide, scheduler, ContrastiveDivergence(k=1))
     for _ in range(150):
         monitor = svi.step(x)
@@ -142,7 +150,9 @@ def test_composes_with_clipped_adam_and_a_scheduler():
     assert fitted > independent_ml - 0.03
     assert fitted > start.normalized_log_prob(x).mean() + 0.09
     assert 0.0 <= monitor < 0.25
-    svi2 = SVI(model, guide, ClippedAdam({"lr": 0.01, "clip_norm": 1.0}), ContrastiveDivergence(k=2))
+    svi2 = SVI(
+        model, guide, ClippedAdam({"lr": 0.01, "clip_norm": 1.0}), ContrastiveDivergence(k=2)
+    )
     assert isinstance(svi2.step(x), float)
 
 
@@ -231,14 +241,20 @@ def test_refusals():
 
     with pytest.raises(ValueError, match="guide must be empty"):
         ContrastiveDivergence().loss(_model(W, c, b), sampling_guide, x)
-    for kwargs in ({"k": 0}, {"k": 1.5}, {"num_chains": 3}, {"monitor": "elbo"},
-                   {"persistent": True, "num_chains": 0}):
+    for kwargs in (
+        {"k": 0},
+        {"k": 1.5},
+        {"num_chains": 3},
+        {"monitor": "elbo"},
+        {"persistent": True, "num_chains": 0},
+    ):
         with pytest.raises(ValueError):
             ContrastiveDivergence(**kwargs)
 
 
 def _rtrbm(V=4, H=3):
     from pyro_seq.models import RTRBM
+
     torch.manual_seed(3)
     m = RTRBM(V, H, init_scale=0.5).double()
     with torch.no_grad():
@@ -261,11 +277,12 @@ def test_persistent_chains_of_an_rtrbm_survive_a_change_of_batch_shape(monkeypat
     unreached slots keep their state; a slot first reached at a real step starts at the data)."""
     m = _rtrbm()
     starts, gibbs = [], RBM.gibbs
-    monkeypatch.setattr(RBM, "gibbs", lambda self, v, k=1: starts.append(v.clone()) or
-                        gibbs(self, v, k))
+    monkeypatch.setattr(
+        RBM, "gibbs", lambda self, v, k=1: starts.append(v.clone()) or gibbs(self, v, k)
+    )
     cd = ContrastiveDivergence(k=2, persistent=True)
-    x1, mask1 = _padded([5, 2, 4], 5, seed=1)             # batch 1: (3, 5)
-    x2, mask2 = _padded([3, 3, 1, 3], 3, seed=2)          # batch 2: (4, 3)
+    x1, mask1 = _padded([5, 2, 4], 5, seed=1)  # batch 1: (3, 5)
+    x2, mask2 = _padded([3, 3, 1, 3], 3, seed=2)  # batch 2: (4, 3)
     torch.manual_seed(10)
     cd.differentiable_loss(m.model, m.guide, x1, mask1)
     after1 = cd.chains["x"].clone()
@@ -290,14 +307,18 @@ def test_persistent_chains_of_an_rtrbm_survive_a_change_of_batch_shape(monkeypat
     neg = cd.last_negatives["x"]
     assert torch.equal(neg[mask2], ref2[mask2])
     after2 = cd.chains["x"]
-    assert after2.shape == (4, 5, 4)                      # the largest shape seen
+    assert after2.shape == (4, 5, 4)  # the largest shape seen
     assert torch.equal(after2[:4, :3][mask2], ref2[mask2])
     # steps batch 2 does not reach (t >= 3) and its padded steps keep batch 1's state
     assert torch.equal(after2[:3, 3:], after1[:, 3:])
     assert torch.equal(after2[2, 1:3], after1[2, 1:3])
     assert torch.equal(after2[3, 3:], torch.zeros(2, 4, dtype=D))
-    assert cd.chains_started["x"].tolist() == [[True] * 5, [True, True, True, False, False],
-                                               [True] * 4 + [False], [True] * 3 + [False] * 2]
+    assert cd.chains_started["x"].tolist() == [
+        [True] * 5,
+        [True, True, True, False, False],
+        [True] * 4 + [False],
+        [True] * 3 + [False] * 2,
+    ]
     with pytest.raises(ValueError, match="reset_chains"):
         cd.differentiable_loss(_model(*_params(V=4)), guide, x2[:, 0])
     cd.reset_chains()

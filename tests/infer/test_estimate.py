@@ -37,7 +37,11 @@ def test_exact_guide_gives_exact_estimates_in_every_format(method):
     x, mask = make_data(m, LENGTHS)
     exact = m.exact_log_likelihood(x, mask)
     kw = dict(method=method, num_particles=3, resample="never")
-    for data, bs in (((x, mask), None), (_seqs(x, mask), 3), ([(x[:2], mask[:2]), (x[2:], mask[2:])], 1)):
+    for data, bs in (
+        ((x, mask), None),
+        (_seqs(x, mask), 3),
+        ([(x[:2], mask[:2]), (x[2:], mask[2:])], 1),
+    ):
         est = estimate_log_likelihood(m.model, m.guide, data, batch_size=bs, **kw)
         assert _rel(est.per_sequence, exact) <= 1e-9  # order and lengths preserved
         assert est.lengths.tolist() == LENGTHS and est.num_steps == sum(LENGTHS)
@@ -54,7 +58,9 @@ def test_particle_chunks_combine_to_one_estimate():
     # measured: 3e-16 relative (float32: 4e-8)
     m = make_model(guide="smoothing")
     x, mask = make_data(m, LENGTHS)
-    est = estimate_log_likelihood(m.model, m.guide, (x, mask), num_particles=10, particles_per_pass=3)
+    est = estimate_log_likelihood(
+        m.model, m.guide, (x, mask), num_particles=10, particles_per_pass=3
+    )
     assert _rel(est.per_sequence, m.exact_log_likelihood(x, mask)) <= 1e-9
     # and with an inexact proposal the chunked estimate is the same function of the same 10
     # weights as one pass (same random numbers: the chunks draw 3 + 3 + 3 + 1 particles)
@@ -82,7 +88,7 @@ def test_estimates_are_close_to_log_likelihood(method):
     per = est.per_sequence.reshape(R, 4)
     exact = m.exact_log_likelihood(x, mask)
     gap = exact - per.mean(0)
-    se = per.std(0) / R ** 0.5
+    se = per.std(0) / R**0.5
     # 1e-9 |log p|: float64 rounding (the T = 1 sequence is estimated exactly, se = 0)
     assert (gap > -3 * se - 1e-9 * exact.abs()).all(), (gap, se)
     assert (gap < 0.1).all(), gap
@@ -100,7 +106,9 @@ class _NonReparamSmoothingLG(LinearGaussianSequenceModel):
         prior_loc = self._prior_loc(state, t, "guide_z")
         loc = (G @ prior_loc.unsqueeze(-1)).squeeze(-1) + g
         loc = loc.expand(torch.broadcast_shapes(loc.shape, (x.shape[0], self.state_dim)))
-        state["guide_z"] = pyro.sample(f"z_{t + 1}", _NoRsampleMVN(loc, scale_tril=tril).mask(mask[:, t]))
+        state["guide_z"] = pyro.sample(
+            f"z_{t + 1}", _NoRsampleMVN(loc, scale_tril=tril).mask(mask[:, t])
+        )
 
 
 def test_smc_accepts_a_non_reparameterized_guide():
@@ -109,8 +117,9 @@ def test_smc_accepts_a_non_reparameterized_guide():
     base = make_model(guide="smoothing")
     m = _NonReparamSmoothingLG(2, 2, A=base.A, C=base.C, Q=base.Q, R=base.R, learnable=False)
     x, mask = make_data(m, LENGTHS)
-    est = estimate_log_likelihood(m.model, m.guide, (x, mask), method="smc", num_particles=3,
-                                  resample="never")
+    est = estimate_log_likelihood(
+        m.model, m.guide, (x, mask), method="smc", num_particles=3, resample="never"
+    )
     assert _rel(est.per_sequence, m.exact_log_likelihood(x, mask)) <= 1e-9
 
 
@@ -118,12 +127,19 @@ def test_default_smc_resampling_is_systematic_ess():
     m = make_model(guide="prior")
     x, mask = make_data(m, LENGTHS)
     out = {}
-    for key, kw in [("default", {}), ("explicit", dict(resample="ess", ess_threshold=0.5, resampling="systematic")),
-                    ("multinomial", dict(resampling="multinomial"))]:
+    for key, kw in [
+        ("default", {}),
+        ("explicit", dict(resample="ess", ess_threshold=0.5, resampling="systematic")),
+        ("multinomial", dict(resampling="multinomial")),
+    ]:
         torch.manual_seed(5)
-        est = estimate_log_likelihood(m.model, m.guide, (x, mask), method="smc", num_particles=8, **kw)
+        est = estimate_log_likelihood(
+            m.model, m.guide, (x, mask), method="smc", num_particles=8, **kw
+        )
         out[key] = est.per_sequence
-    assert torch.equal(out["default"], out["explicit"]) and not torch.equal(out["default"], out["multinomial"])
+    assert torch.equal(out["default"], out["explicit"]) and not torch.equal(
+        out["default"], out["multinomial"]
+    )
 
 
 def test_errors():

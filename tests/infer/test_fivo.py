@@ -131,7 +131,9 @@ def test_subsampling_scale_and_latent_scale():
     d = Trace_ELBO().loss(ls(m.model), ls(m.guide), x, mask)
     assert rel(c, d) <= 1e-9  # measured: 0 (float32, the former test at rel 1e-5: 8e-8)
     torch.manual_seed(9)
-    e = FIVO(num_particles=4, resample="always").loss(LatentScale(1.0)(m.model), LatentScale(1.0)(m.guide), x, mask)
+    e = FIVO(num_particles=4, resample="always").loss(
+        LatentScale(1.0)(m.model), LatentScale(1.0)(m.guide), x, mask
+    )
     torch.manual_seed(9)
     f = FIVO(num_particles=4, resample="always").loss(m.model, m.guide, x, mask)
     assert rel(e, f) <= 1e-12  # measured: 0
@@ -186,13 +188,24 @@ class _Prog:
 def test_clear_errors():
     x = torch.randn(2, 3, 1)
     with pytest.raises(ValueError, match="per-particle"):
-        FIVO(num_particles=3, resample="always").loss(_Prog("model", bad_state=True), _Prog("guide"), x)
+        FIVO(num_particles=3, resample="always").loss(
+            _Prog("model", bad_state=True), _Prog("guide"), x
+        )
     with pytest.raises(NotImplementedError, match="init must not sample"):
         FIVO(num_particles=3).loss(_Prog("model"), _Prog("guide", sample_in_init=True), x)
     # a well-formed minimal program runs
-    assert torch.isfinite(torch.tensor(FIVO(num_particles=3, resample="always").loss(_Prog("model"), _Prog("guide"), x)))
-    for bad in (dict(num_particles=0), dict(resample="sometimes"), dict(resampling="residual"),
-                dict(ess_threshold=2.0), dict(max_plate_nesting=0)):
+    assert torch.isfinite(
+        torch.tensor(
+            FIVO(num_particles=3, resample="always").loss(_Prog("model"), _Prog("guide"), x)
+        )
+    )
+    for bad in (
+        dict(num_particles=0),
+        dict(resample="sometimes"),
+        dict(resampling="residual"),
+        dict(ess_threshold=2.0),
+        dict(max_plate_nesting=0),
+    ):
         with pytest.raises(ValueError):
             FIVO(**bad)
 
@@ -210,13 +223,17 @@ class _NonReparamPriorLG(LinearGaussianSequenceModel):
     def guide_step(self, state, t, x, mask):
         loc = self._prior_loc(state, t, "guide_z")
         loc = loc.expand(torch.broadcast_shapes(loc.shape, (x.shape[0], self.state_dim)))
-        z = pyro.sample(f"z_{t + 1}", _NoRsampleMVN(loc, scale_tril=self._prior_tril(t)).mask(mask[:, t]))
+        z = pyro.sample(
+            f"z_{t + 1}", _NoRsampleMVN(loc, scale_tril=self._prior_tril(t)).mask(mask[:, t])
+        )
         state["guide_z"] = z
 
 
 def test_non_reparameterized_guide_training_refused_evaluation_accepted():
     base = make_model(guide="prior", learnable=True)
-    m = _NonReparamPriorLG(2, 2, A=base.A, C=base.C, Q=base.Q, R=base.R, learnable=True, guide="prior")
+    m = _NonReparamPriorLG(
+        2, 2, A=base.A, C=base.C, Q=base.Q, R=base.R, learnable=True, guide="prior"
+    )
     x, mask = make_data(m, LENGTHS)
     fivo = FIVO(num_particles=4, resample="always")
     messages = []
@@ -258,20 +275,29 @@ def test_vectorize_particles_argument():
 def test_default_resampling_scheme_is_systematic():
     m = make_model(guide="prior")
     x, mask = make_data(m, LENGTHS)
-    assert FIVO().resampling == "systematic" and FIVO().resample == "ess" and FIVO().ess_threshold == 0.5
+    assert (
+        FIVO().resampling == "systematic"
+        and FIVO().resample == "ess"
+        and FIVO().ess_threshold == 0.5
+    )
     losses = {}
     for scheme in (None, "systematic", "multinomial"):
-        f = FIVO(num_particles=8, resample="always") if scheme is None else \
-            FIVO(num_particles=8, resample="always", resampling=scheme)
+        f = (
+            FIVO(num_particles=8, resample="always")
+            if scheme is None
+            else FIVO(num_particles=8, resample="always", resampling=scheme)
+        )
         torch.manual_seed(4)
         losses[scheme] = f.loss(m.model, m.guide, x, mask)
     assert losses[None] == losses["systematic"] != losses["multinomial"]
 
 
 def test_resampling_argument_errors_name_the_argument():
-    for bad, match in [(dict(resample="sometimes"), "resample must be one of"),
-                       (dict(resampling="residual"), "resampling must be one of"),
-                       (dict(ess_threshold=2.0), "ess_threshold must be"),
-                       (dict(ess_threshold="half"), "ess_threshold must be")]:
+    for bad, match in [
+        (dict(resample="sometimes"), "resample must be one of"),
+        (dict(resampling="residual"), "resampling must be one of"),
+        (dict(ess_threshold=2.0), "ess_threshold must be"),
+        (dict(ess_threshold="half"), "ess_threshold must be"),
+    ]:
         with pytest.raises(ValueError, match=match):
             FIVO(**bad)

@@ -64,8 +64,16 @@ def test_gradient_matches_central_finite_difference(float64, monkeypatch, criter
     rec = _Recorder(monkeypatch)
     params = [p for p in m.parameters()]
     names = [n for n, _ in m.named_parameters()]
-    assert {"A", "C", "init_loc", "_Q_raw", "_R_raw", "_init_cov_raw", "guide_shift",
-            "guide_log_scale"} <= set(names)
+    assert {
+        "A",
+        "C",
+        "init_loc",
+        "_Q_raw",
+        "_R_raw",
+        "_init_cov_raw",
+        "guide_shift",
+        "guide_log_scale",
+    } <= set(names)
 
     def realised_log_z():
         torch.manual_seed(11)
@@ -75,8 +83,12 @@ def test_gradient_matches_central_finite_difference(float64, monkeypatch, criter
 
     f = realised_log_z()
     grads = torch.autograd.grad(f, params, allow_unused=True)
-    grad = torch.cat([torch.zeros_like(p).reshape(-1) if g is None else g.reshape(-1)
-                      for p, g in zip(params, grads)])
+    grad = torch.cat(
+        [
+            torch.zeros_like(p).reshape(-1) if g is None else g.reshape(-1)
+            for p, g in zip(params, grads)
+        ]
+    )
     base = rec.take()
     num_resamples = fivo.last_num_resamples
     steps = torch.tensor(LENGTHS) - 1

@@ -58,7 +58,7 @@ def test_fivo_likelihood_estimate_is_unbiased(float64, criterion, threshold, sch
     assert log_z.dtype == torch.float64
     log_z = log_z.reshape(R, 2)
     ratio = torch.exp(log_z - exact)  # p_hat / p(x), per replicate and sequence
-    se = ratio.std(0) / R ** 0.5
+    se = ratio.std(0) / R**0.5
     # E[ratio] = 1 within 4 standard errors (2 sequences x 13 configurations; false-alarm
     # probability ~6e-5 per comparison). Measured (R = 6000): long sequence 0.97-1.05 with SE
     # 0.023-0.059, short sequence 0.99-1.00 with SE 0.008-0.009.
@@ -78,5 +78,5 @@ def test_fivo_likelihood_estimate_is_unbiased(float64, criterion, threshold, sch
         frac = n.mean(0)[0] / steps[0]
         assert 0.05 < frac < 0.95, frac  # measured: 0.07 (0.3), 0.35 (0.6), 0.9 (0.9)
     # log p_hat is biased low (Jensen), significantly so on the long sequence
-    log_se = log_z.std(0) / R ** 0.5
+    log_se = log_z.std(0) / R**0.5
     assert log_z.mean(0)[0] < exact[0] - 4 * log_se[0]

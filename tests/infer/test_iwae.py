@@ -45,7 +45,9 @@ def test_value_and_gradient_are_per_sequence_log_mean_exp(float64, beta):
     x, mask = make_data(m, LENGTHS)
     ls = LatentScale(beta)
     torch.manual_seed(0)
-    loss = IWAE(num_particles=5, max_plate_nesting=1).loss_and_grads(ls(m.model), ls(m.guide), x, mask)
+    loss = IWAE(num_particles=5, max_plate_nesting=1).loss_and_grads(
+        ls(m.model), ls(m.guide), x, mask
+    )
     g = grads(m)
     torch.manual_seed(0)
     ref = manual_iwae(m, x, mask, 5, beta)
@@ -88,8 +90,9 @@ def test_equals_renyi_alpha0_without_plates(float64):
     ga = pyro.param("loc").grad.clone()
     pyro.clear_param_store()
     torch.manual_seed(4)
-    b = RenyiELBO(alpha=0.0, num_particles=7, vectorize_particles=True,
-                  max_plate_nesting=0).loss_and_grads(model, guide)
+    b = RenyiELBO(
+        alpha=0.0, num_particles=7, vectorize_particles=True, max_plate_nesting=0
+    ).loss_and_grads(model, guide)
     gb = pyro.param("loc").grad.clone()
     pyro.clear_param_store()
     assert rel_err(a, b) < 1e-9 and rel_err(ga, gb) < 1e-9
@@ -121,14 +124,14 @@ def test_bounds_are_ordered_and_gap_shrinks():
         elbo = torch.stack([-torch.tensor(Trace_ELBO().loss(m.model, m.guide, x)) / R])
         for K in (1, 4, 16, 64):
             log_z, _ = IWAE(num_particles=K, max_plate_nesting=1).log_z(m.model, m.guide, x)
-            means[K], ses[K] = log_z.mean().item(), (log_z.std() / R ** 0.5).item()
+            means[K], ses[K] = log_z.mean().item(), (log_z.std() / R**0.5).item()
     # the K=1 bound is the ELBO: same expectation as Trace_ELBO's estimate (R draws each)
-    assert abs(means[1] - elbo.item()) < 4 * 2 ** 0.5 * ses[1]
+    assert abs(means[1] - elbo.item()) < 4 * 2**0.5 * ses[1]
     gaps = [exact - means[K] for K in (1, 4, 16, 64)]
     # ELBO <= IWAE_4 <= IWAE_16 <= IWAE_64 <= log p(x), each step significant at 3 standard
     # errors of the difference (measured, seed 6: gaps 56.8, 23.5, 10.4, 5.2 nats for
     # K = 1, 4, 16, 64 with standard errors 1.9, 0.74, 0.35, 0.20)
-    for (Ka, Kb) in ((1, 4), (4, 16), (16, 64)):
+    for Ka, Kb in ((1, 4), (4, 16), (16, 64)):
         assert means[Kb] - means[Ka] > 3 * (ses[Ka] ** 2 + ses[Kb] ** 2) ** 0.5, (Ka, Kb, means)
     assert exact - means[64] > 3 * ses[64]
     assert all(g > 0 for g in gaps) and gaps == sorted(gaps, reverse=True)
@@ -144,13 +147,15 @@ def test_exact_posterior_gives_log_likelihood_and_its_gradient(float64, K, vecto
     m = make_model(guide="smoothing", learnable=True)
     x, mask = make_data(m, LENGTHS)
     loss = IWAE(num_particles=K, vectorize_particles=vectorize, max_plate_nesting=1).loss_and_grads(
-        m.model, m.guide, x, mask)
+        m.model, m.guide, x, mask
+    )
     g = {n: p.grad.clone() for n, p in m.named_parameters()}
     exact = m.exact_log_likelihood(x, mask).sum().item()
     assert rel_err(-loss, exact) < 1e-9  # padded steps (x = 1e3 there) add nothing
     m.zero_grad()
-    ll = kalman_filter(x, m.init_loc, m.init_cov, m.A, m.Q, m.C, m.R, mask=mask,
-                       method="sequential").log_likelihoods.sum()
+    ll = kalman_filter(
+        x, m.init_loc, m.init_cov, m.A, m.Q, m.C, m.R, mask=mask, method="sequential"
+    ).log_likelihoods.sum()
     (-ll).backward()
     for n, p in m.named_parameters():
         assert rel_err(g[n], p.grad) < 1e-9, n
@@ -219,8 +224,10 @@ def test_dreg_same_expectation_lower_guide_variance():
     # model parameters it shares. Both are unbiased: the paired difference has mean zero.
     m = make_perturbed()
     x, mask = make_data(m, [4, 4, 3] * 4)  # 12 data points per draw
-    std_, dreg = IWAE(num_particles=8, max_plate_nesting=1), IWAE(
-        num_particles=8, max_plate_nesting=1, gradient_estimator="dreg")
+    std_, dreg = (
+        IWAE(num_particles=8, max_plate_nesting=1),
+        IWAE(num_particles=8, max_plate_nesting=1, gradient_estimator="dreg"),
+    )
     N = 30
     gs, gd = [], []
     for i in range(N):
@@ -232,7 +239,7 @@ def test_dreg_same_expectation_lower_guide_variance():
         gd.append(grads(m))
     gs, gd = torch.stack(gs), torch.stack(gd)
     diff = gs - gd
-    z = diff.mean(0) / (diff.std(0) / N ** 0.5 + 1e-12)
+    z = diff.mean(0) / (diff.std(0) / N**0.5 + 1e-12)
     # |paired-difference mean| within 4 standard errors for every coordinate
     assert z.abs().max() < 4.0, z
     idx = guide_param_slice(m)
@@ -254,7 +261,9 @@ def test_dreg_requires_reparameterized_guide():
         pyro.sample("z", dist.Bernoulli(p))
 
     with pytest.raises(ValueError, match="reparameterized"):
-        IWAE(num_particles=2, max_plate_nesting=0, gradient_estimator="dreg").loss_and_grads(model, guide)
+        IWAE(num_particles=2, max_plate_nesting=0, gradient_estimator="dreg").loss_and_grads(
+            model, guide
+        )
 
 
 def test_score_function_gradient_is_unbiased_for_discrete_latents():
@@ -280,9 +289,15 @@ def test_score_function_gradient_is_unbiased_for_discrete_latents():
             lw = []
             for z in (z1, z2):
                 zt = torch.tensor(z)
-                lw.append(dist.Bernoulli(0.3).log_prob(zt) + dist.Normal(2 * zt - 1, 1.0).log_prob(torch.tensor(0.5))
-                          - dist.Bernoulli(logits=phi).log_prob(zt))
-            q = dist.Bernoulli(logits=phi).log_prob(torch.tensor(z1)).exp() * dist.Bernoulli(logits=phi).log_prob(torch.tensor(z2)).exp()
+                lw.append(
+                    dist.Bernoulli(0.3).log_prob(zt)
+                    + dist.Normal(2 * zt - 1, 1.0).log_prob(torch.tensor(0.5))
+                    - dist.Bernoulli(logits=phi).log_prob(zt)
+                )
+            q = (
+                dist.Bernoulli(logits=phi).log_prob(torch.tensor(z1)).exp()
+                * dist.Bernoulli(logits=phi).log_prob(torch.tensor(z2)).exp()
+            )
             exact = exact + q * log_mean_exp(torch.stack(lw), 0)
     (g_exact,) = torch.autograd.grad(exact, phi)
     elbo = IWAE(num_particles=2, max_plate_nesting=1)

@@ -47,7 +47,8 @@ def gradient_draws(estimator, K, beta, seed):
     ls = LatentScale(beta)
     torch.manual_seed(seed)
     IWAE(num_particles=K, max_plate_nesting=1, gradient_estimator=estimator).loss_and_grads(
-        ls(model), ls(guide))
+        ls(model), ls(guide)
+    )
     return {k: -v.grad for k, v in p.items()}  # gradients of the bound, one per replicate
 
 
@@ -70,7 +71,7 @@ def test_dreg_matches_standard_gradient_under_latent_scale(float64, beta, K):
     assert err < 1e-9, err
     for name in ("mu", "a1", "log_s1", "b", "a2", "log_s2"):
         diff = gd[name] - gs[name]
-        se = diff.std() / R ** 0.5
+        se = diff.std() / R**0.5
         assert se > 1e-4  # the estimators differ draw by draw: the comparison has content
         # |mean paired difference| < 4 standard errors of that mean (false alarm ~6e-5 each)
         assert diff.mean().abs() < 4 * se, (name, gs[name].mean(), gd[name].mean(), se)
@@ -90,10 +91,14 @@ def test_dreg_refuses_guide_sites_with_different_scales():
 
     pyro.clear_param_store()
     elbo = IWAE(num_particles=3, max_plate_nesting=0, gradient_estimator="dreg")
-    with pytest.raises(ValueError, match="one scale for all guide sites.*gradient_estimator='standard'"):
+    with pytest.raises(
+        ValueError, match="one scale for all guide sites.*gradient_estimator='standard'"
+    ):
         elbo.loss_and_grads(model, guide)
     # the standard estimator handles it
-    assert torch.isfinite(torch.tensor(IWAE(num_particles=3, max_plate_nesting=0).loss_and_grads(model, guide)))
+    assert torch.isfinite(
+        torch.tensor(IWAE(num_particles=3, max_plate_nesting=0).loss_and_grads(model, guide))
+    )
 
 
 @pytest.mark.parametrize("beta", [0.0, 0.3, 1.0])
@@ -119,17 +124,20 @@ def test_dreg_gradient_equals_hand_written_estimator(float64, beta):
     ls = LatentScale(beta)
     torch.manual_seed(11)
     loss = IWAE(num_particles=K, max_plate_nesting=0, gradient_estimator="dreg").loss_and_grads(
-        ls(model), ls(guide))
+        ls(model), ls(guide)
+    )
     got = torch.stack([-p[k].grad for k in init])
 
     torch.manual_seed(11)
     eps1, eps2 = torch.randn(K), torch.randn(K)  # the guide's draws, in the order it makes them
 
     def parts(z1, z2, q):  # (scaled model log joint a, guide log density log q)
-        a = (beta * (N(q["mu"], 1.0).log_prob(z1) + N(0.8 * z1, 0.6).log_prob(z2))
-             + N(z2, q["log_sx"].exp()).log_prob(torch.tensor(X)))
-        lq = (N(q["a1"] + q["mu"], q["log_s1"].exp()).log_prob(z1)
-              + N(q["b"] * z1 + q["a2"], q["log_s2"].exp()).log_prob(z2))
+        a = beta * (N(q["mu"], 1.0).log_prob(z1) + N(0.8 * z1, 0.6).log_prob(z2)) + N(
+            z2, q["log_sx"].exp()
+        ).log_prob(torch.tensor(X))
+        lq = N(q["a1"] + q["mu"], q["log_s1"].exp()).log_prob(z1) + N(
+            q["b"] * z1 + q["a2"], q["log_s2"].exp()
+        ).log_prob(z2)
         return a, lq
 
     z1 = p["a1"] + p["mu"] + p["log_s1"].exp() * eps1
@@ -138,7 +146,7 @@ def test_dreg_gradient_equals_hand_written_estimator(float64, beta):
     a, lq = parts(z1, z2, detached)  # depends on the parameters only through z: path terms
     log_w = a - beta * lq
     w = torch.softmax(log_w.detach(), 0)
-    coef = (1 - beta) * w + beta * w ** 2
+    coef = (1 - beta) * w + beta * w**2
     a_direct, _ = parts(z1.detach(), z2.detach(), p)  # direct model terms at fixed z
     params = list(p.values())
     g_path = torch.autograd.grad((coef * log_w).sum(), params, allow_unused=True)

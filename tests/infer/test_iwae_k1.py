@@ -41,8 +41,11 @@ def make_programs():
         loc = pyro.param("loc", torch.linspace(-0.2, 0.3, N))
         phi = pyro.param("phi", torch.linspace(-0.5, 0.4, N))
         nloc = pyro.param("nloc", torch.linspace(0.1, 0.6, N))
-        rate = pyro.param("rate", torch.linspace(1.0, 2.5, T * N).reshape(T, N),
-                          constraint=dist.constraints.positive)
+        rate = pyro.param(
+            "rate",
+            torch.linspace(1.0, 2.5, T * N).reshape(T, N),
+            constraint=dist.constraints.positive,
+        )
         with pyro.plate("data", N, subsample_size=B, dim=-1) as idx:
             pyro.sample("zc", dist.Normal(loc[idx], 0.8))
             pyro.sample("zd", dist.Bernoulli(logits=phi[idx]))
@@ -71,8 +74,9 @@ def run(elbo, seed, programs, entry="loss_and_grads"):
 @pytest.mark.parametrize("entry", ["loss_and_grads", "differentiable_loss"])
 @pytest.mark.parametrize("vectorize,baseline", [(True, "vimco"), (False, "none")])
 @pytest.mark.parametrize("beta", [1.0, 0.5])
-def test_one_particle_is_trace_elbo_for_non_reparameterized_sites(float64, entry, vectorize,
-                                                                  baseline, beta):
+def test_one_particle_is_trace_elbo_for_non_reparameterized_sites(
+    float64, entry, vectorize, baseline, beta
+):
     # Same random draws (pyro.set_rng_seed before each): the loss and the gradient of every
     # parameter (model and guide; reparameterized, Bernoulli, Poisson and rsample-free Normal
     # sites; subsampled data plate N/B = 1.5, masked steps, optionally LatentScale) agree.
@@ -88,7 +92,7 @@ def test_one_particle_is_trace_elbo_for_non_reparameterized_sites(float64, entry
         loss_b, gb = run(Trace_ELBO(), seed, programs, entry)
         assert abs(loss_a - loss_b) <= 1e-10 * abs(loss_b), (seed, loss_a, loss_b)
         assert (ga - gb).abs().max() <= 1e-10 * gb.abs().max(), (seed, ga, gb)
-        assert gb[PARAMS.index("phi"):].abs().max() > 0.1  # score-function gradients to compare
+        assert gb[PARAMS.index("phi") :].abs().max() > 0.1  # score-function gradients to compare
     # loss() (no gradient) is the same number as Trace_ELBO's too
     pyro.set_rng_seed(7)
     loss_a = iwae.loss(*programs)
@@ -103,8 +107,12 @@ S0, SX, SC = 0.3, 0.25, 0.2
 
 def replicate_gradients(elbo, seed):
     """R i.i.d. draws of the gradient of each guide parameter (one backward pass)."""
-    p = dict(loc=torch.full((R,), 0.05), log_s=torch.full((R,), math.log(0.2)),
-             phi=torch.full((R,), 0.1), cloc=torch.zeros(R))
+    p = dict(
+        loc=torch.full((R,), 0.05),
+        log_s=torch.full((R,), math.log(0.2)),
+        phi=torch.full((R,), 0.1),
+        cloc=torch.zeros(R),
+    )
     p = {k: v.requires_grad_() for k, v in p.items()}
 
     # zn ~ N(0, 0.3), zd ~ Bern(0.5), zc ~ N(0, 0.2), x | z ~ N(zn + 0.1 (2 zd - 1) + zc, 0.25)

@@ -21,8 +21,8 @@ N, B, MU, SX = 100, 10, 0.3, 0.7
 
 def make_problem():
     x = torch.randn(N, generator=torch.Generator().manual_seed(0)) * 1.5 + 0.5
-    post_var = 1.0 / (1.0 + 1.0 / SX ** 2)
-    post_loc = post_var * (MU + x / SX ** 2)
+    post_var = 1.0 / (1.0 + 1.0 / SX**2)
+    post_loc = post_var * (MU + x / SX**2)
     shift = torch.zeros((), requires_grad=True)  # guide parameters, at the exact posterior
     log_scale = torch.tensor(0.5 * math.log(post_var), requires_grad=True)
     seen = []
@@ -38,7 +38,7 @@ def make_problem():
             seen.append(idx)
             pyro.sample("z", dist.Normal(post_loc[idx] + shift, log_scale.exp()))
 
-    log_px = dist.Normal(MU, math.sqrt(1.0 + SX ** 2)).log_prob(x)  # (N,)
+    log_px = dist.Normal(MU, math.sqrt(1.0 + SX**2)).log_prob(x)  # (N,)
     return model, guide, seen, log_px, (shift, log_scale)
 
 
@@ -46,8 +46,12 @@ def make_problem():
 @pytest.mark.parametrize("vectorize", [False, True])
 def test_particles_share_the_minibatch(float64, vectorize, estimator):
     model, guide, seen, log_px, params = make_problem()
-    elbo = IWAE(num_particles=4, vectorize_particles=vectorize, max_plate_nesting=1,
-                gradient_estimator=estimator)
+    elbo = IWAE(
+        num_particles=4,
+        vectorize_particles=vectorize,
+        max_plate_nesting=1,
+        gradient_estimator=estimator,
+    )
     for seed in range(5):
         torch.manual_seed(seed)
         seen.clear()
@@ -75,5 +79,5 @@ def test_mean_over_minibatches_is_log_likelihood(float64):
     elbo = IWAE(num_particles=3, vectorize_particles=False, max_plate_nesting=1)
     torch.manual_seed(0)
     draws = torch.tensor([-elbo.loss(model, guide) for _ in range(400)])
-    se = draws.std() / 400 ** 0.5
+    se = draws.std() / 400**0.5
     assert abs(draws.mean() - log_px.sum()) < 4 * se, (draws.mean(), log_px.sum(), se)

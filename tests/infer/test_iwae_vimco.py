@@ -45,7 +45,7 @@ def bernoulli_exact_gradient(K):
     w0, w1 = (1 - P_Z) * lik[0] / (1 - q), P_Z * lik[1] / q
     bound = 0.0
     for m in range(K + 1):
-        prob = float(math.comb(K, m)) * q ** m * (1 - q) ** (K - m)
+        prob = float(math.comb(K, m)) * q**m * (1 - q) ** (K - m)
         bound = bound + prob * torch.log((m * w1 + (K - m) * w0) / K)
     (g,) = torch.autograd.grad(bound, phi)
     return g.item()
@@ -57,7 +57,7 @@ def test_vimco_baseline_values(float64):
     K = log_w.shape[0]
     ref = torch.empty_like(log_w)
     for k in range(K):
-        others = torch.cat([log_w[:k], log_w[k + 1:]])
+        others = torch.cat([log_w[:k], log_w[k + 1 :]])
         geo = others.sum(0) / (K - 1)
         ref[k] = torch.logsumexp(torch.cat([others, geo[None]]), 0) - math.log(K)
     out = vimco_leave_one_out(log_w)
@@ -78,13 +78,15 @@ def test_vimco_is_unbiased(float64, K):
     exact = bernoulli_exact_gradient(K)
     for baseline in ("vimco", "none"):
         g = bernoulli_draws(K, baseline)
-        se = g.std() / R ** 0.5
+        se = g.std() / R**0.5
         # mean of R i.i.d. draws within 4 standard errors of the exact gradient
         assert abs(g.mean().item() - exact) < 4 * se, (K, baseline, g.mean(), exact, se)
 
 
 def test_vimco_variance_falls_with_k(float64):
-    var = {(K, b): bernoulli_draws(K, b).var().item() for K in (2, 8, 32) for b in ("vimco", "none")}
+    var = {
+        (K, b): bernoulli_draws(K, b).var().item() for K in (2, 8, 32) for b in ("vimco", "none")
+    }
     # per 4x particles the variance falls 4.8x and 3.3x with VIMCO and rises 3.3x without a
     # baseline (measured above); the factor-2 margins are many times the sampling error of a
     # variance from R = 20000 draws (relative SE about sqrt((kurtosis - 1) / R) < 5% here)
@@ -115,7 +117,8 @@ def test_vimco_unbiased_for_a_non_reparameterized_normal_guide(float64):
 
         torch.manual_seed(seed)
         IWAE(num_particles=8, max_plate_nesting=1, score_baseline=baseline).loss_and_grads(
-            model, guide)
+            model, guide
+        )
         return -loc.grad, -log_scale.grad
 
     ref = run(True, "vimco", seed=1)  # no score term: baseline irrelevant

@@ -40,7 +40,10 @@ def simulate(params, N, T, controls=None, seed=0):
     S, D = params.initial_loc.shape[-1], params.observation_matrix.shape[0]
     Lq = torch.linalg.cholesky(params.transition_cov)
     Lr = torch.linalg.cholesky(params.observation_cov)
-    z = params.initial_loc + torch.randn(N, S, generator=g, dtype=DT) @ torch.linalg.cholesky(params.initial_cov).T
+    z = (
+        params.initial_loc
+        + torch.randn(N, S, generator=g, dtype=DT) @ torch.linalg.cholesky(params.initial_cov).T
+    )
     zs, xs = [], []
     for t in range(T):
         if t > 0:
@@ -73,12 +76,22 @@ def expected_complete_loglik(params, x, mask, controls, posterior):
     N, T, D = x.shape
     for n in range(N):
         offsets = None if controls is None else controls[n] @ params.control_matrix.T
-        dn = dense_lgssm(params.initial_loc, params.initial_cov, params.transition_matrix,
-                         params.transition_cov, params.observation_matrix, params.observation_cov, T, offsets)
+        dn = dense_lgssm(
+            params.initial_loc,
+            params.initial_cov,
+            params.transition_matrix,
+            params.transition_cov,
+            params.observation_matrix,
+            params.observation_cov,
+            T,
+            offsets,
+        )
         idx = observed_index(dn, None if mask is None else mask[n])
         mu = torch.cat([dn.mean_z, dn.mean_x[idx]])
         Sxz = dn.cov_xz[idx]
-        Sig = torch.cat([torch.cat([dn.cov_zz, Sxz.T], 1), torch.cat([Sxz, dn.cov_xx[idx][:, idx]], 1)], 0)
+        Sig = torch.cat(
+            [torch.cat([dn.cov_zz, Sxz.T], 1), torch.cat([Sxz, dn.cov_xx[idx][:, idx]], 1)], 0
+        )
         mq, Pq = posterior[n]
         v = torch.cat([mq.reshape(-1), x[n].reshape(-1)[idx]])
         covq = torch.zeros_like(Sig)
@@ -87,7 +100,9 @@ def expected_complete_loglik(params, x, mask, controls, posterior):
         d = torch.linalg.solve_triangular(L, (v - mu)[:, None], upper=False)
         Linv_cov = torch.linalg.solve_triangular(L, covq, upper=False)
         tr = torch.linalg.solve_triangular(L, Linv_cov.T, upper=False).diagonal().sum()
-        total = total - 0.5 * (mu.numel() * math.log(2 * math.pi) + 2 * L.diagonal().log().sum() + (d**2).sum() + tr)
+        total = total - 0.5 * (
+            mu.numel() * math.log(2 * math.pi) + 2 * L.diagonal().log().sum() + (d**2).sum() + tr
+        )
     return total
 
 
@@ -118,8 +133,16 @@ def test_m_step_maximizes_expected_complete_loglik(learn):
     # E-step posterior under the old parameters (dense conditioning)
     posterior = []
     for n in range(N):
-        dn = dense_lgssm(old.initial_loc, old.initial_cov, old.transition_matrix, old.transition_cov,
-                         old.observation_matrix, old.observation_cov, T, controls[n] @ old.control_matrix.T)
+        dn = dense_lgssm(
+            old.initial_loc,
+            old.initial_cov,
+            old.transition_matrix,
+            old.transition_cov,
+            old.observation_matrix,
+            old.observation_cov,
+            T,
+            controls[n] @ old.control_matrix.T,
+        )
         posterior.append(condition_z(dn, x[n], observed_index(dn, mask[n])))
     new, ll_old = em_step(x, old, learn=learn, mask=mask, controls=controls)
     names = [k for k in old._fields] if learn == "all" else list(learn)
@@ -127,12 +150,17 @@ def test_m_step_maximizes_expected_complete_loglik(learn):
     for k in old._fields:
         if k not in names:
             assert torch.equal(getattr(new, k), getattr(old, k))
+
     def grads(p):
         leaves = {k: getattr(p, k).clone().requires_grad_() for k in names}
         q = expected_complete_loglik(p._replace(**leaves), x, mask, controls, posterior)
         gs = torch.autograd.grad(q, list(leaves.values()))
         # only symmetric perturbations are meaningful for a covariance
-        return leaves, q, {k: 0.5 * (gk + gk.mT) if k.endswith("cov") else gk for k, gk in zip(names, gs)}
+        return (
+            leaves,
+            q,
+            {k: 0.5 * (gk + gk.mT) if k.endswith("cov") else gk for k, gk in zip(names, gs)},
+        )
 
     leaves, q_new, g_new = grads(new)
     _, q_old, g_old = grads(old)
@@ -142,21 +170,34 @@ def test_m_step_maximizes_expected_complete_loglik(learn):
     # random perturbations of the learned parameters never increase it
     g = torch.Generator().manual_seed(3)
     for _ in range(3):
-        bumped = {k: v.detach() + 1e-2 * (lambda e: e + e.mT if k.endswith("cov") else e)(
-            torch.randn(v.shape, generator=g, dtype=DT)) for k, v in leaves.items()}
-        assert expected_complete_loglik(new._replace(**bumped), x, mask, controls, posterior) <= q_new.detach() + 1e-12
+        bumped = {
+            k: v.detach()
+            + 1e-2
+            * (lambda e: e + e.mT if k.endswith("cov") else e)(
+                torch.randn(v.shape, generator=g, dtype=DT)
+            )
+            for k, v in leaves.items()
+        }
+        assert (
+            expected_complete_loglik(new._replace(**bumped), x, mask, controls, posterior)
+            <= q_new.detach() + 1e-12
+        )
     # em_step reports log p(x | old parameters) (the same filter: equal to rounding)
     assert rel(ll_old, lgssm_log_likelihood(x, old, mask=mask, controls=controls)) <= 1e-12
 
 
-@pytest.mark.parametrize("learn", ["all", ("initial_loc", "initial_cov"), ("transition_matrix", "observation_cov")])
+@pytest.mark.parametrize(
+    "learn", ["all", ("initial_loc", "initial_cov"), ("transition_matrix", "observation_cov")]
+)
 def test_log_likelihood_never_decreases(learn):
     N, T = 8, 25
     true = random_params(3, 2, 1, seed=4)
     controls = torch.randn(N, T, 1, generator=torch.Generator().manual_seed(5), dtype=DT)
     _, x = simulate(true, N, T, controls, seed=6)
     mask = torch.rand(N, T, generator=torch.Generator().manual_seed(7)) > 0.2
-    res = lgssm_em(x, perturb(true, scale=0.5), num_iters=15, learn=learn, mask=mask, controls=controls)
+    res = lgssm_em(
+        x, perturb(true, scale=0.5), num_iters=15, learn=learn, mask=mask, controls=controls
+    )
     lls = res.log_likelihoods
     assert lls.shape == (16,)
     # monotone up to float64 rounding of a sum of ~N*T terms
@@ -171,8 +212,15 @@ def test_initial_state_update_single_sequence():
     p = random_params(2, 2, seed=8)
     _, x = simulate(p, 1, 10, seed=9)
     new, _ = em_step(x[0], p, learn=("initial_loc", "initial_cov"))
-    sm = kalman_smoother(x[0], p.initial_loc, p.initial_cov, p.transition_matrix, p.transition_cov,
-                         p.observation_matrix, p.observation_cov)
+    sm = kalman_smoother(
+        x[0],
+        p.initial_loc,
+        p.initial_cov,
+        p.transition_matrix,
+        p.transition_cov,
+        p.observation_matrix,
+        p.observation_cov,
+    )
     assert rel(new.initial_loc, sm.means[0]) <= 1e-12
     assert rel(new.initial_cov, sm.covs[0]) <= 1e-12
 
@@ -196,7 +244,9 @@ def test_recovers_known_parameters():
         transition_cov=torch.eye(2, dtype=DT),
         observation_cov=torch.eye(2, dtype=DT),
     )
-    res = lgssm_em(x, init, num_iters=60, learn=("transition_matrix", "transition_cov", "observation_cov"))
+    res = lgssm_em(
+        x, init, num_iters=60, learn=("transition_matrix", "transition_cov", "observation_cov")
+    )
     assert (res.params.transition_matrix - true.transition_matrix).abs().max() < 0.1
     assert (res.params.transition_cov - true.transition_cov).abs().max() < 0.1
     assert (res.params.observation_cov - true.observation_cov).abs().max() < 0.1

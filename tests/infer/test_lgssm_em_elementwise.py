@@ -41,8 +41,16 @@ def rel(a, b):
 
 def dense_model(p, T, controls_n):
     offsets = None if controls_n is None else controls_n @ p.control_matrix.T
-    return dense_lgssm(p.initial_loc, p.initial_cov, p.transition_matrix, p.transition_cov,
-                       p.observation_matrix, p.observation_cov, T, offsets)
+    return dense_lgssm(
+        p.initial_loc,
+        p.initial_cov,
+        p.transition_matrix,
+        p.transition_cov,
+        p.observation_matrix,
+        p.observation_cov,
+        T,
+        offsets,
+    )
 
 
 def augmented_index(mask_n):
@@ -65,7 +73,9 @@ def expected_log_normal(mu, Sig, mean_q, cov_q):
     d = torch.linalg.solve_triangular(L, (mean_q - mu)[:, None], upper=False)
     Linv_cov = torch.linalg.solve_triangular(L, cov_q, upper=False)
     tr = torch.linalg.solve_triangular(L, Linv_cov.T, upper=False).diagonal().sum()
-    return -0.5 * (mu.numel() * math.log(2 * math.pi) + 2 * L.diagonal().log().sum() + (d**2).sum() + tr)
+    return -0.5 * (
+        mu.numel() * math.log(2 * math.pi) + 2 * L.diagonal().log().sum() + (d**2).sum() + tr
+    )
 
 
 def augmented_posterior(p_old, x, mask):
@@ -112,7 +122,9 @@ def _setup(structure, seed=0, N=3, T=5, S=2, D=3):
     true = random_params(S, D, seed=seed)
     _, x = simulate(true, N, T, seed=seed + 2)
     mask = element_mask(N, T, D, 0.35, seed=seed + 3)
-    x = torch.where(mask, x, torch.tensor(float("nan"), dtype=DT))  # missing entries must be ignored
+    x = torch.where(
+        mask, x, torch.tensor(float("nan"), dtype=DT)
+    )  # missing entries must be ignored
     return with_structure(perturb(true, seed=seed + 1), structure), x, mask
 
 
@@ -130,7 +142,9 @@ def test_log_likelihood_never_decreases_with_element_mask(structure, learn):
     _, x = simulate(true, N, T, seed=21)
     mask = element_mask(N, T, D, 0.3, seed=22)
     init = with_structure(perturb(true, seed=23, scale=0.5), structure)
-    res = lgssm_em(x, init, num_iters=15, learn=learn, mask=mask, observation_cov_structure=structure)
+    res = lgssm_em(
+        x, init, num_iters=15, learn=learn, mask=mask, observation_cov_structure=structure
+    )
     lls = res.log_likelihoods
     steps = lls[1:] - lls[:-1]
     # the only slack is float64 rounding of a sum of ~N*T*D terms
@@ -174,11 +188,16 @@ def test_log_likelihood_matches_dense_with_element_mask():
 
 def _rel_grad(q_fn, new_leaves, old_leaves):
     """max over parameters of |grad Q(new)| / |grad Q(old)| (covariance gradients symmetrized)."""
+
     def grads(leaves):
         leaves = {k: v.detach().clone().requires_grad_() for k, v in leaves.items()}
         g = torch.autograd.grad(q_fn(leaves), list(leaves.values()))
         # only symmetric perturbations are meaningful for a full covariance
-        return {k: (0.5 * (gk + gk.mT) if k == "R" and gk.dim() == 2 else gk) for k, gk in zip(leaves, g)}
+        return {
+            k: (0.5 * (gk + gk.mT) if k == "R" and gk.dim() == 2 else gk)
+            for k, gk in zip(leaves, g)
+        }
+
     g_new, g_old = grads(new_leaves), grads(old_leaves)
     return {k: (g_new[k].norm() / g_old[k].norm()).item() for k in g_new}, g_new, g_old
 
@@ -233,8 +252,9 @@ def test_full_r_m_step_zeroes_gradient_of_augmented_q(learn):
     new, _ = em_step(x, old, learn=learn, mask=mask)
 
     def q_fn(leaves):
-        return expected_augmented_loglik(old._replace(observation_matrix=leaves["C"], observation_cov=leaves["R"]),
-                                         x, mask, post)
+        return expected_augmented_loglik(
+            old._replace(observation_matrix=leaves["C"], observation_cov=leaves["R"]), x, mask, post
+        )
 
     def leaves_of(p):
         return {"C": p.observation_matrix, "R": p.observation_cov}
@@ -267,11 +287,19 @@ def test_full_r_update_is_not_the_observed_q_stationary_point():
     new, _ = em_step(x, old, learn=EMISSION, mask=mask)
 
     def q_fn(leaves):
-        return expected_complete_loglik(old._replace(observation_matrix=leaves["C"], observation_cov=leaves["R"]),
-                                        x, mask, None, post)
+        return expected_complete_loglik(
+            old._replace(observation_matrix=leaves["C"], observation_cov=leaves["R"]),
+            x,
+            mask,
+            None,
+            post,
+        )
 
-    ratios, _, _ = _rel_grad(q_fn, {"C": new.observation_matrix, "R": new.observation_cov},
-                             {"C": old.observation_matrix, "R": old.observation_cov})
+    ratios, _, _ = _rel_grad(
+        q_fn,
+        {"C": new.observation_matrix, "R": new.observation_cov},
+        {"C": old.observation_matrix, "R": old.observation_cov},
+    )
     assert min(ratios.values()) > 1e-3, ratios
 
 
@@ -319,7 +347,12 @@ def test_bad_masks_and_structures_raise():
     for m in (good.int(), good.double(), good.to(torch.uint8)):
         out, _ = em_step(x, p, mask=m)
         assert all(torch.equal(u, v) for u, v in zip(out, ref) if u is not None)
-    bad_values = [good.double() * 0.5, good.int() * 2, torch.where(good, 1.0, float("nan")), good.double() - 1]
+    bad_values = [
+        good.double() * 0.5,
+        good.int() * 2,
+        torch.where(good, 1.0, float("nan")),
+        good.double() - 1,
+    ]
     for m in bad_values:
         with pytest.raises(ValueError, match="only 0 and 1"):
             em_step(x, p, mask=m)
@@ -351,8 +384,13 @@ def test_bad_masks_and_structures_raise():
     nothing = torch.zeros(N, T, D, dtype=torch.bool)
     for structure in ("full", "diag", "scalar"):
         with pytest.raises(ValueError, match="no element of x is observed"):
-            em_step(x, with_structure(p, structure), learn=("observation_cov",), mask=nothing,
-                    observation_cov_structure=structure)
+            em_step(
+                x,
+                with_structure(p, structure),
+                learn=("observation_cov",),
+                mask=nothing,
+                observation_cov_structure=structure,
+            )
     with pytest.raises(ValueError, match="no step of x is observed"):
         em_step(x, p, learn=("observation_cov",), mask=torch.zeros(N, T, dtype=torch.bool))
     # NaN at an observed position is an error; at a missing one it is ignored
@@ -375,7 +413,10 @@ def test_element_mask_broadcasts_like_the_kalman_filter(structure):
     p = with_structure(correlated(random_params(2, 3, seed=80)), structure)
     _, x = simulate(p, 3, 8, seed=81)
     mask = element_mask(3, 8, 3, 0.3, seed=82)
-    for (xa, ma), (xb, mb) in [((x[0], mask[0]), (x[:1], mask[:1])), ((x, mask[0]), (x, mask[0].expand(3, 8, 3)))]:
+    for (xa, ma), (xb, mb) in [
+        ((x[0], mask[0]), (x[:1], mask[:1])),
+        ((x, mask[0]), (x, mask[0].expand(3, 8, 3))),
+    ]:
         a, _ = em_step(xa, p, mask=ma, observation_cov_structure=structure)
         b, _ = em_step(xb, p, mask=mb, observation_cov_structure=structure)
         for k in a._fields:
@@ -389,17 +430,19 @@ def test_square_mask_is_ambiguous_and_the_explicit_masks_are_not():
     T = D = 3
     x = torch.randn(T, T, D, generator=g, dtype=torch.float64)
     params = LGSSMParams(
-        initial_loc=torch.zeros(2, dtype=torch.float64), initial_cov=torch.eye(2, dtype=torch.float64),
+        initial_loc=torch.zeros(2, dtype=torch.float64),
+        initial_cov=torch.eye(2, dtype=torch.float64),
         transition_matrix=0.9 * torch.eye(2, dtype=torch.float64),
         transition_cov=0.1 * torch.eye(2, dtype=torch.float64),
         observation_matrix=torch.randn(D, 2, generator=g, dtype=torch.float64),
-        observation_cov=0.5 * torch.eye(D, dtype=torch.float64))
-    steps = torch.tensor([[1, 1, 1], [1, 1, 0], [1, 0, 0]]).bool()       # (B, T), prefix rows
+        observation_cov=0.5 * torch.eye(D, dtype=torch.float64),
+    )
+    steps = torch.tensor([[1, 1, 1], [1, 1, 0], [1, 0, 0]]).bool()  # (B, T), prefix rows
     with pytest.raises(ValueError, match=r"mask of shape \(3, 3\) is ambiguous: with T == D == 3"):
         lgssm_log_likelihood(x, params, mask=steps)
     # per-step reading: each sequence scored on its own first steps
     per_step = lgssm_log_likelihood(x, params, step_mask=steps)
-    by_rows = sum(lgssm_log_likelihood(x[b, :int(steps[b].sum())], params) for b in range(T))
+    by_rows = sum(lgssm_log_likelihood(x[b, : int(steps[b].sum())], params) for b in range(T))
     assert torch.allclose(per_step, by_rows, rtol=1e-12, atol=0)
     # per-element reading: the same (T, D) pattern for every sequence
     per_element = lgssm_log_likelihood(x, params, observation_mask=steps)

@@ -21,20 +21,25 @@ OBJECTIVES = {
 
 MODELS = {
     "dmm": lambda **kw: DMM(5, z_dim=3, transition_dim=8, emission_dim=8, rnn_dim=8, **kw),
-    "dmm_residual": lambda **kw: DMM(5, z_dim=3, transition_dim=8, emission_dim=8, rnn_dim=8,
-                                     residual=True, **kw),
+    "dmm_residual": lambda **kw: DMM(
+        5, z_dim=3, transition_dim=8, emission_dim=8, rnn_dim=8, residual=True, **kw
+    ),
     "srnn": lambda **kw: SRNN(5, d_dim=6, z_dim=3, hidden_dim=8, **kw),
     "vrnn": lambda **kw: VRNN(5, d_dim=6, z_dim=3, hidden_dim=8, feature_dim=6, **kw),
-    "vrnn_smoothing": lambda **kw: VRNN(5, d_dim=6, z_dim=3, hidden_dim=8, feature_dim=6,
-                                        inference="smoothing", **kw),
+    "vrnn_smoothing": lambda **kw: VRNN(
+        5, d_dim=6, z_dim=3, hidden_dim=8, feature_dim=6, inference="smoothing", **kw
+    ),
     "vaernn": lambda **kw: VAERNN(5, d_dim=6, z_dim=3, hidden_dim=8, skip=True, **kw),
     "rnn": lambda **kw: RNNBaseline(5, d_dim=6, hidden_dim=8, **kw),
     "storn_wiener": lambda **kw: STORN(5, z_dim=3, rnn_dim=6, emission_dim=8, prior="wiener", **kw),
     "vosp_white": lambda **kw: VOSP(5, z_dim=3, rnn_dim=6, emission_dim=8, prior="white", **kw),
     "vrae": lambda **kw: VRAE(5, z_dim=3, encoder_dim=6, decoder_dim=6, emission_dim=8, **kw),
 }
-LIKELIHOODS = {"bernoulli": {}, "gaussian": {"likelihood": "gaussian"},
-               "gmm": {"likelihood": "gmm", "num_components": 2}}
+LIKELIHOODS = {
+    "bernoulli": {},
+    "gaussian": {"likelihood": "gaussian"},
+    "gmm": {"likelihood": "gmm", "num_components": 2},
+}
 
 
 def _data(likelihood):
@@ -82,8 +87,10 @@ def test_step_protocol_with_particles_matches_full_runs(model):
     torch.manual_seed(0)
     m = MODELS[model]()
     x, mask = _data("bernoulli")
-    pairs = [(FIVO(num_particles=1), Trace_ELBO()),
-             (FIVO(num_particles=4, resample="never"), IWAE(num_particles=4, max_plate_nesting=1))]
+    pairs = [
+        (FIVO(num_particles=1), Trace_ELBO()),
+        (FIVO(num_particles=4, resample="never"), IWAE(num_particles=4, max_plate_nesting=1)),
+    ]
     for fivo, other in pairs:
         torch.manual_seed(1)
         a = fivo.loss(m.model, m.guide, x, mask)

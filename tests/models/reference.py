@@ -14,12 +14,16 @@ def lin(layer, x):
 
 
 def normal_logpdf(z, loc, scale):
-    return (-0.5 * ((z - loc) / scale) ** 2 - torch.log(scale) - 0.5 * math.log(2 * math.pi)).sum(-1)
+    return (-0.5 * ((z - loc) / scale) ** 2 - torch.log(scale) - 0.5 * math.log(2 * math.pi)).sum(
+        -1
+    )
 
 
 def normal_logpdf_logvar(z, mu, log_v):
     """log N(z; mu, diag(v)) written with the log-variance of eq. 5.3 / 5.10."""
-    return (-0.5 * (z - mu) ** 2 / torch.exp(log_v) - 0.5 * log_v - 0.5 * math.log(2 * math.pi)).sum(-1)
+    return (
+        -0.5 * (z - mu) ** 2 / torch.exp(log_v) - 0.5 * log_v - 0.5 * math.log(2 * math.pi)
+    ).sum(-1)
 
 
 def bernoulli_logpmf(x, logits):
@@ -41,13 +45,15 @@ def gru_cell(rnn, x, h):
     gi, gh = x @ wi.T + bi, h @ wh.T + bh
     H = h.shape[-1]
     r = torch.sigmoid(gi[..., :H] + gh[..., :H])
-    u = torch.sigmoid(gi[..., H:2 * H] + gh[..., H:2 * H])
-    n = torch.tanh(gi[..., 2 * H:] + r * gh[..., 2 * H:])
+    u = torch.sigmoid(gi[..., H : 2 * H] + gh[..., H : 2 * H])
+    n = torch.tanh(gi[..., 2 * H :] + r * gh[..., 2 * H :])
     return (1 - u) * n + u * h
 
 
 def relu_rnn_cell(rnn, x, h):
-    return torch.relu(x @ rnn.weight_ih_l0.T + rnn.bias_ih_l0 + h @ rnn.weight_hh_l0.T + rnn.bias_hh_l0)
+    return torch.relu(
+        x @ rnn.weight_ih_l0.T + rnn.bias_ih_l0 + h @ rnn.weight_hh_l0.T + rnn.bias_hh_l0
+    )
 
 
 def randomize(module, scale=0.5):

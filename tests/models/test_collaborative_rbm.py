@@ -15,7 +15,9 @@ from pyro_seq.models import CollaborativeRBM
 
 def test_encodings():
     a = torch.tensor([0, 1, 1, 0])
-    assert torch.equal(CollaborativeRBM(5, visible="bernoulli").encode(a), torch.tensor([0.0, 1, 1, 0]))
+    assert torch.equal(
+        CollaborativeRBM(5, visible="bernoulli").encode(a), torch.tensor([0.0, 1, 1, 0])
+    )
     four = CollaborativeRBM(5, visible="bernoulli", num_options=4)
     assert torch.equal(four.encode(a), torch.tensor([1.0, 0, 0, 1]))  # option 0 is correct
     soft = CollaborativeRBM(5, visible="binomial_softmax", num_options=4, num_trials=2)
@@ -35,6 +37,7 @@ def test_factored_weights_and_their_gradients():
     W = m.weights().detach().requires_grad_()
     fn = m.distribution(row, col, 2)
     from pyro_seq.distributions import SparseRBM
+
     d = SparseRBM(W, m.c.detach(), m.b.detach(), row, col, 2, visible="softmax")
     (d.free_energy(m.encode(ans)) - d.free_energy(cd.last_negatives["answers"])).sum().backward()
     assert torch.allclose(m.A.grad, torch.einsum("hc,hqk->cqk", m.B.detach(), W.grad), atol=1e-6)
@@ -74,7 +77,9 @@ def test_learns_better_than_chance_on_simulated_students(visible):
     tr, te = data.train, data.test
     p = m.predict(tr.student, tr.question, tr.answer, data.num_students, te.student, te.question)
     cbd = float(capped_binomial_deviance(p, te.correct))
-    floor = float(capped_binomial_deviance(data.true_probability(te.student, te.question), te.correct))
+    floor = float(
+        capped_binomial_deviance(data.true_probability(te.student, te.question), te.correct)
+    )
     assert floor < cbd < 0.30103 - 0.02
 
 

@@ -20,11 +20,19 @@ from tests.models.test_kvae import small_kvae
 
 PACKAGE = Path(pyro_seq.__file__).parent
 #: the surfaces that must read the contract only
-SURFACES = sorted([*PACKAGE.joinpath("train").glob("*.py"), PACKAGE / "cli.py", PACKAGE / "tasks.py",
-                   *(p for p in PACKAGE.joinpath("infer").glob("*.py") if p.name != "protocol.py")])
-MODEL_CLASS_NAMES = {cls.__name__ for cls in vars(pyro_seq.models).values()
-                     if inspect.isclass(cls) and issubclass(cls, ModelContract)
-                     and cls is not ModelContract}
+SURFACES = sorted(
+    [
+        *PACKAGE.joinpath("train").glob("*.py"),
+        PACKAGE / "cli.py",
+        PACKAGE / "tasks.py",
+        *(p for p in PACKAGE.joinpath("infer").glob("*.py") if p.name != "protocol.py"),
+    ]
+)
+MODEL_CLASS_NAMES = {
+    cls.__name__
+    for cls in vars(pyro_seq.models).values()
+    if inspect.isclass(cls) and issubclass(cls, ModelContract) and cls is not ModelContract
+}
 #: names a program variable may go by in the surfaces
 MODEL_NAMES = {"model", "owner", "m", "net"}
 
@@ -47,11 +55,16 @@ def _offences(path):
             named = {n.id for n in ast.walk(node.args[1]) if isinstance(n, ast.Name)}
             named |= {n.attr for n in ast.walk(node.args[1]) if isinstance(n, ast.Attribute)}
             if named & MODEL_CLASS_NAMES:
-                found.append(f"{path.name}:{node.lineno}: isinstance on {named & MODEL_CLASS_NAMES}")
+                found.append(
+                    f"{path.name}:{node.lineno}: isinstance on {named & MODEL_CLASS_NAMES}"
+                )
         if node.func.id in ("getattr", "hasattr") and node.args:
             target = node.args[0]
-            name = target.id if isinstance(target, ast.Name) else (
-                target.attr if isinstance(target, ast.Attribute) else None)
+            name = (
+                target.id
+                if isinstance(target, ast.Name)
+                else (target.attr if isinstance(target, ast.Attribute) else None)
+            )
             if name in MODEL_NAMES or (name or "").endswith("model"):
                 found.append(f"{path.name}:{node.lineno}: {node.func.id} on {name}")
     return found
@@ -68,9 +81,11 @@ def test_surfaces_read_only_the_contract():
 def test_the_scanner_finds_what_it_must():
     """The scan above can fail: it flags the probes that the surfaces used to make."""
     bad = PACKAGE.parent / "tests" / "models" / "_probe_example.py"
-    bad.write_text("def f(model):\n    from pyro_seq.models import SRNN\n"
-                   "    a = isinstance(model, SRNN)\n    b = getattr(model, 'energy_based', False)\n"
-                   "    c = hasattr(model, 'impute_frames')\n    return a, b, c\n")
+    bad.write_text(
+        "def f(model):\n    from pyro_seq.models import SRNN\n"
+        "    a = isinstance(model, SRNN)\n    b = getattr(model, 'energy_based', False)\n"
+        "    c = hasattr(model, 'impute_frames')\n    return a, b, c\n"
+    )
     try:
         assert len(_offences(bad)) == 3
     finally:
@@ -79,9 +94,22 @@ def test_the_scanner_finds_what_it_must():
 
 def test_the_contract_declares_every_name_the_surfaces_read():
     declared = _declared_names()
-    for name in ("input_dim", "energy_based", "binary_observations", "generate", "tasks",
-                 "training_epoch", "lr_multipliers", "initialise", "objectives",
-                 "evaluation_methods", "impute_methods", "frame_shape", "for_data", "require"):
+    for name in (
+        "input_dim",
+        "energy_based",
+        "binary_observations",
+        "generate",
+        "tasks",
+        "training_epoch",
+        "lr_multipliers",
+        "initialise",
+        "objectives",
+        "evaluation_methods",
+        "impute_methods",
+        "frame_shape",
+        "for_data",
+        "require",
+    ):
         assert name in declared, name
 
 
@@ -116,8 +144,9 @@ def test_refusals_are_one_line_naming_the_model(name):
 
 
 def test_require_raises_unsupported_as_a_value_error():
-    m = MODELS["gtmsm"](frame_shape=(4, 4), tau=2, num_neighbours=2, hidden_dims=(4,), z_dim=2,
-                        wall_hidden=4)
+    m = MODELS["gtmsm"](
+        frame_shape=(4, 4), tau=2, num_neighbours=2, hidden_dims=(4,), z_dim=2, wall_hidden=4
+    )
     with pytest.raises(Unsupported, match="^gtmsm does not support task sample: .*GTMSM.predict"):
         m.require("generate")
     assert isinstance(Unsupported("x"), ValueError)
@@ -127,12 +156,14 @@ def test_require_raises_unsupported_as_a_value_error():
 
 # ---------------------------------------------------------------- no state between calls
 
+
 def _kvae_log_joint(m, x, observed):
     """log p(x, a) - log q(a | x) of one guide draw (seed fixed), model replayed on it."""
     pyro.set_rng_seed(0)
     guide = poutine.trace(m.guide).get_trace(x, None, observed=observed)
-    model = poutine.trace(poutine.replay(m.model, trace=guide)).get_trace(x, None,
-                                                                           observed=observed)
+    model = poutine.trace(poutine.replay(m.model, trace=guide)).get_trace(
+        x, None, observed=observed
+    )
     return model.log_prob_sum() - guide.log_prob_sum()
 
 
@@ -159,8 +190,9 @@ def test_kvae_scores_all_steps_at_once_exactly_when_no_frame_is_missing(monkeypa
 
     calls = []
     original = KVAE._model_all_steps
-    monkeypatch.setattr(KVAE, "_model_all_steps",
-                        lambda self, *a: calls.append(1) or original(self, *a))
+    monkeypatch.setattr(
+        KVAE, "_model_all_steps", lambda self, *a: calls.append(1) or original(self, *a)
+    )
     torch.manual_seed(0)
     m = small_kvae()
     x = (torch.rand(2, 6, 64) < 0.3).double()

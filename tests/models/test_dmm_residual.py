@@ -41,10 +41,10 @@ def dmm_residual_reference(m, x, zs, inference="smoothing"):
     T, _ = x.shape
     if inference == "smoothing":
         a, g = [None] * T, m.encoder.h0
-        for t in reversed(range(T)):                      # eq. 4.8 (ReLU RNN), learned a_{T+1}
+        for t in reversed(range(T)):  # eq. 4.8 (ReLU RNN), learned a_{T+1}
             g = relu_rnn_cell(m.encoder.rnn, x[t], g)
             a[t] = g
-    else:                                 # Fig. 4.2b: a_t = tanh(W_2 tanh(W_1 x_t + b_1) + b_2)
+    else:  # Fig. 4.2b: a_t = tanh(W_2 tanh(W_1 x_t + b_1) + b_2)
         enc = m.encoder
         a = [torch.tanh(lin(enc[2], torch.tanh(lin(enc[0], x[t])))) for t in range(T)]
     cb, e = m.combiner, m.emitter
@@ -56,16 +56,29 @@ def dmm_residual_reference(m, x, zs, inference="smoothing"):
         q_loc = transition_ref(m.transition, z_prev)[0] + lin(cb.loc, hc)
         q_scale = cb.min_scale + softplus(lin(cb.raw_scale, hc))
         logits = lin(e[4], torch.relu(lin(e[2], torch.relu(lin(e[0], zs[t])))))
-        terms.append((bernoulli_logpmf(x[t], logits), normal_logpdf(zs[t], p_loc, p_scale),
-                      normal_logpdf(zs[t], q_loc, q_scale)))
+        terms.append(
+            (
+                bernoulli_logpmf(x[t], logits),
+                normal_logpdf(zs[t], p_loc, p_scale),
+                normal_logpdf(zs[t], q_loc, q_scale),
+            )
+        )
         z_prev = zq_prev = zs[t]
     return terms
 
 
 def tiny(inference="smoothing", likelihood="bernoulli", **kw):
     torch.manual_seed(0)
-    return DMM(5, z_dim=3, transition_dim=6, emission_dim=4, rnn_dim=4, inference=inference,
-               likelihood=likelihood, **kw)
+    return DMM(
+        5,
+        z_dim=3,
+        transition_dim=6,
+        emission_dim=4,
+        rnn_dim=4,
+        inference=inference,
+        likelihood=likelihood,
+        **kw,
+    )
 
 
 def ragged(B=2, T=6, D=5, lengths=(6, 4), seed=0):
@@ -81,9 +94,14 @@ def site_terms(m, x, mask):
     out = []
     for t in range(x.shape[1]):
         z = guide_tr.nodes[f"z_{t + 1}"]["value"]
-        out.append((model_tr.nodes[f"x_{t + 1}"]["fn"].log_prob(x[:, t]),
-                    model_tr.nodes[f"z_{t + 1}"]["fn"].log_prob(z),
-                    guide_tr.nodes[f"z_{t + 1}"]["fn"].log_prob(z), z))
+        out.append(
+            (
+                model_tr.nodes[f"x_{t + 1}"]["fn"].log_prob(x[:, t]),
+                model_tr.nodes[f"z_{t + 1}"]["fn"].log_prob(z),
+                guide_tr.nodes[f"z_{t + 1}"]["fn"].log_prob(z),
+                z,
+            )
+        )
     return out
 
 
@@ -122,8 +140,8 @@ def test_residual_guide_mean_is_prior_mean_plus_combiner():
         z_prev = plain.z_0 if t == 0 else zs[f"z_{t}"]
         shift = transition_ref(plain.transition, z_prev)[0]
         assert torch.allclose(r.loc, p.loc + shift, atol=1e-12, rtol=0)
-        assert torch.equal(r.scale, p.scale)        # the variance is not residual (thesis 5.3)
-        assert (r.loc - p.loc).abs().max() > 1e-3   # the shift is not trivially zero
+        assert torch.equal(r.scale, p.scale)  # the variance is not residual (thesis 5.3)
+        assert (r.loc - p.loc).abs().max() > 1e-3  # the shift is not trivially zero
 
 
 def test_default_is_residual_false_and_unchanged():
@@ -168,8 +186,9 @@ OBJECTIVES = {
 @pytest.mark.parametrize("inference", ["smoothing", "filtering"])
 @pytest.mark.parametrize("likelihood", ["bernoulli", "gaussian"])
 @pytest.mark.parametrize("objective", sorted(OBJECTIVES))
-def test_residual_svi_step_finite_with_gradients_for_every_parameter(objective, likelihood,
-                                                                     inference):
+def test_residual_svi_step_finite_with_gradients_for_every_parameter(
+    objective, likelihood, inference
+):
     m = tiny(inference, likelihood, residual=True)
     x, mask = ragged(B=3, T=7, lengths=(7, 5, 2))
     if likelihood == "gaussian":
@@ -202,7 +221,8 @@ def test_fivo_prior_reuse_keeps_bound_and_gradients(monkeypatch):
         monkeypatch.setattr(m.transition, "forward", lambda *a: calls.append(1) or original(*a))
         pyro.set_rng_seed(3)
         loss = FIVO(num_particles=4, resample="always").differentiable_loss(
-            m.model, m.guide, x, mask)
+            m.model, m.guide, x, mask
+        )
         grads = torch.autograd.grad(loss, list(m.parameters()))
         monkeypatch.undo()
         results.append((loss.item(), grads, len(calls)))

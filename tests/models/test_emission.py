@@ -44,27 +44,37 @@ def test_gmm_stacked_params_slice_into_the_per_step_distributions(float64):
     assert [p.shape[1] for p in stacked] == [6, 6, 6]
     x = torch.randn(2, 6, D)
     batched = lik(stacked).log_prob(x)
-    for t, params in enumerate(time_steps(stacked)):
-        torch.testing.assert_close(batched[:, t], lik(per_step[t]).log_prob(x[:, t]), rtol=1e-12, atol=0)
+    for t, _params in enumerate(time_steps(stacked)):
+        torch.testing.assert_close(
+            batched[:, t], lik(per_step[t]).log_prob(x[:, t]), rtol=1e-12, atol=0
+        )
 
 
 def test_gmm_likelihood_is_the_component_major_mixture(float64):
     """Against torch's MixtureSameFamily built by explicit loops over components and dims."""
     logits, flat_loc = torch.randn(5, K), torch.randn(5, K * D)
     flat_scale = torch.rand(5, K * D) + 0.1
-    loc = torch.stack([torch.stack([flat_loc[:, k * D + d] for d in range(D)], -1) for k in range(K)], -2)
-    scale = torch.stack([torch.stack([flat_scale[:, k * D + d] for d in range(D)], -1) for k in range(K)], -2)
+    loc = torch.stack(
+        [torch.stack([flat_loc[:, k * D + d] for d in range(D)], -1) for k in range(K)], -2
+    )
+    scale = torch.stack(
+        [torch.stack([flat_scale[:, k * D + d] for d in range(D)], -1) for k in range(K)], -2
+    )
     ref = MixtureSameFamily(Categorical(logits=logits), Independent(Normal(loc, scale), 1))
     x = torch.randn(5, D)
-    torch.testing.assert_close(gmm_likelihood((logits, flat_loc, flat_scale)).log_prob(x),
-                               ref.log_prob(x), rtol=1e-12, atol=0)
+    torch.testing.assert_close(
+        gmm_likelihood((logits, flat_loc, flat_scale)).log_prob(x),
+        ref.log_prob(x),
+        rtol=1e-12,
+        atol=0,
+    )
 
 
 def test_gmm_scales_have_the_floor():
     net, lik = make_emission("gmm", 5, [8], D, num_components=K, min_scale=0.05)
     head = net[-1].gaussian
     with torch.no_grad():
-        head.raw_scale.bias.fill_(-60.0)                        # softplus(-60) ~ 1e-26
+        head.raw_scale.bias.fill_(-60.0)  # softplus(-60) ~ 1e-26
         head.raw_scale.weight.zero_()
     _, _, scale = net(torch.randn(3, 5))
     assert (scale >= 0.05).all() and (scale - 0.05 < 1e-6).all()
@@ -101,14 +111,22 @@ def test_gmm_emission_in_srnn_time_parallel_equals_step_by_step_and_the_referenc
     sequential.compute_log_prob()
     for t in range(5):
         name = f"x_{t + 1}"
-        fn = sequential.nodes[name]["fn"].base_dist            # under .mask(): a ScoredValue
-        fn = fn.base                                            # (emission batched after the loop)
+        fn = sequential.nodes[name]["fn"].base_dist  # under .mask(): a ScoredValue
+        fn = fn.base  # (emission batched after the loop)
         assert isinstance(fn, DiagonalNormalMixture)
-        ref = MixtureSameFamily(Categorical(logits=fn.logits), Independent(Normal(fn.loc, fn.scale), 1))
-        torch.testing.assert_close(sequential.nodes[name]["log_prob"], ref.log_prob(x[:, t]) * mask[:, t])
-        torch.testing.assert_close(parallel.nodes[name]["log_prob"], sequential.nodes[name]["log_prob"],
-                                   rtol=1e-12, atol=1e-12)
-    sample, params = m.generate(2, 4)                           # sampling through the family
+        ref = MixtureSameFamily(
+            Categorical(logits=fn.logits), Independent(Normal(fn.loc, fn.scale), 1)
+        )
+        torch.testing.assert_close(
+            sequential.nodes[name]["log_prob"], ref.log_prob(x[:, t]) * mask[:, t]
+        )
+        torch.testing.assert_close(
+            parallel.nodes[name]["log_prob"],
+            sequential.nodes[name]["log_prob"],
+            rtol=1e-12,
+            atol=1e-12,
+        )
+    sample, params = m.generate(2, 4)  # sampling through the family
     assert sample.shape == (2, 4, D) and torch.isfinite(sample).all()
     assert [p.shape for p in params] == [(2, 4, K), (2, 4, K * D), (2, 4, K * D)]
 
@@ -116,11 +134,19 @@ def test_gmm_emission_in_srnn_time_parallel_equals_step_by_step_and_the_referenc
 # ------------------------------------------------------------------------- masked_log_prob
 def _families(batch=(3,)):
     g = torch.Generator().manual_seed(7)
-    normal = dist.Normal(torch.randn(batch + (D,), generator=g),
-                         torch.rand(batch + (D,), generator=g) + 0.3).to_event(1)
-    bern = dist.Bernoulli(logits=torch.randn(batch + (D,), generator=g), validate_args=False).to_event(1)
-    return {"normal": (normal, torch.randn(batch + (D,), generator=g)),
-            "bernoulli": (bern, (torch.rand(batch + (D,), generator=g) < 0.5).to(torch.get_default_dtype()))}
+    normal = dist.Normal(
+        torch.randn(batch + (D,), generator=g), torch.rand(batch + (D,), generator=g) + 0.3
+    ).to_event(1)
+    bern = dist.Bernoulli(
+        logits=torch.randn(batch + (D,), generator=g), validate_args=False
+    ).to_event(1)
+    return {
+        "normal": (normal, torch.randn(batch + (D,), generator=g)),
+        "bernoulli": (
+            bern,
+            (torch.rand(batch + (D,), generator=g) < 0.5).to(torch.get_default_dtype()),
+        ),
+    }
 
 
 @pytest.mark.parametrize("family", ["normal", "bernoulli"])
@@ -128,9 +154,13 @@ def test_masked_log_prob_factorised_equals_the_sum_over_observed_elements(family
     fn, x = _families()[family]
     mask = _rand_mask((3, D), 1)
     got = masked_log_prob(fn, x, mask)
-    per_element = fn.base_dist.log_prob(x)                      # dense reference: explicit loop
-    ref = torch.stack([sum((per_element[b, d] for d in range(D) if mask[b, d]), torch.tensor(0.0))
-                       for b in range(3)])
+    per_element = fn.base_dist.log_prob(x)  # dense reference: explicit loop
+    ref = torch.stack(
+        [
+            sum((per_element[b, d] for d in range(D) if mask[b, d]), torch.tensor(0.0))
+            for b in range(3)
+        ]
+    )
     torch.testing.assert_close(got, ref, rtol=1e-12, atol=0)
     full = masked_log_prob(fn, x, torch.ones(D, dtype=torch.bool))
     assert ((full - fn.log_prob(x)).abs() <= 1e-12 * fn.log_prob(x).abs()).all()
@@ -141,7 +171,10 @@ def test_masked_log_prob_factorised_equals_the_sum_over_observed_elements(family
 @pytest.mark.parametrize("family", ["normal", "bernoulli", "gmm"])
 def test_nan_at_masked_entries_gives_finite_values_and_gradients(family, float64):
     if family == "gmm":
-        logits, loc = torch.randn(3, K, requires_grad=True), torch.randn(3, K, D, requires_grad=True)
+        logits, loc = (
+            torch.randn(3, K, requires_grad=True),
+            torch.randn(3, K, D, requires_grad=True),
+        )
         raw = torch.randn(3, K, D, requires_grad=True)
         fn, leaves = DiagonalNormalMixture(logits, loc, raw.exp()), (logits, loc, raw)
         x = torch.randn(3, D)
@@ -149,8 +182,11 @@ def test_nan_at_masked_entries_gives_finite_values_and_gradients(family, float64
         fn, x = _families()[family]
         base = fn.base_dist
         p = (base.loc if family == "normal" else base.logits).clone().requires_grad_()
-        fn = (dist.Normal(p, base.scale) if family == "normal"
-              else dist.Bernoulli(logits=p, validate_args=False)).to_event(1)
+        fn = (
+            dist.Normal(p, base.scale)
+            if family == "normal"
+            else dist.Bernoulli(logits=p, validate_args=False)
+        ).to_event(1)
         leaves = (p,)
     mask = _rand_mask((3, D), 2)
     mask[1] = False
@@ -165,7 +201,7 @@ def test_nan_at_masked_entries_gives_finite_values_and_gradients(family, float64
 
 def test_mask_broadcasts_against_value(float64):
     fn, x = _families((3,))["normal"]
-    x = x.expand(2, 3, D)                                        # extra sample dim
+    x = x.expand(2, 3, D)  # extra sample dim
     mask = torch.tensor([True, False, True, True])
     got = masked_log_prob(fn, x, mask)
     assert got.shape == (2, 3)
@@ -216,8 +252,9 @@ def test_observed_elements_delegates_and_expand_keeps_the_mask(float64):
     assert w.rsample((5,)).shape == (5, 3, D) and w.sample().shape == (3, D)
     e = w.expand((2, 3))
     assert e.batch_shape == (2, 3) and torch.equal(e.element_mask, mask)
-    torch.testing.assert_close(e.log_prob(x.expand(2, 3, D)),
-                               masked_log_prob(fn, x, mask).expand(2, 3), rtol=0, atol=0)
+    torch.testing.assert_close(
+        e.log_prob(x.expand(2, 3, D)), masked_log_prob(fn, x, mask).expand(2, 3), rtol=0, atol=0
+    )
     assert w.expand((3,)) is w
     with pytest.raises(ValueError, match="event shape"):
         ObservedElements(dist.Normal(0.0, 1.0), torch.ones((), dtype=torch.bool))

@@ -5,8 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from pyro_seq.models import (DMM, KVAE, RTRBM, SRNN, STORN, VAERNN, VOSP, VRAE, VRNN,
-                             RNNBaseline)
+from pyro_seq.models import DMM, KVAE, RTRBM, SRNN, STORN, VAERNN, VOSP, VRAE, VRNN, RNNBaseline
 from pyro_seq.validation import validate_generate_args
 
 D = 5
@@ -25,10 +24,17 @@ MODELS = {
 GIBBS = {"rtrbm": {"gibbs_steps": 1}}
 
 # (num_sequences, num_steps, the argument named in the error, its repr in the message)
-BAD = [(2, 0, "num_steps", "0"), (-1, 3, "num_sequences", "-1"), (2.5, 3, "num_sequences", "2.5"),
-       (2, 1.5, "num_steps", "1.5"), (True, 3, "num_sequences", "True"),
-       (2, torch.tensor(True), "num_steps", "tensor(True)"), (2, "3", "num_steps", "'3'"),
-       (None, 3, "num_sequences", "None"), (2, float("nan"), "num_steps", "nan")]
+BAD = [
+    (2, 0, "num_steps", "0"),
+    (-1, 3, "num_sequences", "-1"),
+    (2.5, 3, "num_sequences", "2.5"),
+    (2, 1.5, "num_steps", "1.5"),
+    (True, 3, "num_sequences", "True"),
+    (2, torch.tensor(True), "num_steps", "tensor(True)"),
+    (2, "3", "num_steps", "'3'"),
+    (None, 3, "num_sequences", "None"),
+    (2, float("nan"), "num_steps", "nan"),
+]
 
 
 @pytest.mark.parametrize("name", sorted(MODELS))
@@ -62,19 +68,31 @@ def rtrbm():
     return RTRBM(D, 3)
 
 
-@pytest.mark.parametrize("prefix,match", [
-    (torch.full((2, 2, D), 0.5), r"prefix must be binary \(0/1\), found 0.5 at \(sequence 0, "
-                                 r"step 0, unit 0\)"),
-    (torch.zeros(2, 2, D + 1), r"prefix must have shape \(num_sequences = 2 or 1, T0, "
-                               r"num_visible = 5\), got \(2, 2, 6\)"),
-    (torch.zeros(3, 2, D), r"prefix must have shape .* got \(3, 2, 5\)"),
-    (torch.zeros(2, D), r"prefix must have shape .* got \(2, 5\)"),
-    (torch.zeros(2, 5, D), r"prefix has 5 steps, more than num_steps = 4"),
-    ([[0.0] * D], r"prefix must be a tensor"),
-    (torch.zeros(2, 2, D, dtype=torch.complex64), r"prefix must have a bool, integer or "
-                                                  r"floating dtype, got torch.complex64"),
-    (torch.tensor([[[0.0, 1.0, float("nan"), 0.0, 1.0]]]), r"prefix must be binary .* nan"),
-])
+@pytest.mark.parametrize(
+    "prefix,match",
+    [
+        (
+            torch.full((2, 2, D), 0.5),
+            r"prefix must be binary \(0/1\), found 0.5 at \(sequence 0, "
+            r"step 0, unit 0\)",
+        ),
+        (
+            torch.zeros(2, 2, D + 1),
+            r"prefix must have shape \(num_sequences = 2 or 1, T0, "
+            r"num_visible = 5\), got \(2, 2, 6\)",
+        ),
+        (torch.zeros(3, 2, D), r"prefix must have shape .* got \(3, 2, 5\)"),
+        (torch.zeros(2, D), r"prefix must have shape .* got \(2, 5\)"),
+        (torch.zeros(2, 5, D), r"prefix has 5 steps, more than num_steps = 4"),
+        ([[0.0] * D], r"prefix must be a tensor"),
+        (
+            torch.zeros(2, 2, D, dtype=torch.complex64),
+            r"prefix must have a bool, integer or "
+            r"floating dtype, got torch.complex64",
+        ),
+        (torch.tensor([[[0.0, 1.0, float("nan"), 0.0, 1.0]]]), r"prefix must be binary .* nan"),
+    ],
+)
 def test_bad_prefix_is_refused(prefix, match):
     with pytest.raises(ValueError, match=match):
         rtrbm().generate(2, 4, gibbs_steps=1, prefix=prefix)

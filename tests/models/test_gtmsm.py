@@ -29,8 +29,15 @@ def _clear():
 
 
 def small(**kw):
-    opts = dict(frame_shape=(2, 2), tau=3, num_neighbours=3, z_dim=2, hidden_dims=(5,), walls=False,
-                wall_hidden=4)
+    opts = dict(
+        frame_shape=(2, 2),
+        tau=3,
+        num_neighbours=3,
+        z_dim=2,
+        hidden_dims=(5,),
+        walls=False,
+        wall_hidden=4,
+    )
     opts.update(kw)
     torch.manual_seed(0)
     return GTMSM(**opts).double()
@@ -43,14 +50,16 @@ def log_normal(x, loc, scale):
 def hand_mixture_log_prob(z, s, keys, locs, scales, K, delta):
     """log sum_k w_k prod_j N(z_j; mu_kj, sigma_kj), w_k = (1/(d_k^2+delta)) / sum, over the K
     entries nearest to s (ties by write order), in Python floats."""
-    rows = sorted((sum((float(a) - float(b)) ** 2 for a, b in zip(s, key)), i)
-                  for i, key in enumerate(keys))[:K]
+    rows = sorted(
+        (sum((float(a) - float(b)) ** 2 for a, b in zip(s, key)), i) for i, key in enumerate(keys)
+    )[:K]
     inv = [1.0 / (d2 + delta) for d2, _ in rows]
     total = sum(inv)
     dens = 0.0
-    for (d2, i), v in zip(rows, inv):
-        comp = sum(log_normal(float(z[j]), float(locs[i][j]), float(scales[i][j]))
-                   for j in range(len(z)))
+    for (_d2, i), v in zip(rows, inv):
+        comp = sum(
+            log_normal(float(z[j]), float(locs[i][j]), float(scales[i][j])) for j in range(len(z))
+        )
         dens += v / total * math.exp(comp)
     return math.log(dens)
 
@@ -130,8 +139,14 @@ def test_perfect_memory_and_known_M_predict_the_stored_frames():
     for a in actions[0].tolist():
         pos = (pos[0] + moves[a][0], pos[1] + moves[a][1])
         positions.append(pos)
-    frames = torch.stack([torch.stack([image[b, 3 * r:3 * r + 8, 3 * c:3 * c + 8].flatten()
-                                       for r, c in positions]) for b in range(2)])
+    frames = torch.stack(
+        [
+            torch.stack(
+                [image[b, 3 * r : 3 * r + 8, 3 * c : 3 * c + 8].flatten() for r, c in positions]
+            )
+            for b in range(2)
+        ]
+    )
     tau = len(memorise)
     m = perfect_memory_model(tau)
     out = m.predict(frames, actions)
@@ -143,8 +158,9 @@ def test_perfect_memory_and_known_M_predict_the_stored_frames():
     for i, p in enumerate(positions[tau:]):
         # hand computation of the mixture mean: sum_k w_k mu_k over the 5 nearest entries
         for b in range(2):
-            rows = sorted((float(((true_s[tau + i] - true_s[j]) ** 2).sum()), j)
-                          for j in range(tau))[:5]
+            rows = sorted(
+                (float(((true_s[tau + i] - true_s[j]) ** 2).sum()), j) for j in range(tau)
+            )[:5]
             w = torch.tensor([1.0 / (d2 + 1e-4) for d2, _ in rows], dtype=torch.float64)
             mean = (w[:, None] * frames[b, [j for _, j in rows]]).sum(0) / w.sum()
             assert torch.allclose(out["frames"][b, i], mean, atol=1e-12)
@@ -152,7 +168,7 @@ def test_perfect_memory_and_known_M_predict_the_stored_frames():
             # (distances >= 1): the prediction is the stored frame to within 4e-4 of the range
             assert (out["frames"][b, i] - stored[p][b]).abs().max() <= 4e-4 * 1.0 + 1e-12
     # the model's own sites agree: at the true states the mixture prior is centred there
-    s = true_s[tau:tau + 1].expand(2, 2).contiguous()
+    s = true_s[tau : tau + 1].expand(2, 2).contiguous()
     dnd, _ = m.write_memory(frames[:, :tau], nn.functional.one_hot(actions[:, :tau], 5).double())
     prior = m.memory_prior(s, dnd)
     assert torch.allclose(prior.mean, out["z"][:, 0], atol=1e-12)
@@ -171,7 +187,8 @@ def test_reference_elbo_is_hand_computed():
     pyro.set_rng_seed(5)
     trace = poutine.trace(m.guide).get_trace(x, mask, inputs=a)
     assert {n for n in trace.nodes if n.startswith(("s_", "z_"))} == {
-        f"{v}_{t}" for v in "sz" for t in (4, 5, 6)}  # prediction steps only
+        f"{v}_{t}" for v in "sz" for t in (4, 5, 6)
+    }  # prediction steps only
     M = m.M.detach()
     r = m.r
     elbo = 0.0
@@ -193,8 +210,9 @@ def test_reference_elbo_is_hand_computed():
             log_ps = sum(log_normal(float(s[j]), float(loc_s[j]), scale) for j in range(2))
             log_qs = log_ps  # q(s) is the prior transition (eq. 7.2)
             log_pz = hand_mixture_log_prob(z, s, keys, q_loc[:3], q_scale[:3], 3, 1e-4)
-            log_qz = sum(log_normal(float(z[j]), float(q_loc[t, j]), float(q_scale[t, j]))
-                         for j in range(2))
+            log_qz = sum(
+                log_normal(float(z[j]), float(q_loc[t, j]), float(q_scale[t, j])) for j in range(2)
+            )
             xhat = m.decode(z).detach()
             log_px = sum(log_normal(float(x[b, t, j]), float(xhat[j]), 0.1) for j in range(F))
             elbo += log_px + log_pz + log_ps - log_qz - log_qs
@@ -238,17 +256,21 @@ def test_sequences_no_longer_than_tau_contribute_exactly_nothing(inference):
     split into data-parallel shards, the short ones' shard (T = 3 = tau) adds exactly 0."""
     m = small(tau=3, walls=True, inference=inference, landmark_neighbours=2)
     torch.manual_seed(3)
-    lengths = torch.tensor([7, 2, 6, 3])                 # rows 1 and 3: no prediction step
+    lengths = torch.tensor([7, 2, 6, 3])  # rows 1 and 3: no prediction step
     x = torch.rand(4, 7, 4, dtype=torch.float64)
     a = torch.randint(0, 5, (4, 7))
     mask = torch.arange(7) < lengths.unsqueeze(-1)
     trace = poutine.trace(m.guide).get_trace(x, mask, inputs=a)
-    values = {n: site["value"].detach() for n, site in trace.nodes.items()
-              if site["type"] == "sample" and n.startswith(("s_", "z_"))}
+    values = {
+        n: site["value"].detach()
+        for n, site in trace.nodes.items()
+        if site["type"] == "sample" and n.startswith(("s_", "z_"))
+    }
     long_rows = torch.tensor([0, 2])
     mixed = _elbo_at(m, x, mask, a, values)
-    alone = _elbo_at(m, x[long_rows], mask[long_rows], a[long_rows],
-                     {n: v[long_rows] for n, v in values.items()})
+    alone = _elbo_at(
+        m, x[long_rows], mask[long_rows], a[long_rows], {n: v[long_rows] for n, v in values.items()}
+    )
     assert mixed.item() != 0.0 and torch.equal(mixed, alone)
     short_rows = torch.tensor([1, 3])
     shard = _elbo_at(m, x[short_rows, :3], mask[short_rows, :3], a[short_rows, :3])
@@ -304,8 +326,11 @@ def _svi_step_with_gradients(m, loss, T, silent_prefix=""):
     value = loss.loss_and_grads(m.model, m.guide, x, mask, inputs=a)
     assert math.isfinite(value)
     _check_grads(m)
-    silent = [n for n, p in m.named_parameters() if n.startswith(silent_prefix) and
-              not bool((p.grad != 0).any())]
+    silent = [
+        n
+        for n, p in m.named_parameters()
+        if n.startswith(silent_prefix) and not bool((p.grad != 0).any())
+    ]
     assert not silent, f"parameters with a zero gradient: {silent}"
     m.zero_grad()
     svi = SVI(m.model, m.guide, Adam({"lr": 1e-3}), loss=loss)
@@ -313,9 +338,11 @@ def _svi_step_with_gradients(m, loss, T, silent_prefix=""):
     assert all(torch.isfinite(p).all() for p in m.parameters())
 
 
-@pytest.mark.parametrize("loss", [Trace_ELBO(), TraceMeanField_ELBO(), IWAE(num_particles=3),
-                                  FIVO(num_particles=3)],
-                         ids=["trace", "meanfield", "iwae", "fivo"])
+@pytest.mark.parametrize(
+    "loss",
+    [Trace_ELBO(), TraceMeanField_ELBO(), IWAE(num_particles=3), FIVO(num_particles=3)],
+    ids=["trace", "meanfield", "iwae", "fivo"],
+)
 def test_one_svi_step_every_parameter_has_a_finite_gradient(loss):
     m = small(walls=True)
     with torch.no_grad():  # its output weights start at 0, which stops the first layer's gradient
@@ -329,21 +356,40 @@ def test_wall_network_starts_as_a_constant_so_inverse_moves_stay_inverse():
     s = 5 * torch.randn(50, 2, generator=g, dtype=torch.float64)
     a = nn.functional.one_hot(torch.randint(0, 4, (50,), generator=g), 5).to(torch.float64)
     sigma = torch.sigmoid(m.wall_net(s))
-    assert torch.allclose(sigma, torch.full_like(sigma, 1 / (1 + math.exp(-3))), rtol=0,
-                          atol=1e-15)
+    assert torch.allclose(sigma, torch.full_like(sigma, 1 / (1 + math.exp(-3))), rtol=0, atol=1e-15)
     inverse = a[:, [1, 0, 3, 2, 4]]  # up <-> down, left <-> right
     M = m.displacement_matrix().detach()
     with torch.no_grad():
-        m.set_displacement_matrix(torch.cat([M[:, :1], -M[:, :1], M[:, 2:3], -M[:, 2:3],
-                                             torch.zeros(2, 1, dtype=torch.float64)], 1))
+        m.set_displacement_matrix(
+            torch.cat(
+                [
+                    M[:, :1],
+                    -M[:, :1],
+                    M[:, 2:3],
+                    -M[:, 2:3],
+                    torch.zeros(2, 1, dtype=torch.float64),
+                ],
+                1,
+            )
+        )
     back = m.transition_mean(m.transition_mean(s, a), inverse)
     assert torch.allclose(back, s, rtol=0, atol=1e-12)
 
 
 def test_packed_actions_conv_colour_and_rotation_variants_train():
     torch.manual_seed(6)
-    m = GTMSM(frame_shape=(3, 8, 8), tau=2, num_neighbours=2, z_dim=3, encoder="conv", channels=4,
-              conv_layers=2, pack_actions=True, state_dim=3, rotation=True).double()
+    m = GTMSM(
+        frame_shape=(3, 8, 8),
+        tau=2,
+        num_neighbours=2,
+        z_dim=3,
+        encoder="conv",
+        channels=4,
+        conv_layers=2,
+        pack_actions=True,
+        state_dim=3,
+        rotation=True,
+    ).double()
     assert m.obs_dim == 192 + 5 and m.input_dim == 0
     frames = torch.rand(2, 4, 192, dtype=torch.float64)
     acts = nn.functional.one_hot(torch.randint(0, 5, (2, 4)), 5).double()
@@ -352,8 +398,17 @@ def test_packed_actions_conv_colour_and_rotation_variants_train():
     assert math.isfinite(svi.step(x, None))
     _check_grads(m)
     # packed and separate actions give the same bound
-    u = GTMSM(frame_shape=(3, 8, 8), tau=2, num_neighbours=2, z_dim=3, encoder="conv", channels=4,
-              conv_layers=2, state_dim=3, rotation=True).double()
+    u = GTMSM(
+        frame_shape=(3, 8, 8),
+        tau=2,
+        num_neighbours=2,
+        z_dim=3,
+        encoder="conv",
+        channels=4,
+        conv_layers=2,
+        state_dim=3,
+        rotation=True,
+    ).double()
     u.load_state_dict(m.state_dict())
     pyro.set_rng_seed(0)
     l1 = Trace_ELBO().loss(m.model, m.guide, x, None)
@@ -369,8 +424,7 @@ def test_int_and_one_hot_actions_agree():
     pyro.set_rng_seed(0)
     l1 = Trace_ELBO().loss(m.model, m.guide, x, None, inputs=a)
     pyro.set_rng_seed(0)
-    l2 = Trace_ELBO().loss(m.model, m.guide, x, None,
-                           inputs=nn.functional.one_hot(a, 5).double())
+    l2 = Trace_ELBO().loss(m.model, m.guide, x, None, inputs=nn.functional.one_hot(a, 5).double())
     assert l1 == l2
 
 
@@ -421,8 +475,11 @@ def test_tau_must_be_a_positive_int(bad):
         m.tau = bad
     if bad is not None:  # predict(tau=None) means the attribute
         with pytest.raises(ValueError, match="tau must be a positive int"):
-            m.predict(torch.rand(1, 5, 4, dtype=torch.float64), torch.zeros(1, 5, dtype=torch.long),
-                      tau=bad)
+            m.predict(
+                torch.rand(1, 5, 4, dtype=torch.float64),
+                torch.zeros(1, 5, dtype=torch.long),
+                tau=bad,
+            )
 
 
 def test_num_neighbours_cannot_exceed_the_memorised_steps():
@@ -430,8 +487,11 @@ def test_num_neighbours_cannot_exceed_the_memorised_steps():
     silently. Refused at construction, and at call time when tau or K changed since."""
     with pytest.raises(ValueError, match=r"num_neighbours=5 exceeds the memory: it holds tau=3"):
         small(tau=3, num_neighbours=5)
-    with pytest.raises(ValueError, match=r"neighbour_warmup K_0=7 exceeds the memory: it holds "
-                                         r"tau=6"):
+    with pytest.raises(
+        ValueError,
+        match=r"neighbour_warmup K_0=7 exceeds the memory: it holds "
+        r"tau=6",
+    ):
         small(tau=6, num_neighbours=2, neighbour_warmup=(7, 3))
     assert small(tau=3, num_neighbours=3).num_neighbours == 3  # K = tau: every entry
     m = small(tau=4, num_neighbours=4)
@@ -448,8 +508,9 @@ def test_num_neighbours_cannot_exceed_the_memorised_steps():
 
 def test_hidden_dims_must_be_positive_ints():
     for bad in ((0,), (5, 0), (-1,)):
-        with pytest.raises(ValueError, match=r"hidden_dims must hold positive ints .*got " +
-                           re.escape(repr(bad))):
+        with pytest.raises(
+            ValueError, match=r"hidden_dims must hold positive ints .*got " + re.escape(repr(bad))
+        ):
             small(hidden_dims=bad)
         with pytest.raises(ValueError, match="hidden_dims must hold positive ints"):
             small(hidden_dims=bad, encoder="conv", frame_shape=(8, 8), channels=2, conv_layers=2)
@@ -458,6 +519,7 @@ def test_hidden_dims_must_be_positive_ints():
 # ---------------------------------------------------------------------------------------------
 # Landmark inference network (thesis appendix 7.10)
 # ---------------------------------------------------------------------------------------------
+
 
 def landmark(**kw):
     opts = dict(inference="landmark", landmark_neighbours=2)
@@ -493,16 +555,18 @@ def test_landmark_merge_equals_the_appendix_formula_by_hand():
     set_linear(m.landmark_var[0], w, [1.0])
     set_linear(m.landmark_var[2], [[-2.0], [-1.0]], [0.0, 0.0])
     t = lambda v: torch.tensor(v, dtype=torch.float64)  # noqa: E731
-    mu_p, var_p = t([[1.0, -1.0]]), t([[0.04, 0.09]])                   # 1 sequence, S = 2
-    delta = t([[0.5, 2.0]])                                           # K' = 2
+    mu_p, var_p = t([[1.0, -1.0]]), t([[0.04, 0.09]])  # 1 sequence, S = 2
+    delta = t([[0.5, 2.0]])  # K' = 2
     mu_k = t([[[2.0, 0.0], [-3.0, 5.0]]])
     var_k = t([[[0.01, 0.01], [1.0, 1.0]]])
     valid = torch.ones(1, 2, dtype=torch.bool)
     mu_q, var_q = m.landmark_merge(mu_p, var_p, delta, mu_k, var_k, valid)
     sig = lambda v: 1.0 / (1.0 + math.exp(-v))  # noqa: E731
     b1, b2 = sig(4 * 0.5 - 2), sig(4 * 0.0 - 2)  # beta(0.5) = 1/2, beta(2) = sigmoid(-2)
-    expected_mu = [1.0 + b1 * (2.0 - 1.0) + b2 * (-3.0 - 1.0),
-                   -1.0 + b1 * (0.0 + 1.0) + b2 * (5.0 + 1.0)]
+    expected_mu = [
+        1.0 + b1 * (2.0 - 1.0) + b2 * (-3.0 - 1.0),
+        -1.0 + b1 * (0.0 + 1.0) + b2 * (5.0 + 1.0),
+    ]
     expected_var = [0.04 * math.exp(-2 * 0.5), 0.09 * math.exp(-1 * 0.5)]
     assert torch.allclose(mu_q, t([expected_mu]), rtol=0, atol=1e-14)
     assert torch.allclose(var_q, t([expected_var]), rtol=1e-14, atol=0)
@@ -525,8 +589,14 @@ def test_landmark_merge_broadcasts_over_particles_like_one_call_per_particle():
     mu_q, var_q = m.landmark_merge(mu_p, var_p, delta, mu_k, var_k, valid)
     assert mu_q.shape == var_q.shape == (P, B, S)
     for p, b in itertools.product(range(P), range(B)):
-        one = m.landmark_merge(mu_p[p, b:b + 1], var_p[b:b + 1], delta[b:b + 1], mu_k[b:b + 1],
-                               var_k[b:b + 1], valid[b:b + 1])
+        one = m.landmark_merge(
+            mu_p[p, b : b + 1],
+            var_p[b : b + 1],
+            delta[b : b + 1],
+            mu_k[b : b + 1],
+            var_k[b : b + 1],
+            valid[b : b + 1],
+        )
         assert torch.allclose(mu_q[p, b], one[0][0], rtol=1e-13, atol=1e-14)
         assert torch.allclose(var_q[p, b], one[1][0], rtol=1e-13, atol=0)
 
@@ -550,7 +620,7 @@ def test_landmark_posterior_with_an_empty_memory_is_the_prior():
     codes = torch.randn(2, 4, 2, dtype=torch.float64)
     means, variances = m.landmark_path(a, codes)
     assert torch.equal(means[:, 0], m.transition_mean(m.s0.expand(2, 2), a[:, 0]))
-    assert torch.equal(variances[:, 0], torch.full((2, 2), m.r ** 2, dtype=torch.float64))
+    assert torch.equal(variances[:, 0], torch.full((2, 2), m.r**2, dtype=torch.float64))
     assert torch.isfinite(means).all() and torch.isfinite(variances).all()
 
 
@@ -569,7 +639,7 @@ def test_landmark_memorisation_is_a_reversed_dnd_written_and_read_step_by_step()
     rev = DND(2)
     mean, var = m.s0.expand(B, 2), torch.zeros(B, 2, dtype=torch.float64)
     for t in range(n):
-        mu_p, var_p = m.transition_mean(mean, a[:, t]), var + m.r ** 2
+        mu_p, var_p = m.transition_mean(mean, a[:, t]), var + m.r**2
         if t == 0:
             mean, var = mu_p, var_p
         else:
@@ -612,16 +682,27 @@ def obstacle_sequence(num_steps, seed):
     image = np.random.default_rng(seed).random((32, 32)).astype(np.float32)
     params = NavigationParams(obstacles=True, repeat_rate=2.0)
     seq = navigation_sequence(params, (image,), num_steps, seed, "train", 0)
-    return (torch.from_numpy(seq["frames"]).double().reshape(num_steps, 64),
-            torch.from_numpy(seq["actions"]), torch.from_numpy(seq["positions"]).double())
+    return (
+        torch.from_numpy(seq["frames"]).double().reshape(num_steps, 64),
+        torch.from_numpy(seq["actions"]),
+        torch.from_numpy(seq["positions"]).double(),
+    )
 
 
 def exact_match_landmark_model(tau):
     """Frames are their own codes, M the true displacement, beta(delta) = sigmoid(60 relu(1 -
     1000 delta) - 30): ~1 - 1e-13 for a frame seen before (delta = 0), ~1e-13 for any other
     (crops of a random image are far apart); K' = 1 (two exact matches would both get beta ~ 1)."""
-    m = GTMSM(frame_shape=(8, 8), z_dim=64, tau=tau, walls=False, hidden_dims=(4,),
-              inference="landmark", landmark_neighbours=1, landmark_hidden=1).double()
+    m = GTMSM(
+        frame_shape=(8, 8),
+        z_dim=64,
+        tau=tau,
+        walls=False,
+        hidden_dims=(4,),
+        inference="landmark",
+        landmark_neighbours=1,
+        landmark_hidden=1,
+    ).double()
     m.encoder_body, m.encoder_head, m.decoder = nn.Identity(), IdentityEncoder(0.05), nn.Identity()
     with torch.no_grad():
         m.M.copy_(TRUE_M)
@@ -639,7 +720,7 @@ def test_obstacles_landmarks_recover_the_positions_the_transition_cannot_sec_7_1
     T, tau = 60, 40
     for seed in range(20):  # a sequence whose memorisation phase has blocked moves
         frames, actions, positions = obstacle_sequence(T, seed)
-        moved = (positions[1:tau] != positions[:tau - 1]).any(-1)
+        moved = (positions[1:tau] != positions[: tau - 1]).any(-1)
         blocked = (~moved & (actions[1:tau] != 4)).sum()
         if blocked >= 3:
             break
@@ -670,9 +751,11 @@ def test_obstacles_landmarks_recover_the_positions_the_transition_cannot_sec_7_1
     assert torch.equal(out["memory_states"], memory.means)
 
 
-@pytest.mark.parametrize("loss", [Trace_ELBO(), TraceMeanField_ELBO(), IWAE(num_particles=3),
-                                  FIVO(num_particles=3)],
-                         ids=["trace", "meanfield", "iwae", "fivo"])
+@pytest.mark.parametrize(
+    "loss",
+    [Trace_ELBO(), TraceMeanField_ELBO(), IWAE(num_particles=3), FIVO(num_particles=3)],
+    ids=["trace", "meanfield", "iwae", "fivo"],
+)
 def test_landmark_svi_step_is_finite_and_every_parameter_has_a_gradient(loss):
     m = landmark(walls=True)
     randomise_landmark_nets(m)  # NN's zero output layer would leave its hidden layer at 0
@@ -680,8 +763,11 @@ def test_landmark_svi_step_is_finite_and_every_parameter_has_a_gradient(loss):
 
 
 def test_landmark_options_are_validated():
-    with pytest.raises(ValueError, match=r"inference must be one of \('prior', 'landmark'\), "
-                                         r"got 'smoothing'"):
+    with pytest.raises(
+        ValueError,
+        match=r"inference must be one of \('prior', 'landmark'\), "
+        r"got 'smoothing'",
+    ):
         GTMSM(inference="smoothing")
     with pytest.raises(ValueError, match="inference must be one of"):
         GTMSM(inference=None)
@@ -690,13 +776,18 @@ def test_landmark_options_are_validated():
     m = small()
     assert m.inference == "prior" and m.landmark_beta is None and m.landmark_var is None
     with pytest.raises(RuntimeError, match="inference='landmark'"):
-        m.landmark_merge(*(torch.zeros(1, 2),) * 2, torch.zeros(1, 1), *(torch.zeros(1, 1, 2),) * 2,
-                         torch.ones(1, 1, dtype=torch.bool))
+        m.landmark_merge(
+            *(torch.zeros(1, 2),) * 2,
+            torch.zeros(1, 1),
+            *(torch.zeros(1, 1, 2),) * 2,
+            torch.ones(1, 1, dtype=torch.bool),
+        )
 
 
 # ---------------------------------------------------------------------------------------------
 # Conformal displacement matrix (ours): M = alpha Q^T, Q^T Q = I
 # ---------------------------------------------------------------------------------------------
+
 
 def test_conformal_matrix_is_gram_schmidt_of_the_rows_times_the_scale():
     g = torch.Generator().manual_seed(0)
@@ -708,6 +799,7 @@ def test_conformal_matrix_is_gram_schmidt_of_the_rows_times_the_scale():
     q2 = q2 / q2.norm()
     hand = math.exp(0.3) * torch.stack([q1, q2])
     from pyro_seq.models.gtmsm import conformal_matrix
+
     M = conformal_matrix(direction, log_scale)
     assert torch.allclose(M, hand, rtol=0, atol=1e-12)
     assert torch.allclose(M @ M.T, math.exp(0.6) * torch.eye(2, dtype=torch.float64), atol=1e-12)
@@ -734,10 +826,12 @@ def test_conformal_model_starts_conformal_and_sets_the_true_displacements_exactl
 
 def test_conformal_and_free_models_with_the_same_M_have_the_same_elbo_and_predictions():
     free, conf = small(walls=True), small(walls=True, displacements="conformal")
-    M = 0.7 * torch.tensor([[0.6, -0.6, 0.8, -0.8, 0.0], [0.8, -0.8, -0.6, 0.6, 0.0]],
-                           dtype=torch.float64)  # rotated true displacements
-    free.load_state_dict({k: v for k, v in conf.state_dict().items()
-                          if not k.startswith("M_")} | {"M": M})
+    M = 0.7 * torch.tensor(
+        [[0.6, -0.6, 0.8, -0.8, 0.0], [0.8, -0.8, -0.6, 0.6, 0.0]], dtype=torch.float64
+    )  # rotated true displacements
+    free.load_state_dict(
+        {k: v for k, v in conf.state_dict().items() if not k.startswith("M_")} | {"M": M}
+    )
     conf.set_displacement_matrix(M)
     x = torch.rand(2, 7, 4, dtype=torch.float64)
     a = torch.randint(0, 5, (2, 7))
@@ -755,8 +849,9 @@ def test_conformal_svi_step_keeps_M_conformal_and_moves_both_its_parameters():
     m = small(walls=True, displacements="conformal")
     _svi_step_with_gradients(m, Trace_ELBO(), T=6, silent_prefix="M_")
     M = m.displacement_matrix().detach()
-    assert torch.allclose(M @ M.T, M.pow(2).sum(1).mean() * torch.eye(2, dtype=torch.float64),
-                          atol=1e-12)
+    assert torch.allclose(
+        M @ M.T, M.pow(2).sum(1).mean() * torch.eye(2, dtype=torch.float64), atol=1e-12
+    )
 
 
 def test_free_M_gradient_of_a_distance_loss_is_M_times_a_symmetric_matrix():
@@ -798,21 +893,24 @@ def test_inverse_pairs_M_undoes_each_pair_exactly_and_sets_only_such_matrices():
     for i, j in ((0, 1), (2, 3)):  # a round trip returns exactly (no walls)
         a_i = nn.functional.one_hot(torch.full((7,), i), 5).to(torch.float64)
         a_j = nn.functional.one_hot(torch.full((7,), j), 5).to(torch.float64)
-        assert torch.allclose(m.transition_mean(m.transition_mean(s, a_i), a_j), s, rtol=0,
-                              atol=1e-14)
+        assert torch.allclose(
+            m.transition_mean(m.transition_mean(s, a_i), a_j), s, rtol=0, atol=1e-14
+        )
     m.set_displacement_matrix(2 * TRUE_M)
     assert torch.equal(m.displacement_matrix().detach(), 2 * TRUE_M)
     with pytest.raises(ValueError, match="column 1 of M must be minus column 0"):
         m.set_displacement_matrix(torch.tensor([[1.0, 1, 0, 0, 0], [0, 0, 1, -1, 0]]))
     other = small(displacements="inverse_pairs", inverse_actions=((0, 2),))
     M = other.displacement_matrix()
-    assert torch.equal(M[:, 2], -M[:, 0]) and torch.equal(M[:, [1, 3, 4]], torch.zeros(2, 3,
-                                                                                     dtype=M.dtype))
+    assert torch.equal(M[:, 2], -M[:, 0]) and torch.equal(
+        M[:, [1, 3, 4]], torch.zeros(2, 3, dtype=M.dtype)
+    )
     free_rest = torch.tensor([[1.0, 2, -1, 3, 4], [0, 5, 0, 6, 7]])  # only 2 = -0 is required
     other.set_displacement_matrix(free_rest)
     assert torch.equal(other.displacement_matrix().detach(), free_rest.double())
-    _svi_step_with_gradients(small(displacements="inverse_pairs"), Trace_ELBO(), T=6,
-                             silent_prefix="M_")
+    _svi_step_with_gradients(
+        small(displacements="inverse_pairs"), Trace_ELBO(), T=6, silent_prefix="M_"
+    )
     for bad in (((0, 1), (1, 2)), ((0, 5),), ((0,),), ()):
         with pytest.raises(ValueError, match="inverse_actions must be disjoint pairs"):
             GTMSM(displacements="inverse_pairs", inverse_actions=bad)
@@ -822,8 +920,10 @@ def test_neighbour_warmup_reads_K0_entries_in_training_then_num_neighbours():
     m = small(tau=6, num_neighbours=2, neighbour_warmup=(6, 4))
     dnd = DND(2)
     g = torch.Generator().manual_seed(0)
-    dnd.write(torch.randn(1, 6, 2, generator=g, dtype=torch.float64),
-              torch.rand(1, 6, 2, 2, generator=g, dtype=torch.float64) + 0.1)
+    dnd.write(
+        torch.randn(1, 6, 2, generator=g, dtype=torch.float64),
+        torch.rand(1, 6, 2, 2, generator=g, dtype=torch.float64) + 0.1,
+    )
     s = torch.zeros(1, 2, dtype=torch.float64)
     m.train()
     ks = []
@@ -845,18 +945,28 @@ def test_neighbour_warmup_reads_K0_entries_in_training_then_num_neighbours():
             small(neighbour_warmup=bad)
 
 
-@pytest.mark.parametrize("displacements,names", [
-    ("free", ["M"]), ("conformal", ["M_direction", "M_log_scale"]),
-    ("inverse_pairs", ["M_pairs", "M_other"])])
+@pytest.mark.parametrize(
+    "displacements,names",
+    [
+        ("free", ["M"]),
+        ("conformal", ["M_direction", "M_log_scale"]),
+        ("inverse_pairs", ["M_pairs", "M_other"]),
+    ],
+)
 def test_lr_multipliers_of_M_and_of_the_wall_network(displacements, names):
     from pyro_seq.train.trainer import lr_multiplier
 
-    m = small(walls=True, displacements=displacements, displacement_lr_multiplier=0.5,
-              wall_lr_multiplier=10)
+    m = small(
+        walls=True,
+        displacements=displacements,
+        displacement_lr_multiplier=0.5,
+        wall_lr_multiplier=10,
+    )
     factors = {n: lr_multiplier(m, f"gtmsm$$${n}") for n, _ in m.named_parameters()}
     assert sorted(n for n, f in factors.items() if f == 0.5) == sorted(names)
     assert sorted(n for n, f in factors.items() if f == 10.0) == sorted(
-        n for n in factors if n.startswith("wall_net."))
+        n for n in factors if n.startswith("wall_net.")
+    )
     assert all(f == 1.0 for n, f in factors.items() if not n.startswith(("M", "wall_net.")))
     assert small(walls=True).lr_multipliers == {}
     assert small(wall_lr_multiplier=10).lr_multipliers == {"wall_net": 10.0}

@@ -109,7 +109,7 @@ def test_weights_changed_through_data_are_not_stale(monkeypatch):
     m.prior.first.bias.data.add_(0.1)
     calls = _count_calls(monkeypatch, m)
     shared = _replayed_log_probs(m, g, x, mask)
-    assert calls["deterministic"] == 1       # recomputed, not taken from the guide
+    assert calls["deterministic"] == 1  # recomputed, not taken from the guide
     _assert_same(shared, _recomputed_log_probs(m, g, x, mask))
 
 

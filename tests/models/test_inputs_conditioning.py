@@ -23,8 +23,16 @@ from pyro_seq.cli import build_model
 from pyro_seq.infer import FIVO
 from pyro_seq.models import DMM, SRNN, VRNN
 from pyro_seq.ops import SequenceState
-from tests.models.reference import (act, bernoulli_logpmf, gru_cell, lin, normal_logpdf, randomize,
-                                    relu_rnn_cell, softplus)
+from tests.models.reference import (
+    act,
+    bernoulli_logpmf,
+    gru_cell,
+    lin,
+    normal_logpdf,
+    randomize,
+    relu_rnn_cell,
+    softplus,
+)
 
 pytestmark = pytest.mark.usefixtures("float64")  # tests/conftest.py
 
@@ -37,23 +45,37 @@ def build(arch, **kw):
     if arch == "dmm":
         return DMM(D, z_dim=3, transition_dim=6, emission_dim=5, rnn_dim=4, **kw)
     if arch == "dmm_filtering_resq":
-        return DMM(D, z_dim=3, transition_dim=6, emission_dim=5, rnn_dim=4,
-                   inference="filtering", residual=True, **kw)
-    if arch == "srnn":                                       # smoothing, Res_q (the defaults)
+        return DMM(
+            D,
+            z_dim=3,
+            transition_dim=6,
+            emission_dim=5,
+            rnn_dim=4,
+            inference="filtering",
+            residual=True,
+            **kw,
+        )
+    if arch == "srnn":  # smoothing, Res_q (the defaults)
         return SRNN(D, d_dim=4, z_dim=3, hidden_dim=6, **kw)
     if arch == "srnn_filtering":
-        return SRNN(D, d_dim=4, z_dim=3, hidden_dim=6, inference="filtering", residual=False,
-                    **kw)
-    if arch == "vrnn_lstm":                                  # filtering guide
+        return SRNN(D, d_dim=4, z_dim=3, hidden_dim=6, inference="filtering", residual=False, **kw)
+    if arch == "vrnn_lstm":  # filtering guide
         return VRNN(D, d_dim=4, z_dim=3, hidden_dim=6, feature_dim=5, **kw)
     if arch == "vrnn_gru_smoothing":
-        return VRNN(D, d_dim=4, z_dim=3, hidden_dim=6, feature_dim=5, cell="gru",
-                    inference="smoothing", **kw)
+        return VRNN(
+            D,
+            d_dim=4,
+            z_dim=3,
+            hidden_dim=6,
+            feature_dim=5,
+            cell="gru",
+            inference="smoothing",
+            **kw,
+        )
     raise AssertionError(arch)
 
 
-ARCHS = ["dmm", "dmm_filtering_resq", "srnn", "srnn_filtering", "vrnn_lstm",
-         "vrnn_gru_smoothing"]
+ARCHS = ["dmm", "dmm_filtering_resq", "srnn", "srnn_filtering", "vrnn_lstm", "vrnn_gru_smoothing"]
 TIME_PARALLEL = ("dmm", "srnn")  # architectures whose replayed model scores all steps at once
 
 
@@ -86,13 +108,13 @@ def cell_step(kind, w, v, hidden):
     H = hidden[0].shape[-1]
     if kind == "gru":
         r = torch.sigmoid(gi[:H] + gh[:H])
-        z = torch.sigmoid(gi[H:2 * H] + gh[H:2 * H])
-        n = torch.tanh(gi[2 * H:] + r * gh[2 * H:])
+        z = torch.sigmoid(gi[H : 2 * H] + gh[H : 2 * H])
+        n = torch.tanh(gi[2 * H :] + r * gh[2 * H :])
         return ((1 - z) * n + z * hidden[0],)
     g = gi + gh
-    i, f = torch.sigmoid(g[:H]), torch.sigmoid(g[H:2 * H])
-    c = f * hidden[1] + i * torch.tanh(g[2 * H:3 * H])
-    return torch.sigmoid(g[3 * H:]) * torch.tanh(c), c
+    i, f = torch.sigmoid(g[:H]), torch.sigmoid(g[H : 2 * H])
+    c = f * hidden[1] + i * torch.tanh(g[2 * H : 3 * H])
+    return torch.sigmoid(g[3 * H :]) * torch.tanh(c), c
 
 
 def gaussian_mlp(net, *inputs):
@@ -105,9 +127,9 @@ def dmm_terms(m, x, u, zs):
     """Per step ``(log p(x_t | z_t), log p(z_t | z_{t-1}, u_t), log q(z_t | z_{t-1}, a_t))`` of
     one sequence ``x (T, D)``, inputs ``u (T, U)`` (None: the model without inputs), ``zs``."""
     T = x.shape[0]
-    seen = x if u is None else torch.cat([x, u], -1)         # the inference network's input
+    seen = x if u is None else torch.cat([x, u], -1)  # the inference network's input
     a = [None] * T
-    if m.inference == "smoothing":                           # eq. 4.8, ReLU RNN from learned h0
+    if m.inference == "smoothing":  # eq. 4.8, ReLU RNN from learned h0
         g = m.encoder.h0
         for t in reversed(range(T)):
             g = relu_rnn_cell(m.encoder.rnn, seen[t], g)
@@ -117,7 +139,7 @@ def dmm_terms(m, x, u, zs):
         a = [torch.tanh(lin(e[2], torch.tanh(lin(e[0], seen[t])))) for t in range(T)]
     tr, cb = m.transition, m.combiner
 
-    def transition(z_prev, t):                               # Krishnan et al. (2017), eq. 8
+    def transition(z_prev, t):  # Krishnan et al. (2017), eq. 8
         zu = z_prev if u is None else torch.cat([z_prev, u[t]])
         gate = torch.sigmoid(lin(tr.gate, relu(lin(tr.gate_hidden, zu))))
         prop = lin(tr.proposal, relu(lin(tr.proposal_hidden, zu)))
@@ -129,12 +151,17 @@ def dmm_terms(m, x, u, zs):
         p_loc, p_scale = transition(z_prev, t)
         hc = 0.5 * (torch.tanh(lin(cb.z_to_hidden, zq_prev)) + a[t])
         q_loc, q_scale = lin(cb.loc, hc), cb.min_scale + softplus(lin(cb.raw_scale, hc))
-        if m.residual:                                       # Res_q at the same z_{t-1}
+        if m.residual:  # Res_q at the same z_{t-1}
             q_loc = q_loc + p_loc
         e = m.emitter
         logits = lin(e[4], relu(lin(e[2], relu(lin(e[0], zs[t])))))
-        terms.append((bernoulli_logpmf(x[t], logits), normal_logpdf(zs[t], p_loc, p_scale),
-                      normal_logpdf(zs[t], q_loc, q_scale)))
+        terms.append(
+            (
+                bernoulli_logpmf(x[t], logits),
+                normal_logpdf(zs[t], p_loc, p_scale),
+                normal_logpdf(zs[t], q_loc, q_scale),
+            )
+        )
         z_prev = zq_prev = zs[t]
     return terms
 
@@ -143,13 +170,13 @@ def srnn_terms(m, x, u, zs):
     """As :func:`dmm_terms` for the SRNN: ``(log p(x_t | z_t, d_t), log p(z_t | z_{t-1}, d_t),
     log q(z_t | z_{t-1}, a_t))``."""
     T = x.shape[0]
-    x_prev = torch.cat([torch.zeros(1, D), x[:-1]])          # x_{t-1}, x_0 = 0
+    x_prev = torch.cat([torch.zeros(1, D), x[:-1]])  # x_{t-1}, x_0 = 0
     rnn_in = x_prev if u is None else torch.cat([x_prev, u], -1)
     d, h = [], torch.zeros(m.deterministic.rnn.hidden_size)
-    for t in range(T):                                       # eq. 5.1
+    for t in range(T):  # eq. 5.1
         h = gru_cell(m.deterministic.rnn, rnn_in[t], h)
         d.append(h)
-    if m.inference == "smoothing":                           # eq. 5.7, a_{T+1} = 0
+    if m.inference == "smoothing":  # eq. 5.7, a_{T+1} = 0
         a, g = [None] * T, torch.zeros(m.encoder.rnn.hidden_size)
         for t in reversed(range(T)):
             g = gru_cell(m.encoder.rnn, torch.cat([d[t], x[t]]), g)
@@ -160,12 +187,17 @@ def srnn_terms(m, x, u, zs):
     terms, z_prev = [], torch.zeros(m.z_dim)
     for t in range(T):
         logits = lin(m.emitter[2], act(lin(m.emitter[0], torch.cat([zs[t], d[t]]))))
-        p_loc, p_scale = gaussian_mlp(m.prior, z_prev, d[t])               # eq. 5.3
-        q_loc, q_scale = gaussian_mlp(m.posterior, z_prev, a[t])           # eq. 5.10
-        if m.residual:                                                     # eq. 5.12
+        p_loc, p_scale = gaussian_mlp(m.prior, z_prev, d[t])  # eq. 5.3
+        q_loc, q_scale = gaussian_mlp(m.posterior, z_prev, a[t])  # eq. 5.10
+        if m.residual:  # eq. 5.12
             q_loc = q_loc + p_loc
-        terms.append((bernoulli_logpmf(x[t], logits), normal_logpdf(zs[t], p_loc, p_scale),
-                      normal_logpdf(zs[t], q_loc, q_scale)))
+        terms.append(
+            (
+                bernoulli_logpmf(x[t], logits),
+                normal_logpdf(zs[t], p_loc, p_scale),
+                normal_logpdf(zs[t], q_loc, q_scale),
+            )
+        )
         z_prev = zs[t]
     return terms
 
@@ -185,13 +217,13 @@ def vrnn_terms(m, x, u, zs):
     def phi_z(v):
         return relu(lin(m.phi_z[2], relu(lin(m.phi_z[0], v))))
 
-    def rec_in(x_prev, z_prev, t):                          # [phi_x(x_{t-1}), phi_z(z_{t-1}), u_t]
+    def rec_in(x_prev, z_prev, t):  # [phi_x(x_{t-1}), phi_z(z_{t-1}), u_t]
         parts = [phi_x(x_prev), phi_z(z_prev)] + ([] if u is None else [u[t]])
         return torch.cat(parts)
 
     if m.inference == "filtering":
         c = [phi_x(x[t]) for t in range(T)]
-    else:                                                    # a_t = g(a_{t+1}, [x_t, u_t])
+    else:  # a_t = g(a_{t+1}, [x_t, u_t])
         r = m.encoder.rnn
         w = (r.weight_ih_l0, r.weight_hh_l0, r.bias_ih_l0, r.bias_hh_l0)
         seen = x if u is None else torch.cat([x, u], -1)
@@ -210,8 +242,13 @@ def vrnn_terms(m, x, u, zs):
         q_loc = lin(m.posterior.head.loc, hq)
         q_scale = m.posterior.head.min_scale + softplus(lin(m.posterior.head.raw_scale, hq))
         logits = lin(m.emitter[2], relu(lin(m.emitter[0], torch.cat([phi_z(zs[t]), d]))))
-        terms.append((bernoulli_logpmf(x[t], logits), normal_logpdf(zs[t], p_loc, p_scale),
-                      normal_logpdf(zs[t], q_loc, q_scale)))
+        terms.append(
+            (
+                bernoulli_logpmf(x[t], logits),
+                normal_logpdf(zs[t], p_loc, p_scale),
+                normal_logpdf(zs[t], q_loc, q_scale),
+            )
+        )
         if t + 1 < T:
             hidden = cell_step(m.cell, f, rec_in(x[t], zs[t], t + 1), hidden)
     return terms
@@ -250,6 +287,7 @@ def conditioned(m, x, mask, inputs, zs):
 def driven(m, x, mask, inputs, zs):
     """The model driven one step at a time through ``init``/``step`` (the path of FIVO), each
     step observing its ``x_t`` at once, conditioned on ``zs``."""
+
     def program():
         state = SequenceState()
         m.model.init(state, x, mask, inputs=inputs)
@@ -262,8 +300,9 @@ def driven(m, x, mask, inputs, zs):
 
 
 def site_log_probs(tr, T):
-    return {name: tr.nodes[name]["log_prob"] for t in range(T)
-            for name in (f"z_{t + 1}", f"x_{t + 1}")}
+    return {
+        name: tr.nodes[name]["log_prob"] for t in range(T) for name in (f"z_{t + 1}", f"x_{t + 1}")
+    }
 
 
 # ----------------------------------------------------------------- input_dim = 0
@@ -315,9 +354,11 @@ def test_log_joint_with_inputs_matches_the_equations(arch):
         zs = torch.stack([guide_tr.nodes[f"z_{t + 1}"]["value"][b] for t in range(L)])
         ref = reference(arch, m, x[b, :L], u[b, :L], zs)
         for t in range(x.shape[1]):
-            got = (model_tr.nodes[f"x_{t + 1}"]["log_prob"][b],
-                   model_tr.nodes[f"z_{t + 1}"]["log_prob"][b],
-                   guide_tr.nodes[f"z_{t + 1}"]["log_prob"][b])
+            got = (
+                model_tr.nodes[f"x_{t + 1}"]["log_prob"][b],
+                model_tr.nodes[f"z_{t + 1}"]["log_prob"][b],
+                guide_tr.nodes[f"z_{t + 1}"]["log_prob"][b],
+            )
             if t < L:
                 for g, e in zip(got, ref[t]):
                     assert torch.allclose(g, e, atol=1e-10, rtol=1e-10), (arch, b, t, g, e)
@@ -346,7 +387,12 @@ def test_time_parallel_and_step_by_step_scoring_agree(arch):
     ref = site_log_probs(parallel, T)
     for tr in (stepwise, by_step):
         for name, lp in site_log_probs(tr, T).items():
-            assert torch.allclose(lp, ref[name], atol=1e-10, rtol=1e-10), (arch, name, lp, ref[name])
+            assert torch.allclose(lp, ref[name], atol=1e-10, rtol=1e-10), (
+                arch,
+                name,
+                lp,
+                ref[name],
+            )
 
 
 # the sites that changing u_s (0-based step s) changes at fixed latents, by the equations: the
@@ -422,14 +468,19 @@ def test_generate_with_inputs(arch):
     logits2 = m.generate(2, 7, inputs=u2)[1]
     assert torch.equal(logits2[:, :3], logits[:, :3])
     assert (logits2[:, 3] - logits[:, 3]).abs().min() > 1e-8
-    msg = re.escape(f"generate: {m.module_name} was built with input_dim={U} and needs inputs= "
-                    f"(the known inputs u_t) of shape (num_sequences, num_steps, input_dim) = "
-                    f"(2, 7, {U})")
+    msg = re.escape(
+        f"generate: {m.module_name} was built with input_dim={U} and needs inputs= "
+        f"(the known inputs u_t) of shape (num_sequences, num_steps, input_dim) = "
+        f"(2, 7, {U})"
+    )
     with pytest.raises(ValueError, match=msg):
         m.generate(2, 7)
-    with pytest.raises(ValueError, match=re.escape(
-            f"generate: inputs must have shape (batch, T, input_dim) = (2, 7, {U}), got "
-            f"(2, 6, {U})")):
+    with pytest.raises(
+        ValueError,
+        match=re.escape(
+            f"generate: inputs must have shape (batch, T, input_dim) = (2, 7, {U}), got (2, 6, {U})"
+        ),
+    ):
         m.generate(2, 7, inputs=u[:, :6])
     with pytest.raises(ValueError, match="generate: inputs has a non-finite value"):
         m.generate(2, 7, inputs=torch.full((2, 7, U), float("nan")))
@@ -439,8 +490,10 @@ def test_generate_with_inputs(arch):
 def test_generate_without_input_dim_refuses_inputs(arch):
     m = build(arch)
     assert m.generate(2, 3)[0].shape == (2, 3, D)
-    with pytest.raises(ValueError, match=re.escape(
-            f"generate: {m.module_name} takes no inputs (input_dim=0), got inputs=")):
+    with pytest.raises(
+        ValueError,
+        match=re.escape(f"generate: {m.module_name} takes no inputs (input_dim=0), got inputs="),
+    ):
         m.generate(2, 3, inputs=torch.zeros(2, 3, U))
 
 
@@ -456,14 +509,22 @@ def test_for_data_passes_input_dim_and_the_programs_check_inputs(name, cls):
     assert build_model(name, D, {"z_dim": 2}, input_dim=3).input_dim == 3
     x, mask, u = batch()
     for program in (m.model, m.guide):
-        with pytest.raises(ValueError, match=re.escape(
-                "inputs must have shape (batch, T, input_dim) = (3, 5, 3), got (3, 5, 2)")):
+        with pytest.raises(
+            ValueError,
+            match=re.escape(
+                "inputs must have shape (batch, T, input_dim) = (3, 5, 3), got (3, 5, 2)"
+            ),
+        ):
             program(x, mask, inputs=u[..., :2])
-        with pytest.raises(ValueError, match=re.escape(
-                "this model needs inputs= (controls), a tensor of shape (batch, T, 3)")):
+        with pytest.raises(
+            ValueError,
+            match=re.escape("this model needs inputs= (controls), a tensor of shape (batch, T, 3)"),
+        ):
             program(x, mask)
-    with pytest.raises(ValueError, match=re.escape(
-            "inputs must have shape (batch, T, input_dim) = (3, 5, 3), got (3, 5, 4)")):
+    with pytest.raises(
+        ValueError,
+        match=re.escape("inputs must have shape (batch, T, input_dim) = (3, 5, 3), got (3, 5, 4)"),
+    ):
         FIVO(num_particles=2).loss(m.model, m.guide, x, mask, inputs=torch.zeros(3, 5, 4))
     without = cls.for_data(D, z_dim=2)
     with pytest.raises(ValueError, match="this model takes no inputs="):
@@ -473,6 +534,10 @@ def test_for_data_passes_input_dim_and_the_programs_check_inputs(name, cls):
 @pytest.mark.parametrize("cls", [DMM, SRNN, VRNN])
 @pytest.mark.parametrize("bad", [-1, 1.5, True, "3", None])
 def test_bad_input_dim_is_named(cls, bad):
-    with pytest.raises(ValueError, match=re.escape(f"input_dim (known input features per step) "
-                                                   f"must be a non-negative integer, got {bad!r}")):
+    with pytest.raises(
+        ValueError,
+        match=re.escape(
+            f"input_dim (known input features per step) must be a non-negative integer, got {bad!r}"
+        ),
+    ):
         cls(D, input_dim=bad)

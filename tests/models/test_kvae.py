@@ -25,8 +25,9 @@ def _clear():
 
 
 def small_kvae(**kw):
-    opts = dict(image_shape=(8, 8), channels=4, conv_layers=2, a_dim=2, z_dim=3, num_modes=3,
-                lstm_dim=6)
+    opts = dict(
+        image_shape=(8, 8), channels=4, conv_layers=2, a_dim=2, z_dim=3, num_modes=3, lstm_dim=6
+    )
     opts.update(kw)
     m = KVAE(**opts).double()
     with torch.no_grad():  # non-uniform mixture weights, so that gamma_t really varies
@@ -51,14 +52,26 @@ class IdentityEncoder(nn.Module):
 
 def identity_kvae(num_modes=1, s=0.3, pixel_var=0.2):
     """A KVAE whose frames are its encodings: x_t = a_t + N(0, pixel_var), q(a_t|x_t) = N(x_t, s^2)."""
-    m = KVAE(image_shape=(1, 2), encoder="mlp", hidden_dims=(4,), a_dim=2, z_dim=3,
-             num_modes=num_modes, likelihood="gaussian", pixel_var=pixel_var).double()
+    m = KVAE(
+        image_shape=(1, 2),
+        encoder="mlp",
+        hidden_dims=(4,),
+        a_dim=2,
+        z_dim=3,
+        num_modes=num_modes,
+        likelihood="gaussian",
+        pixel_var=pixel_var,
+    ).double()
     m.encoder_body = nn.Identity()
     m.encoder_head = IdentityEncoder(s)
     m.emitter = nn.Identity()
     with torch.no_grad():
-        m.A_modes.copy_(torch.tensor([[0.9, 0.2, 0.0], [-0.1, 0.8, 0.1], [0.0, 0.3, 0.7]])
-                        .expand(num_modes, 3, 3) + 0.1 * torch.randn(num_modes, 3, 3))
+        m.A_modes.copy_(
+            torch.tensor([[0.9, 0.2, 0.0], [-0.1, 0.8, 0.1], [0.0, 0.3, 0.7]]).expand(
+                num_modes, 3, 3
+            )
+            + 0.1 * torch.randn(num_modes, 3, 3)
+        )
         m.C_modes.normal_()
     m.eval()
     return m
@@ -153,9 +166,11 @@ def _closed_form_elbo(m, x, s, pixel_var):
     n = T * D
     cov = dense.cov_xx
     # E_q log p(a) = log N(mu_q; mean, cov) - tr(cov^-1 S_q) / 2
-    e_prior = log_marginal(dense, x, observed_index(dense)) - 0.5 * s ** 2 * torch.linalg.inv(cov).trace()
-    e_lik = -0.5 * n * math.log(2 * math.pi * pixel_var) - 0.5 * n * s ** 2 / pixel_var
-    entropy = 0.5 * n * math.log(2 * math.pi * math.e * s ** 2)
+    e_prior = (
+        log_marginal(dense, x, observed_index(dense)) - 0.5 * s**2 * torch.linalg.inv(cov).trace()
+    )
+    e_lik = -0.5 * n * math.log(2 * math.pi * pixel_var) - 0.5 * n * s**2 / pixel_var
+    entropy = 0.5 * n * math.log(2 * math.pi * math.e * s**2)
     return e_lik + e_prior + entropy
 
 
@@ -182,9 +197,14 @@ def test_gradient_matches_finite_differences():
     m.eval()
     x = (torch.rand(2, 4, 64) < 0.3).double()
     mask = torch.tensor([[1] * 4, [1] * 3 + [0]], dtype=torch.bool)
-    params = {"A_modes": m.A_modes, "C_modes": m.C_modes, "a0": m.a0,
-              "lstm": m.dynamics.lstm.weight_ih_l0, "enc": m.encoder_head.loc.weight,
-              "dec": m.emitter.out.weight}
+    params = {
+        "A_modes": m.A_modes,
+        "C_modes": m.C_modes,
+        "a0": m.a0,
+        "lstm": m.dynamics.lstm.weight_ih_l0,
+        "enc": m.encoder_head.loc.weight,
+        "dec": m.emitter.out.weight,
+    }
 
     def loss():
         torch.manual_seed(123)  # the same reparameterisation noise at every evaluation
@@ -203,7 +223,12 @@ def test_gradient_matches_finite_differences():
                 down = loss().item()
                 p[idx] = old
             fd = (up - down) / (2 * h)
-            assert abs(fd - g[idx].item()) < 1e-5 * max(1.0, abs(fd)), (name, idx, fd, g[idx].item())
+            assert abs(fd - g[idx].item()) < 1e-5 * max(1.0, abs(fd)), (
+                name,
+                idx,
+                fd,
+                g[idx].item(),
+            )
 
 
 def test_missing_frames_give_the_marginal_of_the_observed_encodings():
@@ -215,8 +240,9 @@ def test_missing_frames_give_the_marginal_of_the_observed_encodings():
     observed = torch.tensor([[1, 0, 1, 1, 0, 1], [1, 1, 0, 0, 1, 1]], dtype=torch.bool)
     a = torch.randn(2, T, 2, dtype=torch.float64)
     tr = prior_site_log_probs(m, x, None, a, False, observed=observed)
-    dense = dense_lgssm(m.init_loc, m.init_cov, m.A_modes[0].detach(), m.Q,
-                        m.C_modes[0].detach(), m.R, T)
+    dense = dense_lgssm(
+        m.init_loc, m.init_cov, m.A_modes[0].detach(), m.Q, m.C_modes[0].detach(), m.R, T
+    )
     for b in range(2):
         expected = log_marginal(dense, a[b], observed_index(dense, observed[b]))
         got = sum(tr.nodes[f"a_{t + 1}"]["log_prob"][b] for t in range(T))
@@ -238,8 +264,11 @@ def test_observed_all_true_equals_no_mask():
     assert abs(losses[0] - losses[1]) < 1e-9 * abs(losses[0])
 
 
-@pytest.mark.parametrize("loss", [Trace_ELBO(), TraceMeanField_ELBO(), IWAE(4), IWAE(4, gradient_estimator="dreg"),
-                                  FIVO(4)], ids=["elbo", "meanfield", "iwae", "dreg", "fivo"])
+@pytest.mark.parametrize(
+    "loss",
+    [Trace_ELBO(), TraceMeanField_ELBO(), IWAE(4), IWAE(4, gradient_estimator="dreg"), FIVO(4)],
+    ids=["elbo", "meanfield", "iwae", "dreg", "fivo"],
+)
 def test_svi_step_every_objective(loss):
     torch.manual_seed(7)
     m = KVAE(image_shape=(8, 8), channels=4, conv_layers=2, lstm_dim=5, control_dim=1)
@@ -365,8 +394,14 @@ def test_bad_inputs_are_refused():
         Trace_ELBO().loss(m2.model, m2.guide, torch.zeros(2, 3, 65))
     with pytest.raises(ValueError, match="divisible"):
         KVAE(image_shape=(10, 10))
-    for bad in ({"encoder": "rnn"}, {"prior_score": "x"}, {"likelihood": "poisson"},
-                {"transition_noise": 0.0}, {"a_dim": 0}, {"control_dim": -1}):
+    for bad in (
+        {"encoder": "rnn"},
+        {"prior_score": "x"},
+        {"likelihood": "poisson"},
+        {"transition_noise": 0.0},
+        {"a_dim": 0},
+        {"control_dim": -1},
+    ):
         with pytest.raises(ValueError):
             KVAE(image_shape=(8, 8), conv_layers=2, **bad)
 
@@ -379,13 +414,14 @@ def test_generated_codes_follow_the_lgssm_prior():
     N, T = 20000, 3
     x, params, a = m.generate(N, T, return_codes=True)
     assert x.shape == (N, T, 2) and torch.equal(params, a)  # identity decoder
-    dense = dense_lgssm(m.init_loc, m.init_cov, m.A_modes[0].detach(), m.Q,
-                        m.C_modes[0].detach(), m.R, T)
+    dense = dense_lgssm(
+        m.init_loc, m.init_cov, m.A_modes[0].detach(), m.Q, m.C_modes[0].detach(), m.R, T
+    )
     flat = a.reshape(N, -1)
     var = dense.cov_xx.diagonal()
     assert ((flat.mean(0) - dense.mean_x).abs() < 5 * (var / N).sqrt()).all()
     emp = torch.cov(flat.T)
-    se = ((dense.cov_xx ** 2 + var[:, None] * var[None, :]) / N).sqrt()
+    se = ((dense.cov_xx**2 + var[:, None] * var[None, :]) / N).sqrt()
     assert ((emp - dense.cov_xx).abs() < 5 * se).all()
 
 

@@ -15,8 +15,16 @@ U = 2  # control_dim
 
 def tiny_kvae(control_dim=U):
     torch.manual_seed(3)
-    m = KVAE(image_shape=(2, 3), encoder="mlp", hidden_dims=(6,), a_dim=2, z_dim=3,
-             num_modes=2, control_dim=control_dim, lstm_dim=5).double()
+    m = KVAE(
+        image_shape=(2, 3),
+        encoder="mlp",
+        hidden_dims=(6,),
+        a_dim=2,
+        z_dim=3,
+        num_modes=2,
+        control_dim=control_dim,
+        lstm_dim=5,
+    ).double()
     with torch.no_grad():  # gamma_t varies with the history, and B u moves the state visibly
         nn.init.normal_(m.dynamics.out.weight, std=1.0)
         m.A_modes.add_(0.2 * torch.randn_like(m.A_modes))
@@ -44,18 +52,23 @@ def dense_imputation(m, a, observed, u):
     for t in range(T):
         mats.append(gamma(m, torch.cat([m.a0[None], *[v[None] for v in used]])))
         As, Bs, Cs = (torch.stack(g) for g in zip(*mats))
-        dense = dense_lgssm(m.init_loc, m.init_cov, As, m.Q, Cs, m.R, t + 1,
-                            (Bs @ u[:t + 1, :, None]).squeeze(-1))
+        dense = dense_lgssm(
+            m.init_loc, m.init_cov, As, m.Q, Cs, m.R, t + 1, (Bs @ u[: t + 1, :, None]).squeeze(-1)
+        )
         if observed[t]:
             used.append(a[t])
         else:
             past = torch.cat([torch.stack(used), a.new_zeros(1, A)]) if used else a.new_zeros(1, A)
-            idx = observed_index(dense, observed[:t + 1] & (torch.arange(t + 1) < t))
+            idx = observed_index(dense, observed[: t + 1] & (torch.arange(t + 1) < t))
             used.append(Cs[t] @ condition_z(dense, past, idx)[0][t])
     a_used = torch.stack(used)
     steps = torch.arange(T)
-    filtered = torch.stack([Cs[t] @ condition_z(dense, a_used, observed_index(
-        dense, observed & (steps <= t)))[0][t] for t in range(T)])
+    filtered = torch.stack(
+        [
+            Cs[t] @ condition_z(dense, a_used, observed_index(dense, observed & (steps <= t)))[0][t]
+            for t in range(T)
+        ]
+    )
     mean_z = condition_z(dense, a_used, observed_index(dense, observed))[0]
     smoothed = (Cs @ mean_z[..., None]).squeeze(-1)
     return filtered, smoothed
@@ -104,7 +117,7 @@ def test_all_observed_smoothing_equals_kalman_smoother_with_offsets():
     _, a_hat = m.impute_frames(x, torch.ones(B, T, dtype=torch.bool), "smoothing", inputs=u)
     for b in range(B):
         prev = torch.cat([m.a0[None], a[b, :-1]])
-        As, Bs, Cs = (torch.stack(g) for g in zip(*[gamma(m, prev[:t + 1]) for t in range(T)]))
+        As, Bs, Cs = (torch.stack(g) for g in zip(*[gamma(m, prev[: t + 1]) for t in range(T)]))
         offsets = (Bs @ u[b, :, :, None]).squeeze(-1)
         sm = kalman_smoother(a[b], m.init_loc, m.init_cov, As, m.Q, Cs, m.R, controls=offsets)
         assert torch.allclose(a_hat[b], (Cs @ sm.means[..., None]).squeeze(-1), atol=1e-9), b
@@ -153,8 +166,10 @@ def test_bad_frames_steps_and_method_are_refused():
         (dict(x=x[0]), "x must have 3 dimensions"),
         (dict(x=x[..., :4]), "x has 4 features per step, the model expects 6"),
         (dict(x=x.masked_fill(observed[..., None], float("nan"))), "x contains .* NaN"),
-        (dict(observed_steps=observed[:, :-1]),
-         rf"observed_steps shape \({B}, {T - 1}\) does not match x's \(batch, T\) = \({B}, {T}\)"),
+        (
+            dict(observed_steps=observed[:, :-1]),
+            rf"observed_steps shape \({B}, {T - 1}\) does not match x's \(batch, T\) = \({B}, {T}\)",
+        ),
         (dict(observed_steps=0.5 * observed.double()), "observed_steps must be bool or .* 0.5"),
         (dict(observed_steps=observed.tolist()), "observed_steps must be a bool torch.Tensor"),
         (dict(method="smooth"), "method must be 'smoothing', 'filtering' or 'generation'"),
@@ -170,8 +185,9 @@ def test_bad_frames_steps_and_method_are_refused():
 def test_unobserved_frames_may_hold_nan():
     m = tiny_kvae()
     x, u, observed = data()
-    probs, a_hat = m.impute_frames(x.masked_fill(~observed[..., None], float("nan")), observed,
-                                   "smoothing", inputs=u)
+    probs, a_hat = m.impute_frames(
+        x.masked_fill(~observed[..., None], float("nan")), observed, "smoothing", inputs=u
+    )
     assert torch.equal(a_hat, m.impute_frames(x, observed, "smoothing", inputs=u)[1])
     assert bool(torch.isfinite(probs).all())
 

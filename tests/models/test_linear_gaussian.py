@@ -85,10 +85,17 @@ def test_smoothing_guide_exact_with_time_varying_structure():
     # non-diagonal noise, 1-d observations of a 3-d state (weakly observed)
     g = torch.Generator().manual_seed(3)
     Lq = torch.tril(torch.randn(3, 3, generator=g)) * 0.3 + torch.eye(3) * 0.5
-    m = LinearGaussianSequenceModel(1, 3, A=0.9 * torch.eye(3) + 0.05 * torch.randn(3, 3, generator=g),
-                                    C=torch.randn(1, 3, generator=g), Q=Lq @ Lq.T,
-                                    R=torch.tensor([[0.2]]), init_loc=torch.tensor([1.0, -1.0, 0.5]),
-                                    learnable=False, guide="smoothing")
+    m = LinearGaussianSequenceModel(
+        1,
+        3,
+        A=0.9 * torch.eye(3) + 0.05 * torch.randn(3, 3, generator=g),
+        C=torch.randn(1, 3, generator=g),
+        Q=Lq @ Lq.T,
+        R=torch.tensor([[0.2]]),
+        init_loc=torch.tensor([1.0, -1.0, 0.5]),
+        learnable=False,
+        guide="smoothing",
+    )
     x, mask = make_data(m, [8, 8])
     lw = _log_weights(m, x, mask, 3)
     assert torch.allclose(lw, m.exact_log_likelihood(x, mask).float().expand(3, 2), atol=5e-4)
@@ -105,8 +112,9 @@ def test_optimal_guide_weights_are_predictive_likelihoods():
     with pyro.plate("particles", 4, dim=-2):
         gtr = pyro.poutine.trace(m.guide).get_trace(x, mask)
         mtr = pyro.poutine.trace(pyro.poutine.replay(m.model, trace=gtr)).get_trace(x, mask)
-    lw = sum(s["fn"].log_prob(s["value"]) for s in mtr.nodes.values() if s["type"] == "sample") \
-        - sum(s["fn"].log_prob(s["value"]) for s in gtr.nodes.values() if s["type"] == "sample")
+    lw = sum(
+        s["fn"].log_prob(s["value"]) for s in mtr.nodes.values() if s["type"] == "sample"
+    ) - sum(s["fn"].log_prob(s["value"]) for s in gtr.nodes.values() if s["type"] == "sample")
     z1 = gtr.nodes["z_1"]["value"]
     pred = dist.MultivariateNormal(z1 @ m.A.T @ m.C.T, covariance_matrix=m.C @ m.Q @ m.C.T + m.R)
     assert torch.allclose(lw, exact1 + pred.log_prob(x[:, 1]), atol=1e-4)
@@ -124,7 +132,9 @@ def test_prior_guide_weights_are_the_emission_densities():
     ref = 0.0
     for t in range(3):
         z = gtr.nodes[f"z_{t + 1}"]["value"]  # (4, B, S)
-        lp = torch.distributions.MultivariateNormal(z @ m.C.T, covariance_matrix=m.R).log_prob(x[:, t])
+        lp = torch.distributions.MultivariateNormal(z @ m.C.T, covariance_matrix=m.R).log_prob(
+            x[:, t]
+        )
         ref = ref + torch.where(mask[:, t], lp, torch.zeros_like(lp))
     assert_close(lw, ref)
 
@@ -153,7 +163,10 @@ def test_masked_steps_contribute_zero():
     tr = pyro.poutine.trace(m.model).get_trace(x, mask)
     tr.compute_log_prob()
     for t in range(2, 5):
-        assert tr.nodes[f"x_{t + 1}"]["log_prob"][1] == 0 and tr.nodes[f"z_{t + 1}"]["log_prob"][1] == 0
+        assert (
+            tr.nodes[f"x_{t + 1}"]["log_prob"][1] == 0
+            and tr.nodes[f"z_{t + 1}"]["log_prob"][1] == 0
+        )
         assert tr.nodes[f"x_{t + 1}"]["log_prob"][0] != 0
 
 
@@ -179,19 +192,29 @@ def test_smoothing_elbo_gradient_is_exact_likelihood_gradient():
 
     # Exact identity, so float64 at 1e-9 relative (was float32 at atol = rtol = 1e-3;
     # measured max |g_elbo - g| / max |g|: 4.8e-6 in float32, 7.8e-15 in float64).
-    m, x, mask = make_model64(guide="smoothing", learnable=True, obs_dim=2, state_dim=2,
-                              lengths=[5, 3])
+    m, x, mask = make_model64(
+        guide="smoothing", learnable=True, obs_dim=2, state_dim=2, lengths=[5, 3]
+    )
     Trace_ELBO().loss_and_grads(m.model, m.guide, x, mask)
     g_elbo = {n: p.grad.clone() for n, p in m.named_parameters()}
     m.zero_grad()
-    ll = kalman_filter(x, m.init_loc, m.init_cov, m.A, m.Q, m.C, m.R,
-                       mask=mask.unsqueeze(-1).expand(x.shape),
-                       method="sequential").log_likelihoods.sum()
+    ll = kalman_filter(
+        x,
+        m.init_loc,
+        m.init_cov,
+        m.A,
+        m.Q,
+        m.C,
+        m.R,
+        mask=mask.unsqueeze(-1).expand(x.shape),
+        method="sequential",
+    ).log_likelihoods.sum()
     (-ll).backward()
     for n, p in m.named_parameters():
         assert p.grad.abs().max() > 1e-3, n  # a non-trivial gradient to compare
-        torch.testing.assert_close(g_elbo[n], p.grad, atol=1e-9 * p.grad.abs().max().item(),
-                                   rtol=1e-9, msg=n)
+        torch.testing.assert_close(
+            g_elbo[n], p.grad, atol=1e-9 * p.grad.abs().max().item(), rtol=1e-9, msg=n
+        )
 
 
 def test_validation():

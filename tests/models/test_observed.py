@@ -22,14 +22,19 @@ D = 5
 MODELS = {
     "dmm": lambda: DMM(D, z_dim=3, transition_dim=6, emission_dim=6, rnn_dim=6),
     "srnn": lambda: SRNN(D, d_dim=6, z_dim=3, hidden_dim=6),
-    "dmm_gaussian": lambda: DMM(D, z_dim=3, transition_dim=6, emission_dim=6, rnn_dim=6,
-                                likelihood="gaussian"),
+    "dmm_gaussian": lambda: DMM(
+        D, z_dim=3, transition_dim=6, emission_dim=6, rnn_dim=6, likelihood="gaussian"
+    ),
 }
 
 
 def batch(gaussian=False):
     g = torch.Generator().manual_seed(0)
-    x = torch.randn(3, 6, D, generator=g) if gaussian else (torch.rand(3, 6, D, generator=g) < 0.4).double()
+    x = (
+        torch.randn(3, 6, D, generator=g)
+        if gaussian
+        else (torch.rand(3, 6, D, generator=g) < 0.4).double()
+    )
     mask = torch.arange(6) < torch.tensor([6, 4, 2]).unsqueeze(-1)
     return x * mask.unsqueeze(-1), mask
 
@@ -74,14 +79,14 @@ def test_dropped_elements_remove_exactly_their_terms(arch):
     m = MODELS[arch]()
     x, mask = batch(gaussian)
     obs = torch.ones_like(x, dtype=torch.bool)
-    obs[0, 2] = False                   # a whole step of sequence 0
-    obs[1, 1, [0, 3]] = False           # two elements of sequence 1
+    obs[0, 2] = False  # a whole step of sequence 0
+    obs[1, 1, [0, 3]] = False  # two elements of sequence 1
     x_nan = torch.where(obs, x, torch.full_like(x, math.nan))
     filled = torch.where(obs, x, torch.zeros_like(x))
     # reference: the guide and model on the zero-filled data without missing values
     ref, ref_g = traces(m, filled, mask, seed=3)
     got, got_g = traces(m, x_nan, mask, seed=3, observed=obs)
-    for name in ref_g.nodes:           # the guide saw the same (zero-filled) input
+    for name in ref_g.nodes:  # the guide saw the same (zero-filled) input
         if name.startswith("z_"):
             assert torch.equal(got_g.nodes[name]["value"], ref_g.nodes[name]["value"])
     for name, site in ref.nodes.items():
@@ -91,10 +96,10 @@ def test_dropped_elements_remove_exactly_their_terms(arch):
         if name.startswith("x_"):
             t = int(name[2:]) - 1
             base = elementwise(site["fn"])
-            per_element = base.log_prob(filled[:, t])          # (batch, D), by hand
+            per_element = base.log_prob(filled[:, t])  # (batch, D), by hand
             expected = expected - ((~obs[:, t]) * per_element).sum(-1) * mask[:, t]
         assert torch.allclose(site_lp(got, name), expected, rtol=1e-12, atol=1e-12), name
-    assert site_lp(got, "x_3")[0] == 0.0                        # a dropped step scores 0
+    assert site_lp(got, "x_3")[0] == 0.0  # a dropped step scores 0
 
 
 @pytest.mark.parametrize("arch", ["dmm", "srnn"])
@@ -104,9 +109,12 @@ def test_nan_at_unobserved_entries_gives_finite_losses_and_gradients(arch):
     obs = torch.rand(x.shape, generator=torch.Generator().manual_seed(4)) < 0.7
     x_nan = torch.where(obs, x, torch.full_like(x, math.nan))
     filled = torch.where(obs, x, torch.zeros_like(x))
-    for loss in (Trace_ELBO(), IWAE(num_particles=3, max_plate_nesting=1),
-                 IWAE(num_particles=3, max_plate_nesting=1, gradient_estimator="dreg"),
-                 FIVO(num_particles=3)):
+    for loss in (
+        Trace_ELBO(),
+        IWAE(num_particles=3, max_plate_nesting=1),
+        IWAE(num_particles=3, max_plate_nesting=1, gradient_estimator="dreg"),
+        FIVO(num_particles=3),
+    ):
         grads = []
         for data in (x_nan, filled):
             pyro.clear_param_store()
@@ -115,7 +123,9 @@ def test_nan_at_unobserved_entries_gives_finite_losses_and_gradients(arch):
             value = loss.differentiable_loss(m.model, m.guide, data, mask, observed=obs)
             value.backward()
             assert torch.isfinite(value)
-            grads.append(torch.cat([p.grad.reshape(-1) for p in m.parameters() if p.grad is not None]))
+            grads.append(
+                torch.cat([p.grad.reshape(-1) for p in m.parameters() if p.grad is not None])
+            )
         assert torch.isfinite(grads[0]).all()
         assert torch.equal(grads[0], grads[1]), type(loss).__name__
 
@@ -163,9 +173,16 @@ def test_linear_gaussian_exact_guide_gives_the_kalman_likelihood_of_the_observed
     x_nan = torch.where(obs.unsqueeze(-1), x, torch.full_like(x, math.nan))
     elbo = -Trace_ELBO().loss(m.model, m.guide, x_nan, mask, observed=obs)
     with torch.no_grad():
-        kf = kalman_filter(torch.where(obs.unsqueeze(-1), x, torch.zeros_like(x)), m.init_loc,
-                           m.init_cov, m.A, m.Q, m.C, m.R,
-                           mask=(mask & obs).unsqueeze(-1).expand(x.shape))
+        kf = kalman_filter(
+            torch.where(obs.unsqueeze(-1), x, torch.zeros_like(x)),
+            m.init_loc,
+            m.init_cov,
+            m.A,
+            m.Q,
+            m.C,
+            m.R,
+            mask=(mask & obs).unsqueeze(-1).expand(x.shape),
+        )
     assert elbo == pytest.approx(kf.log_likelihoods.sum().item(), rel=1e-9)
     with pytest.raises(ValueError, match="missing data per step only"):
         part = torch.ones(3, 7, 2, dtype=torch.bool)

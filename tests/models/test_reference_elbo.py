@@ -7,7 +7,6 @@ transition and combiner of Krishnan et al. (2017). Given the latent samples reco
 trace, every site's log-density must match the reference to float64 rounding.
 """
 
-
 import pyro.poutine as poutine
 import pytest
 import torch
@@ -24,7 +23,6 @@ from tests.models.reference import (
     relu_rnn_cell,
     softplus,
 )
-
 
 pytestmark = pytest.mark.usefixtures("float64")  # tests/conftest.py
 
@@ -45,30 +43,36 @@ def srnn_reference(m, x, zs, variance="softplus"):
     """Per-step (log p(x_t|z_t,d_t), log p(z_t|z_{t-1},d_t), log q(z_t|z_{t-1},a_t)), one sequence."""
     T, D = x.shape
     d, h = [], torch.zeros(m.deterministic.rnn.hidden_size)
-    u = torch.cat([torch.zeros(1, D), x[:-1]])            # u_t = x_{t-1}
+    u = torch.cat([torch.zeros(1, D), x[:-1]])  # u_t = x_{t-1}
     for t in range(T):
-        h = gru_cell(m.deterministic.rnn, u[t], h)        # eq. 5.1
+        h = gru_cell(m.deterministic.rnn, u[t], h)  # eq. 5.1
         d.append(h)
     a, g = [None] * T, torch.zeros(m.encoder.rnn.hidden_size)
-    for t in reversed(range(T)):                          # eq. 5.7, a_{T+1} = 0
+    for t in reversed(range(T)):  # eq. 5.7, a_{T+1} = 0
         g = gru_cell(m.encoder.rnn, torch.cat([d[t], x[t]]), g)
         a[t] = g
     terms, z_prev = [], torch.zeros(m.z_dim)
     for t in range(T):
         hid = act(lin(m.emitter[0], torch.cat([zs[t], d[t]])))
         log_px = bernoulli_logpmf(x[t], lin(m.emitter[2], hid))
-        if variance == "log":                                          # eq. 5.3 and 5.10
+        if variance == "log":  # eq. 5.3 and 5.10
             p_mu, p_logv = mean_logvar_mlp(m.prior, z_prev, d[t])
             q_mu, q_logv = mean_logvar_mlp(m.posterior, z_prev, a[t])
-            q_mu = q_mu + p_mu                                         # Res_q, eq. 5.12
-            terms.append((log_px, normal_logpdf_logvar(zs[t], p_mu, p_logv),
-                          normal_logpdf_logvar(zs[t], q_mu, q_logv)))
-        else:                                                          # documented departure
+            q_mu = q_mu + p_mu  # Res_q, eq. 5.12
+            terms.append(
+                (
+                    log_px,
+                    normal_logpdf_logvar(zs[t], p_mu, p_logv),
+                    normal_logpdf_logvar(zs[t], q_mu, q_logv),
+                )
+            )
+        else:  # documented departure
             p_loc, p_scale = gaussian_mlp(m.prior, z_prev, d[t])
             q_loc, q_scale = gaussian_mlp(m.posterior, z_prev, a[t])
-            q_loc = q_loc + p_loc                                      # Res_q, eq. 5.12
-            terms.append((log_px, normal_logpdf(zs[t], p_loc, p_scale),
-                           normal_logpdf(zs[t], q_loc, q_scale)))
+            q_loc = q_loc + p_loc  # Res_q, eq. 5.12
+            terms.append(
+                (log_px, normal_logpdf(zs[t], p_loc, p_scale), normal_logpdf(zs[t], q_loc, q_scale))
+            )
         z_prev = zs[t]
     return terms
 
@@ -76,7 +80,7 @@ def srnn_reference(m, x, zs, variance="softplus"):
 def dmm_reference(m, x, zs):
     T, D = x.shape
     a, g = [None] * T, m.encoder.h0
-    for t in reversed(range(T)):                          # eq. 4.8 (ReLU RNN)
+    for t in reversed(range(T)):  # eq. 4.8 (ReLU RNN)
         g = relu_rnn_cell(m.encoder.rnn, x[t], g)
         a[t] = g
     tr, cb = m.transition, m.combiner
@@ -90,8 +94,13 @@ def dmm_reference(m, x, zs):
         q_loc, q_scale = lin(cb.loc, hc), cb.min_scale + softplus(lin(cb.raw_scale, hc))
         e = m.emitter
         logits = lin(e[4], torch.relu(lin(e[2], torch.relu(lin(e[0], zs[t])))))
-        terms.append((bernoulli_logpmf(x[t], logits), normal_logpdf(zs[t], p_loc, p_scale),
-                       normal_logpdf(zs[t], q_loc, q_scale)))
+        terms.append(
+            (
+                bernoulli_logpmf(x[t], logits),
+                normal_logpdf(zs[t], p_loc, p_scale),
+                normal_logpdf(zs[t], q_loc, q_scale),
+            )
+        )
         z_prev = zq_prev = zs[t]
     return terms
 
@@ -116,9 +125,15 @@ def test_site_log_densities_match_reference(arch):
         zs = torch.stack([guide_tr.nodes[f"z_{t + 1}"]["value"][b] for t in range(L)])
         expected = ref(m, x[b, :L], zs)
         for t in range(6):
-            got = (model_tr.nodes[f"x_{t + 1}"]["fn"].log_prob(x[:, t])[b],
-                   model_tr.nodes[f"z_{t + 1}"]["fn"].log_prob(guide_tr.nodes[f"z_{t + 1}"]["value"])[b],
-                   guide_tr.nodes[f"z_{t + 1}"]["fn"].log_prob(guide_tr.nodes[f"z_{t + 1}"]["value"])[b])
+            got = (
+                model_tr.nodes[f"x_{t + 1}"]["fn"].log_prob(x[:, t])[b],
+                model_tr.nodes[f"z_{t + 1}"]["fn"].log_prob(guide_tr.nodes[f"z_{t + 1}"]["value"])[
+                    b
+                ],
+                guide_tr.nodes[f"z_{t + 1}"]["fn"].log_prob(guide_tr.nodes[f"z_{t + 1}"]["value"])[
+                    b
+                ],
+            )
             if t < L:
                 for g, e in zip(got, expected[t]):
                     assert torch.allclose(g, e, atol=1e-10, rtol=1e-10), (arch, b, t, g, e)

@@ -33,13 +33,13 @@ def reference_log_p(m, x, likelihood):
     """``log p(x_{1:T})`` of one unpadded sequence ``x (T, D)``, written from the equations."""
     T, D = x.shape
     h = torch.zeros(m.deterministic.rnn.hidden_size)
-    u = torch.cat([torch.zeros(1, D), x[:-1]])            # u_t = x_{t-1}, x_0 = 0
+    u = torch.cat([torch.zeros(1, D), x[:-1]])  # u_t = x_{t-1}, x_0 = 0
     total = x.new_zeros(())
     for t in range(T):
-        h = gru_cell(m.deterministic.rnn, u[t], h)        # d_t = GRU(d_{t-1}, u_t), d_0 = 0
-        if likelihood == "bernoulli":                     # logits = W_2 act(W_1 d_t + b_1) + b_2
+        h = gru_cell(m.deterministic.rnn, u[t], h)  # d_t = GRU(d_{t-1}, u_t), d_0 = 0
+        if likelihood == "bernoulli":  # logits = W_2 act(W_1 d_t + b_1) + b_2
             total = total + bernoulli_logpmf(x[t], lin(m.emitter[2], act(lin(m.emitter[0], h))))
-        else:                                             # loc, 1e-3 + softplus(.) of act(W_1 d_t)
+        else:  # loc, 1e-3 + softplus(.) of act(W_1 d_t)
             hid = act(lin(m.emitter[0][0], h))
             head = m.emitter[1]
             scale = head.min_scale + softplus(lin(head.raw_scale, hid))
@@ -65,7 +65,9 @@ def ragged(likelihood, B=3, T=6, D=4, lengths=(6, 4, 1)):
 
 
 def reference_total(m, x, mask, likelihood):
-    return sum(reference_log_p(m, x[b, :int(mask[b].sum())], likelihood) for b in range(x.shape[0]))
+    return sum(
+        reference_log_p(m, x[b, : int(mask[b].sum())], likelihood) for b in range(x.shape[0])
+    )
 
 
 OBJECTIVES = {
@@ -86,7 +88,7 @@ def test_log_likelihood_matches_reference(likelihood):
     got = m.log_likelihood(x, mask)
     assert got.shape == (3,)
     for b in range(3):
-        expected = reference_log_p(m, x[b, :int(mask[b].sum())], likelihood)
+        expected = reference_log_p(m, x[b, : int(mask[b].sum())], likelihood)
         assert abs(got[b].item() - expected.item()) <= 1e-10 * abs(expected.item()), b
     # padding content is ignored, and a sequence alone gives its own value
     garbage = torch.where(mask.unsqueeze(-1), x, torch.ones_like(x))
@@ -112,7 +114,7 @@ def test_every_objective_is_the_exact_log_likelihood(objective, likelihood):
     grads = torch.autograd.grad(loss, params)
     for (name, _), g, e in zip(m.named_parameters(), grads, expected_grads):
         assert torch.allclose(g, e, rtol=1e-10, atol=1e-12), name
-        assert e.abs().sum() > 0, name                    # every parameter matters
+        assert e.abs().sum() > 0, name  # every parameter matters
 
 
 @pytest.mark.parametrize("objective", ["trace_elbo", "iwae3_dreg", "fivo3_always"])
@@ -123,19 +125,21 @@ def test_svi_step_on_the_exact_likelihood(objective):
     svi = SVI(m.model, m.guide, Adam({"lr": 1e-2}), loss=OBJECTIVES[objective]())
     loss = svi.step(x, mask)
     assert abs(loss + before) <= 1e-10 * abs(before)
-    assert m.log_likelihood(x, mask).sum().item() > before    # one step up the exact likelihood
+    assert m.log_likelihood(x, mask).sum().item() > before  # one step up the exact likelihood
 
 
 def test_the_programs_have_only_observation_sites():
     m = tiny()
     x, mask = ragged("bernoulli")
     guide_tr = poutine.trace(m.guide).get_trace(x, mask)
-    guide_sites = [n for n, s in guide_tr.nodes.items()
-                   if s["type"] == "sample" and not site_is_subsample(s)]
+    guide_sites = [
+        n for n, s in guide_tr.nodes.items() if s["type"] == "sample" and not site_is_subsample(s)
+    ]
     assert guide_sites == []
     model_tr = poutine.trace(poutine.replay(m.model, trace=guide_tr)).get_trace(x, mask)
-    sites = [n for n, s in model_tr.nodes.items()
-             if s["type"] == "sample" and not site_is_subsample(s)]
+    sites = [
+        n for n, s in model_tr.nodes.items() if s["type"] == "sample" and not site_is_subsample(s)
+    ]
     assert sites == [f"x_{t + 1}" for t in range(6)]
     assert all(model_tr.nodes[n]["is_observed"] for n in sites)
     # step-by-step (no replay: deferred emission) and time-parallel (replay) runs agree
@@ -185,8 +189,14 @@ def test_likelihood_estimators_return_the_exact_value(method):
 
     m = tiny("gaussian")
     x, mask = ragged("gaussian")
-    est = estimate_log_likelihood(m.model, m.guide, (x, mask), method=method, num_particles=4,
-                                  particles_per_pass=2 if method == "iwae" else None)
+    est = estimate_log_likelihood(
+        m.model,
+        m.guide,
+        (x, mask),
+        method=method,
+        num_particles=4,
+        particles_per_pass=2 if method == "iwae" else None,
+    )
     exact = m.log_likelihood(x, mask)
     assert torch.allclose(est.per_sequence, exact.detach(), rtol=1e-12, atol=0)
 
@@ -220,7 +230,7 @@ def test_training_evaluation_reports_zero_kl_and_the_exact_value():
     # evaluate_bound pads with SequenceLoader's float32 default, so compare in float32
     m32 = m.float()
     exact32 = m32.log_likelihood(x.float(), mask).sum().item()
-    seqs = [x[b, :int(mask[b].sum())].float() for b in range(3)]
+    seqs = [x[b, : int(mask[b].sum())].float() for b in range(3)]
     result = evaluate_bound(m32, seqs, batch_size=2)
     assert abs(result["total"] - exact32) <= 1e-6 * abs(exact32)
     assert result["num_steps"] == 11 and result["kl_per_step"] == 0.0

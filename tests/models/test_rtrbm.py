@@ -30,21 +30,24 @@ def seed_cd_update(W, U, b, c, b_init, v, v_neg):
         pre = W @ v[t] + (b_init if t == 0 else b + U @ r[t - 1])
         r.append(_sigmoid(pre))
     bias = [b_init] + [b + U @ r[t - 1] for t in range(1, T)]
-    h_pos = [_sigmoid(W @ v[t] + bias[t]) for t in range(T)]       # E[h_t | v_t, r_{t-1}]
-    h_neg = [_sigmoid(W @ v_neg[t] + bias[t]) for t in range(T)]   # E[h_t | v'_t, r_{t-1}]
+    h_pos = [_sigmoid(W @ v[t] + bias[t]) for t in range(T)]  # E[h_t | v_t, r_{t-1}]
+    h_neg = [_sigmoid(W @ v_neg[t] + bias[t]) for t in range(T)]  # E[h_t | v'_t, r_{t-1}]
     # D_{t+1} (eq. 1.22), D_{T+1} = 0; D[t] below is the seed's D_{t+1} (0-based t)
     D = [None] * T
     D[T - 1] = torch.zeros_like(b)
     for t in range(T - 2, -1, -1):
         D[t] = U.T @ (D[t + 1] * r[t + 1] * (1 - r[t + 1]) + h_pos[t + 1] - h_neg[t + 1])
-    dU = sum(torch.outer(D[t] * r[t] * (1 - r[t]) + h_pos[t] - h_neg[t], r[t - 1])
-             for t in range(1, T))                                            # (1.16)
+    dU = sum(
+        torch.outer(D[t] * r[t] * (1 - r[t]) + h_pos[t] - h_neg[t], r[t - 1]) for t in range(1, T)
+    )  # (1.16)
     dW = sum(torch.outer(h_pos[t], v[t]) - torch.outer(h_neg[t], v_neg[t]) for t in range(T))
     dW = dW + sum(torch.outer(D[t] * r[t] * (1 - r[t]), v[t]) for t in range(T - 1))  # (1.25)
     dc = sum(v[t] - v_neg[t] for t in range(T))
     db = sum(h_pos[t] - h_neg[t] for t in range(1, T))
-    db = db + sum((D[t] * r[t] * (1 - r[t]) for t in range(1, T - 1)), torch.zeros_like(b))  # (1.26)
-    db_init = h_pos[0] - h_neg[0] + D[0] * r[0] * (1 - r[0])                  # (1.27)
+    db = db + sum(
+        (D[t] * r[t] * (1 - r[t]) for t in range(1, T - 1)), torch.zeros_like(b)
+    )  # (1.26)
+    db_init = h_pos[0] - h_neg[0] + D[0] * r[0] * (1 - r[0])  # (1.27)
     return dW, dU, db, dc, db_init
 
 
@@ -66,11 +69,14 @@ def test_cd_gradient_equals_seed_bptt_recursion(k):
     expected = [torch.zeros_like(p) for p in (model.W, model.U, model.b, model.c, model.b_init)]
     with torch.no_grad():
         for i in range(B):
-            upd = seed_cd_update(model.W, model.U, model.b, model.c, model.b_init, x[i], negatives[i])
+            upd = seed_cd_update(
+                model.W, model.U, model.b, model.c, model.b_init, x[i], negatives[i]
+            )
             expected = [e + u for e, u in zip(expected, upd)]
     # SVI descends the surrogate: its gradient is minus the seed's ascent direction
-    for name, param, delta in zip(("W", "U", "b", "c", "b_init"),
-                                  (model.W, model.U, model.b, model.c, model.b_init), expected):
+    for name, param, delta in zip(
+        ("W", "U", "b", "c", "b_init"), (model.W, model.U, model.b, model.c, model.b_init), expected
+    ):
         assert torch.allclose(param.grad, -delta, atol=1e-12, rtol=1e-10), name
 
 
@@ -86,12 +92,14 @@ def test_svi_step_applies_the_seed_update_with_sgd():
     neg = cd.last_negatives["x"]
     total = [torch.zeros_like(before[n]) for n in ("W", "U", "b", "c", "b_init")]
     for i in range(2):
-        upd = seed_cd_update(before["W"], before["U"], before["b"], before["c"], before["b_init"],
-                             x[i], neg[i])
+        upd = seed_cd_update(
+            before["W"], before["U"], before["b"], before["c"], before["b_init"], x[i], neg[i]
+        )
         total = [a + u for a, u in zip(total, upd)]
     for n, delta in zip(("W", "U", "b", "c", "b_init"), total):
-        assert torch.allclose(dict(model.named_parameters())[n], before[n] + 0.1 * delta,
-                              atol=1e-12), n
+        assert torch.allclose(
+            dict(model.named_parameters())[n], before[n] + 0.1 * delta, atol=1e-12
+        ), n
 
 
 def _all_sequences(T, V):
@@ -167,6 +175,7 @@ def test_generate_first_step_matches_the_initial_rbm():
     samples = model.generate(4000, 1, gibbs_steps=30)[0][:, 0]
     states = _all_sequences(1, 3)[:, 0]
     from pyro_seq.distributions import RBM
+
     probs = RBM(model.W, model.c, model.b_init).normalized_log_prob(states).exp()
     codes = (samples * torch.tensor([4.0, 2.0, 1.0], dtype=torch.float64)).sum(-1).long()
     freq = torch.bincount(codes, minlength=8).double() / 4000

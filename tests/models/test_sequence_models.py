@@ -11,10 +11,12 @@ from pyro_seq.models import DMM, SRNN, check_sequences
 from pyro_seq.ops import SequenceState
 
 TINY = {
-    "dmm": lambda inference="smoothing": DMM(6, z_dim=3, transition_dim=8, emission_dim=8,
-                                             rnn_dim=8, inference=inference),
-    "srnn": lambda inference="smoothing": SRNN(6, d_dim=8, z_dim=3, hidden_dim=8,
-                                               inference=inference),
+    "dmm": lambda inference="smoothing": DMM(
+        6, z_dim=3, transition_dim=8, emission_dim=8, rnn_dim=8, inference=inference
+    ),
+    "srnn": lambda inference="smoothing": SRNN(
+        6, d_dim=8, z_dim=3, hidden_dim=8, inference=inference
+    ),
 }
 
 
@@ -28,8 +30,10 @@ def binary_batch(B=3, T=7, D=6, lengths=(7, 5, 2), seed=0):
 def guide_params(m, x, mask, zs):
     """(loc, scale) of every q(z_t | z_{t-1}, ...) with the latent path fixed to ``zs``."""
     tr = poutine.trace(poutine.condition(m.guide, data=zs)).get_trace(x, mask)
-    return {k: (tr.nodes[k]["fn"].base_dist.base_dist.loc, tr.nodes[k]["fn"].base_dist.base_dist.scale)
-            for k in zs}
+    return {
+        k: (tr.nodes[k]["fn"].base_dist.base_dist.loc, tr.nodes[k]["fn"].base_dist.base_dist.scale)
+        for k in zs
+    }
 
 
 @pytest.mark.parametrize("arch", ["dmm", "srnn"])
@@ -54,18 +58,20 @@ def test_batch_elbo_is_sum_of_per_sequence_elbos(arch):
     g_tr.compute_log_prob()
     m_tr.compute_log_prob()
     for b, L in enumerate(mask.sum(-1).tolist()):
-        zs = {f"z_{t + 1}": g_tr.nodes[f"z_{t + 1}"]["value"][b:b + 1] for t in range(L)}
-        xb = x[b:b + 1, :L]
+        zs = {f"z_{t + 1}": g_tr.nodes[f"z_{t + 1}"]["value"][b : b + 1] for t in range(L)}
+        xb = x[b : b + 1, :L]
         g1 = poutine.trace(poutine.condition(m.guide, data=zs)).get_trace(xb)
         m1 = poutine.trace(poutine.condition(m.model, data=zs)).get_trace(xb)
         g1.compute_log_prob()
         m1.compute_log_prob()
         for name in list(zs) + [f"x_{t + 1}" for t in range(L)]:
-            assert torch.allclose(m1.nodes[name]["log_prob"][0], m_tr.nodes[name]["log_prob"][b],
-                                  atol=1e-5), name
+            assert torch.allclose(
+                m1.nodes[name]["log_prob"][0], m_tr.nodes[name]["log_prob"][b], atol=1e-5
+            ), name
         for name in zs:
-            assert torch.allclose(g1.nodes[name]["log_prob"][0], g_tr.nodes[name]["log_prob"][b],
-                                  atol=1e-5), name
+            assert torch.allclose(
+                g1.nodes[name]["log_prob"][0], g_tr.nodes[name]["log_prob"][b], atol=1e-5
+            ), name
 
 
 @pytest.mark.parametrize("arch", ["dmm", "srnn"])
@@ -78,9 +84,9 @@ def test_smoothing_guide_sees_the_future_filtering_does_not(arch, inference):
     base = guide_params(m, x, mask, zs)
     t = 2
     x2 = x.clone()
-    x2[:, t + 1] = 1 - x2[:, t + 1]                        # perturb x_{t+1}
+    x2[:, t + 1] = 1 - x2[:, t + 1]  # perturb x_{t+1}
     new = guide_params(m, x2, mask, zs)
-    for s in range(t + 1):                                 # q(z_s), s <= t
+    for s in range(t + 1):  # q(z_s), s <= t
         changed = not torch.allclose(base[f"z_{s + 1}"][0], new[f"z_{s + 1}"][0])
         assert changed == (inference == "smoothing"), (s, inference)
     # both guides see the present: q(z_{t+1}) depends on x_{t+1}
@@ -100,11 +106,18 @@ def test_step_protocol_is_the_model(arch):
     state, traces = SequenceState(), []
     traces.append(poutine.trace(m.guide.init).get_trace(state, x, mask))
     traces.append(poutine.trace(m.model.init).get_trace(state, x, mask))
-    for t in range(x.shape[1]):   # each step traced on its own, as particle methods do
+    for t in range(x.shape[1]):  # each step traced on its own, as particle methods do
         g = poutine.trace(m.guide.step).get_trace(state, t, x, mask)
-        traces += [g, poutine.trace(poutine.replay(m.model.step, trace=g)).get_trace(state, t, x, mask)]
-    sites = {name: site for tr in traces for name, site in tr.nodes.items()
-             if site["type"] == "sample" and name != "sequences"}
+        traces += [
+            g,
+            poutine.trace(poutine.replay(m.model.step, trace=g)).get_trace(state, t, x, mask),
+        ]
+    sites = {
+        name: site
+        for tr in traces
+        for name, site in tr.nodes.items()
+        if site["type"] == "sample" and name != "sequences"
+    }
     for t in range(x.shape[1]):
         for name, ref in ((f"z_{t + 1}", full_g), (f"x_{t + 1}", full_m)):
             assert torch.equal(sites[name]["value"], ref.nodes[name]["value"]), name
@@ -129,7 +142,7 @@ def test_trains_with_stock_elbos(arch, elbo):
     for _ in range(40):
         loss = svi.step(x, mask)
         assert torch.isfinite(torch.tensor(loss))
-    assert estimate() > before + 5.0   # about 1 nat per sequence: far above MC noise (~0.5)
+    assert estimate() > before + 5.0  # about 1 nat per sequence: far above MC noise (~0.5)
 
 
 def test_subsampling_scales_the_batch():
@@ -150,12 +163,15 @@ def test_generate_shapes_and_support(arch):
     assert set(x.unique().tolist()) <= {0.0, 1.0}
 
 
-@pytest.mark.parametrize("bad, message", [
-    (torch.zeros(3, 6), "3 dimensions \\(batch, T, D\\)"),
-    (torch.zeros(2, 0, 6), "T = 0: no time steps"),
-    (torch.full((2, 3, 6), float("nan")), "NaN"),
-    (torch.zeros(2, 3, 5), "expects 6"),
-])
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        (torch.zeros(3, 6), "3 dimensions \\(batch, T, D\\)"),
+        (torch.zeros(2, 0, 6), "T = 0: no time steps"),
+        (torch.full((2, 3, 6), float("nan")), "NaN"),
+        (torch.zeros(2, 3, 5), "expects 6"),
+    ],
+)
 def test_bad_inputs_are_named(bad, message):
     m = TINY["dmm"]()
     with pytest.raises(ValueError, match=message):
@@ -192,14 +208,15 @@ def test_time_parallel_scoring_equals_step_by_step(arch, monkeypatch):
     parallel = poutine.trace(poutine.replay(m.model, trace=g)).get_trace(x, mask)
     zs = {name: site["value"] for name, site in g.nodes.items() if name.startswith("z_")}
     sequential = poutine.trace(poutine.condition(m.model, data=zs)).get_trace(x, mask)
-    assert modes[0] is not None and modes[1] is None       # replay: parallel; condition: loop
+    assert modes[0] is not None and modes[1] is None  # replay: parallel; condition: loop
     parallel.compute_log_prob()
     sequential.compute_log_prob()
     names = [n for n in sequential.nodes if n.startswith(("z_", "x_"))]
     assert [n for n in parallel.nodes if n.startswith(("z_", "x_"))] == names
     for name in names:
-        assert torch.allclose(parallel.nodes[name]["log_prob"], sequential.nodes[name]["log_prob"],
-                              atol=1e-5), name
+        assert torch.allclose(
+            parallel.nodes[name]["log_prob"], sequential.nodes[name]["log_prob"], atol=1e-5
+        ), name
 
 
 def test_dmm_backward_rnn_starts_from_a_learned_state_srnn_from_zeros():
@@ -213,4 +230,4 @@ def test_dmm_backward_rnn_starts_from_a_learned_state_srnn_from_zeros():
     with torch.no_grad():
         dmm.encoder.h0.add_(1.0)
     after = guide_params(dmm, x, mask, zs)["z_7"][0]
-    assert not torch.allclose(before[0], after[0])   # full-length row: q(z_T) reads a_{T+1}
+    assert not torch.allclose(before[0], after[0])  # full-length row: q(z_T) reads a_{T+1}

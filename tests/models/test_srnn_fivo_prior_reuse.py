@@ -29,7 +29,7 @@ def test_prior_reuse_keeps_the_fivo_bound_and_its_gradients(monkeypatch):
     x = x * mask.unsqueeze(-1)
     loss_a, grads_a, calls_a = _loss_and_grads(m, x, mask, True, monkeypatch)
     loss_b, grads_b, calls_b = _loss_and_grads(m, x, mask, False, monkeypatch)
-    assert calls_a == 7 and calls_b == 14          # one prior evaluation per step instead of two
+    assert calls_a == 7 and calls_b == 14  # one prior evaluation per step instead of two
     assert abs(loss_a - loss_b) < 1e-10
     for a, b in zip(grads_a, grads_b):
         assert torch.allclose(a, b, rtol=1e-9, atol=1e-12)

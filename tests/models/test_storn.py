@@ -30,8 +30,9 @@ pytestmark = pytest.mark.usefixtures("float64")  # tests/conftest.py
 # ----------------------------------------------------------------- reference, written out
 def tanh_cell(rnn, u, h):
     """Eq. (2) with f_h = tanh (torch's two-bias layout)."""
-    return torch.tanh(u @ rnn.weight_ih_l0.T + rnn.bias_ih_l0
-                      + h @ rnn.weight_hh_l0.T + rnn.bias_hh_l0)
+    return torch.tanh(
+        u @ rnn.weight_ih_l0.T + rnn.bias_ih_l0 + h @ rnn.weight_hh_l0.T + rnn.bias_hh_l0
+    )
 
 
 def gru_cell(rnn, u, h):
@@ -40,8 +41,8 @@ def gru_cell(rnn, u, h):
     gh = h @ rnn.weight_hh_l0.T + rnn.bias_hh_l0
     H = h.shape[-1]
     r = torch.sigmoid(gi[..., :H] + gh[..., :H])
-    g = torch.sigmoid(gi[..., H:2 * H] + gh[..., H:2 * H])
-    n = torch.tanh(gi[..., 2 * H:] + r * gh[..., 2 * H:])
+    g = torch.sigmoid(gi[..., H : 2 * H] + gh[..., H : 2 * H])
+    n = torch.tanh(gi[..., 2 * H :] + r * gh[..., 2 * H :])
     return (1 - g) * n + g * h
 
 
@@ -61,7 +62,7 @@ def emission_logpdf(m, x, h):
 def prior_logpdf(prior, z, z_prev):
     if prior == "white":
         return normal_logpdf(z, torch.zeros_like(z), torch.ones_like(z))
-    return normal_logpdf(z, z_prev, torch.ones_like(z))         # Wiener: N(z_{t-1}, I)
+    return normal_logpdf(z, z_prev, torch.ones_like(z))  # Wiener: N(z_{t-1}, I)
 
 
 def storn_reference(m, x, zs):
@@ -76,8 +77,13 @@ def storn_reference(m, x, zs):
         a = enc(m.encoder.rnn, x[t], a)
         q_loc, q_scale = lin(head.loc, a), head.min_scale + softplus(lin(head.raw_scale, a))
         h = dec(m.decoder.rnn, torch.cat([x_prev, zs[t]]), h)
-        terms.append((emission_logpdf(m, x[t], h), prior_logpdf(m.prior, zs[t], z_prev),
-                      normal_logpdf(zs[t], q_loc, q_scale)))
+        terms.append(
+            (
+                emission_logpdf(m, x[t], h),
+                prior_logpdf(m.prior, zs[t], z_prev),
+                normal_logpdf(zs[t], q_loc, q_scale),
+            )
+        )
         x_prev, z_prev = x[t], zs[t]
     return terms
 
@@ -105,9 +111,11 @@ def check_sites_against_reference(m, reference, x, mask):
         zs = torch.stack([guide_tr.nodes[f"z_{t + 1}"]["value"][b] for t in range(L)])
         expected = reference(m, x[b, :L], zs)
         for t in range(T):
-            got = (model_tr.nodes[f"x_{t + 1}"]["log_prob"][b],
-                   model_tr.nodes[f"z_{t + 1}"]["log_prob"][b],
-                   guide_tr.nodes[f"z_{t + 1}"]["log_prob"][b])
+            got = (
+                model_tr.nodes[f"x_{t + 1}"]["log_prob"][b],
+                model_tr.nodes[f"z_{t + 1}"]["log_prob"][b],
+                guide_tr.nodes[f"z_{t + 1}"]["log_prob"][b],
+            )
             if t < L:
                 for g, e in zip(got, expected[t]):
                     assert abs(g - e) < 1e-10, (b, t, g, e)
@@ -116,8 +124,12 @@ def check_sites_against_reference(m, reference, x, mask):
     return guide_tr, model_tr
 
 
-CASES = [("white", "tanh", "bernoulli"), ("wiener", "tanh", "bernoulli"),
-         ("wiener", "gru", "gaussian"), ("white", "gru", "gaussian")]
+CASES = [
+    ("white", "tanh", "bernoulli"),
+    ("wiener", "tanh", "bernoulli"),
+    ("wiener", "gru", "gaussian"),
+    ("white", "gru", "gaussian"),
+]
 
 
 @pytest.mark.parametrize("prior,cell,likelihood", CASES)
@@ -208,8 +220,10 @@ def check_particle_runs_match_full_runs(m, x, mask):
     """FIVO drives init/step one step at a time (per-particle state); Trace_ELBO / IWAE run the
     full sequence (time-parallel model). Same random numbers: FIVO(K=1) = Trace_ELBO and
     FIVO(K=4, never resample) = IWAE(4)."""
-    pairs = [(FIVO(num_particles=1), Trace_ELBO()),
-             (FIVO(num_particles=4, resample="never"), IWAE(num_particles=4, max_plate_nesting=1))]
+    pairs = [
+        (FIVO(num_particles=1), Trace_ELBO()),
+        (FIVO(num_particles=4, resample="never"), IWAE(num_particles=4, max_plate_nesting=1)),
+    ]
     for fivo, other in pairs:
         pyro.set_rng_seed(7)
         a = fivo.loss(m.model, m.guide, x, mask)
@@ -222,8 +236,7 @@ def check_particle_runs_match_full_runs(m, x, mask):
 @pytest.mark.parametrize("prior", ["white", "wiener"])
 def test_fivo_one_particle_equals_trace_elbo(prior, likelihood):
     torch.manual_seed(0)
-    m = STORN(4, z_dim=3, rnn_dim=5, emission_dim=6, prior=prior, likelihood=likelihood,
-              cell="gru")
+    m = STORN(4, z_dim=3, rnn_dim=5, emission_dim=6, prior=prior, likelihood=likelihood, cell="gru")
     x, mask = ragged_batch(likelihood)
     check_particle_runs_match_full_runs(m, x, mask)
 
@@ -279,7 +292,7 @@ def check_trains(m):
     svi = SVI(m.model, m.guide, Adam({"lr": 0.02}), loss=Trace_ELBO())
     for _ in range(40):
         assert math.isfinite(svi.step(x, mask))
-    assert estimate() > before + 10.0   # measured +31 to +60 nats (float32 run); MC noise ~1
+    assert estimate() > before + 10.0  # measured +31 to +60 nats (float32 run); MC noise ~1
 
 
 @pytest.mark.parametrize("prior", ["white", "wiener"])

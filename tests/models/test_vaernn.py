@@ -41,11 +41,11 @@ def vaernn_reference(m, x, zs, skip, likelihood):
     """Per step (log p(x_t | z_t (,d_t)), log p(z_t | d_t), log q(z_t | x_t, d_t)), one sequence."""
     T, D = x.shape
     h = torch.zeros(m.d_dim)
-    u = torch.cat([torch.zeros(1, D), x[:-1]])            # u_t = x_{t-1}
+    u = torch.cat([torch.zeros(1, D), x[:-1]])  # u_t = x_{t-1}
     terms = []
     for t in range(T):
-        h = gru_cell(m.deterministic.rnn, u[t], h)        # eq. 4.11: d_t = f(d_{t-1}, u_t)
-        p_loc, p_scale = gaussian_net(m.prior, h)         # eq. 4.12: p(z_t | d_t)
+        h = gru_cell(m.deterministic.rnn, u[t], h)  # eq. 4.11: d_t = f(d_{t-1}, u_t)
+        p_loc, p_scale = gaussian_net(m.prior, h)  # eq. 4.12: p(z_t | d_t)
         q_loc, q_scale = gaussian_net(m.posterior, torch.cat([x[t], h]))  # eq. 4.15
         feats = torch.cat([zs[t], h]) if skip else zs[t]  # p(x_t | z_t, d_t) or p(x_t | z_t)
         if likelihood == "bernoulli":
@@ -53,10 +53,12 @@ def vaernn_reference(m, x, zs, skip, likelihood):
         else:
             hid = act(lin(m.emitter[0][0], feats))
             head = m.emitter[1]
-            log_px = normal_logpdf(x[t], lin(head.loc, hid),
-                                   head.min_scale + softplus(lin(head.raw_scale, hid)))
-        terms.append((log_px, normal_logpdf(zs[t], p_loc, p_scale),
-                      normal_logpdf(zs[t], q_loc, q_scale)))
+            log_px = normal_logpdf(
+                x[t], lin(head.loc, hid), head.min_scale + softplus(lin(head.raw_scale, hid))
+            )
+        terms.append(
+            (log_px, normal_logpdf(zs[t], p_loc, p_scale), normal_logpdf(zs[t], q_loc, q_scale))
+        )
     return terms
 
 
@@ -94,9 +96,11 @@ def test_site_log_densities_match_reference(skip, likelihood):
         expected = vaernn_reference(m, x[b, :L], zs, skip, likelihood)
         for t in range(6):
             z = guide_tr.nodes[f"z_{t + 1}"]["value"]
-            got = (model_tr.nodes[f"x_{t + 1}"]["fn"].log_prob(x[:, t])[b],
-                   model_tr.nodes[f"z_{t + 1}"]["fn"].log_prob(z)[b],
-                   guide_tr.nodes[f"z_{t + 1}"]["fn"].log_prob(z)[b])
+            got = (
+                model_tr.nodes[f"x_{t + 1}"]["fn"].log_prob(x[:, t])[b],
+                model_tr.nodes[f"z_{t + 1}"]["fn"].log_prob(z)[b],
+                guide_tr.nodes[f"z_{t + 1}"]["fn"].log_prob(z)[b],
+            )
             if t < L:
                 for g, e in zip(got, expected[t]):
                     assert abs(g.item() - e.item()) <= 1e-10 * max(1.0, abs(e.item())), (b, t)
@@ -119,8 +123,9 @@ def test_trace_elbo_is_the_sum_of_reference_terms(skip):
     for b in range(3):
         L = int(mask[b].sum())
         zs = torch.stack([guide_tr.nodes[f"z_{t + 1}"]["value"][b] for t in range(L)])
-        expected = expected - sum(px + pz - qz for px, pz, qz in
-                                  vaernn_reference(m, x[b, :L], zs, skip, "bernoulli"))
+        expected = expected - sum(
+            px + pz - qz for px, pz, qz in vaernn_reference(m, x[b, :L], zs, skip, "bernoulli")
+        )
     assert abs(loss.item() - expected.item()) <= 1e-10 * abs(expected.item())
 
 
@@ -128,6 +133,7 @@ def test_skip_connection_changes_only_the_emission():
     """skip=True feeds d_t to the emitter: its input grows by d_dim, the rest is unchanged."""
     a, b = tiny(False), tiny(True)
     assert a.emitter[0].in_features == 3 and b.emitter[0].in_features == 3 + 5
+
     def shapes(m):
         return {k: v.shape for k, v in m.state_dict().items() if not k.startswith("emitter")}
 
@@ -145,8 +151,12 @@ def test_time_parallel_scoring_equals_the_step_loop():
     loop_tr.compute_log_prob()
     for t in range(6):
         for name in (f"z_{t + 1}", f"x_{t + 1}"):
-            assert torch.allclose(model_tr.nodes[name]["log_prob"], loop_tr.nodes[name]["log_prob"],
-                                  rtol=1e-12, atol=1e-12), name
+            assert torch.allclose(
+                model_tr.nodes[name]["log_prob"],
+                loop_tr.nodes[name]["log_prob"],
+                rtol=1e-12,
+                atol=1e-12,
+            ), name
 
 
 OBJECTIVES = {
@@ -189,13 +199,16 @@ def test_padded_steps_contribute_nothing(objective):
         pyro.set_rng_seed(4)
         losses.append(OBJECTIVES[objective]().loss(m.model, m.guide, data, mask))
     assert losses[0] == losses[1]
-    if objective in ("trace_elbo", "meanfield_elbo"):   # one particle: the per-step terms
+    if objective in ("trace_elbo", "meanfield_elbo"):  # one particle: the per-step terms
         guide_tr, model_tr = traces(m, x, mask)
         guide_tr.compute_log_prob()
         model_tr.compute_log_prob()
         for t in range(6):
-            for tr, name in ((model_tr, f"x_{t + 1}"), (model_tr, f"z_{t + 1}"),
-                             (guide_tr, f"z_{t + 1}")):
+            for tr, name in (
+                (model_tr, f"x_{t + 1}"),
+                (model_tr, f"z_{t + 1}"),
+                (guide_tr, f"z_{t + 1}"),
+            ):
                 lp = tr.nodes[name]["log_prob"]
                 assert bool((lp[~mask[:, t]] == 0).all()) and bool((lp[mask[:, t]] != 0).all())
 

@@ -23,8 +23,14 @@ from pyro_seq.cli import build_model
 from pyro_seq.infer import FIVO
 from pyro_seq.models import STORN, VOSP
 from pyro_seq.models.storn import StepRNN
-from tests.models.reference import (bernoulli_logpmf, gru_cell, lin, normal_logpdf, randomize,
-                                    softplus)
+from tests.models.reference import (
+    bernoulli_logpmf,
+    gru_cell,
+    lin,
+    normal_logpdf,
+    randomize,
+    softplus,
+)
 
 pytestmark = pytest.mark.usefixtures("float64")  # tests/conftest.py
 
@@ -32,8 +38,9 @@ pytestmark = pytest.mark.usefixtures("float64")  # tests/conftest.py
 # ----------------------------------------------------------------- reference, written out
 def tanh_cell(rnn, x, h):
     """Eq. (2) with f_h = tanh (torch's two-bias layout)."""
-    return torch.tanh(x @ rnn.weight_ih_l0.T + rnn.bias_ih_l0 + h @ rnn.weight_hh_l0.T
-                      + rnn.bias_hh_l0)
+    return torch.tanh(
+        x @ rnn.weight_ih_l0.T + rnn.bias_ih_l0 + h @ rnn.weight_hh_l0.T + rnn.bias_hh_l0
+    )
 
 
 def recognition_rnn(m, x):
@@ -66,9 +73,13 @@ def vosp_reference(m, x, zs):
         prior_loc = torch.zeros(m.z_dim) if m.prior == "white" else z_prev
         q_loc = lin(head.loc, hs[t + 1])
         q_scale = head.min_scale + softplus(lin(head.raw_scale, hs[t + 1]))
-        terms.append((emission_logpdf(m, x[t], hs[t], zs[t]),
-                      normal_logpdf(zs[t], prior_loc, torch.ones(m.z_dim)),
-                      normal_logpdf(zs[t], q_loc, q_scale)))
+        terms.append(
+            (
+                emission_logpdf(m, x[t], hs[t], zs[t]),
+                normal_logpdf(zs[t], prior_loc, torch.ones(m.z_dim)),
+                normal_logpdf(zs[t], q_loc, q_scale),
+            )
+        )
         z_prev = zs[t]
     return terms
 
@@ -105,8 +116,12 @@ def traces(m, x, mask, full_model=True, guide_tr=None):
     return guide_tr, model_tr
 
 
-CASES = [("wiener", "tanh", "bernoulli"), ("white", "tanh", "bernoulli"),
-         ("wiener", "gru", "bernoulli"), ("white", "gru", "gaussian")]
+CASES = [
+    ("wiener", "tanh", "bernoulli"),
+    ("white", "tanh", "bernoulli"),
+    ("wiener", "gru", "bernoulli"),
+    ("white", "gru", "gaussian"),
+]
 
 
 # ----------------------------------------------------------------- the bound's terms
@@ -124,9 +139,11 @@ def test_log_joint_matches_sec_3_2_written_out(prior, cell, likelihood):
         zs = torch.stack([guide_tr.nodes[f"z_{t + 1}"]["value"][b] for t in range(L)])
         ref = vosp_reference(m, x[b, :L], zs)
         for t in range(x.shape[1]):
-            got = (model_tr.nodes[f"x_{t + 1}"]["log_prob"][b],
-                   model_tr.nodes[f"z_{t + 1}"]["log_prob"][b],
-                   guide_tr.nodes[f"z_{t + 1}"]["log_prob"][b])
+            got = (
+                model_tr.nodes[f"x_{t + 1}"]["log_prob"][b],
+                model_tr.nodes[f"z_{t + 1}"]["log_prob"][b],
+                guide_tr.nodes[f"z_{t + 1}"]["log_prob"][b],
+            )
             if t < L:
                 for g, e in zip(got, ref[t]):
                     assert abs(g - e) < 1e-10, (b, t, g, e)
@@ -167,8 +184,9 @@ def test_one_step_predictor_is_online():
         p = poutine.trace(poutine.condition(m.model, data=zs)).get_trace(data, mask)
         g.compute_log_prob()
         p.compute_log_prob()
-        return [(g.nodes[f"z_{t + 1}"]["log_prob"], p.nodes[f"x_{t + 1}"]["log_prob"])
-                for t in range(5)]
+        return [
+            (g.nodes[f"z_{t + 1}"]["log_prob"], p.nodes[f"x_{t + 1}"]["log_prob"]) for t in range(5)
+        ]
 
     x2 = x.clone()
     x2[:, 2] = 1 - x2[:, 2]
@@ -225,7 +243,7 @@ def test_generation_feeds_its_samples_to_the_recognition_rnn():
     recurrent = [n for n, mod in m.named_modules() if isinstance(mod, (StepRNN, nn.RNNBase))]
     assert recurrent == ["encoder", "encoder.rnn"]
     with torch.no_grad():
-        m.emitter[0].weight[:, m.rnn_dim:] = 0.0
+        m.emitter[0].weight[:, m.rnn_dim :] = 0.0
     x, logits = m.generate(3, 6)
     for b in range(3):
         hs = recognition_rnn(m, x[b])
@@ -243,14 +261,21 @@ def test_constructor_conventions():
     assert not isinstance(m, STORN) and m.prior == "wiener" and m.z_dim == 8
     assert m.module_name == "vosp" and m.binary_observations
     assert not hasattr(m, "decoder")
-    built = build_model("vosp", 6, {"z_dim": 2, "rnn_dim": 5, "emission_dim": 7,
-                                    "likelihood": "gaussian", "cell": "gru"})
+    built = build_model(
+        "vosp",
+        6,
+        {"z_dim": 2, "rnn_dim": 5, "emission_dim": 7, "likelihood": "gaussian", "cell": "gru"},
+    )
     assert isinstance(built, VOSP) and built.encoder.cell == "gru"
     assert not built.binary_observations and built.emitter[0][0].in_features == 5 + 2
     gmm = VOSP(4, z_dim=2, rnn_dim=3, emission_dim=4, likelihood="gmm", num_components=2)
     assert gmm.generate(2, 3)[0].shape == (2, 3, 4)
-    for kwargs, name in (({"prior": "gp"}, "prior"), ({"cell": "lstm"}, "cell"),
-                         ({"likelihood": "poisson"}, "likelihood"), ({"z_dim": 0}, "z_dim"),
-                         ({"rnn_dim": 2.5}, "rnn_dim")):
+    for kwargs, name in (
+        ({"prior": "gp"}, "prior"),
+        ({"cell": "lstm"}, "cell"),
+        ({"likelihood": "poisson"}, "likelihood"),
+        ({"z_dim": 0}, "z_dim"),
+        ({"rnn_dim": 2.5}, "rnn_dim"),
+    ):
         with pytest.raises(ValueError, match=name):
             VOSP(4, **kwargs)

@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from pyro_seq.models.vrae import VRAE
+from tests.models.reference import lin, normal_logpdf, randomize, softplus
 from tests.models.test_storn import (
     OBJECTIVES,
     cell_fn,
@@ -28,7 +29,6 @@ from tests.models.test_storn import (
     prior_logpdf,
     ragged_batch,
 )
-from tests.models.reference import lin, normal_logpdf, randomize, softplus
 
 pytestmark = pytest.mark.usefixtures("float64")  # tests/conftest.py
 
@@ -60,8 +60,13 @@ def vrae_reference(m, x, zs):
     terms = []
     for t, (q_loc, q_scale) in enumerate(recognition_reference(m, x)):
         h = dec(m.decoder.rnn, zs[t], h)
-        terms.append((emission_logpdf(m, x[t], h), prior_logpdf(m.prior, zs[t], z_prev),
-                      normal_logpdf(zs[t], q_loc, q_scale)))
+        terms.append(
+            (
+                emission_logpdf(m, x[t], h),
+                prior_logpdf(m.prior, zs[t], z_prev),
+                normal_logpdf(zs[t], q_loc, q_scale),
+            )
+        )
         z_prev = zs[t]
     return terms
 
@@ -76,8 +81,12 @@ def tiny(**kwargs):
     return VRAE(4, z_dim=3, encoder_dim=5, decoder_dim=4, emission_dim=6, **kwargs)
 
 
-CASES = [("white", "tanh", "bernoulli"), ("wiener", "tanh", "bernoulli"),
-         ("wiener", "gru", "gaussian"), ("white", "gru", "gaussian")]
+CASES = [
+    ("white", "tanh", "bernoulli"),
+    ("wiener", "tanh", "bernoulli"),
+    ("wiener", "gru", "gaussian"),
+    ("white", "gru", "gaussian"),
+]
 
 
 @pytest.mark.parametrize("prior,cell,likelihood", CASES)
@@ -92,8 +101,13 @@ def test_site_log_densities_match_reference(prior, cell, likelihood):
 def dense_kl(mu_q, var_q, cov_p):
     n = mu_q.shape[-1]
     inv_p = torch.linalg.inv(cov_p)
-    return 0.5 * (torch.logdet(cov_p) - torch.log(var_q).sum() - n
-                  + torch.trace(inv_p @ torch.diag(var_q)) + mu_q @ inv_p @ mu_q)
+    return 0.5 * (
+        torch.logdet(cov_p)
+        - torch.log(var_q).sum()
+        - n
+        + torch.trace(inv_p @ torch.diag(var_q))
+        + mu_q @ inv_p @ mu_q
+    )
 
 
 @pytest.mark.parametrize("prior", ["white", "wiener"])
@@ -108,7 +122,7 @@ def test_closed_form_kl_matches_dense_gaussian_kl(prior):
     for b in range(x.shape[0]):
         L = int(mask[b].sum())
         params = recognition_reference(m, x[b, :L])
-        loc = torch.stack([p[0] for p in params])              # (L, Z)
+        loc = torch.stack([p[0] for p in params])  # (L, Z)
         var = torch.stack([p[1] for p in params]) ** 2
         t = torch.arange(1, L + 1, dtype=torch.float64)
         cov = torch.minimum(t.unsqueeze(-1), t) if prior == "wiener" else torch.eye(L)

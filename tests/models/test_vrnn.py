@@ -34,8 +34,8 @@ def gru_cell(wi, wh, bi, bh, x, h):
     gi, gh = x @ wi.T + bi, h @ wh.T + bh
     H = h.shape[-1]
     r = torch.sigmoid(gi[..., :H] + gh[..., :H])
-    u = torch.sigmoid(gi[..., H:2 * H] + gh[..., H:2 * H])
-    n = torch.tanh(gi[..., 2 * H:] + r * gh[..., 2 * H:])
+    u = torch.sigmoid(gi[..., H : 2 * H] + gh[..., H : 2 * H])
+    n = torch.tanh(gi[..., 2 * H :] + r * gh[..., 2 * H :])
     return ((1 - u) * n + u * h,)
 
 
@@ -43,8 +43,8 @@ def lstm_cell(wi, wh, bi, bh, x, h, c):
     """Hochreiter & Schmidhuber (1997) with forget gate; torch's gate order i, f, g, o."""
     g = x @ wi.T + bi + h @ wh.T + bh
     H = h.shape[-1]
-    i, f = torch.sigmoid(g[..., :H]), torch.sigmoid(g[..., H:2 * H])
-    cand, o = torch.tanh(g[..., 2 * H:3 * H]), torch.sigmoid(g[..., 3 * H:])
+    i, f = torch.sigmoid(g[..., :H]), torch.sigmoid(g[..., H : 2 * H])
+    cand, o = torch.tanh(g[..., 2 * H : 3 * H]), torch.sigmoid(g[..., 3 * H :])
     c = f * c + i * cand
     return o * torch.tanh(c), c
 
@@ -60,7 +60,7 @@ def zero_hidden(kind, H, lead=()):
 
 def gaussian_head(head, h, variance):
     raw = lin(head.raw_scale, h)
-    std = torch.exp(raw / 2) if variance == "log" else softplus(raw)   # log v = NN, or softplus
+    std = torch.exp(raw / 2) if variance == "log" else softplus(raw)  # log v = NN, or softplus
     return lin(head.loc, h), head.min_scale + std
 
 
@@ -78,13 +78,13 @@ class Reference:
     def phi_z(self, z):
         return relu(lin(self.m.phi_z[2], relu(lin(self.m.phi_z[0], z))))
 
-    def first_hidden(self, lead=()):                   # d_1 = f(d_0, [phi_x(x_0), phi_z(z_0)])
+    def first_hidden(self, lead=()):  # d_1 = f(d_0, [phi_x(x_0), phi_z(z_0)])
         m = self.m
         u = torch.cat([self.phi_x(torch.zeros(m.obs_dim)), self.phi_z(torch.zeros(m.z_dim))])
         h = cell(self.kind, self.f, u, zero_hidden(self.kind, m.d_dim))
         return tuple(v.expand(tuple(lead) + v.shape) for v in h)
 
-    def next_hidden(self, hidden, x_t, z_t):           # d_{t+1} = f(d_t, [phi_x(x_t), phi_z(z_t)])
+    def next_hidden(self, hidden, x_t, z_t):  # d_{t+1} = f(d_t, [phi_x(x_t), phi_z(z_t)])
         phi_x = self.phi_x(x_t).expand(z_t.shape[:-1] + (-1,))
         return cell(self.kind, self.f, torch.cat([phi_x, self.phi_z(z_t)], -1), hidden)
 
@@ -96,7 +96,7 @@ class Reference:
         r = m.encoder.rnn
         w = (r.weight_ih_l0, r.weight_hh_l0, r.bias_ih_l0, r.bias_hh_l0)
         a, g = [None] * x.shape[0], zero_hidden(self.kind, r.hidden_size)
-        for t in reversed(range(x.shape[0])):          # a_t = g(a_{t+1}, x_t), a_{T+1} = 0
+        for t in reversed(range(x.shape[0])):  # a_t = g(a_{t+1}, x_t), a_{T+1} = 0
             g = cell(self.kind, w, x[t], g)
             a[t] = g[0]
         return a
@@ -112,7 +112,9 @@ class Reference:
         if self.likelihood == "bernoulli":
             log_px = bernoulli_logpmf(x_t, lin(m.emitter[2], relu(lin(m.emitter[0], feats))))
         else:
-            e_loc, e_scale = gaussian_head(m.emitter[1], relu(lin(m.emitter[0][0], feats)), "softplus")
+            e_loc, e_scale = gaussian_head(
+                m.emitter[1], relu(lin(m.emitter[0][0], feats)), "softplus"
+            )
             log_px = normal_logpdf(x_t, e_loc, e_scale)
         return log_px, normal_logpdf(z_t, p_loc, p_scale), normal_logpdf(z_t, q_loc, q_scale)
 
@@ -154,18 +156,28 @@ def traces(m, x, mask):
 
 
 # ----------------------------------------------------------------------------- (a) reference
-CASES = [("filtering", "gru", "bernoulli", "softplus"), ("smoothing", "gru", "bernoulli", "softplus"),
-         ("filtering", "lstm", "gaussian", "softplus"), ("smoothing", "lstm", "gaussian", "log"),
-         ("smoothing", "lstm", "bernoulli", "softplus"), ("filtering", "gru", "gaussian", "log")]
+CASES = [
+    ("filtering", "gru", "bernoulli", "softplus"),
+    ("smoothing", "gru", "bernoulli", "softplus"),
+    ("filtering", "lstm", "gaussian", "softplus"),
+    ("smoothing", "lstm", "gaussian", "log"),
+    ("smoothing", "lstm", "bernoulli", "softplus"),
+    ("filtering", "gru", "gaussian", "log"),
+]
 
 
 @pytest.mark.usefixtures("float64")
 @pytest.mark.parametrize("inference,kind,likelihood,variance", CASES)
 def test_site_log_densities_match_reference(inference, kind, likelihood, variance):
     torch.manual_seed(0)
-    min_scale = 0.0 if variance == "log" else 1e-3           # "log": exactly log v = NN
-    m = tiny(inference=inference, cell=kind, likelihood=likelihood, variance=variance,
-             min_scale=min_scale)
+    min_scale = 0.0 if variance == "log" else 1e-3  # "log": exactly log v = NN
+    m = tiny(
+        inference=inference,
+        cell=kind,
+        likelihood=likelihood,
+        variance=variance,
+        min_scale=min_scale,
+    )
     randomize(m)
     x, mask = ragged(likelihood=likelihood)
     guide_tr, model_tr = traces(m, x, mask)
@@ -177,9 +189,11 @@ def test_site_log_densities_match_reference(inference, kind, likelihood, varianc
         expected = ref.sequence(x[b, :L], zs)
         for t in range(T):
             z = guide_tr.nodes[f"z_{t + 1}"]["value"]
-            got = (model_tr.nodes[f"x_{t + 1}"]["fn"].log_prob(x[:, t])[b],
-                   model_tr.nodes[f"z_{t + 1}"]["fn"].log_prob(z)[b],
-                   guide_tr.nodes[f"z_{t + 1}"]["fn"].log_prob(z)[b])
+            got = (
+                model_tr.nodes[f"x_{t + 1}"]["fn"].log_prob(x[:, t])[b],
+                model_tr.nodes[f"z_{t + 1}"]["fn"].log_prob(z)[b],
+                guide_tr.nodes[f"z_{t + 1}"]["fn"].log_prob(z)[b],
+            )
             if t < L:
                 for g, e in zip(got, expected[t]):
                     assert torch.allclose(g, e, atol=1e-10, rtol=1e-10), (b, t, g, e)
@@ -198,8 +212,10 @@ OBJECTIVES = {
 
 
 @pytest.mark.parametrize("objective", sorted(OBJECTIVES))
-@pytest.mark.parametrize("likelihood,inference,kind", [("bernoulli", "filtering", "lstm"),
-                                                       ("gaussian", "smoothing", "gru")])
+@pytest.mark.parametrize(
+    "likelihood,inference,kind",
+    [("bernoulli", "filtering", "lstm"), ("gaussian", "smoothing", "gru")],
+)
 def test_every_objective_gives_every_parameter_a_gradient(objective, likelihood, inference, kind):
     torch.manual_seed(0)
     m = tiny(likelihood=likelihood, inference=inference, cell=kind)
@@ -225,8 +241,10 @@ def test_fivo_k1_is_trace_elbo_and_never_is_iwae(inference):
     m = tiny(inference=inference)
     randomize(m)
     x, mask = ragged()
-    pairs = [(FIVO(num_particles=1), Trace_ELBO()),
-             (FIVO(num_particles=4, resample="never"), IWAE(num_particles=4, max_plate_nesting=1))]
+    pairs = [
+        (FIVO(num_particles=1), Trace_ELBO()),
+        (FIVO(num_particles=4, resample="never"), IWAE(num_particles=4, max_plate_nesting=1)),
+    ]
     for fivo, other in pairs:
         pyro.set_rng_seed(1)
         a = fivo.loss(m.model, m.guide, x, mask)
@@ -282,8 +300,9 @@ def test_fivo_resamples_d_with_the_particles(inference, kind, monkeypatch):
     for ancestors, before, after in events:
         assert sorted(after) == sorted(keys)
         for key in keys:
-            gathered = torch.stack([before[key].expand(K, B, -1)[ancestors[:, b], b]
-                                    for b in range(B)], dim=1)
+            gathered = torch.stack(
+                [before[key].expand(K, B, -1)[ancestors[:, b], b] for b in range(B)], dim=1
+            )
             assert torch.equal(after[key], gathered), key
         assert torch.equal(after["d"], after["guide_d"])
 
@@ -294,9 +313,9 @@ def test_fivo_resamples_d_with_the_particles(inference, kind, monkeypatch):
             c = ref.contexts(x[b])
             expected = 0.0
             for t in range(T):
-                z = record.values[f"z_{t + 1}"][:, b]                     # (K, z_dim)
+                z = record.values[f"z_{t + 1}"][:, b]  # (K, z_dim)
                 log_px, log_pz, log_qz = ref.terms(hidden[0], x[b, t], z, c[t])
-                alpha = log_px + log_pz - log_qz                           # (K,)
+                alpha = log_px + log_pz - log_qz  # (K,)
                 expected += torch.logsumexp(alpha, 0) - math.log(K)
                 if t + 1 < T:
                     a = events[t][0][:, b]
@@ -328,7 +347,7 @@ def test_model_reuse_of_the_guide_recurrence_changes_nothing(monkeypatch):
     loss_a, grads_a, calls_a = run(True)
     loss_b, grads_b, calls_b = run(False)
     T = x.shape[1]
-    assert calls_a == 2 + (T - 1) and calls_b == 2 + 2 * (T - 1)   # d_1 in each init, d_{t+1}
+    assert calls_a == 2 + (T - 1) and calls_b == 2 + 2 * (T - 1)  # d_1 in each init, d_{t+1}
     assert loss_a == pytest.approx(loss_b, rel=1e-12)
     for a, b in zip(grads_a, grads_b):
         assert torch.allclose(a, b, rtol=1e-10, atol=1e-12)
@@ -350,9 +369,9 @@ def test_batch_bound_is_sum_of_per_sequence_bounds(inference):
     m_tr.compute_log_prob()
     total = 0.0
     for b, L in enumerate(mask.sum(-1).tolist()):
-        zs = {f"z_{t + 1}": g_tr.nodes[f"z_{t + 1}"]["value"][b:b + 1] for t in range(L)}
-        g1 = poutine.trace(poutine.condition(m.guide, data=zs)).get_trace(x[b:b + 1, :L])
-        m1 = poutine.trace(poutine.condition(m.model, data=zs)).get_trace(x[b:b + 1, :L])
+        zs = {f"z_{t + 1}": g_tr.nodes[f"z_{t + 1}"]["value"][b : b + 1] for t in range(L)}
+        g1 = poutine.trace(poutine.condition(m.guide, data=zs)).get_trace(x[b : b + 1, :L])
+        m1 = poutine.trace(poutine.condition(m.model, data=zs)).get_trace(x[b : b + 1, :L])
         g1.compute_log_prob()
         m1.compute_log_prob()
         total = total + m1.log_prob_sum() - g1.log_prob_sum()
@@ -363,8 +382,9 @@ def test_batch_bound_is_sum_of_per_sequence_bounds(inference):
                         continue
                     lp = tr.nodes[name]["log_prob"][b]
                     if t < L:
-                        assert torch.allclose(lp, one.nodes[name]["log_prob"][0], rtol=1e-10,
-                                              atol=1e-10), (b, name)
+                        assert torch.allclose(
+                            lp, one.nodes[name]["log_prob"][0], rtol=1e-10, atol=1e-10
+                        ), (b, name)
                     else:
                         assert lp.item() == 0.0, (b, name)
     batch = m_tr.log_prob_sum() - g_tr.log_prob_sum()
@@ -431,12 +451,19 @@ def test_generate_follows_the_model(monkeypatch):
 
 
 # ----------------------------------------------------------------------------- options, guides
-@pytest.mark.parametrize("kwargs,message", [
-    ({"inference": "forward"}, "inference"), ({"cell": "rnn"}, "cell"),
-    ({"likelihood": "poisson"}, "likelihood"), ({"d_dim": 0}, "d_dim"),
-    ({"z_dim": 2.5}, "z_dim"), ({"min_scale": -1.0}, "min_scale"),
-    ({"variance": "exp"}, "variance"), ({"activation": "swish"}, "activation"),
-])
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        ({"inference": "forward"}, "inference"),
+        ({"cell": "rnn"}, "cell"),
+        ({"likelihood": "poisson"}, "likelihood"),
+        ({"d_dim": 0}, "d_dim"),
+        ({"z_dim": 2.5}, "z_dim"),
+        ({"min_scale": -1.0}, "min_scale"),
+        ({"variance": "exp"}, "variance"),
+        ({"activation": "swish"}, "activation"),
+    ],
+)
 def test_bad_options_are_named(kwargs, message):
     with pytest.raises(ValueError, match=message):
         tiny(**kwargs)
@@ -480,9 +507,9 @@ def test_smoothing_guide_sees_the_future_filtering_does_not(inference):
 
     base = locs(x)
     x2 = x.clone()
-    x2[:, 3] = 1 - x2[:, 3]                                    # perturb x_4
+    x2[:, 3] = 1 - x2[:, 3]  # perturb x_4
     new = locs(x2)
-    for s in range(3):                                         # q(z_s), s < 4
+    for s in range(3):  # q(z_s), s < 4
         assert (not torch.allclose(base[s], new[s])) == (inference == "smoothing"), s
-    assert not torch.allclose(base[3], new[3])                 # both see the present
-    assert not torch.allclose(base[4], new[4])                 # d_5 depends on x_4
+    assert not torch.allclose(base[3], new[3])  # both see the present
+    assert not torch.allclose(base[4], new[4])  # d_5 depends on x_4

@@ -5,8 +5,18 @@ import re
 import pytest
 import torch
 
-from pyro_seq.nn import (MLP, BackwardRNN, ClippedLeakyReLU, Combiner, ForwardRNN, GatedTransition,
-                         GaussianHead, cat_broadcast, layer_widths, reverse_padded)
+from pyro_seq.nn import (
+    MLP,
+    BackwardRNN,
+    ClippedLeakyReLU,
+    Combiner,
+    ForwardRNN,
+    GatedTransition,
+    GaussianHead,
+    cat_broadcast,
+    layer_widths,
+    reverse_padded,
+)
 from pyro_seq.nn.conv import frame_networks
 
 
@@ -15,7 +25,7 @@ def test_reverse_padded_reverses_within_length_and_is_an_involution():
     lengths = torch.tensor([5, 3])
     y = reverse_padded(x, lengths)
     assert y[0, :, 0].tolist() == [4, 3, 2, 1, 0]
-    assert y[1, :, 0].tolist() == [7, 6, 5, 8, 9]          # padding stays in place
+    assert y[1, :, 0].tolist() == [7, 6, 5, 8, 9]  # padding stays in place
     assert torch.equal(reverse_padded(y, lengths), x)
 
 
@@ -25,11 +35,11 @@ def test_backward_rnn_equals_each_sequence_run_alone():
     x = torch.randn(3, 6, 3)
     lengths = torch.tensor([6, 4, 1])
     mask = torch.arange(6) < lengths.unsqueeze(-1)
-    out = rnn(x * mask.unsqueeze(-1) + 100 * (~mask).unsqueeze(-1), mask)   # garbage padding
+    out = rnn(x * mask.unsqueeze(-1) + 100 * (~mask).unsqueeze(-1), mask)  # garbage padding
     for b, L in enumerate(lengths.tolist()):
         h, ref = torch.zeros(1, 1, 4), []
-        for t in reversed(range(L)):                         # a_t = g(a_{t+1}, x_t), a_{L+1}=0
-            o, h = rnn.rnn(x[b:b + 1, t:t + 1], h)
+        for t in reversed(range(L)):  # a_t = g(a_{t+1}, x_t), a_{L+1}=0
+            o, h = rnn.rnn(x[b : b + 1, t : t + 1], h)
             ref.append(o[0, 0])
         ref = torch.stack(ref[::-1])
         assert torch.allclose(out[b, :L], ref, atol=1e-6)
@@ -52,7 +62,7 @@ def test_gated_transition_starts_close_to_identity_mean_and_has_positive_scale()
     loc, scale = tr(z)
     gate = torch.sigmoid(tr.gate(torch.relu(tr.gate_hidden(z))))
     proposed = tr.proposal(torch.relu(tr.proposal_hidden(z)))
-    assert torch.allclose(loc, (1 - gate) * z + gate * proposed, atol=1e-6)   # W_0 = I at init
+    assert torch.allclose(loc, (1 - gate) * z + gate * proposed, atol=1e-6)  # W_0 = I at init
     assert (scale > 0.01).all()
 
 
@@ -62,8 +72,10 @@ def test_combiner_formula():
     z, a = torch.randn(2, 3), torch.randn(2, 4)
     h = 0.5 * (torch.tanh(c.z_to_hidden(z)) + a)
     loc, scale = c(z, a)
-    assert torch.allclose(loc, c.loc(h)) and torch.allclose(scale, torch.nn.functional.softplus(c.raw_scale(h)))
-    loc2, scale2 = c(z, a, c.stacked_heads())       # the fused form used in loops
+    assert torch.allclose(loc, c.loc(h)) and torch.allclose(
+        scale, torch.nn.functional.softplus(c.raw_scale(h))
+    )
+    loc2, scale2 = c(z, a, c.stacked_heads())  # the fused form used in loops
     assert torch.allclose(loc2, loc, atol=1e-6) and torch.allclose(scale2, scale, atol=1e-6)
 
 
@@ -106,7 +118,7 @@ def _relu_rnn_reference(rnn, x, lengths, h0):
     outs = []
     for b in range(x.shape[0]):
         L = int(lengths[b])
-        o, _ = rnn.rnn(x[b:b + 1, :L], h0[b].reshape(1, 1, -1))
+        o, _ = rnn.rnn(x[b : b + 1, :L], h0[b].reshape(1, 1, -1))
         outs.append(torch.cat([o[0], o.new_zeros(x.shape[1] - L, o.shape[-1])]))
     return torch.stack(outs)
 
@@ -122,8 +134,10 @@ def test_ragged_relu_rnn_equals_torch_rnn_per_sequence_with_gradients():
     lengths = torch.tensor([3, 7, 1, 5])
     w = torch.randn(4, 7, 5, dtype=torch.float64)
     grads = []
-    for run in (lambda: rnn(x, lengths),
-                lambda: _relu_rnn_reference(rnn, x, lengths, rnn.h0.expand(4, -1))):
+    for run in (
+        lambda: rnn(x, lengths),
+        lambda: _relu_rnn_reference(rnn, x, lengths, rnn.h0.expand(4, -1)),
+    ):
         rnn.zero_grad()
         x.grad = None
         out = run()
@@ -142,14 +156,18 @@ def test_ragged_relu_rnn_gradcheck_and_bad_lengths():
     from pyro_seq.nn.relu_scan import ragged_relu_rnn
 
     torch.manual_seed(1)
-    args = [torch.randn(3, 4, 2, dtype=torch.float64, requires_grad=True),
-            torch.tensor([4, 2, 3]),
-            torch.randn(3, 5, dtype=torch.float64, requires_grad=True),
-            torch.randn(5, 2, dtype=torch.float64, requires_grad=True),
-            0.4 * torch.randn(5, 5, dtype=torch.float64, requires_grad=True),
-            torch.rand(5, dtype=torch.float64, requires_grad=True)]
-    assert torch.autograd.gradcheck(lambda x, h0, wi, wh, b: ragged_relu_rnn(x, args[1], h0, wi, wh, b),
-                                    (args[0],) + tuple(args[2:]))
+    args = [
+        torch.randn(3, 4, 2, dtype=torch.float64, requires_grad=True),
+        torch.tensor([4, 2, 3]),
+        torch.randn(3, 5, dtype=torch.float64, requires_grad=True),
+        torch.randn(5, 2, dtype=torch.float64, requires_grad=True),
+        0.4 * torch.randn(5, 5, dtype=torch.float64, requires_grad=True),
+        torch.rand(5, dtype=torch.float64, requires_grad=True),
+    ]
+    assert torch.autograd.gradcheck(
+        lambda x, h0, wi, wh, b: ragged_relu_rnn(x, args[1], h0, wi, wh, b),
+        (args[0],) + tuple(args[2:]),
+    )
     with pytest.raises(ValueError, match="lengths"):
         ragged_relu_rnn(args[0], torch.tensor([5, 2, 3]), *args[2:])
     with pytest.raises(ValueError, match="lengths"):
@@ -160,8 +178,10 @@ def test_ragged_relu_rnn_gradcheck_and_bad_lengths():
 def test_mlp_refuses_hidden_widths_that_are_not_positive_ints(bad):
     """A zero-width hidden layer used to be built (Linear(a, 0)): the output was then the last
     bias for every input."""
-    with pytest.raises(ValueError, match=r"hidden_dims must hold positive ints .*got " +
-                       re.escape(repr(tuple(bad)))):
+    with pytest.raises(
+        ValueError,
+        match=r"hidden_dims must hold positive ints .*got " + re.escape(repr(tuple(bad))),
+    ):
         MLP(3, bad, 2)
     with pytest.raises(ValueError, match="hidden_dims must hold positive ints"):
         frame_networks("mlp", (2, 2), 3, hidden_dims=bad)
@@ -172,7 +192,10 @@ def test_mlp_refuses_hidden_widths_that_are_not_positive_ints(bad):
 def test_mlp_widths_and_their_type_errors():
     net = MLP(3, (4, 5), 2)
     assert [(m.in_features, m.out_features) for m in net if isinstance(m, torch.nn.Linear)] == [
-        (3, 4), (4, 5), (5, 2)]
+        (3, 4),
+        (4, 5),
+        (5, 2),
+    ]
     assert layer_widths([4, torch.tensor(5)]) == (4, 5)
     assert layer_widths(()) == ()
     for bad in (256, "256", None):

@@ -35,8 +35,9 @@ def _loop(comb, z0, a, eps):
 def test_values_equal_the_combiner_loop():
     comb, z0, a, eps = _inputs()
     w_h, b_h = comb.stacked_heads()
-    fused = combiner_scan(z0, a, eps, comb.z_to_hidden.weight, comb.z_to_hidden.bias, w_h, b_h,
-                          comb.min_scale)
+    fused = combiner_scan(
+        z0, a, eps, comb.z_to_hidden.weight, comb.z_to_hidden.bias, w_h, b_h, comb.min_scale
+    )
     for got, want in zip(fused, _loop(comb, z0, a, eps)):
         assert torch.allclose(got, want, rtol=0, atol=1e-13)
 
@@ -51,8 +52,9 @@ def test_gradients_equal_autograd_of_the_loop():
     params = [z0, a] + list(comb.parameters())
     g_loop = torch.autograd.grad(loss(_loop(comb, z0, a, eps)), params)
     w_h, b_h = comb.stacked_heads()
-    fused = combiner_scan(z0, a, eps, comb.z_to_hidden.weight, comb.z_to_hidden.bias, w_h, b_h,
-                          comb.min_scale)
+    fused = combiner_scan(
+        z0, a, eps, comb.z_to_hidden.weight, comb.z_to_hidden.bias, w_h, b_h, comb.min_scale
+    )
     g_fused = torch.autograd.grad(loss(fused), params)
     for got, want in zip(g_fused, g_loop):
         assert torch.allclose(got, want, rtol=1e-10, atol=1e-12)
@@ -61,19 +63,26 @@ def test_gradients_equal_autograd_of_the_loop():
 def test_gradcheck():
     comb, z0, a, eps = _inputs(B=2, T=3, Z=2, H=3, seed=2)
     w_h, b_h = comb.stacked_heads()
-    args = (z0, a, comb.z_to_hidden.weight.detach().requires_grad_(),
-            comb.z_to_hidden.bias.detach().requires_grad_(), w_h.detach().requires_grad_(),
-            b_h.detach().requires_grad_())
+    args = (
+        z0,
+        a,
+        comb.z_to_hidden.weight.detach().requires_grad_(),
+        comb.z_to_hidden.bias.detach().requires_grad_(),
+        w_h.detach().requires_grad_(),
+        b_h.detach().requires_grad_(),
+    )
     assert torch.autograd.gradcheck(
-        lambda z0, a, wz, bz, wh, bh: combiner_scan(z0, a, eps, wz, bz, wh, bh, 1e-3), args)
+        lambda z0, a, wz, bz, wh, bh: combiner_scan(z0, a, eps, wz, bz, wh, bh, 1e-3), args
+    )
 
 
 def test_shape_errors():
     comb, z0, a, eps = _inputs()
     w_h, b_h = comb.stacked_heads()
     with pytest.raises(ValueError, match="inconsistent shapes"):
-        combiner_scan(z0[:2], a, eps, comb.z_to_hidden.weight, comb.z_to_hidden.bias, w_h, b_h,
-                      1e-3)
+        combiner_scan(
+            z0[:2], a, eps, comb.z_to_hidden.weight, comb.z_to_hidden.bias, w_h, b_h, 1e-3
+        )
 
 
 def test_presampled_value_draws_its_value_and_refuses_other_shapes():
@@ -94,8 +103,15 @@ def test_presampled_value_draws_its_value_and_refuses_other_shapes():
 
 
 def _dmm(inference="smoothing", residual=False):
-    return DMM(6, z_dim=3, transition_dim=8, emission_dim=8, rnn_dim=8, inference=inference,
-               residual=residual).double()
+    return DMM(
+        6,
+        z_dim=3,
+        transition_dim=8,
+        emission_dim=8,
+        rnn_dim=8,
+        inference=inference,
+        residual=residual,
+    ).double()
 
 
 def _batch():
@@ -123,8 +139,10 @@ def test_dmm_guide_scan_gives_the_step_loops_loss_and_gradients(inference, elbo,
         pyro.set_rng_seed(3)
         m.zero_grad()
         guide_tr = poutine.trace(m.guide).get_trace(x, mask)
-        assert all(isinstance(guide_tr.nodes[f"z_{t}"]["fn"].base_dist, PresampledValue) == fused
-                   for t in range(1, 8))
+        assert all(
+            isinstance(guide_tr.nodes[f"z_{t}"]["fn"].base_dist, PresampledValue) == fused
+            for t in range(1, 8)
+        )
         pyro.set_rng_seed(3)
         loss = elbo().differentiable_loss(m.model, m.guide, x, mask)
         loss.backward()
@@ -142,8 +160,9 @@ def test_dmm_guide_scan_falls_back_to_the_loop():
 
     def fused_sites(fn):
         tr = poutine.trace(fn).get_trace(x, mask)
-        return [isinstance(tr.nodes[f"z_{t}"]["fn"].base_dist, PresampledValue)
-                for t in range(1, 8)]
+        return [
+            isinstance(tr.nodes[f"z_{t}"]["fn"].base_dist, PresampledValue) for t in range(1, 8)
+        ]
 
     assert all(fused_sites(m.guide))
     zs = {f"z_{t}": torch.zeros(3, 3, dtype=torch.float64) for t in range(1, 8)}

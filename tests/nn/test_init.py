@@ -7,9 +7,9 @@ import torch
 import torch.nn as nn
 
 from pyro_seq.models import DMM, SRNN
+from pyro_seq.models import base as base_module  # the contract's initialise calls these
 from pyro_seq.nn import bernoulli_output_layer, init_output_bias, init_weights
 from pyro_seq.train import TrainConfig, fit
-from pyro_seq.models import base as base_module  # the contract's initialise calls these
 
 
 def _assert_orthonormal_rows_or_columns(w, what):
@@ -38,7 +38,7 @@ def test_every_gru_gate_has_orthogonal_recurrent_weights_and_zero_biases(float64
     blocks = gru.weight_hh_l0.detach().chunk(3, 0)
     assert not torch.allclose(blocks[0], blocks[1])
     ih = gru.weight_ih_l0.detach()
-    if scheme == "srnn":      # the SRNN code: orthogonal input-to-hidden gates too (20 x 30)
+    if scheme == "srnn":  # the SRNN code: orthogonal input-to-hidden gates too (20 x 30)
         for gate, w in enumerate(ih.chunk(3, 0)):
             _assert_orthonormal_rows_or_columns(w, gate)
     else:
@@ -80,12 +80,13 @@ def test_srnn_scheme_reaches_every_layer_of_an_srnn():
 
 def test_output_bias_is_the_logit_of_the_note_frequencies():
     model = SRNN(4, d_dim=8, z_dim=2, hidden_dim=8)
-    on = torch.tensor([[1.0, 0, 1, 1], [0, 0, 1, 1], [0, 0, 0, 1]])   # 3 steps
-    more = torch.tensor([[0.0, 0, 1, 1]])                                # 1 step
+    on = torch.tensor([[1.0, 0, 1, 1], [0, 0, 1, 1], [0, 0, 0, 1]])  # 3 steps
+    more = torch.tensor([[0.0, 0, 1, 1]])  # 1 step
     bias = init_output_bias(model, [on, more])
     # frequencies 1/4, 0 (clamped to 1e-3), 3/4, 1 (clamped to 1 - 1e-3)
-    expected = torch.tensor([math.log(1 / 3), math.log(1e-3 / 0.999), math.log(3.0),
-                             math.log(0.999 / 1e-3)])
+    expected = torch.tensor(
+        [math.log(1 / 3), math.log(1e-3 / 0.999), math.log(3.0), math.log(0.999 / 1e-3)]
+    )
     assert torch.allclose(bias, expected, atol=1e-6, rtol=0)
     assert bernoulli_output_layer(model) is model.emitter[-1]
     assert torch.equal(model.emitter[-1].bias.detach(), bias)
@@ -105,10 +106,14 @@ def _toy(n, seed=0, D=6):
 def test_fit_initialises_a_fresh_start_and_never_a_resumed_run(tmp_path, monkeypatch):
     calls = []
     real_weights, real_bias = base_module.init_weights, base_module.init_output_bias
-    monkeypatch.setattr(base_module, "init_weights",
-                        lambda *a, **k: calls.append("weights") or real_weights(*a, **k))
-    monkeypatch.setattr(base_module, "init_output_bias",
-                        lambda *a, **k: calls.append("bias") or real_bias(*a, **k))
+    monkeypatch.setattr(
+        base_module,
+        "init_weights",
+        lambda *a, **k: calls.append("weights") or real_weights(*a, **k),
+    )
+    monkeypatch.setattr(
+        base_module, "init_output_bias", lambda *a, **k: calls.append("bias") or real_bias(*a, **k)
+    )
     train, valid = _toy(8), _toy(3, seed=1)
     torch.manual_seed(0)
     model = SRNN(6, d_dim=8, z_dim=3, hidden_dim=8)
@@ -121,14 +126,30 @@ def test_fit_initialises_a_fresh_start_and_never_a_resumed_run(tmp_path, monkeyp
 
     calls.clear()
     cfg = dict(batch_size=4, init="srnn", progress=False)
-    fit(SRNN(6, d_dim=8, z_dim=3, hidden_dim=8), train, valid, TrainConfig(epochs=1, **cfg),
-        tmp_path / "run")
+    fit(
+        SRNN(6, d_dim=8, z_dim=3, hidden_dim=8),
+        train,
+        valid,
+        TrainConfig(epochs=1, **cfg),
+        tmp_path / "run",
+    )
     assert calls == ["weights", "bias"]
-    fit(SRNN(6, d_dim=8, z_dim=3, hidden_dim=8), train, valid, TrainConfig(epochs=2, **cfg),
-        tmp_path / "run")
-    assert calls == ["weights", "bias"]          # resumed: not initialised again
-    fit(SRNN(6, d_dim=8, z_dim=3, hidden_dim=8), train, valid, TrainConfig(epochs=1, **cfg),
-        tmp_path / "run", resume=False)           # a restart is a fresh start
+    fit(
+        SRNN(6, d_dim=8, z_dim=3, hidden_dim=8),
+        train,
+        valid,
+        TrainConfig(epochs=2, **cfg),
+        tmp_path / "run",
+    )
+    assert calls == ["weights", "bias"]  # resumed: not initialised again
+    fit(
+        SRNN(6, d_dim=8, z_dim=3, hidden_dim=8),
+        train,
+        valid,
+        TrainConfig(epochs=1, **cfg),
+        tmp_path / "run",
+        resume=False,
+    )  # a restart is a fresh start
     assert calls == ["weights", "bias"] * 2
 
 

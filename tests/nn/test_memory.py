@@ -19,7 +19,7 @@ def brute_force(keys, values, query, k):
         d2 = sum((float(q) - float(c)) ** 2 for q, c in zip(query, keys[i]))
         rows.append((d2, i))
     rows.sort()
-    rows = rows[:min(k, len(rows))]
+    rows = rows[: min(k, len(rows))]
     return [math.sqrt(d2) for d2, _ in rows], [i for _, i in rows]
 
 
@@ -36,7 +36,7 @@ def test_matches_brute_force_with_ties_batched_over_sequences_and_particles():
     assert len(dnd) == 12 and torch.equal(dnd.keys, keys)
     queries = torch.randint(0, 4, (K, B, d)).double()
     queries[0, 0] = keys[0, 3]  # a query on a key: distance exactly 0
-    queries[1] += 0.5           # half-integer queries: ties at equal offsets
+    queries[1] += 0.5  # half-integer queries: ties at equal offsets
     out = dnd.read(queries, k=5)
     assert out.distances.shape == (K, B, 5) and out.values.shape == (K, B, 5, 2, 3)
     ties = 0
@@ -67,7 +67,7 @@ def test_gradients_flow_to_queries_keys_and_values_and_are_finite_at_zero_distan
     q = torch.tensor([[[0.0, 0.0]], [[0.5, 0.0]]]).squeeze(1).unsqueeze(1)  # (2, 1, 2)
     q.requires_grad_(True)
     out = DND(2).write(keys, values).read(q, k=2)
-    (out.distances.sum() + out.squared_distances.sum() + (out.values ** 2).sum()).backward()
+    (out.distances.sum() + out.squared_distances.sum() + (out.values**2).sum()).backward()
     for g in (keys.grad, values.grad, q.grad):
         assert torch.isfinite(g).all()
     # d/dq of ||q - k||^2 summed over the two neighbours (0 and 1) of the query (0.5, 0)
@@ -118,8 +118,9 @@ def test_nearest_earlier_is_a_dnd_written_and_read_step_by_step(k):
         assert out.valid[:, i, :kk].all()
         assert torch.equal(out.indices[:, i, :kk], read.indices)
         assert torch.allclose(out.distances[:, i, :kk], read.distances, rtol=0, atol=1e-12)
-        assert torch.allclose(out.squared_distances[:, i, :kk], read.squared_distances,
-                              rtol=0, atol=1e-12)
+        assert torch.allclose(
+            out.squared_distances[:, i, :kk], read.squared_distances, rtol=0, atol=1e-12
+        )
         ties += sum(len(set(r)) < len(r) for r in read.squared_distances.tolist())
     padding = ~out.valid
     assert (out.distances[padding] == 0).all() and (out.indices[padding] == 0).all()

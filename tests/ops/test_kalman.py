@@ -74,8 +74,16 @@ def dense_of(p, T):
         if B.dim() == 2:
             B = B.unsqueeze(0)
         offsets = (B @ p["controls"].unsqueeze(-1)).squeeze(-1).expand(T, -1)
-    return dense_lgssm(p["initial_loc"], p["initial_cov"], A, Q, p["observation_matrix"],
-                       p["observation_cov"], T, offsets)
+    return dense_lgssm(
+        p["initial_loc"],
+        p["initial_cov"],
+        A,
+        Q,
+        p["observation_matrix"],
+        p["observation_cov"],
+        T,
+        offsets,
+    )
 
 
 def assert_close(a, b, atol=1e-9, rtol=1e-9):
@@ -206,7 +214,9 @@ def test_sequential_equals_parallel(T):
             kalman_sample(x, **p, mask=mask, sample_shape=(3,), noise=noise, method=m).samples,
         )
     (s1, z1), (s2, z2) = out["sequential"], out["parallel"]
-    for a, b in zip(list(s1[:4]) + list(s1.filtered) + [z1], list(s2[:4]) + list(s2.filtered) + [z2]):
+    for a, b in zip(
+        list(s1[:4]) + list(s1.filtered) + [z1], list(s2[:4]) + list(s2.filtered) + [z2]
+    ):
         assert a.shape == b.shape
         assert_close(a, b, atol=1e-10, rtol=1e-10)
 
@@ -272,9 +282,16 @@ def test_gradcheck_log_likelihood(method):
     eye_s, eye_d = torch.eye(S, dtype=F64), torch.eye(D, dtype=F64)
 
     def unpack(m0, L0, A, LQ, C, LR, B, u, xx):
-        return dict(initial_loc=m0, initial_cov=L0 @ L0.mT + 0.1 * eye_s, transition_matrix=A,
-                    transition_cov=LQ @ LQ.mT + 0.1 * eye_s, observation_matrix=C,
-                    observation_cov=LR @ LR.mT + 0.1 * eye_d, control_matrix=B, controls=u), xx
+        return dict(
+            initial_loc=m0,
+            initial_cov=L0 @ L0.mT + 0.1 * eye_s,
+            transition_matrix=A,
+            transition_cov=LQ @ LQ.mT + 0.1 * eye_s,
+            observation_matrix=C,
+            observation_cov=LR @ LR.mT + 0.1 * eye_d,
+            control_matrix=B,
+            controls=u,
+        ), xx
 
     def ours(*args):
         kw, xx = unpack(*args)
@@ -283,9 +300,16 @@ def test_gradcheck_log_likelihood(method):
     def dense_ref(*args):
         kw, xx = unpack(*args)
         offsets = (kw["control_matrix"] @ kw["controls"].unsqueeze(-1)).squeeze(-1)
-        dense = dense_lgssm(kw["initial_loc"], kw["initial_cov"], kw["transition_matrix"],
-                            kw["transition_cov"], kw["observation_matrix"],
-                            kw["observation_cov"], T, offsets)
+        dense = dense_lgssm(
+            kw["initial_loc"],
+            kw["initial_cov"],
+            kw["transition_matrix"],
+            kw["transition_cov"],
+            kw["observation_matrix"],
+            kw["observation_cov"],
+            T,
+            offsets,
+        )
         return log_marginal(dense, xx, observed_index(dense, mask))
 
     gen = torch.Generator().manual_seed(19)
@@ -323,13 +347,19 @@ def test_extreme_conditioning_float64(method):
         return U @ torch.diag(ev) @ U.T
 
     A = 0.95 * torch.linalg.qr(torch.randn(S, S, generator=gen, dtype=F64))[0]
-    p = dict(initial_loc=torch.zeros(S, dtype=F64), initial_cov=spd_range(S),
-             transition_matrix=A, transition_cov=spd_range(S),
-             observation_matrix=torch.randn(D, S, generator=gen, dtype=F64),
-             observation_cov=spd_range(D))
+    p = dict(
+        initial_loc=torch.zeros(S, dtype=F64),
+        initial_cov=spd_range(S),
+        transition_matrix=A,
+        transition_cov=spd_range(S),
+        observation_matrix=torch.randn(D, S, generator=gen, dtype=F64),
+        observation_cov=spd_range(D),
+    )
     dense = dense_of(p, T)
-    x = (dense.mean_x + torch.linalg.cholesky(dense.cov_xx) @ torch.randn(T * D, generator=gen,
-                                                                           dtype=F64)).reshape(T, D)
+    x = (
+        dense.mean_x
+        + torch.linalg.cholesky(dense.cov_xx) @ torch.randn(T * D, generator=gen, dtype=F64)
+    ).reshape(T, D)
     s = kalman_smoother(x, **p, method=method)
     z = kalman_sample(x, **p, sample_shape=(3,), method=method).samples
     for t in list(s[:4]) + list(s.filtered) + [z]:
@@ -371,10 +401,16 @@ def test_zero_transition_noise_ball_example(method):
     B = torch.tensor([[0.0], [0.0], [-0.5 * dt**2], [-dt]], dtype=F64)
     u = torch.full((T, 1), g, dtype=F64)
     C = torch.tensor([[1.0, 0, 0, 0], [0, 0, 1, 0]], dtype=F64)
-    p = dict(initial_loc=torch.zeros(4, dtype=F64), initial_cov=2 * torch.eye(4, dtype=F64),
-             transition_matrix=A, transition_cov=torch.zeros(4, 4, dtype=F64),
-             observation_matrix=C, observation_cov=3 * torch.eye(2, dtype=F64),
-             control_matrix=B, controls=u)
+    p = dict(
+        initial_loc=torch.zeros(4, dtype=F64),
+        initial_cov=2 * torch.eye(4, dtype=F64),
+        transition_matrix=A,
+        transition_cov=torch.zeros(4, 4, dtype=F64),
+        observation_matrix=C,
+        observation_cov=3 * torch.eye(2, dtype=F64),
+        control_matrix=B,
+        controls=u,
+    )
     x = observations(T, 2, seed=23) * 3 + torch.arange(T, dtype=F64)[:, None]
     s = kalman_smoother(x, **p, method=method)
     z = kalman_sample(x, **p, sample_shape=(4,), method=method).samples
@@ -412,7 +448,9 @@ def test_psd_sqrt_singular():
 def test_bad_shapes_raise():
     p = random_model(2, 2, 4)
     with pytest.raises(ValueError, match="time dimension"):
-        kalman_filter(observations(5, 2), **{**p, "transition_matrix": torch.eye(2).expand(3, 2, 2)})
+        kalman_filter(
+            observations(5, 2), **{**p, "transition_matrix": torch.eye(2).expand(3, 2, 2)}
+        )
     with pytest.raises(ValueError, match="method"):
         kalman_filter(observations(4, 2), **p, method="magic")
 
@@ -431,21 +469,31 @@ def test_float32_documented_range(method):
             return U @ torch.diag(torch.logspace(-2, 3, n, dtype=F64)) @ U.T
 
         A = 0.95 * torch.linalg.qr(torch.randn(S, S, generator=gen, dtype=F64))[0]
-        p = dict(initial_loc=torch.zeros(S, dtype=F64), initial_cov=spd_range(S),
-                 transition_matrix=A, transition_cov=spd_range(S),
-                 observation_matrix=torch.randn(D, S, generator=gen, dtype=F64),
-                 observation_cov=spd_range(D))
+        p = dict(
+            initial_loc=torch.zeros(S, dtype=F64),
+            initial_cov=spd_range(S),
+            transition_matrix=A,
+            transition_cov=spd_range(S),
+            observation_matrix=torch.randn(D, S, generator=gen, dtype=F64),
+            observation_cov=spd_range(D),
+        )
         x = 30 * torch.randn(2, T, D, generator=gen, dtype=F64)
         r64 = kalman_smoother(x, **p, method=method)
         r32 = kalman_smoother(x.float(), **{k: v.float() for k, v in p.items()}, method=method)
-        pairs = [(r32.means, r64.means), (r32.covs, r64.covs), (r32.filtered.covs, r64.filtered.covs),
-                 (r32.filtered.log_likelihoods.sum(-1), r64.filtered.log_likelihoods.sum(-1))]
+        pairs = [
+            (r32.means, r64.means),
+            (r32.covs, r64.covs),
+            (r32.filtered.covs, r64.filtered.covs),
+            (r32.filtered.log_likelihoods.sum(-1), r64.filtered.log_likelihoods.sum(-1)),
+        ]
         for a, b in pairs:
             assert torch.isfinite(a).all()
             assert (a.double() - b).abs().max() <= 1e-3 * b.abs().max()
 
 
-@pytest.mark.parametrize("time_varying,controls,masked", [(False, False, False), (True, True, True)])
+@pytest.mark.parametrize(
+    "time_varying,controls,masked", [(False, False, False), (True, True, True)]
+)
 def test_sequential_autograd_and_nograd_paths_match_dense(time_varying, controls, masked):
     # the sequential covariance loop has an out=-buffer variant used for shared parameters
     # when no gradient is needed; both must equal the dense reference (and each other)
@@ -455,8 +503,9 @@ def test_sequential_autograd_and_nograd_paths_match_dense(time_varying, controls
     mask = torch.rand(T, D, generator=torch.Generator().manual_seed(33)) > 0.3 if masked else None
     with torch.no_grad():
         fast = kalman_smoother(x, **p, mask=mask, method="sequential")
-    slow = kalman_smoother(x, **{k: v.clone().requires_grad_() for k, v in p.items()}, mask=mask,
-                           method="sequential")
+    slow = kalman_smoother(
+        x, **{k: v.clone().requires_grad_() for k, v in p.items()}, mask=mask, method="sequential"
+    )
     for a, b in zip(list(fast[:4]) + list(fast.filtered), list(slow[:4]) + list(slow.filtered)):
         assert_close(a, b.detach(), atol=1e-12, rtol=1e-10)
     for s in (fast, slow):

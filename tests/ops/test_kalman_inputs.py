@@ -33,8 +33,11 @@ def test_nan_without_mask_is_refused_naming_the_mask_argument(fn, method):
     p = random_model(S, D, T, seed=1)
     x = observations(T, D, batch=(2,))
     x[1, 3, 0] = math.nan
-    with pytest.raises(ValueError, match=r"NaN at an observed position \(first at index "
-                                         r"\(1, 3, 0\)\).*`mask` argument.*nan_as_missing=True"):
+    with pytest.raises(
+        ValueError,
+        match=r"NaN at an observed position \(first at index "
+        r"\(1, 3, 0\)\).*`mask` argument.*nan_as_missing=True",
+    ):
         fn(x, **p, method=method)
     # the same NaN at an observed position of a given mask is refused as well
     mask = torch.ones(2, T, dtype=torch.bool)
@@ -53,8 +56,11 @@ def test_infinite_observations_are_refused(value, nan_as_missing):
     x = observations(T, D)
     x[2, 1] = value
     for fn in FUNCTIONS:
-        with pytest.raises(ValueError, match=rf"observations contain {value} at an observed "
-                                             r"position \(first at index \(2, 1\)\).*\+inf/-inf"):
+        with pytest.raises(
+            ValueError,
+            match=rf"observations contain {value} at an observed "
+            r"position \(first at index \(2, 1\)\).*\+inf/-inf",
+        ):
             fn(x, **p, nan_as_missing=nan_as_missing)
     mask = torch.ones(T, D, dtype=torch.bool)
     mask[2, 1] = False
@@ -104,8 +110,11 @@ def test_zero_steps_are_refused():
     p = random_model(2, 2, 1, seed=6)
     x = torch.zeros(3, 0, 2, dtype=F64)
     for fn in FUNCTIONS:
-        with pytest.raises(ValueError, match=r"observations have T = 0 time steps \(shape "
-                                             r"\(3, 0, 2\)\).*need T >= 1"):
+        with pytest.raises(
+            ValueError,
+            match=r"observations have T = 0 time steps \(shape "
+            r"\(3, 0, 2\)\).*need T >= 1",
+        ):
             fn(x, **p)
     with pytest.raises(ValueError, match="lgssm_sample needs num_steps T >= 1; got T = 0"):
         lgssm_sample(**p, num_steps=0)
@@ -125,17 +134,32 @@ def _bad_covariances():
     nan_cov = eye_s.clone()
     nan_cov[1, 1] = math.nan
     return [
-        ("transition_cov", asym, r"transition_cov is not symmetric( at index \(\d+,\))?: max "
-                                 r"\|M - M\^T\| = 0.3 exceeds 2.22e-13 \(= 1000 eps x max \|M\|\); "
-                                 r"covariances are not symmetrised for you"),
+        (
+            "transition_cov",
+            asym,
+            r"transition_cov is not symmetric( at index \(\d+,\))?: max "
+            r"\|M - M\^T\| = 0.3 exceeds 2.22e-13 \(= 1000 eps x max \|M\|\); "
+            r"covariances are not symmetrised for you",
+        ),
         ("initial_cov", asym, "initial_cov is not symmetric"),
-        ("observation_cov", torch.tensor([[1.0, 0.0], [0.5, 1.0]], dtype=F64),
-         "observation_cov is not symmetric"),
-        ("transition_cov", indefinite, r"transition_cov is not positive semi-definite( at index "
-                                       r"\(\d+,\))? \(Cholesky failed; smallest eigenvalue -0.1\)"),
+        (
+            "observation_cov",
+            torch.tensor([[1.0, 0.0], [0.5, 1.0]], dtype=F64),
+            "observation_cov is not symmetric",
+        ),
+        (
+            "transition_cov",
+            indefinite,
+            r"transition_cov is not positive semi-definite( at index "
+            r"\(\d+,\))? \(Cholesky failed; smallest eigenvalue -0.1\)",
+        ),
         ("initial_cov", indefinite, "initial_cov is not positive semi-definite"),
-        ("observation_cov", singular_r, r"observation_cov is not positive definite( at index "
-                                        r"\(\d+,\))? \(Cholesky failed; smallest eigenvalue"),
+        (
+            "observation_cov",
+            singular_r,
+            r"observation_cov is not positive definite( at index "
+            r"\(\d+,\))? \(Cholesky failed; smallest eigenvalue",
+        ),
         ("observation_cov", -torch.eye(D, dtype=F64), "observation_cov is not positive definite"),
         ("transition_cov", nan_cov, "transition_cov contains NaN or inf"),
     ]
@@ -194,8 +218,12 @@ def test_legitimate_covariances_are_accepted():
     P0 = torch.diag(torch.tensor([1.0, 0.0, 2.0], dtype=F64))
     R = p["observation_cov"].clone()
     R[0, 1] += 1e-14 * float(R.abs().max())
-    for kw in (dict(transition_cov=Q_velocity), dict(transition_cov=torch.zeros(S, S, dtype=F64)),
-               dict(initial_cov=P0), dict(observation_cov=R)):
+    for kw in (
+        dict(transition_cov=Q_velocity),
+        dict(transition_cov=torch.zeros(S, S, dtype=F64)),
+        dict(initial_cov=P0),
+        dict(observation_cov=R),
+    ):
         for method in METHODS:
             s = kalman_smoother(x, **{**p, **kw}, method=method, validate_args=True)
             assert torch.isfinite(s.means).all() and torch.isfinite(s.covs).all()
@@ -205,8 +233,13 @@ def test_non_finite_parameters_are_refused():
     T, S, D = 4, 2, 2
     p = random_model(S, D, T, controls=True, seed=10)
     x = observations(T, D)
-    for name in ("initial_loc", "transition_matrix", "observation_matrix", "control_matrix",
-                 "controls"):
+    for name in (
+        "initial_loc",
+        "transition_matrix",
+        "observation_matrix",
+        "control_matrix",
+        "controls",
+    ):
         bad = p[name].clone(memory_format=torch.contiguous_format)
         bad.view(-1)[0] = math.inf
         with pytest.raises(ValueError, match=f"{name} contains NaN or inf"):
@@ -283,7 +316,14 @@ def test_without_validation_the_recursion_still_fails_clearly(method):
     T, S, D = 4, 2, 2
     p = random_model(S, D, T, seed=16)
     x = observations(T, D)
-    with pytest.raises(ValueError, match=r"innovation covariance C P C\^T \+ R is not positive "
-                                         r"definite \(Cholesky failed\)"):
-        kalman_filter(x, **{**p, "observation_cov": -torch.eye(D, dtype=F64)}, method=method,
-                      validate_args=False)
+    with pytest.raises(
+        ValueError,
+        match=r"innovation covariance C P C\^T \+ R is not positive "
+        r"definite \(Cholesky failed\)",
+    ):
+        kalman_filter(
+            x,
+            **{**p, "observation_cov": -torch.eye(D, dtype=F64)},
+            method=method,
+            validate_args=False,
+        )

@@ -49,8 +49,13 @@ def _check_long(T, time_varying, method):
             assert t.dtype == dtype and torch.isfinite(t).all()
         out[dtype] = s
     s32, s64 = out[torch.float32], out[torch.float64]
-    pairs = [(s32.means, s64.means), (s32.covs, s64.covs), (s32.cross_covs, s64.cross_covs),
-             (s32.filtered.means, s64.filtered.means), (s32.filtered.covs, s64.filtered.covs)]
+    pairs = [
+        (s32.means, s64.means),
+        (s32.covs, s64.covs),
+        (s32.cross_covs, s64.cross_covs),
+        (s32.filtered.means, s64.filtered.means),
+        (s32.filtered.covs, s64.filtered.covs),
+    ]
     for a, b in pairs:
         assert (a.double() - b).abs().max() <= 100 * EPS32 * b.abs().max()
     ll64 = s64.filtered.log_likelihoods

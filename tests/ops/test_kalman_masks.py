@@ -8,18 +8,24 @@ from pyro_seq.ops import kalman_filter
 
 def _model(D=3, S=2, dtype=torch.float64):
     g = torch.Generator().manual_seed(0)
-    return dict(initial_loc=torch.zeros(S, dtype=dtype), initial_cov=torch.eye(S, dtype=dtype),
-                transition_matrix=0.9 * torch.eye(S, dtype=dtype),
-                transition_cov=0.1 * torch.eye(S, dtype=dtype),
-                observation_matrix=torch.randn(D, S, generator=g, dtype=dtype),
-                observation_cov=0.5 * torch.eye(D, dtype=dtype))
+    return dict(
+        initial_loc=torch.zeros(S, dtype=dtype),
+        initial_cov=torch.eye(S, dtype=dtype),
+        transition_matrix=0.9 * torch.eye(S, dtype=dtype),
+        transition_cov=0.1 * torch.eye(S, dtype=dtype),
+        observation_matrix=torch.randn(D, S, generator=g, dtype=dtype),
+        observation_cov=0.5 * torch.eye(D, dtype=dtype),
+    )
 
 
 def test_half_mask_is_refused_and_zero_one_float_mask_equals_bool():
     x = torch.randn(2, 4, 3, dtype=torch.float64)
     mask = torch.tensor([[1, 1, 0, 0], [1, 1, 1, 1]]).bool()
-    with pytest.raises(ValueError, match=r"mask must be bool or contain only 0 and 1 .* found 0.5 at "
-                                         r"index \(0, 2\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"mask must be bool or contain only 0 and 1 .* found 0.5 at "
+        r"index \(0, 2\)",
+    ):
         kalman_filter(x, mask=torch.where(mask, 1.0, 0.5), **_model())
     a = kalman_filter(x, mask=mask, **_model()).log_likelihoods
     b = kalman_filter(x, mask=mask.double(), **_model()).log_likelihoods

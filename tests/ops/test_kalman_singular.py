@@ -31,12 +31,14 @@ F64 = torch.float64
 def constant_velocity(T):
     dt, q = 0.1, 0.5
     A = torch.tensor([[1.0, dt], [0.0, 1.0]], dtype=F64)
-    return dict(initial_loc=torch.tensor([0.0, 1.0], dtype=F64),
-                initial_cov=torch.diag(torch.tensor([1.0, 0.5], dtype=F64)),
-                transition_matrix=A,
-                transition_cov=torch.tensor([[0.0, 0.0], [0.0, q * dt]], dtype=F64),
-                observation_matrix=torch.tensor([[1.0, 0.0]], dtype=F64),
-                observation_cov=torch.tensor([[0.2]], dtype=F64))
+    return dict(
+        initial_loc=torch.tensor([0.0, 1.0], dtype=F64),
+        initial_cov=torch.diag(torch.tensor([1.0, 0.5], dtype=F64)),
+        transition_matrix=A,
+        transition_cov=torch.tensor([[0.0, 0.0], [0.0, q * dt]], dtype=F64),
+        observation_matrix=torch.tensor([[1.0, 0.0]], dtype=F64),
+        observation_cov=torch.tensor([[0.2]], dtype=F64),
+    )
 
 
 def known_bias(T):
@@ -44,12 +46,14 @@ def known_bias(T):
     on it); observations of position + bias and of velocity."""
     dt = 0.2
     A = torch.tensor([[1.0, dt, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, 1.0]], dtype=F64)
-    return dict(initial_loc=torch.tensor([0.0, 1.0, 0.7], dtype=F64),
-                initial_cov=torch.diag(torch.tensor([1.0, 0.5, 0.0], dtype=F64)),
-                transition_matrix=A,
-                transition_cov=torch.diag(torch.tensor([0.0, 0.3, 0.0], dtype=F64)),
-                observation_matrix=torch.tensor([[1.0, 0.0, 1.0], [0.0, 1.0, 0.0]], dtype=F64),
-                observation_cov=torch.tensor([[0.3, 0.1], [0.1, 0.4]], dtype=F64))
+    return dict(
+        initial_loc=torch.tensor([0.0, 1.0, 0.7], dtype=F64),
+        initial_cov=torch.diag(torch.tensor([1.0, 0.5, 0.0], dtype=F64)),
+        transition_matrix=A,
+        transition_cov=torch.diag(torch.tensor([0.0, 0.3, 0.0], dtype=F64)),
+        observation_matrix=torch.tensor([[1.0, 0.0, 1.0], [0.0, 1.0, 0.0]], dtype=F64),
+        observation_cov=torch.tensor([[0.3, 0.1], [0.1, 0.4]], dtype=F64),
+    )
 
 
 def rank_deficient(T):
@@ -57,12 +61,14 @@ def rank_deficient(T):
     U = torch.linalg.qr(torch.randn(3, 3, generator=gen, dtype=F64))[0]
     A = U @ torch.diag(torch.tensor([0.9, 0.6, 0.0], dtype=F64)) @ U.T
     q = U[:, 0:2] @ torch.tensor([[0.6, 0.0], [0.3, 0.4]], dtype=F64)
-    return dict(initial_loc=torch.randn(3, generator=gen, dtype=F64),
-                initial_cov=torch.eye(3, dtype=F64),
-                transition_matrix=A,
-                transition_cov=q @ q.T,
-                observation_matrix=torch.randn(2, 3, generator=gen, dtype=F64),
-                observation_cov=0.5 * torch.eye(2, dtype=F64))
+    return dict(
+        initial_loc=torch.randn(3, generator=gen, dtype=F64),
+        initial_cov=torch.eye(3, dtype=F64),
+        transition_matrix=A,
+        transition_cov=q @ q.T,
+        observation_matrix=torch.randn(2, 3, generator=gen, dtype=F64),
+        observation_cov=0.5 * torch.eye(2, dtype=F64),
+    )
 
 
 MODELS = [constant_velocity, known_bias, rank_deficient]
@@ -144,9 +150,15 @@ def test_extended_smoother_with_singular_predicted_covariance():
     S = 3
     x = observations(T, 2, seed=4)
     A, C = p["transition_matrix"], p["observation_matrix"]
-    s = extended_kalman_smoother(x, lambda z, t: z @ A.T, lambda z, t: z @ C.T,
-                                 p["initial_loc"], p["initial_cov"], p["transition_cov"],
-                                 p["observation_cov"])
+    s = extended_kalman_smoother(
+        x,
+        lambda z, t: z @ A.T,
+        lambda z, t: z @ C.T,
+        p["initial_loc"],
+        p["initial_cov"],
+        p["transition_cov"],
+        p["observation_cov"],
+    )
     dense = dense_of(p, T)
     mean, cov = condition_z(dense, x, observed_index(dense))
     assert_rel(s.means, mean, 1e-9)
@@ -194,11 +206,14 @@ def large_rank_one_prior(seed):
     S, D = 3, 2
     v = torch.randn(S, 1, generator=g, dtype=F64)
     A = torch.randn(S, S, generator=g, dtype=F64)
-    return dict(initial_loc=torch.zeros(S, dtype=F64), initial_cov=1e4 * v @ v.T,
-                transition_matrix=0.9 * A / torch.linalg.matrix_norm(A, 2),
-                transition_cov=torch.zeros(S, S, dtype=F64),
-                observation_matrix=torch.randn(D, S, generator=g, dtype=F64),
-                observation_cov=0.1 * torch.eye(D, dtype=F64))
+    return dict(
+        initial_loc=torch.zeros(S, dtype=F64),
+        initial_cov=1e4 * v @ v.T,
+        transition_matrix=0.9 * A / torch.linalg.matrix_norm(A, 2),
+        transition_cov=torch.zeros(S, S, dtype=F64),
+        observation_matrix=torch.randn(D, S, generator=g, dtype=F64),
+        observation_cov=0.1 * torch.eye(D, dtype=F64),
+    )
 
 
 @pytest.mark.parametrize("seed", range(12))
@@ -229,6 +244,9 @@ def test_psd_solve_names_the_failing_matrix():
     bad = torch.diag(torch.tensor([1.0, -0.5], dtype=F64))
     worse = torch.diag(torch.tensor([1.0, -0.9], dtype=F64))
     P = torch.stack([good, bad, worse])
-    with pytest.raises(ValueError, match=r"at index \(1,\) \(smallest eigenvalue -0\.5, "
-                                         r"largest 1\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"at index \(1,\) \(smallest eigenvalue -0\.5, "
+        r"largest 1\)",
+    ):
         psd_solve(P, torch.ones(3, 2, 1, dtype=F64), "P")

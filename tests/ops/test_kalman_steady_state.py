@@ -40,8 +40,8 @@ def test_steady_state_equals_full_recursion(dtype, rtol):
     x = _observations(p, 4, 300, dtype=dtype)
     full = _run(p, x, 0.0)
     fast = _run(p, x, DEFAULT_TOL)
-    assert _tail_repeats(fast.filtered.covs[0]) > 200      # the shortcut was taken
-    assert _tail_repeats(fast.covs[0, :150]) > 50          # ... in the smoother too
+    assert _tail_repeats(fast.filtered.covs[0]) > 200  # the shortcut was taken
+    assert _tail_repeats(fast.covs[0, :150]) > 50  # ... in the smoother too
     for name in ("means", "covs", "cross_covs", "gains"):
         a, b = getattr(full, name), getattr(fast, name)
         assert torch.allclose(b, a, rtol=0, atol=rtol * float(a.abs().max())), name
@@ -54,16 +54,18 @@ def test_slowly_converging_model_still_agrees():
     """A near-unit-root state observed through heavy noise settles slowly (about 2000
     steps); the shortcut must not fire before the covariance has reached its fixed point."""
     S = 2
-    p = dict(initial_loc=torch.zeros(S, dtype=torch.float64),
-             initial_cov=10.0 * torch.eye(S, dtype=torch.float64),
-             transition_matrix=torch.tensor([[0.995, 0.01], [0.0, 0.994]], dtype=torch.float64),
-             transition_cov=1e-3 * torch.eye(S, dtype=torch.float64),
-             observation_matrix=torch.tensor([[1.0, 0.0]], dtype=torch.float64),
-             observation_cov=torch.tensor([[25.0]], dtype=torch.float64))
+    p = dict(
+        initial_loc=torch.zeros(S, dtype=torch.float64),
+        initial_cov=10.0 * torch.eye(S, dtype=torch.float64),
+        transition_matrix=torch.tensor([[0.995, 0.01], [0.0, 0.994]], dtype=torch.float64),
+        transition_cov=1e-3 * torch.eye(S, dtype=torch.float64),
+        observation_matrix=torch.tensor([[1.0, 0.0]], dtype=torch.float64),
+        observation_cov=torch.tensor([[25.0]], dtype=torch.float64),
+    )
     x = _observations(p, 3, 3000)
     full = _run(p, x, 0.0)
     fast = _run(p, x, DEFAULT_TOL)
-    assert 100 < _tail_repeats(fast.filtered.covs[0]) < 1500   # settled late, but settled
+    assert 100 < _tail_repeats(fast.filtered.covs[0]) < 1500  # settled late, but settled
     for name in ("means", "covs"):
         a, b = getattr(full, name), getattr(fast, name)
         assert torch.allclose(b, a, rtol=0, atol=1e-12 * float(a.abs().max())), name
@@ -89,7 +91,9 @@ def test_sampling_and_filtering_use_the_same_steady_filter():
     x = _observations(p, 2, 400)
     noise = torch.randn(2, 400, 4, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
     a = kalman_sample(x, **p, noise=noise, method="sequential", steady_state_tol=0.0).samples
-    b = kalman_sample(x, **p, noise=noise, method="sequential", steady_state_tol=DEFAULT_TOL).samples
+    b = kalman_sample(
+        x, **p, noise=noise, method="sequential", steady_state_tol=DEFAULT_TOL
+    ).samples
     assert torch.allclose(a, b, rtol=0, atol=1e-11 * float(a.abs().max()))
 
 

@@ -14,7 +14,6 @@ from pyro_seq.ops.nonlinear import (
     unscented_weights,
 )
 
-
 pytestmark = pytest.mark.usefixtures("float64")  # tests/conftest.py
 
 
@@ -47,7 +46,7 @@ def dense_lgssm(A, b, Q, C, R, m0, P0, x, observed):
         for t in range(s, T):
             if t > s:
                 M = A[t] @ M
-            L[t * S:(t + 1) * S, s * S:(s + 1) * S] = M
+            L[t * S : (t + 1) * S, s * S : (s + 1) * S] = M
     Se = torch.block_diag(P0, *[Q[t] for t in range(1, T)])
     Szz = L @ Se @ L.T
     Cbig = torch.block_diag(*[C] * T)
@@ -58,7 +57,10 @@ def dense_lgssm(A, b, Q, C, R, m0, P0, x, observed):
     xf = x.reshape(-1)
 
     def condition(upto):
-        rows = torch.cat([torch.arange(t * D, (t + 1) * D) for t in range(upto) if observed[t]] or [torch.zeros(0, dtype=torch.long)])
+        rows = torch.cat(
+            [torch.arange(t * D, (t + 1) * D) for t in range(upto) if observed[t]]
+            or [torch.zeros(0, dtype=torch.long)]
+        )
         if rows.numel() == 0:
             return mu, Szz, torch.zeros((), dtype=dt)
         Soo = Sxx[rows][:, rows]
@@ -71,14 +73,18 @@ def dense_lgssm(A, b, Q, C, R, m0, P0, x, observed):
     prev = torch.zeros((), dtype=dt)
     for t in range(T):
         m, P, ll = condition(t + 1)
-        fm.append(m[t * S:(t + 1) * S])
-        fP.append(P[t * S:(t + 1) * S, t * S:(t + 1) * S])
+        fm.append(m[t * S : (t + 1) * S])
+        fP.append(P[t * S : (t + 1) * S, t * S : (t + 1) * S])
         lls.append(ll - prev)
         prev = ll
     m, P, _ = condition(T)
     sm = m.reshape(T, S)
-    sP = torch.stack([P[t * S:(t + 1) * S, t * S:(t + 1) * S] for t in range(T)])
-    cross = torch.stack([P[(t + 1) * S:(t + 2) * S, t * S:(t + 1) * S] for t in range(T - 1)]) if T > 1 else torch.zeros(0, S, S, dtype=dt)
+    sP = torch.stack([P[t * S : (t + 1) * S, t * S : (t + 1) * S] for t in range(T)])
+    cross = (
+        torch.stack([P[(t + 1) * S : (t + 2) * S, t * S : (t + 1) * S] for t in range(T - 1)])
+        if T > 1
+        else torch.zeros(0, S, S, dtype=dt)
+    )
     return dict(
         filter_means=torch.stack(fm),
         filter_covs=torch.stack(fP),
@@ -102,7 +108,11 @@ def random_lgssm(S=3, D=2, T=6, batch=(), seed=0, time_varying=False):
     else:
         A = A.expand(T, S, S)
     b = 0.3 * torch.randn(T, S, generator=g)
-    Q = torch.stack([random_spd(S, 0.3, g) for _ in range(T)]) if time_varying else random_spd(S, 0.3, g)
+    Q = (
+        torch.stack([random_spd(S, 0.3, g) for _ in range(T)])
+        if time_varying
+        else random_spd(S, 0.3, g)
+    )
     C = torch.randn(D, S, generator=g)
     R = random_spd(D, 0.5, g)
     m0 = torch.randn(batch + (S,), generator=g)
@@ -128,8 +138,16 @@ def Q_dense(Q, T):
 FILTERS = {
     "ekf": (extended_kalman_filter, extended_kalman_smoother, {}),
     "ukf": (unscented_kalman_filter, unscented_kalman_smoother, {}),
-    "ukf_julier": (unscented_kalman_filter, unscented_kalman_smoother, dict(alpha=1.0, beta=0.0, kappa=0.5)),
-    "ukf_small_alpha": (unscented_kalman_filter, unscented_kalman_smoother, dict(alpha=0.3, beta=2.0, kappa=1.0)),
+    "ukf_julier": (
+        unscented_kalman_filter,
+        unscented_kalman_smoother,
+        dict(alpha=1.0, beta=0.0, kappa=0.5),
+    ),
+    "ukf_small_alpha": (
+        unscented_kalman_filter,
+        unscented_kalman_smoother,
+        dict(alpha=0.3, beta=2.0, kappa=1.0),
+    ),
 }
 
 
@@ -163,13 +181,15 @@ def test_batched_parameters_and_nan_in_masked_steps():
     mask[:, 0] = True
     x = torch.where(mask.unsqueeze(-1), x, torch.full_like(x, math.nan))
     f, h = linear_fns(A, b, C)
-    for filt, smooth, kw in FILTERS.values():
+    for _filt, smooth, kw in FILTERS.values():
         sr = smooth(x, f, h, m0, P0, Q, R, mask=mask, **kw)
         assert sr.means.shape == (B, T, 3) and sr.covs.shape == (B, T, 3, 3)
         assert sr.filtered.log_likelihoods.shape == (B, T)
         assert torch.isfinite(sr.means).all() and torch.isfinite(sr.filtered.log_likelihoods).all()
         for i in range(B):
-            ref = dense_lgssm(A, b, Q.expand(T, 3, 3), C, R, m0[i], P0, torch.nan_to_num(x[i]), mask[i])
+            ref = dense_lgssm(
+                A, b, Q.expand(T, 3, 3), C, R, m0[i], P0, torch.nan_to_num(x[i]), mask[i]
+            )
             assert torch.allclose(sr.means[i], ref["smooth_means"], atol=1e-9)
             assert torch.allclose(sr.filtered.covs[i], ref["filter_covs"], atol=1e-9)
             assert torch.allclose(sr.filtered.log_likelihoods[i], ref["log_likelihoods"], atol=1e-9)
@@ -181,7 +201,9 @@ def test_single_step():
     ref = dense_lgssm(A, b, Q.expand(1, 3, 3), C, R, m0, P0, x, torch.tensor([True]))
     sr = unscented_kalman_smoother(x, f, h, m0, P0, Q, R)
     assert sr.cross_covs.shape == (0, 3, 3)
-    assert torch.allclose(sr.means, ref["smooth_means"]) and torch.allclose(sr.covs, ref["smooth_covs"])
+    assert torch.allclose(sr.means, ref["smooth_means"]) and torch.allclose(
+        sr.covs, ref["smooth_covs"]
+    )
 
 
 @pytest.mark.parametrize("filt", [extended_kalman_filter, unscented_kalman_filter])
@@ -198,7 +220,9 @@ def test_gradients_match_dense_reference(filt):
         return filt(x, f, h, m0, P0, Q, R0).log_likelihoods.sum()
 
     def loss_dense(A0, C0, R0):
-        return dense_lgssm(A0.expand(T, 3, 3), b, Q.expand(T, 3, 3), C0, R0, m0, P0, x, observed)["log_likelihoods"].sum()
+        return dense_lgssm(A0.expand(T, 3, 3), b, Q.expand(T, 3, 3), C0, R0, m0, P0, x, observed)[
+            "log_likelihoods"
+        ].sum()
 
     args = [A[0].clone().requires_grad_(), C.clone().requires_grad_(), R.clone().requires_grad_()]
     g1 = torch.autograd.grad(loss_filter(*args), args)
@@ -245,10 +269,16 @@ def test_unscented_transform_moments_of_a_square():
     m, P, Rv = 1.3, 0.7, 0.2
     x = torch.tensor([[0.5]])
     sq = lambda z, t: z**2  # noqa: E731
-    ukf = unscented_kalman_filter(x, None, sq, torch.tensor([m]), torch.tensor([[P]]), torch.eye(1), torch.tensor([[Rv]]))
-    ll_exact_moments = torch.distributions.Normal(m**2 + P, math.sqrt(4 * m**2 * P + 2 * P**2 + Rv)).log_prob(x[0, 0])
+    ukf = unscented_kalman_filter(
+        x, None, sq, torch.tensor([m]), torch.tensor([[P]]), torch.eye(1), torch.tensor([[Rv]])
+    )
+    ll_exact_moments = torch.distributions.Normal(
+        m**2 + P, math.sqrt(4 * m**2 * P + 2 * P**2 + Rv)
+    ).log_prob(x[0, 0])
     assert torch.allclose(ukf.log_likelihoods[0], ll_exact_moments)
-    ekf = extended_kalman_filter(x, None, sq, torch.tensor([m]), torch.tensor([[P]]), torch.eye(1), torch.tensor([[Rv]]))
+    ekf = extended_kalman_filter(
+        x, None, sq, torch.tensor([m]), torch.tensor([[P]]), torch.eye(1), torch.tensor([[Rv]])
+    )
     ll_ekf = torch.distributions.Normal(m**2, math.sqrt(4 * m**2 * P + Rv)).log_prob(x[0, 0])
     assert torch.allclose(ekf.log_likelihoods[0], ll_ekf)
     # Cov(z, z^2) = 2 m P, so the UKF's gain is 2 m P / (Var + R)
@@ -318,7 +348,9 @@ def test_linear_model_equals_ops_kalman_with_element_masks(name):
     filt, smooth, kw = FILTERS[name]
     T, S, D, B = 7, 3, 2, 4
     g = torch.Generator().manual_seed(11)
-    A = 0.8 * torch.linalg.qr(torch.randn(S, S, generator=g))[0] + 0.1 * torch.randn(T, S, S, generator=g)
+    A = 0.8 * torch.linalg.qr(torch.randn(S, S, generator=g))[0] + 0.1 * torch.randn(
+        T, S, S, generator=g
+    )
     Q = torch.stack([random_spd(S, 0.2, g) for _ in range(T)])
     C = torch.randn(D, S, generator=g)
     R = random_spd(D, 0.4, g)
@@ -364,8 +396,11 @@ def test_non_finite_observed_entries_and_zero_steps_are_refused(value):
     x[2, 1] = value
     mask = torch.ones(T, x.shape[-1], dtype=torch.bool)
     for filt, smooth, kw in FILTERS.values():
-        with pytest.raises(ValueError, match=r"at an observed position \(first at index \(2, 1\)\)"
-                                             r".*`mask` argument"):
+        with pytest.raises(
+            ValueError,
+            match=r"at an observed position \(first at index \(2, 1\)\)"
+            r".*`mask` argument",
+        ):
             filt(x, f, h, m0, P0, Q, R, **kw)
         mask[2, 1] = False
         sr = smooth(x, f, h, m0, P0, Q, R, mask=mask, **kw)

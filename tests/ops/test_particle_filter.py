@@ -3,7 +3,11 @@ import math
 import pytest
 import torch
 
-from pyro_seq.ops.particle_filter import additive_gaussian, ancestral_paths, bootstrap_particle_filter
+from pyro_seq.ops.particle_filter import (
+    additive_gaussian,
+    ancestral_paths,
+    bootstrap_particle_filter,
+)
 from pyro_seq.ops.resampling import RESAMPLING_SCHEMES
 from tests.ops.test_nonlinear import dense_lgssm
 
@@ -41,7 +45,9 @@ def _exact_and_inputs(T, N):
     A, b, Q, C, R, m0, P0, x = lgssm(T)
     observed = torch.ones(T, dtype=torch.bool)
     observed[3] = False
-    exact = dense_lgssm(A.expand(T, 2, 2), b, Q.expand(T, 2, 2), C, R, m0, P0, x, observed)["log_likelihoods"].sum()
+    exact = dense_lgssm(A.expand(T, 2, 2), b, Q.expand(T, 2, 2), C, R, m0, P0, x, observed)[
+        "log_likelihoods"
+    ].sum()
     xs = x.expand(N, T, 1).clone()
     xs[:, 3] = math.nan  # masked entries may be NaN
     return exact, xs, observed.expand(N, T), pf_args(A, Q, C, R, m0, P0)
@@ -71,8 +77,16 @@ def test_likelihood_estimate_is_unbiased(criterion, threshold, scheme):
     exact, xs, mask, (init, trans, obs) = _exact_and_inputs(T, N)
     torch.manual_seed(0)
     res = bootstrap_particle_filter(
-        xs, init, trans, obs, K, mask=mask, resample=criterion, ess_threshold=threshold,
-        resampling=scheme, generator=torch.Generator().manual_seed(1),
+        xs,
+        init,
+        trans,
+        obs,
+        K,
+        mask=mask,
+        resample=criterion,
+        ess_threshold=threshold,
+        resampling=scheme,
+        generator=torch.Generator().manual_seed(1),
     )
     assert res.log_likelihood.shape == (N,)
     assert torch.all(res.log_likelihood_increments[:, 3] == 0)
@@ -99,13 +113,17 @@ def test_likelihood_estimate_is_unbiased(criterion, threshold, scheme):
         # power: the naive estimate prod_t (1/K) sum_k alpha_t^(k) from the same particles is
         # biased whenever resampling is skipped; the same 4-SE test rejects it (measured: mean
         # ratio 0.58, SE 0.006)
-        alpha = torch.stack([obs(res.particles[..., t, :], t).log_prob(xs[:, t].nan_to_num())
-                             for t in range(T)], -1)  # (K, N, T)
+        alpha = torch.stack(
+            [obs(res.particles[..., t, :], t).log_prob(xs[:, t].nan_to_num()) for t in range(T)], -1
+        )  # (K, N, T)
         alpha = torch.where(mask, alpha, torch.zeros(()))
         naive = (torch.logsumexp(alpha, 0) - math.log(K)).sum(-1)
         naive_ratio = (naive - exact).exp()
         naive_se = naive_ratio.std() / math.sqrt(N)
-        assert abs(naive_ratio.mean().item() - 1.0) > 4 * naive_se.item(), (naive_ratio.mean(), naive_se)
+        assert abs(naive_ratio.mean().item() - 1.0) > 4 * naive_se.item(), (
+            naive_ratio.mean(),
+            naive_se,
+        )
 
 
 def test_filtered_means_match_kalman():
@@ -113,7 +131,9 @@ def test_filtered_means_match_kalman():
     Monte Carlo standard error is about sqrt(Var[z_t | x_{1:t}] / ESS_t)."""
     T, K = 8, 20000
     A, b, Q, C, R, m0, P0, x = lgssm(T, seed=3)
-    ref = dense_lgssm(A.expand(T, 2, 2), b, Q.expand(T, 2, 2), C, R, m0, P0, x, torch.ones(T, dtype=torch.bool))
+    ref = dense_lgssm(
+        A.expand(T, 2, 2), b, Q.expand(T, 2, 2), C, R, m0, P0, x, torch.ones(T, dtype=torch.bool)
+    )
     init, trans, obs = pf_args(A, Q, C, R, m0, P0)
     torch.manual_seed(2)
     res = bootstrap_particle_filter(x, init, trans, obs, K, resample="ess", ess_threshold=0.5)
@@ -177,8 +197,16 @@ def test_gradient_is_that_of_the_realised_estimate(criterion):
         trans = additive_gaussian(lambda z, t: z @ A_.T, Q)
         obs = additive_gaussian(lambda z, t: z @ C_.T, R)
         torch.manual_seed(0)
-        res = bootstrap_particle_filter(x.expand(N, T, 1), init, trans, obs, K, resample=criterion,
-                                        ess_threshold=0.6, generator=torch.Generator().manual_seed(1))
+        res = bootstrap_particle_filter(
+            x.expand(N, T, 1),
+            init,
+            trans,
+            obs,
+            K,
+            resample=criterion,
+            ess_threshold=0.6,
+            generator=torch.Generator().manual_seed(1),
+        )
         return res.log_likelihood.sum(), res
 
     theta = theta0.clone().requires_grad_()
@@ -199,7 +227,9 @@ def test_gradient_is_that_of_the_realised_estimate(criterion):
             fp, rp = run(theta0 + e)
             fm, rm = run(theta0 - e)
             for r in (rp, rm):  # same genealogy: the realised function is smooth between them
-                assert torch.equal(r.ancestors, res0.ancestors) and torch.equal(r.resampled, res0.resampled)
+                assert torch.equal(r.ancestors, res0.ancestors) and torch.equal(
+                    r.resampled, res0.resampled
+                )
             fd[i] = (fp - fm) / (2 * h)
     err = (fd - grad).abs()
     assert grad.abs().max() > 1.0  # a non-trivial gradient
@@ -216,18 +246,26 @@ def test_vocabulary_and_deprecated_aliases():
 
     def run(**kw):
         torch.manual_seed(0)
-        return bootstrap_particle_filter(xs, init, trans, obs, K, generator=torch.Generator().manual_seed(1), **kw)
+        return bootstrap_particle_filter(
+            xs, init, trans, obs, K, generator=torch.Generator().manual_seed(1), **kw
+        )
 
     def same(a, b):
-        return torch.equal(a.ancestors, b.ancestors) and torch.equal(a.log_likelihood, b.log_likelihood)
+        return torch.equal(a.ancestors, b.ancestors) and torch.equal(
+            a.log_likelihood, b.log_likelihood
+        )
 
     default = run()
     assert same(default, run(resample="ess", ess_threshold=0.5, resampling="systematic"))
     assert not same(default, run(resampling="multinomial"))  # the scheme matters for this draw
-    for old, new in [(dict(resample_threshold=0.7), dict(ess_threshold=0.7)),
-                     (dict(resample_threshold=1.0), dict(resample="always")),
-                     (dict(resample_threshold=0.0), dict(resample="never"))]:
-        with pytest.warns(FutureWarning, match="`resample_threshold` is deprecated.*use `resample`"):
+    for old, new in [
+        (dict(resample_threshold=0.7), dict(ess_threshold=0.7)),
+        (dict(resample_threshold=1.0), dict(resample="always")),
+        (dict(resample_threshold=0.0), dict(resample="never")),
+    ]:
+        with pytest.warns(
+            FutureWarning, match="`resample_threshold` is deprecated.*use `resample`"
+        ):
             assert same(run(**old), run(**new))
     with pytest.warns(FutureWarning, match="`resampling_scheme` is deprecated.*use `resampling`"):
         assert same(run(resampling_scheme="stratified"), run(resampling="stratified"))
@@ -235,9 +273,11 @@ def test_vocabulary_and_deprecated_aliases():
         run(resample_threshold=0.7, resample="always")
     with pytest.warns(FutureWarning), pytest.raises(ValueError, match="both"):
         run(resampling_scheme="stratified", resampling="multinomial")
-    for bad, match in [(dict(resample="sometimes"), "resample must be one of"),
-                       (dict(ess_threshold=1.5), "ess_threshold must be"),
-                       (dict(resampling="residual"), "resampling must be one of")]:
+    for bad, match in [
+        (dict(resample="sometimes"), "resample must be one of"),
+        (dict(ess_threshold=1.5), "ess_threshold must be"),
+        (dict(resampling="residual"), "resampling must be one of"),
+    ]:
         with pytest.raises(ValueError, match=match):
             run(**bad)
     with pytest.raises(ValueError, match="num_particles"):

@@ -26,7 +26,9 @@ def test_log_mean_exp_matches_direct():
     assert log_mean_exp(x, 1, keepdim=True).shape == (5, 1)
     # stable for huge values where the direct formula overflows
     big = torch.tensor([1000.0, 1000.0, 1000.0 + math.log(4.0)], dtype=torch.float64)
-    assert torch.allclose(log_mean_exp(big, 0), torch.tensor(1000.0 + math.log(2.0), dtype=torch.float64))
+    assert torch.allclose(
+        log_mean_exp(big, 0), torch.tensor(1000.0 + math.log(2.0), dtype=torch.float64)
+    )
     assert torch.isneginf(log_mean_exp(torch.full((3,), -math.inf), 0))
 
 
@@ -40,7 +42,9 @@ def test_normalize_log_weights():
 def test_ess_closed_forms():
     K = 10
     # equal weights -> K, for any additive constant
-    assert torch.allclose(effective_sample_size(torch.full((K, 3), -123.4)), torch.full((3,), float(K)))
+    assert torch.allclose(
+        effective_sample_size(torch.full((K, 3), -123.4)), torch.full((3,), float(K))
+    )
     # one particle with all the weight -> 1
     lw = torch.full((K,), -math.inf)
     lw[3] = 2.0
@@ -49,7 +53,9 @@ def test_ess_closed_forms():
     a, b, m = 3.0, 0.5, 4
     w = torch.tensor([a] * m + [b] * (K - m), dtype=torch.float64)
     expected = (m * a + (K - m) * b) ** 2 / (m * a**2 + (K - m) * b**2)
-    assert torch.allclose(effective_sample_size(w.log()), torch.tensor(expected, dtype=torch.float64))
+    assert torch.allclose(
+        effective_sample_size(w.log()), torch.tensor(expected, dtype=torch.float64)
+    )
     # general: 1 / sum(normalized^2), along another dim
     lw = torch.randn(3, K, dtype=torch.float64)
     wn = torch.softmax(lw, -1)
@@ -133,7 +139,9 @@ def test_low_variance_count_bounds(scheme):
     K, N = 16, 2000
     torch.manual_seed(3)
     w = torch.softmax(torch.randn(K, N, dtype=torch.float64) * 2, 0)
-    counts = offspring_counts(resample(w.log(), scheme, generator=torch.Generator().manual_seed(4)), K)
+    counts = offspring_counts(
+        resample(w.log(), scheme, generator=torch.Generator().manual_seed(4)), K
+    )
     target = K * w
     slack = 0 if scheme == "systematic" else 1
     assert torch.all(counts >= target.floor() - slack - 1e-9)

@@ -24,7 +24,7 @@ def test_size_one_particle_axis_broadcasts():
 
 
 def test_state_resample_leaves_shared_alone():
-    state = SequenceState(z=torch.arange(6.).reshape(3, 2, 1))
+    state = SequenceState(z=torch.arange(6.0).reshape(3, 2, 1))
     state.shared["d"] = torch.randn(2, 7, 4)
     d = state.shared["d"]
     state.resample(torch.tensor([[2, 0], [2, 1], [0, 0]]))

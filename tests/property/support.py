@@ -29,8 +29,8 @@ def expect_documented(exc: BaseException, *patterns: str, types=(ValueError, Typ
     first = str(exc).split("\n")[0]
     if patterns and not any(re.search(p, first) for p in patterns):
         raise AssertionError(
-            f"{type(exc).__name__} message {first!r} names none of the problems present: "
-            f"{patterns}") from exc
+            f"{type(exc).__name__} message {first!r} names none of the problems present: {patterns}"
+        ) from exc
 
 
 def assert_finite(name: str, value) -> None:
@@ -49,14 +49,27 @@ def ragged_batches(draw, D, binary):
     mask = torch.arange(T) < torch.tensor(lengths).unsqueeze(1)
     g = torch.Generator().manual_seed(draw(st.integers(0, 2**31 - 1)))
     if binary:
-        x = torch.bernoulli(torch.full((B, T, D), draw(st.sampled_from([0.0, 0.3, 1.0]))),
-                            generator=g)
+        x = torch.bernoulli(
+            torch.full((B, T, D), draw(st.sampled_from([0.0, 0.3, 1.0]))), generator=g
+        )
     else:
         x = torch.randn(B, T, D, generator=g) * 10 ** draw(st.floats(-3, 3))
     x = x * mask.unsqueeze(-1)
-    defect = draw(st.sampled_from([None] * 6 + ["non_binary", "nan", "inf", "nan_padded",
-                                                "empty_row", "non_prefix", "half_mask",
-                                                "features"]))
+    defect = draw(
+        st.sampled_from(
+            [None] * 6
+            + [
+                "non_binary",
+                "nan",
+                "inf",
+                "nan_padded",
+                "empty_row",
+                "non_prefix",
+                "half_mask",
+                "features",
+            ]
+        )
+    )
     b, t = draw(st.integers(0, B - 1)), draw(st.integers(0, T - 1))
     if defect == "non_binary":
         x[b, t, 0] = draw(st.sampled_from([0.5, -1.0, 2.0]))

@@ -38,16 +38,18 @@ def ragged(draw, min_size=1):
     return [s.to(dtype) for s in seqs]
 
 
-BAD_LISTS = st.sampled_from([
-    ([], r"seqs: expected a non-empty list"),
-    (torch.zeros(2, 3), r"seqs: expected a non-empty list"),
-    ([torch.zeros(3)], r"seqs\[0\]: expected a 2-D \(T, D\) tensor, got 1-D"),
-    ([torch.zeros(2, 2), torch.zeros(1, 2, 2)], r"seqs\[1\]: expected a 2-D"),
-    ([torch.zeros(2, 2), torch.zeros(0, 2)], r"seqs\[1\]: empty sequence"),
-    ([torch.zeros(2, 2), torch.zeros(2, 3)], r"seqs\[1\]: feature size 3 differs"),
-    ([[0.0, 1.0]], r"seqs\[0\]: expected a torch\.Tensor, got list"),
-    ([torch.zeros(1, 1), None], r"seqs\[1\]: expected a torch\.Tensor, got NoneType"),
-])
+BAD_LISTS = st.sampled_from(
+    [
+        ([], r"seqs: expected a non-empty list"),
+        (torch.zeros(2, 3), r"seqs: expected a non-empty list"),
+        ([torch.zeros(3)], r"seqs\[0\]: expected a 2-D \(T, D\) tensor, got 1-D"),
+        ([torch.zeros(2, 2), torch.zeros(1, 2, 2)], r"seqs\[1\]: expected a 2-D"),
+        ([torch.zeros(2, 2), torch.zeros(0, 2)], r"seqs\[1\]: empty sequence"),
+        ([torch.zeros(2, 2), torch.zeros(2, 3)], r"seqs\[1\]: feature size 3 differs"),
+        ([[0.0, 1.0]], r"seqs\[0\]: expected a torch\.Tensor, got list"),
+        ([torch.zeros(1, 1), None], r"seqs\[1\]: expected a torch\.Tensor, got NoneType"),
+    ]
+)
 
 
 def check_padded(x, mask, seqs, dtype):
@@ -122,14 +124,33 @@ def test_every_item_once_per_epoch_with_prefix_masks_and_zero_padding(seqs, kwar
     assert loader.num_steps == sum(s.shape[0] for s in items)
 
 
-@given(ragged(), loader_args(), st.sampled_from([
-    ("batch_size", 0), ("batch_size", -1), ("batch_size", 2.0), ("batch_size", True),
-    ("batch_size", None), ("batch_size", "2"),
-    ("chunk_length", 0), ("chunk_length", 1.5), ("chunk_length", True), ("chunk_length", "3"),
-    ("bucket_batches", 0), ("bucket_batches", 2.5), ("bucket_batches", 2.0),
-    ("bucket_batches", "4"), ("bucket_batches", None),
-    ("seed", -1), ("seed", "abc"), ("seed", None), ("seed", 1.5),
-]))
+@given(
+    ragged(),
+    loader_args(),
+    st.sampled_from(
+        [
+            ("batch_size", 0),
+            ("batch_size", -1),
+            ("batch_size", 2.0),
+            ("batch_size", True),
+            ("batch_size", None),
+            ("batch_size", "2"),
+            ("chunk_length", 0),
+            ("chunk_length", 1.5),
+            ("chunk_length", True),
+            ("chunk_length", "3"),
+            ("bucket_batches", 0),
+            ("bucket_batches", 2.5),
+            ("bucket_batches", 2.0),
+            ("bucket_batches", "4"),
+            ("bucket_batches", None),
+            ("seed", -1),
+            ("seed", "abc"),
+            ("seed", None),
+            ("seed", 1.5),
+        ]
+    ),
+)
 def test_invalid_arguments_are_refused_at_construction_naming_them(seqs, kwargs, bad):
     name, value = bad
     kwargs = dict(kwargs, **{name: value})
@@ -140,8 +161,7 @@ def test_invalid_arguments_are_refused_at_construction_naming_them(seqs, kwargs,
     except Exception as e:  # noqa: BLE001
         expect_documented(e, name.replace("_", "[ _]"))
         return
-    raise AssertionError(f"{name}={value!r} accepted; iterating gives "
-                         f"{_first_error(loader)}")
+    raise AssertionError(f"{name}={value!r} accepted; iterating gives {_first_error(loader)}")
 
 
 def _first_error(loader):
@@ -155,8 +175,7 @@ def _first_error(loader):
 @given(ragged(), st.integers(-3, -1))
 def test_a_negative_epoch_is_refused_naming_it(seqs, epoch):
     loader = SequenceLoader(seqs, 2)
-    for call in (loader.set_epoch, lambda e: list(loader.batches(e)),
-                 loader.batch_indices):
+    for call in (loader.set_epoch, lambda e: list(loader.batches(e)), loader.batch_indices):
         with pytest.raises((ValueError, TypeError)) as info:
             call(epoch)
         expect_documented(info.value, r"epoch must be >= 0")

@@ -20,17 +20,57 @@ pytestmark = pytest.mark.fuzz
 PARSER = make_parser()
 SUBPARSERS = next(a for a in PARSER._actions if a.__class__.__name__ == "_SubParsersAction")
 COMMANDS = sorted(SUBPARSERS.choices)
-OPTIONS = sorted({s for p in SUBPARSERS.choices.values() for a in p._actions
-                  for s in a.option_strings})
-CHOICES = sorted({str(c) for p in SUBPARSERS.choices.values() for a in p._actions
-                  for c in (a.choices or ())})
-VALUES = ["0", "1", "-1", "20", "1e-3", "0.5", "-0.0", "nan", "inf", "-inf", "1e999", "1_000",
-          "0x10", "", " ", "-", "--", "---", "-x", "--no-such-option", "=", "--out=", "a=b",
-          "d_dim=4", "hidden_dim=[1, 2]", "{", "\x00", "\u00e9t\u00e9", "runs/x", "/dev/null",
-          "../../etc/passwd", "%(prog)s", "%s", "-1e5", "2147483648", "9" * 50]
+OPTIONS = sorted(
+    {s for p in SUBPARSERS.choices.values() for a in p._actions for s in a.option_strings}
+)
+CHOICES = sorted(
+    {str(c) for p in SUBPARSERS.choices.values() for a in p._actions for c in (a.choices or ())}
+)
+VALUES = [
+    "0",
+    "1",
+    "-1",
+    "20",
+    "1e-3",
+    "0.5",
+    "-0.0",
+    "nan",
+    "inf",
+    "-inf",
+    "1e999",
+    "1_000",
+    "0x10",
+    "",
+    " ",
+    "-",
+    "--",
+    "---",
+    "-x",
+    "--no-such-option",
+    "=",
+    "--out=",
+    "a=b",
+    "d_dim=4",
+    "hidden_dim=[1, 2]",
+    "{",
+    "\x00",
+    "\u00e9t\u00e9",
+    "runs/x",
+    "/dev/null",
+    "../../etc/passwd",
+    "%(prog)s",
+    "%s",
+    "-1e5",
+    "2147483648",
+    "9" * 50,
+]
 TOKEN = st.one_of(
-    st.sampled_from(COMMANDS), st.sampled_from(OPTIONS), st.sampled_from(OPTIONS),
-    st.sampled_from(CHOICES), st.sampled_from(VALUES), st.text(max_size=8),
+    st.sampled_from(COMMANDS),
+    st.sampled_from(OPTIONS),
+    st.sampled_from(OPTIONS),
+    st.sampled_from(CHOICES),
+    st.sampled_from(VALUES),
+    st.text(max_size=8),
     st.builds(lambda o, v: f"{o}={v}", st.sampled_from(OPTIONS), st.sampled_from(VALUES)),
     st.builds(lambda o: o[: max(3, len(o) // 2)], st.sampled_from(OPTIONS)),  # prefixes
 )

@@ -68,20 +68,50 @@ def timed(fn, *args):
 
 GOOD_NOTE = st.integers(LOWEST_NOTE, HIGHEST_NOTE)
 NOTE = st.one_of(
-    GOOD_NOTE, GOOD_NOTE, GOOD_NOTE, GOOD_NOTE,
-    GOOD_NOTE.map(np.int64), GOOD_NOTE.map(float), GOOD_NOTE.map(np.float32),
-    st.sampled_from([0, 20, 109, -60, 10**30, 60.5, float("nan"), float("inf"), True,
-                     np.bool_(False), "60", b"60", None, 60 + 0j, [60]]),
+    GOOD_NOTE,
+    GOOD_NOTE,
+    GOOD_NOTE,
+    GOOD_NOTE,
+    GOOD_NOTE.map(np.int64),
+    GOOD_NOTE.map(float),
+    GOOD_NOTE.map(np.float32),
+    st.sampled_from(
+        [
+            0,
+            20,
+            109,
+            -60,
+            10**30,
+            60.5,
+            float("nan"),
+            float("inf"),
+            True,
+            np.bool_(False),
+            "60",
+            b"60",
+            None,
+            60 + 0j,
+            [60],
+        ]
+    ),
 )
 STEP = st.one_of(
-    st.lists(NOTE, max_size=4).map(tuple), st.lists(NOTE, max_size=4).map(tuple),
-    st.lists(NOTE, max_size=3), st.frozensets(GOOD_NOTE, max_size=3),
+    st.lists(NOTE, max_size=4).map(tuple),
+    st.lists(NOTE, max_size=4).map(tuple),
+    st.lists(NOTE, max_size=3),
+    st.frozensets(GOOD_NOTE, max_size=3),
     st.sampled_from([60, "C4", None, {60: 1}, np.array([60])]),
 )
-SEQUENCE = st.one_of(st.lists(STEP, min_size=1, max_size=5), st.lists(STEP, max_size=5),
-                     st.sampled_from([(), "abc", None, 60]))
-SPLIT = st.one_of(st.lists(SEQUENCE, min_size=1, max_size=3), st.lists(SEQUENCE, max_size=3),
-                  st.sampled_from([None, "train", {"a": [[(60,)]]}]))
+SEQUENCE = st.one_of(
+    st.lists(STEP, min_size=1, max_size=5),
+    st.lists(STEP, max_size=5),
+    st.sampled_from([(), "abc", None, 60]),
+)
+SPLIT = st.one_of(
+    st.lists(SEQUENCE, min_size=1, max_size=3),
+    st.lists(SEQUENCE, max_size=3),
+    st.sampled_from([None, "train", {"a": [[(60,)]]}]),
+)
 PIANO_ROLL_OBJECT = st.one_of(
     st.fixed_dictionaries({"train": SPLIT, "valid": SPLIT, "test": SPLIT}),
     st.dictionaries(st.sampled_from(["train", "valid", "test", "extra", 1]), SPLIT, max_size=4),
@@ -92,14 +122,51 @@ PROTOCOL = st.integers(0, pickle.HIGHEST_PROTOCOL)
 # opcodes worth splicing into a valid pickle: refused globals, huge counted lengths, memo
 # tricks, extension codes, builds of odd states
 GADGETS = [
-    b"cos\nsystem\n", b"cbuiltins\neval\n", b"c__builtin__\ngetattr\n", b"cnumpy\ndtype\n",
-    b"cnumpy.core.multiarray\n_reconstruct\n", b"cnumpy\nndarray\n", b"c_codecs\nencode\n",
-    b"\x8e\xff\xff\xff\xff\xff\xff\x00\x00", b"\x8a\x08\xff\xff\xff\xff\xff\xff\xff\x7f",
-    b"\x8b\xff\xff\xff\x7f", b"r\xff\xff\xff\x7f", b"h\x00", b"j\x00\x00\x00\x00", b"g0\n",
-    b"\x82\x01", b"\x83\x01\x00", b"\x84\x01\x00\x00\x00", b"R", b"b", b"t", b"0", b"2", b"a",
-    b"e", b"s", b"u", b"(", b")", b"]", b"}", b"N", b"\x88", b"\x85", b"\x86", b"\x87",
-    b"\x93", b"\x94", b"\x95\x00\x00\x00\x00\x00\x00\x00\x00", b"\x80\x05", b"\x80\xff",
-    b"Lnan\n", b"I99999999999999999999999\n", b"F1e999\n", b"S'\\x00'\n", b"V\\u0600\n",
+    b"cos\nsystem\n",
+    b"cbuiltins\neval\n",
+    b"c__builtin__\ngetattr\n",
+    b"cnumpy\ndtype\n",
+    b"cnumpy.core.multiarray\n_reconstruct\n",
+    b"cnumpy\nndarray\n",
+    b"c_codecs\nencode\n",
+    b"\x8e\xff\xff\xff\xff\xff\xff\x00\x00",
+    b"\x8a\x08\xff\xff\xff\xff\xff\xff\xff\x7f",
+    b"\x8b\xff\xff\xff\x7f",
+    b"r\xff\xff\xff\x7f",
+    b"h\x00",
+    b"j\x00\x00\x00\x00",
+    b"g0\n",
+    b"\x82\x01",
+    b"\x83\x01\x00",
+    b"\x84\x01\x00\x00\x00",
+    b"R",
+    b"b",
+    b"t",
+    b"0",
+    b"2",
+    b"a",
+    b"e",
+    b"s",
+    b"u",
+    b"(",
+    b")",
+    b"]",
+    b"}",
+    b"N",
+    b"\x88",
+    b"\x85",
+    b"\x86",
+    b"\x87",
+    b"\x93",
+    b"\x94",
+    b"\x95\x00\x00\x00\x00\x00\x00\x00\x00",
+    b"\x80\x05",
+    b"\x80\xff",
+    b"Lnan\n",
+    b"I99999999999999999999999\n",
+    b"F1e999\n",
+    b"S'\\x00'\n",
+    b"V\\u0600\n",
     b"X\x02\x00\x00\x00\xd8\x00",
 ]
 
@@ -113,12 +180,15 @@ def mutated(draw, base: bytes):
         if not data:
             break
         i = draw(st.integers(0, len(data) - 1))
-        op = draw(st.sampled_from(["set", "set", "delete", "insert", "gadget", "gadget",
-                                   "duplicate", "truncate"]))
+        op = draw(
+            st.sampled_from(
+                ["set", "set", "delete", "insert", "gadget", "gadget", "duplicate", "truncate"]
+            )
+        )
         if op == "set":
             data[i] = draw(st.integers(0, 255))
         elif op == "delete":
-            del data[i:i + draw(st.integers(1, 8))]
+            del data[i : i + draw(st.integers(1, 8))]
         elif op == "insert":
             data[i:i] = draw(st.binary(min_size=1, max_size=8))
         elif op == "gadget":
@@ -132,15 +202,37 @@ def mutated(draw, base: bytes):
 
 
 def _valid_pickle_objects():
-    arrays = st.sampled_from([np.arange(6, dtype=np.float32).reshape(2, 3), np.array(2.5),
-                              np.array([True, False]), np.arange(4, dtype=">i4")[::2],
-                              np.zeros((0, 3)), np.float64(0.5), np.int64(60), np.uint8(7)])
-    leaves = st.one_of(st.integers(-2**70, 2**70), st.floats(), st.text(max_size=5),
-                       st.binary(max_size=5), st.booleans(), st.none(), arrays)
-    return st.recursive(leaves, lambda inner: st.one_of(
-        st.lists(inner, max_size=4), st.lists(inner, max_size=3).map(tuple),
-        st.dictionaries(st.text(max_size=3), inner, max_size=3),
-        st.frozensets(st.integers(0, 99), max_size=3)), max_leaves=12)
+    arrays = st.sampled_from(
+        [
+            np.arange(6, dtype=np.float32).reshape(2, 3),
+            np.array(2.5),
+            np.array([True, False]),
+            np.arange(4, dtype=">i4")[::2],
+            np.zeros((0, 3)),
+            np.float64(0.5),
+            np.int64(60),
+            np.uint8(7),
+        ]
+    )
+    leaves = st.one_of(
+        st.integers(-(2**70), 2**70),
+        st.floats(),
+        st.text(max_size=5),
+        st.binary(max_size=5),
+        st.booleans(),
+        st.none(),
+        arrays,
+    )
+    return st.recursive(
+        leaves,
+        lambda inner: st.one_of(
+            st.lists(inner, max_size=4),
+            st.lists(inner, max_size=3).map(tuple),
+            st.dictionaries(st.text(max_size=3), inner, max_size=3),
+            st.frozensets(st.integers(0, 99), max_size=3),
+        ),
+        max_leaves=12,
+    )
 
 
 @st.composite
@@ -155,8 +247,14 @@ def pickle_bytes(draw):
 
 # --- safe_loads ------------------------------------------------------------------------------
 
-PICKLE_MESSAGES = (r"refus", r"malformed pickle", r"numpy", r"\(\) of ", r"loaded object",
-                   r"_codecs\.encode: only encode\(str, .latin1.\) is admitted")
+PICKLE_MESSAGES = (
+    r"refus",
+    r"malformed pickle",
+    r"numpy",
+    r"\(\) of ",
+    r"loaded object",
+    r"_codecs\.encode: only encode\(str, .latin1.\) is admitted",
+)
 
 
 @given(pickle_bytes())
@@ -194,6 +292,7 @@ def same(a, b) -> bool:
 
 # --- load_piano_rolls ------------------------------------------------------------------------
 
+
 def expected_rolls(obj, splits=("train", "valid", "test")):
     """The rolls the loader must return for ``obj``, or None when the file is invalid."""
     if not isinstance(obj, dict) or any(s not in obj for s in splits):
@@ -213,10 +312,14 @@ def expected_rolls(obj, splits=("train", "valid", "test")):
                     return None
                 for n in step:
                     if isinstance(n, (bool, np.bool_)) or not isinstance(
-                            n, (int, float, np.integer, np.floating)):
+                        n, (int, float, np.integer, np.floating)
+                    ):
                         return None
-                    if not (math.isfinite(float(n)) and float(n) == int(n)
-                            and LOWEST_NOTE <= int(n) <= HIGHEST_NOTE):
+                    if not (
+                        math.isfinite(float(n))
+                        and float(n) == int(n)
+                        and LOWEST_NOTE <= int(n) <= HIGHEST_NOTE
+                    ):
                         return None
                     roll[t, int(n) - LOWEST_NOTE] = 1
             rolls.append(roll)
@@ -224,8 +327,11 @@ def expected_rolls(obj, splits=("train", "valid", "test")):
     return out
 
 
-PIANO_MESSAGES = (r"split '\w+'", r"missing split", r"expected a dict with splits") \
-    + PICKLE_MESSAGES
+PIANO_MESSAGES = (
+    r"split '\w+'",
+    r"missing split",
+    r"expected a dict with splits",
+) + PICKLE_MESSAGES
 
 
 def _write(folder, data: bytes, name: str = "data.pickle") -> str:
@@ -273,6 +379,7 @@ def test_load_piano_rolls_of_random_and_mutated_bytes(data):
 
 # --- load_checkpoint -------------------------------------------------------------------------
 
+
 class _Optimizer:
     def get_state(self):
         return {"fc.weight": {"step": torch.tensor(3.0), "exp_avg": torch.zeros(2, 3)}}
@@ -282,9 +389,15 @@ def _checkpoint_bytes() -> bytes:
     with tempfile.TemporaryDirectory() as folder:
         path = os.path.join(folder, "checkpoint.pt")
         torch.manual_seed(0)
-        save_checkpoint(path, model=torch.nn.Linear(3, 2), optimizer=_Optimizer(), epoch=2,
-                        global_step=10, history=[{"epoch": 1, "loss": 1.5}, {"epoch": 2, "loss": 1.2}],
-                        extra={"best": -3.0})
+        save_checkpoint(
+            path,
+            model=torch.nn.Linear(3, 2),
+            optimizer=_Optimizer(),
+            epoch=2,
+            global_step=10,
+            history=[{"epoch": 1, "loss": 1.5}, {"epoch": 2, "loss": 1.2}],
+            extra={"best": -3.0},
+        )
         with open(path, "rb") as f:
             return f.read()
 
@@ -294,8 +407,11 @@ KEYS = ("model", "optimizer", "epoch", "global_step", "history", "torch_rng", "e
 
 
 @examples(0.5)
-@given(st.one_of(mutated(CHECKPOINT), mutated(CHECKPOINT), st.binary(max_size=200),
-                 st.just(CHECKPOINT)))
+@given(
+    st.one_of(
+        mutated(CHECKPOINT), mutated(CHECKPOINT), st.binary(max_size=200), st.just(CHECKPOINT)
+    )
+)
 def test_load_checkpoint_of_mutated_files(data):
     with tempfile.TemporaryDirectory() as folder:
         path = _write(folder, data, "checkpoint.pt")
@@ -304,10 +420,13 @@ def test_load_checkpoint_of_mutated_files(data):
         except Exception as e:  # noqa: BLE001
             # the file's defect (unreadable, not a checkpoint, or a named bad entry: see
             # tests/property/test_resume_properties.py), then the remedy
-            expect_documented(e, r"^checkpoint .*checkpoint\.pt (is truncated or corrupt and "
-                                 r"cannot be loaded|is not a pyro-seq training checkpoint|has |"
-                                 r"holds ).*; delete it to train in this folder from scratch",
-                              types=(CheckpointError,))
+            expect_documented(
+                e,
+                r"^checkpoint .*checkpoint\.pt (is truncated or corrupt and "
+                r"cannot be loaded|is not a pyro-seq training checkpoint|has |"
+                r"holds ).*; delete it to train in this folder from scratch",
+                types=(CheckpointError,),
+            )
             return
     assert isinstance(out, dict) and all(k in out for k in KEYS)
     if data == CHECKPOINT:

@@ -80,8 +80,9 @@ def models(draw, singular=False):
         transition_cov=Q if time_varying else Q[0],
         observation_matrix=C,
         observation_cov=R if time_varying else R[0],
-        controls=(torch.randn(T, S, generator=g, dtype=torch.float64)
-                  if draw(st.booleans()) else None),
+        controls=(
+            torch.randn(T, S, generator=g, dtype=torch.float64) if draw(st.booleans()) else None
+        ),
     )
     # observations of the model's own scale (a draw from it), or plain standard normal ones
     dense = _dense(params, T)
@@ -98,9 +99,16 @@ def models(draw, singular=False):
 
 
 def _dense(params, T):
-    return dense_lgssm(params["initial_loc"], params["initial_cov"], params["transition_matrix"],
-                       params["transition_cov"], params["observation_matrix"],
-                       params["observation_cov"], T, offsets=params["controls"])
+    return dense_lgssm(
+        params["initial_loc"],
+        params["initial_cov"],
+        params["transition_matrix"],
+        params["transition_cov"],
+        params["observation_matrix"],
+        params["observation_cov"],
+        T,
+        offsets=params["controls"],
+    )
 
 
 def _cond(M):
@@ -115,8 +123,9 @@ def _assert_symmetric_psd(name, covs, scale=None):
     eig = torch.linalg.eigvalsh(covs)
     if scale is None:
         scale = eig.abs().amax(-1)
-    assert bool((eig.amin(-1) >= -100 * EPS * scale).all()), \
+    assert bool((eig.amin(-1) >= -100 * EPS * scale).all()), (
         f"{name} not PSD: smallest eigenvalues {eig.amin(-1)} vs scale {scale}"
+    )
 
 
 METHODS = st.sampled_from(["sequential", "parallel"])
@@ -125,8 +134,13 @@ METHODS = st.sampled_from(["sequential", "parallel"])
 @given(st.one_of(models(), models(singular=True)), METHODS)
 def test_log_prob_equals_the_dense_reference(model, method):
     params, x, mask, T = model
-    d = LinearGaussianSSM(**params, num_steps=T, observation_mask=mask, method=method,
-                          step_mask=None if mask is None else torch.tensor(True))
+    d = LinearGaussianSSM(
+        **params,
+        num_steps=T,
+        observation_mask=mask,
+        method=method,
+        step_mask=None if mask is None else torch.tensor(True),
+    )
     lp = d.log_prob(x)
     assert lp.shape == () and lp.dtype == torch.float64
     assert_finite("log_prob", lp)
@@ -149,8 +163,12 @@ def test_filtered_covariances_are_psd_also_for_singular_models(model, method):
     # Schur complement P - W^T W cancels from that size).
     params, x, mask, T = model
     f = kalman_filter(x, **params, mask=mask, method=method)
-    for name, v in [("filtered means", f.means), ("log_likelihoods", f.log_likelihoods),
-                    ("filtered covs", f.covs), ("predicted covs", f.predicted_covs)]:
+    for name, v in [
+        ("filtered means", f.means),
+        ("log_likelihoods", f.log_likelihoods),
+        ("filtered covs", f.covs),
+        ("predicted covs", f.predicted_covs),
+    ]:
         assert_finite(name, v)
     scale = f.predicted_covs.abs().amax()
     _assert_symmetric_psd("filtered covs", f.covs, scale)
@@ -162,11 +180,17 @@ def test_smoothed_covariances_are_psd_and_smoothing_never_increases_variance(mod
     params, x, mask, T = model
     sm = kalman_smoother(x, **params, mask=mask, method=method)
     f = sm.filtered
-    for name, v in [("filtered means", f.means), ("smoothed means", sm.means),
-                    ("log_likelihoods", f.log_likelihoods)]:
+    for name, v in [
+        ("filtered means", f.means),
+        ("smoothed means", sm.means),
+        ("log_likelihoods", f.log_likelihoods),
+    ]:
         assert_finite(name, v)
-    for name, covs in [("filtered covs", f.covs), ("predicted covs", f.predicted_covs),
-                       ("smoothed covs", sm.covs)]:
+    for name, covs in [
+        ("filtered covs", f.covs),
+        ("predicted covs", f.predicted_covs),
+        ("smoothed covs", sm.covs),
+    ]:
         assert_finite(name, covs)
         _assert_symmetric_psd(name, covs)
     var_f = f.covs.diagonal(dim1=-2, dim2=-1)
@@ -220,9 +244,21 @@ def test_sequential_and_parallel_forms_agree(model):
 BREAKS = ["nan", "inf", "asymmetric", "indefinite", "singular_R"]
 
 
-@given(models(), st.sampled_from(["initial_cov", "transition_cov", "observation_cov",
-                                  "transition_matrix", "observation_matrix", "initial_loc"]),
-       st.sampled_from(BREAKS), st.booleans())
+@given(
+    models(),
+    st.sampled_from(
+        [
+            "initial_cov",
+            "transition_cov",
+            "observation_cov",
+            "transition_matrix",
+            "observation_matrix",
+            "initial_loc",
+        ]
+    ),
+    st.sampled_from(BREAKS),
+    st.booleans(),
+)
 def test_a_broken_parameter_is_refused_naming_it(model, name, how, through_distribution):
     params, x, mask, T = model
     p = params[name].clone()
@@ -238,8 +274,9 @@ def test_a_broken_parameter_is_refused_naming_it(model, name, how, through_distr
             p[..., 0, -1] += 1e-3 * float(p.abs().max()) + 1.0
             expected = rf"^{name} is not symmetric"
     elif how == "indefinite":
-        p = p - 2 * torch.linalg.eigvalsh(p).amax(-1)[..., None, None] \
-            * torch.eye(p.shape[-1], dtype=p.dtype)
+        p = p - 2 * torch.linalg.eigvalsh(p).amax(-1)[..., None, None] * torch.eye(
+            p.shape[-1], dtype=p.dtype
+        )
         p = 0.5 * (p + p.mT)
         expected = rf"^{name} is not positive"
     else:  # singular: allowed for initial/transition covariances, refused for R
@@ -266,8 +303,12 @@ def test_non_finite_observations_need_a_mask(model, value):
     x[0, 0] = float(value)
     observed = mask is None or bool(mask[0, 0])
     try:
-        out = LinearGaussianSSM(**params, num_steps=T, observation_mask=mask,
-                                step_mask=None if mask is None else torch.tensor(True)).log_prob(x)
+        out = LinearGaussianSSM(
+            **params,
+            num_steps=T,
+            observation_mask=mask,
+            step_mask=None if mask is None else torch.tensor(True),
+        ).log_prob(x)
     except Exception as e:  # noqa: BLE001
         assert observed, f"masked {value} refused: {e}"
         expect_documented(e, r"^observations contain .* value\(s\) at entries that are not masked")

@@ -45,29 +45,40 @@ OBJECTIVES = {
 
 MODELS = {
     "dmm": lambda D, **kw: DMM(D, z_dim=2, transition_dim=4, emission_dim=4, rnn_dim=4, **kw),
-    "dmm_residual": lambda D, **kw: DMM(D, z_dim=2, transition_dim=4, emission_dim=4, rnn_dim=4,
-                                        residual=True, **kw),
+    "dmm_residual": lambda D, **kw: DMM(
+        D, z_dim=2, transition_dim=4, emission_dim=4, rnn_dim=4, residual=True, **kw
+    ),
     "srnn": lambda D, **kw: SRNN(D, d_dim=3, z_dim=2, hidden_dim=4, **kw),
-    "srnn_filtering": lambda D, **kw: SRNN(D, d_dim=3, z_dim=2, hidden_dim=4,
-                                           inference="filtering", **kw),
+    "srnn_filtering": lambda D, **kw: SRNN(
+        D, d_dim=3, z_dim=2, hidden_dim=4, inference="filtering", **kw
+    ),
     "vrnn": lambda D, **kw: VRNN(D, d_dim=3, z_dim=2, hidden_dim=4, feature_dim=3, **kw),
-    "vrnn_smoothing": lambda D, **kw: VRNN(D, d_dim=3, z_dim=2, hidden_dim=4, feature_dim=3,
-                                           inference="smoothing", **kw),
+    "vrnn_smoothing": lambda D, **kw: VRNN(
+        D, d_dim=3, z_dim=2, hidden_dim=4, feature_dim=3, inference="smoothing", **kw
+    ),
     "vaernn": lambda D, **kw: VAERNN(D, d_dim=3, z_dim=2, hidden_dim=4, skip=True, **kw),
     "rnn": lambda D, **kw: RNNBaseline(D, d_dim=3, hidden_dim=4, **kw),
     "storn": lambda D, **kw: STORN(D, z_dim=2, rnn_dim=3, emission_dim=4, prior="wiener", **kw),
     "vosp": lambda D, **kw: VOSP(D, z_dim=2, rnn_dim=3, emission_dim=4, prior="white", **kw),
     "vrae": lambda D, **kw: VRAE(D, z_dim=2, encoder_dim=3, decoder_dim=3, emission_dim=4, **kw),
 }
-EMISSIONS = {"bernoulli": {}, "gaussian": {"likelihood": "gaussian"},
-             "gmm": {"likelihood": "gmm", "num_components": 2}}
+EMISSIONS = {
+    "bernoulli": {},
+    "gaussian": {"likelihood": "gaussian"},
+    "gmm": {"likelihood": "gmm", "num_components": 2},
+}
 
 
 @examples(0.6)
-@given(st.data(), st.sampled_from(sorted(MODELS)), st.sampled_from(sorted(OBJECTIVES)),
-       st.sampled_from(sorted(EMISSIONS)))
+@given(
+    st.data(),
+    st.sampled_from(sorted(MODELS)),
+    st.sampled_from(sorted(OBJECTIVES)),
+    st.sampled_from(sorted(EMISSIONS)),
+)
 def test_every_model_and_objective_gives_a_finite_loss_or_the_validators_error(
-        data, model_name, objective, emission):
+    data, model_name, objective, emission
+):
     D = data.draw(st.integers(1, 3))
     pyro.clear_param_store()
     torch.manual_seed(0)
@@ -100,7 +111,7 @@ def _data_form(draw, x, mask):
     (x, mask) batches split at a random point."""
     form = draw(st.sampled_from(["list", "batch", "batches"]))
     if form == "list":
-        return [x[i, :int(mask[i].sum())] for i in range(x.shape[0])]
+        return [x[i, : int(mask[i].sum())] for i in range(x.shape[0])]
     if form == "batch":
         return (x, mask)
     cut = draw(st.integers(1, x.shape[0]))
@@ -120,14 +131,23 @@ def test_every_estimator_is_exact_without_latent_variables(data, method):
     model = RNNBaseline(D, d_dim=3, hidden_dim=4)
     x, mask = data.draw(ragged_batches(D, binary=True).filter(lambda xm: _valid(xm, D)))
     K = data.draw(st.integers(1, 4))
-    kwargs = dict(method=method, num_particles=K,
-                  batch_size=data.draw(st.one_of(st.none(), st.integers(1, 3))))
+    kwargs = dict(
+        method=method,
+        num_particles=K,
+        batch_size=data.draw(st.one_of(st.none(), st.integers(1, 3))),
+    )
     if method == "iwae":
         kwargs["particles_per_pass"] = data.draw(st.one_of(st.none(), st.integers(1, K)))
-    est = estimate_log_likelihood(model.model, model.guide, _data_form(data.draw, x, mask),
-                                  **kwargs)
-    exact = torch.tensor([-Trace_ELBO().loss(model.model, model.guide, x[i:i + 1], mask[i:i + 1])
-                          for i in range(x.shape[0])], dtype=torch.float64)
+    est = estimate_log_likelihood(
+        model.model, model.guide, _data_form(data.draw, x, mask), **kwargs
+    )
+    exact = torch.tensor(
+        [
+            -Trace_ELBO().loss(model.model, model.guide, x[i : i + 1], mask[i : i + 1])
+            for i in range(x.shape[0])
+        ],
+        dtype=torch.float64,
+    )
     assert est.per_sequence.shape == (x.shape[0],)
     assert torch.allclose(est.per_sequence, exact, rtol=1e-5, atol=1e-4), (est.per_sequence, exact)
     assert torch.equal(est.lengths, mask.sum(-1).long())
@@ -145,14 +165,21 @@ def _valid(xm, D):
 
 
 @examples(0.4)
-@given(st.data(), st.sampled_from(["srnn", "vrnn", "storn", "vrae"]), st.sampled_from(["iwae", "smc"]))
+@given(
+    st.data(), st.sampled_from(["srnn", "vrnn", "storn", "vrae"]), st.sampled_from(["iwae", "smc"])
+)
 def test_latent_model_estimates_are_finite_with_consistent_bookkeeping(data, model_name, method):
     D = data.draw(st.integers(1, 3))
     torch.manual_seed(0)
     model = MODELS[model_name](D)
     x, mask = data.draw(ragged_batches(D, binary=True).filter(lambda xm: _valid(xm, D)))
-    est = estimate_log_likelihood(model.model, model.guide, _data_form(data.draw, x, mask),
-                                  method=method, num_particles=data.draw(st.integers(1, 3)))
+    est = estimate_log_likelihood(
+        model.model,
+        model.guide,
+        _data_form(data.draw, x, mask),
+        method=method,
+        num_particles=data.draw(st.integers(1, 3)),
+    )
     assert_finite("per-sequence estimates", est.per_sequence)
     # (not "at most 0": only the mean of the weights is p(x) <= 1; one weight p(x, z) / q(z)
     # may exceed 1, as the fuzz profile found with STORN's Wiener prior and K = 1)

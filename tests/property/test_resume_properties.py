@@ -32,8 +32,10 @@ CONFIG = dict(batch_size=4, lr=0.01, progress=False, valid_batch_size=4)
 
 def _data(n, seed):
     g = torch.Generator().manual_seed(seed)
-    return [(torch.rand(int(L), 5, generator=g) < 0.3).float()
-            for L in torch.randint(2, 6, (n,), generator=g)]
+    return [
+        (torch.rand(int(L), 5, generator=g) < 0.3).float()
+        for L in torch.randint(2, 6, (n,), generator=g)
+    ]
 
 
 TRAIN, VALID = _data(8, 0), _data(3, 1)
@@ -60,17 +62,23 @@ MUTATIONS = {
     "drop_weight": lambda p, d: p["model"].pop(d(st.sampled_from(WEIGHTS))),
     "extra_weight": lambda p, d: p["model"].__setitem__("ghost.weight", torch.zeros(2)),
     "weight_shape": lambda p, d: p["model"].__setitem__(
-        d(st.sampled_from(WEIGHTS)), torch.zeros(d(st.integers(1, 3)), 7)),
-    "weight_nan": lambda p, d: p["model"][d(st.sampled_from(WEIGHTS))].view(-1).__setitem__(
-        0, float(d(st.sampled_from(["nan", "inf"])))),
+        d(st.sampled_from(WEIGHTS)), torch.zeros(d(st.integers(1, 3)), 7)
+    ),
+    "weight_nan": lambda p, d: (
+        p["model"][d(st.sampled_from(WEIGHTS))]
+        .view(-1)
+        .__setitem__(0, float(d(st.sampled_from(["nan", "inf"]))))
+    ),
     "weight_not_tensor": lambda p, d: p["model"].__setitem__(d(st.sampled_from(WEIGHTS)), 1.5),
     "model_not_dict": lambda p, d: p.__setitem__("model", [1, 2]),
     "epoch": lambda p, d: p.__setitem__("epoch", d(st.sampled_from([-1, 2.5, "1", None]))),
     "global_step": lambda p, d: p.__setitem__("global_step", d(st.sampled_from([-3, 1.5, "x"]))),
-    "history": lambda p, d: p.__setitem__("history", d(st.sampled_from([None, "rows", [1, 2],
-                                                                         {"epoch": 1}]))),
-    "torch_rng": lambda p, d: p.__setitem__("torch_rng", d(st.sampled_from(
-        [torch.zeros(3, dtype=torch.uint8), torch.zeros(5), None]))),
+    "history": lambda p, d: p.__setitem__(
+        "history", d(st.sampled_from([None, "rows", [1, 2], {"epoch": 1}]))
+    ),
+    "torch_rng": lambda p, d: p.__setitem__(
+        "torch_rng", d(st.sampled_from([torch.zeros(3, dtype=torch.uint8), torch.zeros(5), None]))
+    ),
     "extra": lambda p, d: p.__setitem__("extra", d(st.sampled_from([None, [1], "best"]))),
     "optimizer": lambda p, d: p.__setitem__("optimizer", d(st.sampled_from([None, [1], "adam"]))),
 }
@@ -102,9 +110,12 @@ def test_a_checkpoint_of_another_model_is_named_as_such(tmp_path):
     _atomic_save(PAYLOAD, tmp_path / "checkpoint.pt")
     torch.manual_seed(0)
     other = SRNN(5, d_dim=6, z_dim=2, hidden_dim=4)
-    with pytest.raises(CheckpointError, match=r"^checkpoint .*checkpoint\.pt does not fit this "
-                                              r"model \(.*size mismatch.*\); resume with the "
-                                              r"model it was written for"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"^checkpoint .*checkpoint\.pt does not fit this "
+        r"model \(.*size mismatch.*\); resume with the "
+        r"model it was written for",
+    ):
         fit(other, TRAIN, VALID, TrainConfig(epochs=2, **CONFIG), tmp_path)
 
 
@@ -113,8 +124,9 @@ def test_a_missing_best_pt_keeps_the_last_weights_with_a_warning(tmp_path):
     (tmp_path / "best.pt").unlink()
     model = _model()
     # resumed with nothing left to train: fit restores the checkpoint and then looks for best.pt
-    with pytest.warns(RuntimeWarning, match="best.pt is missing: the model keeps the weights of "
-                                            "the last epoch"):
+    with pytest.warns(
+        RuntimeWarning, match="best.pt is missing: the model keeps the weights of the last epoch"
+    ):
         history = fit(model, TRAIN, VALID, TrainConfig(epochs=1, **CONFIG), tmp_path)
     assert not history.restored_best and history.best_epoch == 1
     last = torch.load(tmp_path / "checkpoint.pt", weights_only=True)["model"]

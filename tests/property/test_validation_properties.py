@@ -28,8 +28,16 @@ pytestmark = pytest.mark.fuzz
 NAN, INF = float("nan"), float("inf")
 FLOAT_DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
 OTHER_DTYPES = [torch.int64, torch.int8, torch.uint8, torch.bool, torch.complex64]
-MASK_DTYPES = [torch.bool, torch.bool, torch.float32, torch.float64, torch.float16, torch.int64,
-               torch.uint8, torch.int8]
+MASK_DTYPES = [
+    torch.bool,
+    torch.bool,
+    torch.float32,
+    torch.float64,
+    torch.float16,
+    torch.int64,
+    torch.uint8,
+    torch.int8,
+]
 BAD_MASK_VALUES = [0.5, NAN, 2.0, -1.0, INF, 1e-30]
 
 # what the validator's message says for each kind of problem (first line of the message)
@@ -46,15 +54,16 @@ MESSAGES = {
     "observed_shape": r"^observed shape \(.*\) is neither \(batch, T\)",
     "observed_values": r"^observed must be bool or contain only 0 and 1",
     "nonfinite": r"^x contains \d+ NaN/inf values; first: (NaN|infinite value) at \(batch \d+, "
-                 r"step \d+, feature \d+\), a (real|padded) step",
+    r"step \d+, feature \d+\), a (real|padded) step",
     "empty_row": r"^empty sequence: mask row \d+ has no True step",
     "non_prefix": r"^mask row \d+ is not a prefix",
     "binary": r"^x must be binary \(0/1\) for a Bernoulli model, found .* at \(batch \d+, "
-              r"step \d+, feature \d+\)",
+    r"step \d+, feature \d+\)",
 }
 
 
 # --- strategies ------------------------------------------------------------------------------
+
 
 @st.composite
 def values_tensor(draw, shape, dtype, pool):
@@ -81,8 +90,9 @@ def sequences_x(draw):
     if kind == "not_tensor":
         return draw(st.sampled_from([None, [[[0.0]]], np.zeros((1, 1, 1)), 3.0, "x"]))
     if kind == "rank":
-        shape = tuple(draw(st.lists(st.integers(0, 3), min_size=0, max_size=4)
-                           .filter(lambda s: len(s) != 3)))
+        shape = tuple(
+            draw(st.lists(st.integers(0, 3), min_size=0, max_size=4).filter(lambda s: len(s) != 3))
+        )
     else:
         shape = (draw(st.integers(0, 4)), draw(st.integers(0, 5)), draw(st.integers(0, 3)))
         if 0 in shape and draw(st.booleans()):  # empty dimensions: rare but tried
@@ -95,8 +105,11 @@ def sequences_x(draw):
 @st.composite
 def bool_rows(draw, B, T, prefix):
     if prefix:
-        lengths = draw(st.lists(st.integers(0 if draw(st.booleans()) or T == 0 else 1, T),
-                                min_size=B, max_size=B))
+        lengths = draw(
+            st.lists(
+                st.integers(0 if draw(st.booleans()) or T == 0 else 1, T), min_size=B, max_size=B
+            )
+        )
         return torch.arange(T).unsqueeze(0) < torch.tensor(lengths, dtype=torch.long).reshape(B, 1)
     vals = draw(st.lists(st.booleans(), min_size=B * T, max_size=B * T))
     return torch.tensor(vals, dtype=torch.bool).reshape(B, T)
@@ -106,15 +119,19 @@ def bool_rows(draw, B, T, prefix):
 def masks(draw, shape, name="mask", allow_prefix=True):
     """A mask for ``shape``: None, prefix or arbitrary rows, bool or any dtype holding 0/1,
     sometimes a bad value, the wrong shape, or not a tensor."""
-    kind = draw(st.sampled_from(["none", "prefix", "prefix", "prefix", "any", "shape",
-                                 "not_tensor"]))
+    kind = draw(
+        st.sampled_from(["none", "prefix", "prefix", "prefix", "any", "shape", "not_tensor"])
+    )
     if kind == "none":
         return None
     if kind == "not_tensor":
         return draw(st.sampled_from([[[True]], np.ones(shape, dtype=bool), 1, "mask"]))
     if kind == "shape":
-        shape = tuple(s + draw(st.sampled_from([-1, 1])) if s > 0 else 1 for s in shape) \
-            if len(shape) else (1,)
+        shape = (
+            tuple(s + draw(st.sampled_from([-1, 1])) if s > 0 else 1 for s in shape)
+            if len(shape)
+            else (1,)
+        )
     B, T = (shape[0], shape[1]) if len(shape) >= 2 else (1, shape[0] if shape else 1)
     m = draw(bool_rows(B, T, prefix=kind == "prefix" and allow_prefix))
     if len(shape) == 3:
@@ -123,8 +140,11 @@ def masks(draw, shape, name="mask", allow_prefix=True):
             flip = draw(st.lists(st.booleans(), min_size=m.numel(), max_size=m.numel()))
             m = m ^ torch.tensor(flip, dtype=torch.bool).reshape(shape)
     elif len(shape) != 2:
-        m = m.reshape(-1)[: math.prod(shape)].reshape(shape) if m.numel() >= math.prod(shape) \
+        m = (
+            m.reshape(-1)[: math.prod(shape)].reshape(shape)
+            if m.numel() >= math.prod(shape)
             else torch.ones(shape, dtype=torch.bool)
+        )
     dtype = draw(st.sampled_from(MASK_DTYPES))
     m = m.to(dtype)
     if dtype != torch.bool and m.numel() and draw(st.integers(0, 3)) == 0:
@@ -139,6 +159,7 @@ def masks(draw, shape, name="mask", allow_prefix=True):
 
 
 # --- an independent oracle -------------------------------------------------------------------
+
 
 def _bad_values(m: torch.Tensor) -> bool:
     if m.dtype == torch.bool:
@@ -209,6 +230,7 @@ def _check_accepted(x, mask, out_x, out_mask, binary, prefix_mask):
 
 # --- properties ------------------------------------------------------------------------------
 
+
 @st.composite
 def validator_inputs(draw):
     x = draw(sequences_x())
@@ -259,7 +281,7 @@ def test_prepare_sequences_zero_fills_missing_and_never_returns_nan(args):
         assert bool((out_x[~seen] == 0).all()), "unobserved entries must be zeros"
         assert torch.equal(out_x[seen], x[seen]), "observed entries must be unchanged"
         if binary:
-            real = (seen & out_mask.unsqueeze(-1))
+            real = seen & out_mask.unsqueeze(-1)
             assert bool(((out_x[real] == 0) | (out_x[real] == 1)).all())
 
 
@@ -270,8 +292,7 @@ def test_validate_mask(B, T, data):
     try:
         out = validate_mask(mask, (B, T))
     except Exception as e:  # noqa: BLE001
-        expect_documented(e, MESSAGES["mask_type"], MESSAGES["mask_shape"],
-                          MESSAGES["mask_values"])
+        expect_documented(e, MESSAGES["mask_type"], MESSAGES["mask_shape"], MESSAGES["mask_values"])
         assert not expected_shape_ok or (torch.is_tensor(mask) and _bad_values(mask)), str(e)
         return
     assert expected_shape_ok and (mask is None or not _bad_values(mask))
@@ -286,13 +307,15 @@ def test_validate_mask(B, T, data):
 def test_validate_observed(B, T, D, data):
     per_element = data.draw(st.booleans())
     observed = data.draw(masks((B, T, D) if per_element else (B, T), allow_prefix=False))
-    ok_shape = observed is None or (torch.is_tensor(observed)
-                                    and tuple(observed.shape) in ((B, T), (B, T, D)))
+    ok_shape = observed is None or (
+        torch.is_tensor(observed) and tuple(observed.shape) in ((B, T), (B, T, D))
+    )
     try:
         out = validate_observed(observed, (B, T, D))
     except Exception as e:  # noqa: BLE001
-        expect_documented(e, MESSAGES["observed_type"], MESSAGES["observed_shape"],
-                          MESSAGES["observed_values"])
+        expect_documented(
+            e, MESSAGES["observed_type"], MESSAGES["observed_shape"], MESSAGES["observed_values"]
+        )
         assert not ok_shape or _bad_values(observed), str(e)
         return
     assert ok_shape
@@ -308,8 +331,25 @@ def test_validate_observed(B, T, D, data):
 ARRAY_LIKES = st.one_of(
     st.lists(st.sampled_from([0, 1, 0.0, 1.0, True, False, 0.5, 2, -1, NAN]), max_size=5),
     st.lists(st.lists(st.sampled_from([0, 1, 0.5]), min_size=0, max_size=3), max_size=3),
-    st.sampled_from([None, "mask", {"a": 1}, object(), 1, 0, 0.5, NAN, True, 1 + 0j, b"\x01",
-                     np.array([0, 1]), np.array([0.5]), np.array(["1"]), (1, 0)]),
+    st.sampled_from(
+        [
+            None,
+            "mask",
+            {"a": 1},
+            object(),
+            1,
+            0,
+            0.5,
+            NAN,
+            True,
+            1 + 0j,
+            b"\x01",
+            np.array([0, 1]),
+            np.array([0.5]),
+            np.array(["1"]),
+            (1, 0),
+        ]
+    ),
 )
 
 
@@ -322,8 +362,9 @@ def any_tensor(draw):
 
 @given(st.one_of(any_tensor(), ARRAY_LIKES), st.booleans())
 def test_as_bool_mask(mask, labelled):
-    labels = ("batch", "step", "feature")[: mask.dim()] if torch.is_tensor(mask) and labelled \
-        else None
+    labels = (
+        ("batch", "step", "feature")[: mask.dim()] if torch.is_tensor(mask) and labelled else None
+    )
     try:
         out = as_bool_mask(mask, "m", labels)
     except Exception as e:  # noqa: BLE001

@@ -9,8 +9,14 @@ import pytest
 import torch
 
 from pyro_seq.models import SRNN
-from pyro_seq.train import (CheckpointError, TrainConfig, fit, load_checkpoint, load_weights,
-                            save_weights)
+from pyro_seq.train import (
+    CheckpointError,
+    TrainConfig,
+    fit,
+    load_checkpoint,
+    load_weights,
+    save_weights,
+)
 from pyro_seq.train import checkpoint as checkpoint_module
 
 
@@ -31,8 +37,13 @@ CFG = dict(batch_size=5, lr=0.01, progress=False)
 @pytest.fixture
 def run_dir(tmp_path):
     """A run folder after one epoch: checkpoint.pt and best.pt."""
-    fit(tiny_srnn(), toy_sequences(10), toy_sequences(3, seed=1), TrainConfig(epochs=1, **CFG),
-        tmp_path)
+    fit(
+        tiny_srnn(),
+        toy_sequences(10),
+        toy_sequences(3, seed=1),
+        TrainConfig(epochs=1, **CFG),
+        tmp_path,
+    )
     return tmp_path
 
 
@@ -41,10 +52,14 @@ def _damage(path, how):
     path.write_bytes(data[: len(data) // 2] if how == "truncated" else b"\x00garbage\n" * 50)
 
 
-CKPT_MSG = ("checkpoint {} is truncated or corrupt and cannot be loaded; delete it to train in "
-            "this folder from scratch, or train into a new output folder (--out)")
-BEST_MSG = ("weights file {} is truncated or corrupt and cannot be loaded; delete it and train "
-            "again (train --restart, or a new output folder --out)")
+CKPT_MSG = (
+    "checkpoint {} is truncated or corrupt and cannot be loaded; delete it to train in "
+    "this folder from scratch, or train into a new output folder (--out)"
+)
+BEST_MSG = (
+    "weights file {} is truncated or corrupt and cannot be loaded; delete it and train "
+    "again (train --restart, or a new output folder --out)"
+)
 
 
 @pytest.mark.parametrize("how", ["truncated", "garbage"])
@@ -52,13 +67,24 @@ def test_fit_names_a_damaged_checkpoint_and_what_to_do(run_dir, how):
     path = run_dir / "checkpoint.pt"
     _damage(path, how)
     with pytest.raises(CheckpointError) as info:
-        fit(tiny_srnn(), toy_sequences(10), toy_sequences(3, seed=1),
-            TrainConfig(epochs=2, **CFG), run_dir)
+        fit(
+            tiny_srnn(),
+            toy_sequences(10),
+            toy_sequences(3, seed=1),
+            TrainConfig(epochs=2, **CFG),
+            run_dir,
+        )
     assert str(info.value) == CKPT_MSG.format(path)
     assert info.value.__cause__ is None and info.value.__suppress_context__
     # resume=False (the CLI's --restart) does not read it, and overwrites it
-    fit(tiny_srnn(), toy_sequences(10), toy_sequences(3, seed=1), TrainConfig(epochs=1, **CFG),
-        run_dir, resume=False)
+    fit(
+        tiny_srnn(),
+        toy_sequences(10),
+        toy_sequences(3, seed=1),
+        TrainConfig(epochs=1, **CFG),
+        run_dir,
+        resume=False,
+    )
     assert load_checkpoint(path)["epoch"] == 1
 
 
@@ -75,8 +101,11 @@ def test_load_weights_names_a_damaged_best_pt_and_what_to_do(run_dir, how):
 
 def test_wrong_content_and_missing_files_are_reported(tmp_path):
     torch.save({"epoch": 3}, tmp_path / "checkpoint.pt")
-    with pytest.raises(CheckpointError, match=r"checkpoint .*checkpoint\.pt is not a pyro-seq "
-                                              r"training checkpoint; delete it"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"checkpoint .*checkpoint\.pt is not a pyro-seq "
+        r"training checkpoint; delete it",
+    ):
         load_checkpoint(tmp_path / "checkpoint.pt")
     torch.save([1, 2], tmp_path / "best.pt")
     with pytest.raises(CheckpointError, match=r"best\.pt does not hold a model state_dict"):
@@ -105,14 +134,18 @@ def test_a_save_that_fails_midway_leaves_the_previous_file(tmp_path, monkeypatch
 def test_saves_go_through_a_fsynced_temporary_file_and_os_replace(tmp_path, monkeypatch):
     calls = []
     real_fsync, real_replace = checkpoint_module.os.fsync, checkpoint_module.os.replace
-    monkeypatch.setattr(checkpoint_module.os, "fsync",
-                        lambda fd: (calls.append("fsync"), real_fsync(fd))[1])
-    monkeypatch.setattr(checkpoint_module.os, "replace",
-                        lambda a, b: (calls.append(("replace", str(a), str(b))), real_replace(a, b))[1])
+    monkeypatch.setattr(
+        checkpoint_module.os, "fsync", lambda fd: (calls.append("fsync"), real_fsync(fd))[1]
+    )
+    monkeypatch.setattr(
+        checkpoint_module.os,
+        "replace",
+        lambda a, b: (calls.append(("replace", str(a), str(b))), real_replace(a, b))[1],
+    )
     save_weights({"w": torch.ones(2)}, tmp_path / "best.pt")
     tmp, dst = str(tmp_path / "best.pt.tmp"), str(tmp_path / "best.pt")
     assert calls[:2] == ["fsync", ("replace", tmp, dst)]  # the file is synced before the rename
-    assert calls[2:] == ["fsync"]                           # then the folder
+    assert calls[2:] == ["fsync"]  # then the folder
 
 
 def test_fit_restores_threads_and_rng_and_leaves_the_params_in_the_store(tmp_path):
@@ -121,10 +154,19 @@ def test_fit_restores_threads_and_rng_and_leaves_the_params_in_the_store(tmp_pat
     torch.manual_seed(1234)
     random.seed(5)
     np.random.seed(5)
-    torch_state, py_state, np_state = torch.get_rng_state(), random.getstate(), np.random.get_state()
+    torch_state, py_state, np_state = (
+        torch.get_rng_state(),
+        random.getstate(),
+        np.random.get_state(),
+    )
     try:
-        fit(model, toy_sequences(10), [], TrainConfig(epochs=1, num_threads=2, seed=7, **CFG),
-            tmp_path)
+        fit(
+            model,
+            toy_sequences(10),
+            [],
+            TrainConfig(epochs=1, num_threads=2, seed=7, **CFG),
+            tmp_path,
+        )
         assert torch.get_num_threads() == 1
         assert torch.equal(torch.get_rng_state(), torch_state)
         assert random.getstate() == py_state
@@ -147,8 +189,13 @@ def test_fit_restores_threads_and_rng_when_it_raises(tmp_path):
     (tmp_path / "checkpoint.pt").write_bytes(b"garbage")
     try:
         with pytest.raises(CheckpointError):
-            fit(model, toy_sequences(10), [], TrainConfig(epochs=1, num_threads=2, seed=7, **CFG),
-                tmp_path)
+            fit(
+                model,
+                toy_sequences(10),
+                [],
+                TrainConfig(epochs=1, num_threads=2, seed=7, **CFG),
+                tmp_path,
+            )
         assert torch.get_num_threads() == 1
         assert torch.equal(torch.get_rng_state(), state)
     finally:
@@ -156,6 +203,7 @@ def test_fit_restores_threads_and_rng_when_it_raises(tmp_path):
 
 
 # --- weights of another model, non-finite weights ---------------------------------------------
+
 
 def test_state_dict_mismatch_names_missing_unexpected_and_reshaped_entries():
     from pyro_seq.train.checkpoint import state_dict_mismatch
@@ -165,13 +213,15 @@ def test_state_dict_mismatch_names_missing_unexpected_and_reshaped_entries():
     found = {"a": torch.zeros(2), "b": torch.zeros(4), "d": torch.zeros(1)}
     assert state_dict_mismatch(model, found) == (
         "missing keys 'c'; unexpected keys 'd'; size mismatch for 'b': (4,) in the file, (3,) "
-        "in the model")
+        "in the model"
+    )
     many = {f"k{i}": torch.zeros(1) for i in range(5)}
     assert state_dict_mismatch(many, {}) == "missing keys 'k0', 'k1', 'k2' and 2 more"
     assert state_dict_mismatch({}, many, limit=1) == "unexpected keys 'k0' and 4 more"
     reshaped = {"w": torch.zeros(2, 3), "x": torch.zeros(5)}
     assert state_dict_mismatch(reshaped, {"w": torch.zeros(3, 2), "x": torch.zeros(4)}) == (
-        "size mismatch for 'w': (3, 2) in the file, (2, 3) in the model and 1 more")
+        "size mismatch for 'w': (3, 2) in the file, (2, 3) in the model and 1 more"
+    )
 
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
@@ -184,7 +234,8 @@ def test_load_weights_refuses_non_finite_weights(tmp_path, bad):
         load_weights(path)
     assert str(info.value) == (
         f"weights file {path} holds non-finite values (NaN/inf) in the weight 'w'; delete it "
-        "and train again (train --restart, or a new output folder --out)")
+        "and train again (train --restart, or a new output folder --out)"
+    )
     save_weights({"a": torch.ones(2), "steps": torch.tensor([7])}, path)  # finite: read back
     assert torch.equal(load_weights(path)["steps"], torch.tensor([7]))
 
@@ -198,7 +249,8 @@ def test_restore_names_the_entries_of_another_model_in_one_short_line(tmp_path):
     assert str(info.value) == (
         "checkpoint ck.pt does not fit this model (size mismatch for 'bias': (3,) in the file, "
         "(4,) in the model and 1 more); resume with the model it was written for, or train "
-        "into a new output folder (--out)")
+        "into a new output folder (--out)"
+    )
     payload = {"model": torch.nn.Bilinear(2, 2, 3).state_dict()}  # same keys: weight, bias
     payload["model"]["extra"] = torch.zeros(1)
     with pytest.raises(CheckpointError, match=r"\(unexpected keys 'extra'\)"):

@@ -15,8 +15,15 @@ from pyro_seq.train.distributed import ProcessGroup, default_backend, rank_devic
 from pyro_seq.validation import parse_device
 
 HAS_CUDA = torch.cuda.is_available()
-DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
-    not HAS_CUDA, reason="needs a CUDA device (torch.cuda.is_available() is False)"))]
+DEVICES = [
+    "cpu",
+    pytest.param(
+        "cuda",
+        marks=pytest.mark.skipif(
+            not HAS_CUDA, reason="needs a CUDA device (torch.cuda.is_available() is False)"
+        ),
+    ),
+]
 
 
 def seqs(n, seed, D=5):
@@ -30,8 +37,17 @@ def tiny_dmm():
 
 
 def config(device, epochs=1, **kw):
-    base = dict(epochs=epochs, batch_size=3, lr=0.01, progress=False, device=device,
-                kl_anneal_steps=2, kl_start=0.5, lr_schedule="constant", patience=None)
+    base = dict(
+        epochs=epochs,
+        batch_size=3,
+        lr=0.01,
+        progress=False,
+        device=device,
+        kl_anneal_steps=2,
+        kl_start=0.5,
+        lr_schedule="constant",
+        patience=None,
+    )
     base.update(kw)
     return TrainConfig(**base)
 
@@ -69,9 +85,13 @@ def test_fit_trains_on_the_device_and_resumes_exactly(device, tmp_path):
 @pytest.mark.parametrize("device", DEVICES)
 def test_fit_an_energy_based_model_on_the_device(device, tmp_path):
     model = RTRBM(5, num_hidden=3)
-    history = fit(model, seqs(6, 2), seqs(2, 3), config(device, 1, objective="cd",
-                                                         kl_anneal_steps=0, kl_start=1.0),
-                  tmp_path)
+    history = fit(
+        model,
+        seqs(6, 2),
+        seqs(2, 3),
+        config(device, 1, objective="cd", kl_anneal_steps=0, kl_start=1.0),
+        tmp_path,
+    )
     assert {p.device for p in model.parameters()} == {parse_device(device)}
     assert "valid_pll_per_step" in history[-1]
 
@@ -94,15 +114,19 @@ class FakeCuda:
         monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
         monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
         monkeypatch.setattr(torch.cuda, "get_rng_state_all", lambda: list(self.states))
-        monkeypatch.setattr(torch.cuda, "set_rng_state",
-                            lambda state, device=0: self.set.__setitem__(device, state.clone()))
+        monkeypatch.setattr(
+            torch.cuda,
+            "set_rng_state",
+            lambda state, device=0: self.set.__setitem__(device, state.clone()),
+        )
 
 
 def _save(path, **kw):
     model = torch.nn.Linear(2, 2)
     optim = pyro.optim.Adam({"lr": 0.1})
-    checkpoint_module.save_checkpoint(path, model=model, optimizer=optim, epoch=0, global_step=0,
-                                      history=[], **kw)
+    checkpoint_module.save_checkpoint(
+        path, model=model, optimizer=optim, epoch=0, global_step=0, history=[], **kw
+    )
     return model, optim
 
 
@@ -145,7 +169,9 @@ def test_a_damaged_cuda_rng_entry_is_a_checkpoint_error(tmp_path):
 
 def test_ranks_take_their_device_and_the_backend_follows_the_training_device(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # a CUDA machine...
-    assert default_backend("cpu") == "gloo"  # ...training on the CPU: nccl cannot reduce CPU tensors
+    assert (
+        default_backend("cpu") == "gloo"
+    )  # ...training on the CPU: nccl cannot reduce CPU tensors
     assert default_backend(torch.device("cuda", 1)) == "nccl"
     assert rank_device(torch.device("cpu"), 3) == torch.device("cpu")
     assert rank_device(torch.device("cuda"), 1) == torch.device("cuda", 1)

@@ -17,8 +17,16 @@ def _seqs(n, seed, D=5):
 
 
 def _config(**kw):
-    base = dict(epochs=1, batch_size=4, lr=0.01, lr_schedule="constant", patience=None,
-                progress=False, seed=3, num_threads=1)
+    base = dict(
+        epochs=1,
+        batch_size=4,
+        lr=0.01,
+        lr_schedule="constant",
+        patience=None,
+        progress=False,
+        seed=3,
+        num_threads=1,
+    )
     base.update(kw)
     return TrainConfig(**base)
 
@@ -34,7 +42,8 @@ def test_two_processes_with_half_batches_equal_one_process(tmp_path):
     h2 = fit(two, train, [], _config(world_size=2), tmp_path / "two")
     assert [r["step"] for r in h2] == [5]
     assert abs(h1[0]["train_loss_per_step"] - h2[0]["train_loss_per_step"]) <= 1e-9 * abs(
-        h1[0]["train_loss_per_step"])
+        h1[0]["train_loss_per_step"]
+    )
     a = load_checkpoint(tmp_path / "one" / "checkpoint.pt")["model"]
     b = load_checkpoint(tmp_path / "two" / "checkpoint.pt")["model"]
     for name in a:
@@ -43,16 +52,22 @@ def test_two_processes_with_half_batches_equal_one_process(tmp_path):
         assert torch.equal(p, b[name]), name
     # a last batch smaller than the number of ranks: the empty rank adds zero gradients
     odd = _seqs(5, 1)
-    h3 = fit(RNNBaseline(5, d_dim=6, hidden_dim=6).double(), odd, [],
-             _config(batch_size=3, world_size=4), tmp_path / "four")
+    h3 = fit(
+        RNNBaseline(5, d_dim=6, hidden_dim=6).double(),
+        odd,
+        [],
+        _config(batch_size=3, world_size=4),
+        tmp_path / "four",
+    )
     assert h3[0]["step"] == 2
 
 
 def test_stochastic_objective_with_validation_and_early_stopping(tmp_path):
     train, valid = _seqs(12, 2), _seqs(5, 3)
     model = SRNN(5, d_dim=4, z_dim=2, hidden_dim=4).double()
-    cfg = _config(epochs=3, objective="iwae", num_particles=2, lr_schedule="plateau", patience=5,
-                  world_size=2)
+    cfg = _config(
+        epochs=3, objective="iwae", num_particles=2, lr_schedule="plateau", patience=5, world_size=2
+    )
     history = fit(model, train, valid, cfg, tmp_path)
     assert len(history) == 3 and history.restored_best
     assert all(torch.isfinite(torch.tensor(r["valid_bound_per_step"])) for r in history)
@@ -60,8 +75,13 @@ def test_stochastic_objective_with_validation_and_early_stopping(tmp_path):
     saved = load_checkpoint(tmp_path / "checkpoint.pt")["extra"]
     assert saved["world_size"] == 2 and len(saved["rng_states"]) == 2
     with pytest.raises(ValueError, match="world_size=2"):
-        fit(SRNN(5, d_dim=4, z_dim=2, hidden_dim=4).double(), train, valid,
-            _config(epochs=4, objective="iwae", num_particles=2, lr_schedule="plateau"), tmp_path)
+        fit(
+            SRNN(5, d_dim=4, z_dim=2, hidden_dim=4).double(),
+            train,
+            valid,
+            _config(epochs=4, objective="iwae", num_particles=2, lr_schedule="plateau"),
+            tmp_path,
+        )
 
 
 class DyingRNN(RNNBaseline):
@@ -81,8 +101,13 @@ class DyingRNN(RNNBaseline):
 def test_a_dying_rank_stops_the_others_with_a_clear_error(tmp_path):
     started = time.time()
     with pytest.raises(RuntimeError, match="distributed training failed"):
-        fit(DyingRNN(5, d_dim=4, hidden_dim=4).double(), _seqs(40, 4), [],
-            _config(epochs=3, world_size=2, dist_timeout=20.0), tmp_path)
+        fit(
+            DyingRNN(5, d_dim=4, hidden_dim=4).double(),
+            _seqs(40, 4),
+            [],
+            _config(epochs=3, world_size=2, dist_timeout=20.0),
+            tmp_path,
+        )
     assert time.time() - started < 60
 
 
@@ -90,9 +115,33 @@ def test_cli_nproc(tiny_pickle, tmp_path, capsys):
     from pyro_seq.cli import main
 
     out = tmp_path / "rnn2"
-    assert main(["train", "--model", "rnn", "--data", str(tiny_pickle), "--epochs", "1", "--quiet",
-                 "--batch-size", "4", "--nproc", "2", "--threads", "1", "--out", str(out),
-                 "--model-option", "d_dim=4", "--model-option", "hidden_dim=4"]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "--model",
+                "rnn",
+                "--data",
+                str(tiny_pickle),
+                "--epochs",
+                "1",
+                "--quiet",
+                "--batch-size",
+                "4",
+                "--nproc",
+                "2",
+                "--threads",
+                "1",
+                "--out",
+                str(out),
+                "--model-option",
+                "d_dim=4",
+                "--model-option",
+                "hidden_dim=4",
+            ]
+        )
+        == 0
+    )
     assert "test ELBO" in capsys.readouterr().out
     assert load_checkpoint(out / "checkpoint.pt")["extra"]["world_size"] == 2
 
@@ -124,8 +173,13 @@ def test_free_bits_is_refused_with_several_processes(tmp_path):
     TrainConfig(free_bits=0.5).validate()  # one process: fine
     TrainConfig(world_size=2).validate()
     with pytest.raises(ValueError, match="free bits"):
-        fit(SRNN(5, d_dim=4, z_dim=2, hidden_dim=4), _seqs(8, 0), [],
-            _config(free_bits=0.5, world_size=2), tmp_path / "run")
+        fit(
+            SRNN(5, d_dim=4, z_dim=2, hidden_dim=4),
+            _seqs(8, 0),
+            [],
+            _config(free_bits=0.5, world_size=2),
+            tmp_path / "run",
+        )
     assert not (tmp_path / "run").exists()
 
 
@@ -156,8 +210,16 @@ def test_parameters_no_rank_touched_keep_no_gradient_and_no_optimizer_state(tmp_
 
     g = torch.Generator().manual_seed(0)
     train = [(torch.rand(3 + i % 2, 4, generator=g) < 0.4).double() for i in range(8)]
-    kw = dict(image_shape=(2, 2), encoder="mlp", hidden_dims=(3,), a_dim=2, z_dim=2,
-              num_modes=2, lstm_dim=3, dynamics_warmup_epochs=5)
+    kw = dict(
+        image_shape=(2, 2),
+        encoder="mlp",
+        hidden_dims=(3,),
+        a_dim=2,
+        z_dim=2,
+        num_modes=2,
+        lstm_dim=3,
+        dynamics_warmup_epochs=5,
+    )
     one = KVAE(**kw).double()
     two = KVAE(**kw).double()
     two.load_state_dict(one.state_dict())
@@ -173,7 +235,8 @@ def test_parameters_no_rank_touched_keep_no_gradient_and_no_optimizer_state(tmp_
     for n in (1, 2):
         assert sorted(states[n]) == sorted(states[1])  # the same parameters were seen
         assert {k: v["state"] for k, v in states[n].items() if k in frozen} == {
-            k: {} for k in frozen}, n
+            k: {} for k in frozen
+        }, n
         # everything else was stepped twice on both runs
         assert all(v["state"][0]["step"] == 2 for k, v in states[n].items() if k not in frozen)
         weights = load_checkpoint(tmp_path / str(n) / "checkpoint.pt")["model"]

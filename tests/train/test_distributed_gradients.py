@@ -20,8 +20,10 @@ def _problem(name):
     """A float64 model and a padded minibatch of 5 sequences of lengths 7, 3, 6, 2, 5 (rank 1
     of 2 gets the rows of lengths 3 and 2, cut to 3 steps)."""
     torch.manual_seed(0)
-    model = {"dmm": lambda: DMM(D, z_dim=3, transition_dim=5, emission_dim=5, rnn_dim=5),
-             "srnn": lambda: SRNN(D, d_dim=4, z_dim=3, hidden_dim=4)}[name]().double()
+    model = {
+        "dmm": lambda: DMM(D, z_dim=3, transition_dim=5, emission_dim=5, rnn_dim=5),
+        "srnn": lambda: SRNN(D, d_dim=4, z_dim=3, hidden_dim=4),
+    }[name]().double()
     g = torch.Generator().manual_seed(1)
     seqs = [(torch.rand(T, D, generator=g) < 0.4).double() for T in (7, 3, 6, 2, 5)]
     x, mask = pad_sequences(seqs, dtype=torch.float64)
@@ -65,8 +67,10 @@ def _gradients(name, rows, comm=None):
         value = loss.loss_and_grads(model.model, model.guide, x, mask)
     assert calls[0] == x.shape[1]  # one draw per step of the (cut) batch
     store = pyro.get_param_store()
-    grads = {n: (None if p.grad is None else p.grad.clone())
-             for n, p in ((n, store[n].unconstrained()) for n in store.keys())}
+    grads = {
+        n: (None if p.grad is None else p.grad.clone())
+        for n, p in ((n, store[n].unconstrained()) for n in store.keys())
+    }
     return float(value), grads
 
 
@@ -98,7 +102,8 @@ def _rank(rank, port, out):
     for name in "abc":
         pyro.param(name, torch.zeros(2, dtype=torch.float64))
     AllReduceGradients(_PartialLoss(rank), comm).loss_and_grads(
-        None, None, torch.zeros(1, 1, 1), torch.ones(1, 1, dtype=torch.bool))
+        None, None, torch.zeros(1, 1, 1), torch.ones(1, 1, dtype=torch.bool)
+    )
     store = pyro.get_param_store()
     result["partial"] = {n: store[n].unconstrained().grad for n in "abc"}
     torch.save(result, f"{out}/rank{rank}.pt")

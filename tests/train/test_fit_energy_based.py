@@ -21,8 +21,10 @@ def test_fit_rtrbm_with_cd(tmp_path):
     assert len(history) == 3
     assert all("valid_pll_per_step" in row and "valid_elbo_per_step" not in row for row in history)
     # the CD monitor (mean squared reconstruction error per unit), not a loss per step
-    assert all(0 <= row["train_reconstruction_error"] <= 1 and "train_loss_per_step" not in row
-               for row in history)
+    assert all(
+        0 <= row["train_reconstruction_error"] <= 1 and "train_loss_per_step" not in row
+        for row in history
+    )
     best = max(row["valid_pll_per_step"] for row in history)
     assert history.best_valid_elbo_per_step == best and history.restored_best
     pll = evaluate_bound(model, valid, method="pseudo_likelihood")
@@ -44,8 +46,13 @@ def test_mismatched_objectives_are_refused(tmp_path):
     with pytest.raises(ValueError, match="energy-based"):
         fit(RTRBM(5, 3), train, [], TrainConfig(epochs=1, progress=False), tmp_path / "a")
     with pytest.raises(ValueError, match="energy-based"):
-        fit(SRNN(5, d_dim=4, z_dim=2, hidden_dim=4), train, [],
-            TrainConfig(epochs=1, objective="cd", progress=False), tmp_path / "b")
+        fit(
+            SRNN(5, d_dim=4, z_dim=2, hidden_dim=4),
+            train,
+            [],
+            TrainConfig(epochs=1, objective="cd", progress=False),
+            tmp_path / "b",
+        )
     with pytest.raises(ValueError, match="cd_steps"):
         TrainConfig(objective="cd", cd_steps=0).validate()
     with pytest.raises(ValueError, match="energy-based"):

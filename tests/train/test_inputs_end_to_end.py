@@ -27,8 +27,15 @@ def _data(n=5, controls=2, seed=0):
 
 def _kvae(controls=2):
     torch.manual_seed(0)
-    return KVAE((4, 4), control_dim=controls, encoder="mlp", hidden_dims=(4,), lstm_dim=4,
-                z_dim=2, num_modes=2)
+    return KVAE(
+        (4, 4),
+        control_dim=controls,
+        encoder="mlp",
+        hidden_dims=(4,),
+        lstm_dim=4,
+        z_dim=2,
+        num_modes=2,
+    )
 
 
 def test_sequence_list_slices_select_and_chunks_keep_the_inputs():
@@ -37,8 +44,16 @@ def test_sequence_list_slices_select_and_chunks_keep_the_inputs():
     picked = data.select([4, 0])
     assert picked[0] is data[4] and picked.inputs[1] is data.inputs[0]
     windows = chunk_sequences(data, 4)
-    assert [tuple(u.shape) for u in windows.inputs] == [(4, 2), (2, 2), (4, 2), (4, 2), (1, 2),
-                                                          (4, 2), (2, 2), (3, 2)]
+    assert [tuple(u.shape) for u in windows.inputs] == [
+        (4, 2),
+        (2, 2),
+        (4, 2),
+        (4, 2),
+        (1, 2),
+        (4, 2),
+        (2, 2),
+        (3, 2),
+    ]
     assert torch.equal(torch.cat(windows.inputs[:2]), data.inputs[0])
     with pytest.raises(ValueError, match=r"inputs\[1\] has 3 steps, its sequence 4"):
         SequenceList(data, [data.inputs[0], torch.zeros(3, 2)] + data.inputs[2:])
@@ -61,16 +76,21 @@ def test_fit_passes_the_inputs_to_every_update():
     data = _data()
     model = _kvae()
     manual = copy.deepcopy(model)
-    config = TrainConfig(epochs=1, batch_size=3, lr_schedule="constant", init="none",
-                         progress=False, clip_norm=10.0)
+    config = TrainConfig(
+        epochs=1, batch_size=3, lr_schedule="constant", init="none", progress=False, clip_norm=10.0
+    )
     import tempfile
 
     with tempfile.TemporaryDirectory() as out:
         fit(model, data, [], config, out)
     pyro.clear_param_store()
     torch.manual_seed(config.seed)
-    svi = SVI(manual.model, manual.guide, ClippedAdam({"lr": config.lr, "clip_norm": 10.0,
-                                                        "betas": config.betas}), Trace_ELBO())
+    svi = SVI(
+        manual.model,
+        manual.guide,
+        ClippedAdam({"lr": config.lr, "clip_norm": 10.0, "betas": config.betas}),
+        Trace_ELBO(),
+    )
     manual.train()
     manual.training_epoch(0)
     for x, mask, u in SequenceLoader(data, 3, shuffle=True, seed=config.seed).batches(0):
@@ -95,7 +115,8 @@ def test_bounds_and_estimators_score_with_the_inputs():
     est = estimate_log_likelihood(model.model, model.guide, seqs, method="iwae", num_particles=4)
     pyro.set_rng_seed(1)
     log_z, _ = IWAE(num_particles=4, vectorize_particles=True, max_plate_nesting=1).log_z(
-        model.model, model.guide, x, mask, inputs=u)
+        model.model, model.guide, x, mask, inputs=u
+    )
     assert torch.allclose(est.per_sequence, log_z.double(), rtol=1e-12, atol=0)
     # the inputs matter: other controls give another bound
     other = SequenceList(list(seqs), [v + 1.0 for v in seqs.inputs])
@@ -111,16 +132,19 @@ def test_tasks_take_inputs_and_name_them_when_they_are_wrong():
     observed = mask.clone()
     observed[:, 2] = False
     for method in model.impute_methods:
-        res = impute(model, x, observed, mask, method=method, inputs=u, num_iterations=2,
-                     num_particles=3)
+        res = impute(
+            model, x, observed, mask, method=method, inputs=u, num_iterations=2, num_particles=3
+        )
         assert torch.equal(res.x[observed], x[observed])
     assert denoise(model, x, mask, inputs=u)[0].shape == x.shape
     future = torch.cat([u[:, :4], torch.randn(2, 3, 2)], 1)
     assert forecast(model, x[:, :4], 3, num_samples=2, inputs=future).samples.shape == (2, 2, 3, 16)
-    for bad, message in ((u[:, :5], r"inputs must have shape \(batch, T, input_dim\) = \(2, 6, 2\)"),
-                         (u[..., :1], r"got \(2, 6, 1\)"),
-                         (None, "needs inputs="),
-                         (torch.full_like(u, float("nan")), "non-finite")):
+    for bad, message in (
+        (u[:, :5], r"inputs must have shape \(batch, T, input_dim\) = \(2, 6, 2\)"),
+        (u[..., :1], r"got \(2, 6, 1\)"),
+        (None, "needs inputs="),
+        (torch.full_like(u, float("nan")), "non-finite"),
+    ):
         with pytest.raises(ValueError, match=message):
             impute(model, x, observed, mask, inputs=bad)
     with pytest.raises(ValueError, match=r"\(batch, T \+ steps, input_dim\)"):

@@ -43,10 +43,26 @@ if __name__ == "__main__":
                os.path.join(sys.argv[1], "returned_rank%s.pt" % os.environ["RANK"]))
 '''
 
-CONFIG = dict(epochs=3, batch_size=4, lr=0.01, patience=None, progress=False, seed=3,
-              num_threads=1, dist_timeout=60.0)
-LAUNCH_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT",
-                    "LOCAL_WORLD_SIZE", "GROUP_RANK", "TORCHELASTIC_RUN_ID")
+CONFIG = dict(
+    epochs=3,
+    batch_size=4,
+    lr=0.01,
+    patience=None,
+    progress=False,
+    seed=3,
+    num_threads=1,
+    dist_timeout=60.0,
+)
+LAUNCH_VARIABLES = (
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "TORCHELASTIC_RUN_ID",
+)
 
 
 def _torchrun_nodes(args, port, cwd):
@@ -54,11 +70,32 @@ def _torchrun_nodes(args, port, cwd):
     node 1 (rendezvous at 127.0.0.1:port) running ``args``; wait for both."""
     env = {k: v for k, v in os.environ.items() if k not in LAUNCH_VARIABLES}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.getcwd(), env.get("PYTHONPATH")]))
-    procs = [subprocess.Popen(
-        [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
-         "--node-rank", str(node), "--master-addr", "127.0.0.1", "--master-port", str(port),
-         *args], env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        for node in (0, 1)]
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--nnodes",
+                "2",
+                "--nproc-per-node",
+                "1",
+                "--node-rank",
+                str(node),
+                "--master-addr",
+                "127.0.0.1",
+                "--master-port",
+                str(port),
+                *args,
+            ],
+            env=env,
+            cwd=cwd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for node in (0, 1)
+    ]
     outputs = []
     try:
         for p in procs:
@@ -114,10 +151,33 @@ def test_two_torchrun_nodes_train_as_two_spawned_processes(tmp_path):
 def test_the_cli_trains_under_torchrun_unchanged(tiny_pickle, tmp_path):
     out = tmp_path / "rnn"
     outputs = _torchrun_nodes(
-        ["-m", "pyro_seq.cli", "train", "--model", "srnn", "--data", str(tiny_pickle),
-         "--epochs", "1", "--quiet", "--batch-size", "4", "--threads", "1", "--out", str(out),
-         "--model-option", "d_dim=3", "--model-option", "hidden_dim=3", "--z-dim", "2"],
-        free_port(), tmp_path)
+        [
+            "-m",
+            "pyro_seq.cli",
+            "train",
+            "--model",
+            "srnn",
+            "--data",
+            str(tiny_pickle),
+            "--epochs",
+            "1",
+            "--quiet",
+            "--batch-size",
+            "4",
+            "--threads",
+            "1",
+            "--out",
+            str(out),
+            "--model-option",
+            "d_dim=3",
+            "--model-option",
+            "hidden_dim=3",
+            "--z-dim",
+            "2",
+        ],
+        free_port(),
+        tmp_path,
+    )
     # rank 0 (node 0) alone prints and writes test.json (and config.json)
     assert "test ELBO" in outputs[0] and "test ELBO" not in outputs[1]
     assert (out / "test.json").exists() and (out / "config.json").exists()
@@ -126,8 +186,13 @@ def test_the_cli_trains_under_torchrun_unchanged(tiny_pickle, tmp_path):
 
 
 def _env(**kw):
-    env = {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_ADDR": "10.0.0.1",
-           "MASTER_PORT": "29500"}
+    env = {
+        "RANK": "1",
+        "WORLD_SIZE": "2",
+        "LOCAL_RANK": "0",
+        "MASTER_ADDR": "10.0.0.1",
+        "MASTER_PORT": "29500",
+    }
     env.update(kw)
     return {k: v for k, v in env.items() if v is not None}
 
@@ -147,22 +212,30 @@ def test_launch_environment():
     assert launch_environment({"RANK": "0", "WORLD_SIZE": "1"}).world_size == 1
 
 
-@pytest.mark.parametrize("world_size, free_bits, match", [
-    (3, 0.0, "TrainConfig.world_size=3 .* WORLD_SIZE=2"),
-    (1, 0.5, "free_bits=0.5 with WORLD_SIZE=2"),
-    (2, 0.5, "free_bits"),
-])
-def test_fit_refuses_a_config_that_contradicts_the_launcher(monkeypatch, tmp_path, world_size,
-                                                            free_bits, match):
+@pytest.mark.parametrize(
+    "world_size, free_bits, match",
+    [
+        (3, 0.0, "TrainConfig.world_size=3 .* WORLD_SIZE=2"),
+        (1, 0.5, "free_bits=0.5 with WORLD_SIZE=2"),
+        (2, 0.5, "free_bits"),
+    ],
+)
+def test_fit_refuses_a_config_that_contradicts_the_launcher(
+    monkeypatch, tmp_path, world_size, free_bits, match
+):
     """Before joining any group or writing anything."""
     from pyro_seq.models import RNNBaseline
 
     for k, v in _env().items():
         monkeypatch.setenv(k, v)
     with pytest.raises(ValueError, match=match):
-        fit(RNNBaseline(5, d_dim=3, hidden_dim=3), [torch.zeros(3, 5)], [],
+        fit(
+            RNNBaseline(5, d_dim=3, hidden_dim=3),
+            [torch.zeros(3, 5)],
+            [],
             TrainConfig(world_size=world_size, free_bits=free_bits, progress=False),
-            tmp_path / "run")
+            tmp_path / "run",
+        )
     assert not (tmp_path / "run").exists()
 
 
@@ -171,8 +244,10 @@ def test_one_launched_process_trains_alone(monkeypatch, tmp_path):
     same weights as without the launcher; world_size=2 contradicts it."""
     from pyro_seq.models import RNNBaseline
 
-    seqs = [(torch.rand(4, 5, generator=torch.Generator().manual_seed(i)) < 0.3).double()
-            for i in range(6)]
+    seqs = [
+        (torch.rand(4, 5, generator=torch.Generator().manual_seed(i)) < 0.3).double()
+        for i in range(6)
+    ]
     cfg = dict(epochs=1, batch_size=3, lr_schedule="constant", patience=None, progress=False)
     plain = RNNBaseline(5, d_dim=3, hidden_dim=3).double()
     launched = RNNBaseline(5, d_dim=3, hidden_dim=3).double()
@@ -181,8 +256,10 @@ def test_one_launched_process_trains_alone(monkeypatch, tmp_path):
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("WORLD_SIZE", "1")
     fit(launched, seqs, [], TrainConfig(**cfg), tmp_path / "launched")
-    assert all(torch.equal(a, b) for a, b in zip(plain.state_dict().values(),
-                                                 launched.state_dict().values()))
+    assert all(
+        torch.equal(a, b)
+        for a, b in zip(plain.state_dict().values(), launched.state_dict().values())
+    )
     with pytest.raises(ValueError, match="world_size=2"):
         fit(launched, seqs, [], TrainConfig(world_size=2, **cfg), tmp_path / "two")
 
@@ -192,12 +269,22 @@ def _launched_rank(rank, port, out):
     training data differ from the other rank's: fit must refuse on both ranks."""
     from pyro_seq.models import RNNBaseline
 
-    os.environ.update(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(port))
+    os.environ.update(
+        RANK=str(rank),
+        WORLD_SIZE="2",
+        LOCAL_RANK="0",
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+    )
     seqs = [torch.zeros(3, 5, dtype=torch.float64)] * (4 + rank)
     try:
-        fit(RNNBaseline(5, d_dim=3, hidden_dim=3).double(), seqs, [],
-            TrainConfig(epochs=1, progress=False, dist_timeout=30.0), f"{out}/run")
+        fit(
+            RNNBaseline(5, d_dim=3, hidden_dim=3).double(),
+            seqs,
+            [],
+            TrainConfig(epochs=1, progress=False, dist_timeout=30.0),
+            f"{out}/run",
+        )
     except ValueError as e:
         with open(f"{out}/rank{rank}.txt", "w") as f:
             f.write(str(e))
@@ -212,6 +299,7 @@ def test_launched_ranks_with_different_data_are_refused(tmp_path):
     for rank in (0, 1):
         message = (tmp_path / f"rank{rank}.txt").read_text()
         # (sequences, elements, sum): 5 and 4 sequences of 3 x 5 zeros
-        assert message.startswith(f"rank 1 has train={(5, 5 * 15, 0.0)} but rank 0 has "
-                                  f"{(4, 4 * 15, 0.0)}"), message
+        assert message.startswith(
+            f"rank 1 has train={(5, 5 * 15, 0.0)} but rank 0 has {(4, 4 * 15, 0.0)}"
+        ), message
     assert not (tmp_path / "run" / "checkpoint.pt").exists()

@@ -8,8 +8,16 @@ import pytest
 import torch
 
 from pyro_seq.models import DMM, SRNN
-from pyro_seq.train import (TrainConfig, elbo_terms, epoch_lr, evaluate_bound, fit, kl_beta,
-                            load_checkpoint, load_weights)
+from pyro_seq.train import (
+    TrainConfig,
+    elbo_terms,
+    epoch_lr,
+    evaluate_bound,
+    fit,
+    kl_beta,
+    load_checkpoint,
+    load_weights,
+)
 from pyro_seq.train import loop as loop_module
 from pyro_seq.train import trainer as trainer_module
 
@@ -28,7 +36,7 @@ def tiny_srnn():
 def _assert_same_state(a, b):
     assert a.keys() == b.keys()
     for name, p in a.items():
-        assert (torch.equal(p, b[name]) if torch.is_tensor(p) else p == b[name]), name
+        assert torch.equal(p, b[name]) if torch.is_tensor(p) else p == b[name], name
 
 
 @pytest.mark.parametrize("restore_best", [False, True])
@@ -40,9 +48,17 @@ def test_resume_gives_the_same_parameters_as_an_uninterrupted_run(tmp_path, rest
     # epoch 2 (3 updates per epoch, 4 annealing updates), the scheduler's first reading; every
     # later epoch is a bad one, so the rate halves after epoch 4 (patience 1) and the result
     # depends on the scheduler's bad-epoch count, which the checkpoint must carry over
-    cfg = dict(batch_size=5, lr=0.01, kl_start=0.2, kl_anneal_steps=4, progress=False,
-               plateau_patience=1, plateau_threshold=10.0, schedule_during_annealing=False,
-               plateau_restore_best=restore_best)
+    cfg = dict(
+        batch_size=5,
+        lr=0.01,
+        kl_start=0.2,
+        kl_anneal_steps=4,
+        progress=False,
+        plateau_patience=1,
+        plateau_threshold=10.0,
+        schedule_during_annealing=False,
+        plateau_restore_best=restore_best,
+    )
     straight = tiny_srnn()
     expected = fit(straight, train, valid, TrainConfig(epochs=5, **cfg), tmp_path / "a")
     assert [row["lr"] for row in expected] == [0.01, 0.01, 0.01, 0.01, 0.005]
@@ -50,37 +66,60 @@ def test_resume_gives_the_same_parameters_as_an_uninterrupted_run(tmp_path, rest
     fit(resumed, train, valid, TrainConfig(epochs=3, **cfg), tmp_path / "b")
     saved = load_checkpoint(tmp_path / "b" / "checkpoint.pt")["optimizer"]
     assert {s["scheduler"]["num_bad_epochs"] for s in saved.values()} == {1}
-    other = tiny_srnn()            # a fresh object, as after a restart of the program
-    torch.manual_seed(123)         # unrelated RNG use in between must not matter
+    other = tiny_srnn()  # a fresh object, as after a restart of the program
+    torch.manual_seed(123)  # unrelated RNG use in between must not matter
     history = fit(other, train, valid, TrainConfig(epochs=5, **cfg), tmp_path / "b")
     assert [row["epoch"] for row in history] == [1, 2, 3, 4, 5]
     assert [row["lr"] for row in history] == [row["lr"] for row in expected]
     assert [row["valid_elbo_per_step"] for row in history] == [
-        row["valid_elbo_per_step"] for row in expected]
+        row["valid_elbo_per_step"] for row in expected
+    ]
     _assert_same_state(straight.state_dict(), other.state_dict())  # the best weights
     a = load_checkpoint(tmp_path / "a" / "checkpoint.pt")
     b = load_checkpoint(tmp_path / "b" / "checkpoint.pt")
-    _assert_same_state(a["model"], b["model"])                      # the last weights
+    _assert_same_state(a["model"], b["model"])  # the last weights
     assert a["optimizer"].keys() == b["optimizer"].keys()
     for name, state in a["optimizer"].items():
         assert state["scheduler"] == b["optimizer"][name]["scheduler"], name
         assert state["scheduler"]["_last_lr"] == [0.005]
-        _assert_same_state(state["optimizer"]["state"][0], b["optimizer"][name]["optimizer"]["state"][0])
+        _assert_same_state(
+            state["optimizer"]["state"][0], b["optimizer"][name]["optimizer"]["state"][0]
+        )
 
 
 def test_plateau_rule_factor_patience_threshold_and_min_lr(tmp_path, monkeypatch):
     """The rate of each epoch under a scripted validation curve: halved after patience + 1
     epochs without an improvement of more than the threshold, never below min_lr."""
     curve = iter([-5.0, -4.0, -3.9995, -4.2, -3.0, -3.5, -3.6, -3.7, -3.8])
-    monkeypatch.setattr(loop_module, "evaluate_checked_bound",
-                        lambda *a, **k: {"per_step": next(curve), "kl_per_step": 0.0})
-    cfg = TrainConfig(epochs=9, batch_size=5, lr=0.01, plateau_patience=1, plateau_factor=0.5,
-                      plateau_threshold=1e-3, plateau_min_lr=0.003, progress=False)
+    monkeypatch.setattr(
+        loop_module,
+        "evaluate_checked_bound",
+        lambda *a, **k: {"per_step": next(curve), "kl_per_step": 0.0},
+    )
+    cfg = TrainConfig(
+        epochs=9,
+        batch_size=5,
+        lr=0.01,
+        plateau_patience=1,
+        plateau_factor=0.5,
+        plateau_threshold=1e-3,
+        plateau_min_lr=0.003,
+        progress=False,
+    )
     history = fit(tiny_srnn(), toy_sequences(8), toy_sequences(3, seed=1), cfg, tmp_path)
     # -3.9995 is better than -4.0 but by less than the threshold: a bad epoch for the scheduler
     # (halving after epoch 4), while the trainer's best.pt follows every improvement
-    assert [row["lr"] for row in history] == [0.01, 0.01, 0.01, 0.01, 0.005, 0.005, 0.005,
-                                              0.003, 0.003]
+    assert [row["lr"] for row in history] == [
+        0.01,
+        0.01,
+        0.01,
+        0.01,
+        0.005,
+        0.005,
+        0.005,
+        0.003,
+        0.003,
+    ]
     assert history.best_epoch == 5 and history.best_valid_elbo_per_step == -3.0
     assert history.stop_reason == "epochs"
 
@@ -93,8 +132,11 @@ def test_plateau_restore_best_continues_from_the_best_epoch(tmp_path, monkeypatc
 
     def run(restore, folder):
         curve = iter([-5.0, -4.0, -4.5, -3.0])
-        monkeypatch.setattr(loop_module, "evaluate_checked_bound",
-                            lambda *a, **k: {"per_step": next(curve), "kl_per_step": 0.0})
+        monkeypatch.setattr(
+            loop_module,
+            "evaluate_checked_bound",
+            lambda *a, **k: {"per_step": next(curve), "kl_per_step": 0.0},
+        )
         saved = {}
 
         def keep(path, *, model, epoch, **kw):  # the weights of every epoch's checkpoint
@@ -103,8 +145,15 @@ def test_plateau_restore_best_continues_from_the_best_epoch(tmp_path, monkeypatc
 
         monkeypatch.setattr(loop_module, "save_checkpoint", keep)
         model = tiny_srnn()
-        cfg = TrainConfig(epochs=4, batch_size=4, lr=0.01, plateau_patience=0, patience=None,
-                          plateau_restore_best=restore, progress=False)
+        cfg = TrainConfig(
+            epochs=4,
+            batch_size=4,
+            lr=0.01,
+            plateau_patience=0,
+            patience=None,
+            plateau_restore_best=restore,
+            progress=False,
+        )
         history = fit(model, toy_sequences(8), toy_sequences(3, seed=1), cfg, folder)
         return model, history, saved
 
@@ -124,8 +173,11 @@ def test_plateau_restore_best_continues_from_the_best_epoch(tmp_path, monkeypatc
 
 def test_stopping_restores_the_best_weights_into_model_and_param_store(tmp_path, monkeypatch):
     curve = iter([-5.0, -4.0, -4.5, -4.6, -4.7, -4.8])
-    monkeypatch.setattr(loop_module, "evaluate_checked_bound",
-                        lambda *a, **k: {"per_step": next(curve), "kl_per_step": 0.0})
+    monkeypatch.setattr(
+        loop_module,
+        "evaluate_checked_bound",
+        lambda *a, **k: {"per_step": next(curve), "kl_per_step": 0.0},
+    )
     model = tiny_srnn()
     cfg = TrainConfig(epochs=50, batch_size=4, lr=0.01, patience=3, progress=False)
     history = fit(model, toy_sequences(8), toy_sequences(3, seed=1), cfg, tmp_path)
@@ -142,8 +194,13 @@ def test_stopping_restores_the_best_weights_into_model_and_param_store(tmp_path,
     # best.pt holds the weights of epoch 2: those of a run stopped there
     two = tiny_srnn()
     curve = iter([-5.0, -4.0])
-    fit(two, toy_sequences(8), toy_sequences(3, seed=1), TrainConfig(
-        epochs=2, batch_size=4, lr=0.01, progress=False), tmp_path / "two")
+    fit(
+        two,
+        toy_sequences(8),
+        toy_sequences(3, seed=1),
+        TrainConfig(epochs=2, batch_size=4, lr=0.01, progress=False),
+        tmp_path / "two",
+    )
     _assert_same_state(two.state_dict(), best)
     # called again, a run that stopped early stays stopped and still returns the best weights
     again = tiny_srnn()
@@ -154,8 +211,11 @@ def test_stopping_restores_the_best_weights_into_model_and_param_store(tmp_path,
 
 def test_time_limit_and_last_epoch_also_restore_the_best_weights(tmp_path, monkeypatch):
     curve = iter([-4.0, -5.0, -6.0, -7.0])
-    monkeypatch.setattr(loop_module, "evaluate_checked_bound",
-                        lambda *a, **k: {"per_step": next(curve), "kl_per_step": 0.0})
+    monkeypatch.setattr(
+        loop_module,
+        "evaluate_checked_bound",
+        lambda *a, **k: {"per_step": next(curve), "kl_per_step": 0.0},
+    )
     data = toy_sequences(8), toy_sequences(3, seed=1)
     cfg = dict(batch_size=4, lr=0.01, progress=False)
     model = tiny_srnn()
@@ -175,19 +235,26 @@ def test_epoch_lr_schedule_of_the_srnn_code():
     cfg = TrainConfig(lr=1e-3, lr_schedule="exponential", lr_decay_after=20, lr_decay_factor=1.2)
     assert epoch_lr(0, cfg) == epoch_lr(19, cfg) == 1e-3
     assert math.isclose(epoch_lr(20, cfg), 1e-3 / 1.2)
-    assert math.isclose(epoch_lr(29, cfg), 1e-3 / 1.2 ** 10)
+    assert math.isclose(epoch_lr(29, cfg), 1e-3 / 1.2**10)
     assert epoch_lr(7, TrainConfig(lr=0.5)) == 0.5
     with pytest.raises(ValueError, match="not both"):
-        TrainConfig(lr_schedule="exponential", lr_decay_after=2, lr_decay_factor=2.0,
-                    lrd=0.99).validate()
+        TrainConfig(
+            lr_schedule="exponential", lr_decay_after=2, lr_decay_factor=2.0, lrd=0.99
+        ).validate()
     with pytest.raises(ValueError, match="lr_decay_factor >= 1"):
         TrainConfig(lr_schedule="exponential", lr_decay_after=2, lr_decay_factor=0.5).validate()
 
 
 def test_epoch_lr_schedule_is_applied_logged_and_resumed_exactly(tmp_path):
     train, valid = toy_sequences(12), toy_sequences(4, seed=1)
-    cfg = dict(batch_size=5, lr=0.01, lr_schedule="exponential", lr_decay_after=1,
-               lr_decay_factor=4.0, progress=False)
+    cfg = dict(
+        batch_size=5,
+        lr=0.01,
+        lr_schedule="exponential",
+        lr_decay_after=1,
+        lr_decay_factor=4.0,
+        progress=False,
+    )
     straight = tiny_srnn()
     history = fit(straight, train, valid, TrainConfig(epochs=3, **cfg), tmp_path / "a")
     assert [row["lr"] for row in history] == [0.01, 0.01 / 4, 0.01 / 16]
@@ -207,8 +274,13 @@ def test_epoch_lr_schedule_is_applied_logged_and_resumed_exactly(tmp_path):
 
 
 def test_logs_checkpoints_and_figure_are_written(tmp_path):
-    fit(tiny_srnn(), toy_sequences(8), toy_sequences(3, seed=1),
-        TrainConfig(epochs=2, batch_size=4, progress=False), tmp_path)
+    fit(
+        tiny_srnn(),
+        toy_sequences(8),
+        toy_sequences(3, seed=1),
+        TrainConfig(epochs=2, batch_size=4, progress=False),
+        tmp_path,
+    )
     rows = json.loads((tmp_path / "log.json").read_text())
     assert len(rows) == 2 and all(math.isfinite(r["valid_elbo_per_step"]) for r in rows)
     assert (tmp_path / "log.csv").read_text().count("\n") == 3
@@ -221,14 +293,23 @@ def test_logs_checkpoints_and_figure_are_written(tmp_path):
 def test_schedule_and_early_stopping_wait_for_the_end_of_kl_annealing(tmp_path, monkeypatch):
     """schedule_during_annealing=False: beta < 1 in epochs 1-3 (2 updates per epoch, 8 annealing updates): a falling validation
     bound there neither halves the rate nor counts towards patience; best.pt still follows it."""
+
     def falling():
         curve = iter([-5.0, -6.0, -7.0, -8.0, -9.0, -10.0, -11.0])
         return lambda *a, **k: {"per_step": next(curve), "kl_per_step": 0.0}
 
     monkeypatch.setattr(loop_module, "evaluate_checked_bound", falling())
-    cfg = TrainConfig(epochs=7, batch_size=4, lr=0.01, patience=3, plateau_patience=0,
-                      kl_start=0.2, kl_anneal_steps=8, schedule_during_annealing=False,
-                      progress=False)
+    cfg = TrainConfig(
+        epochs=7,
+        batch_size=4,
+        lr=0.01,
+        patience=3,
+        plateau_patience=0,
+        kl_start=0.2,
+        kl_anneal_steps=8,
+        schedule_during_annealing=False,
+        progress=False,
+    )
     history = fit(tiny_srnn(), toy_sequences(8), toy_sequences(3, seed=1), cfg, tmp_path / "a")
     assert [row["beta"] for row in history][:4] == pytest.approx([0.4, 0.6, 0.8, 1.0])
     assert len(history) == 6 and history.stop_reason == "patience"  # epochs 4, 5, 6 count
@@ -236,10 +317,12 @@ def test_schedule_and_early_stopping_wait_for_the_end_of_kl_annealing(tmp_path, 
     assert [row["lr"] for row in history] == [0.01, 0.01, 0.01, 0.01, 0.01, 0.005]
     assert history.best_epoch == 1
     monkeypatch.setattr(loop_module, "evaluate_checked_bound", falling())
-    no_annealing = TrainConfig(epochs=7, batch_size=4, lr=0.01, patience=3, plateau_patience=0,
-                               progress=False)
-    history = fit(tiny_srnn(), toy_sequences(8), toy_sequences(3, seed=1), no_annealing,
-                  tmp_path / "b")
+    no_annealing = TrainConfig(
+        epochs=7, batch_size=4, lr=0.01, patience=3, plateau_patience=0, progress=False
+    )
+    history = fit(
+        tiny_srnn(), toy_sequences(8), toy_sequences(3, seed=1), no_annealing, tmp_path / "b"
+    )
     assert len(history) == 4 and [row["lr"] for row in history] == [0.01, 0.01, 0.005, 0.0025]
 
 
@@ -247,11 +330,22 @@ def test_schedule_during_annealing_steps_the_schedule_while_beta_rises(tmp_path,
     """With schedule_during_annealing the falling bound of the test above halves the rate and
     counts towards patience from epoch 1 (beta 0.4), exactly as without annealing."""
     curve = iter([-5.0, -6.0, -7.0, -8.0, -9.0, -10.0, -11.0])
-    monkeypatch.setattr(loop_module, "evaluate_checked_bound",
-                        lambda *a, **k: {"per_step": next(curve), "kl_per_step": 0.0})
-    cfg = TrainConfig(epochs=7, batch_size=4, lr=0.01, patience=3, plateau_patience=0,
-                      kl_start=0.2, kl_anneal_steps=8, schedule_during_annealing=True,
-                      progress=False)
+    monkeypatch.setattr(
+        loop_module,
+        "evaluate_checked_bound",
+        lambda *a, **k: {"per_step": next(curve), "kl_per_step": 0.0},
+    )
+    cfg = TrainConfig(
+        epochs=7,
+        batch_size=4,
+        lr=0.01,
+        patience=3,
+        plateau_patience=0,
+        kl_start=0.2,
+        kl_anneal_steps=8,
+        schedule_during_annealing=True,
+        progress=False,
+    )
     history = fit(tiny_srnn(), toy_sequences(8), toy_sequences(3, seed=1), cfg, tmp_path)
     assert [row["beta"] for row in history] == pytest.approx([0.4, 0.6, 0.8, 1.0])
     assert history.stop_reason == "patience" and history.best_epoch == 1
@@ -269,11 +363,21 @@ def test_time_limit_counts_wall_or_training_seconds(tmp_path, monkeypatch):
 
     monkeypatch.setattr(loop_module, "evaluate_checked_bound", slow_bound)
     common = dict(epochs=3, batch_size=4, lr=0.01, time_limit=1.0, progress=False)
-    wall = fit(tiny_srnn(), toy_sequences(8), toy_sequences(3, seed=1), TrainConfig(**common),
-               tmp_path / "wall")
+    wall = fit(
+        tiny_srnn(),
+        toy_sequences(8),
+        toy_sequences(3, seed=1),
+        TrainConfig(**common),
+        tmp_path / "wall",
+    )
     assert len(wall) == 2 and wall.stop_reason == "time_limit"
-    training = fit(tiny_srnn(), toy_sequences(8), toy_sequences(3, seed=1),
-                   TrainConfig(time_limit_counts="training", **common), tmp_path / "training")
+    training = fit(
+        tiny_srnn(),
+        toy_sequences(8),
+        toy_sequences(3, seed=1),
+        TrainConfig(time_limit_counts="training", **common),
+        tmp_path / "training",
+    )
     assert sum(r["seconds"] for r in training) < 1.0
     assert len(training) == 3 and training.stop_reason == "epochs"
     with pytest.raises(ValueError, match="time_limit_counts"):
@@ -281,8 +385,13 @@ def test_time_limit_counts_wall_or_training_seconds(tmp_path, monkeypatch):
 
 
 def test_early_stopping(tmp_path):
-    history = fit(tiny_srnn(), toy_sequences(8), toy_sequences(3, seed=1),
-                  TrainConfig(epochs=50, batch_size=4, lr=1e-9, patience=1, progress=False), tmp_path)
+    history = fit(
+        tiny_srnn(),
+        toy_sequences(8),
+        toy_sequences(3, seed=1),
+        TrainConfig(epochs=50, batch_size=4, lr=1e-9, patience=1, progress=False),
+        tmp_path,
+    )
     assert len(history) < 50
 
 
@@ -309,7 +418,9 @@ def test_evaluate_bound_and_elbo_terms_match_pyros_trace_elbo():
     torch.manual_seed(1)
     batches = list(SequenceLoader(seqs, 2, shuffle=False, dtype=torch.float64))
     expected = sum(-Trace_ELBO().loss(m.model, m.guide, x, mask) for x, mask in batches)
-    assert result["num_steps"] == sum(len(s) for s in seqs) == sum(int(mk.sum()) for _, mk in batches)
+    assert (
+        result["num_steps"] == sum(len(s) for s in seqs) == sum(int(mk.sum()) for _, mk in batches)
+    )
     # float64 (fit and evaluate_bound pad in the model's dtype): same identity at 1e-9
     assert result["total"] == pytest.approx(expected, rel=1e-9)
     assert result["per_step"] == pytest.approx(expected / result["num_steps"], rel=1e-9)
@@ -349,8 +460,14 @@ def test_bad_config_is_refused():
 
 def test_defaults_are_the_plateau_schedule_early_stopping_and_output_bias_init():
     cfg = TrainConfig()
-    assert (cfg.lr_schedule, cfg.plateau_factor, cfg.plateau_patience, cfg.plateau_cooldown,
-            cfg.plateau_min_lr, cfg.plateau_threshold) == ("plateau", 0.5, 3, 0, 1e-5, 1e-3)
+    assert (
+        cfg.lr_schedule,
+        cfg.plateau_factor,
+        cfg.plateau_patience,
+        cfg.plateau_cooldown,
+        cfg.plateau_min_lr,
+        cfg.plateau_threshold,
+    ) == ("plateau", 0.5, 3, 0, 1e-5, 1e-3)
     # early stopping where the third halving would come: two halvings, each given 4 epochs
     assert cfg.patience == 3 * (cfg.plateau_patience + 1) == 12
     # measured in benchmarks/train_defaults.py (docs/benchmarks.rst): the SRNN weights fitted
@@ -362,8 +479,11 @@ def test_a_checkpoint_of_another_schedule_is_refused(tmp_path):
     data = toy_sequences(6), toy_sequences(2, seed=1)
     fit(tiny_srnn(), *data, TrainConfig(epochs=1, batch_size=3, progress=False), tmp_path)
     cfg = TrainConfig(epochs=2, batch_size=3, lr_schedule="constant", progress=False)
-    with pytest.raises(ValueError, match="was written with lr_schedule='plateau'; resume with "
-                                         "the same schedule \\(got 'constant'\\)"):
+    with pytest.raises(
+        ValueError,
+        match="was written with lr_schedule='plateau'; resume with "
+        "the same schedule \\(got 'constant'\\)",
+    ):
         fit(tiny_srnn(), *data, cfg, tmp_path)
 
 
@@ -374,18 +494,26 @@ def test_float64_models_train_and_evaluate_on_float64_batches(tmp_path):
     torch.manual_seed(0)
     m = RNNBaseline(6, d_dim=4, hidden_dim=4).double()
     seqs = toy_sequences(6)
-    history = fit(m, seqs[:4], seqs[4:], TrainConfig(epochs=1, batch_size=2, progress=False,
-                                                     init="none"), tmp_path / "run")
+    history = fit(
+        m,
+        seqs[:4],
+        seqs[4:],
+        TrainConfig(epochs=1, batch_size=2, progress=False, init="none"),
+        tmp_path / "run",
+    )
     assert len(history) == 1
     for method in ("elbo", "iwae", "smc"):
         result = evaluate_bound(m, seqs, batch_size=3, method=method, num_particles=2)
         assert math.isfinite(result["per_step"])
     # the exact log-likelihood of the no-latent model, in float64, on every path
     from pyro_seq.data import pad_sequences
+
     x, mask = pad_sequences(seqs, dtype=torch.float64)
     with torch.no_grad():
         exact = float(m.log_likelihood(x, mask).sum())
-    assert evaluate_bound(m, seqs, method="iwae", num_particles=2)["total"] == pytest.approx(exact, rel=1e-12)
+    assert evaluate_bound(m, seqs, method="iwae", num_particles=2)["total"] == pytest.approx(
+        exact, rel=1e-12
+    )
 
 
 @pytest.mark.parametrize("monitor", ["objective", "elbo"])
@@ -394,8 +522,9 @@ def test_iwae_training_is_judged_by_its_own_bound(tmp_path, monitor):
     torch.manual_seed(0)
     m = DMM(6, z_dim=3, transition_dim=8, emission_dim=8, rnn_dim=8)
     seqs = toy_sequences(8)
-    cfg = TrainConfig(epochs=3, batch_size=4, objective="iwae", num_particles=3, progress=False,
-                      monitor=monitor)
+    cfg = TrainConfig(
+        epochs=3, batch_size=4, objective="iwae", num_particles=3, progress=False, monitor=monitor
+    )
     history = fit(m, seqs[:6], seqs[6:], cfg, tmp_path / "run")
     watched = [row["valid_bound_per_step"] for row in history]
     elbos = [row["valid_elbo_per_step"] for row in history]
@@ -434,8 +563,13 @@ def test_training_with_missing_steps_passes_observed_masks(tmp_path, monkeypatch
     fit(tiny_srnn(), train, None, TrainConfig(epochs=2, **cfg), tmp_path / "b")
     assert all(torch.equal(a, o) for a, (_, o) in zip(first, seen))  # reproducible
     seen.clear()
-    fit(tiny_srnn(), train, None, TrainConfig(epochs=1, batch_size=10, progress=False),
-        tmp_path / "c")
+    fit(
+        tiny_srnn(),
+        train,
+        None,
+        TrainConfig(epochs=1, batch_size=10, progress=False),
+        tmp_path / "c",
+    )
     assert all(o is None for _, o in seen)
     with pytest.raises(ValueError, match="missing_prob"):
         TrainConfig(missing_prob=1.0).validate()
@@ -484,17 +618,19 @@ def test_lr_multiplier_matches_the_longest_parameter_name_prefix():
     m.lr_multipliers = {"emitter": 10.0, "emitter.2": 3.0, "prior.first.weight": 0.5}
     f = trainer_module.lr_multiplier
     assert f(m, "srnn$$$emitter.0.weight") == 10.0
-    assert f(m, "srnn.emitter.2.bias") == 3.0          # the longer key wins
-    assert f(m, "prior.first.weight") == 0.5           # a model-relative name
+    assert f(m, "srnn.emitter.2.bias") == 3.0  # the longer key wins
+    assert f(m, "prior.first.weight") == 0.5  # a model-relative name
     assert f(m, "srnn$$$prior.first.bias") == 1.0
     m.lr_multipliers = {"M": 10.0}
-    assert f(m, "gtmsm$$$M_direction") == 1.0          # a key is a name or a dotted prefix
+    assert f(m, "gtmsm$$$M_direction") == 1.0  # a key is a name or a dotted prefix
     assert f(None, "srnn$$$emitter.0.weight") == 1.0
 
 
 def _rates_in_checkpoint(path):
-    return {name: [g["lr"] for g in (s.get("optimizer", s))["param_groups"]]
-            for name, s in load_checkpoint(path)["optimizer"].items()}
+    return {
+        name: [g["lr"] for g in (s.get("optimizer", s))["param_groups"]]
+        for name, s in load_checkpoint(path)["optimizer"].items()
+    }
 
 
 @pytest.mark.parametrize("schedule", ["constant", "exponential", "plateau"])
@@ -503,8 +639,16 @@ def test_lr_multipliers_scale_each_parameters_rate_under_every_schedule(tmp_path
     direction is g / (|g| + eps)), so one update shows each parameter's rate; the schedules
     move the multiplied rates with the base rate, and the history logs the base rate."""
     train, valid = toy_sequences(4), toy_sequences(2, seed=1)
-    cfg = dict(batch_size=8, lr=1e-3, lr_schedule=schedule, progress=False, init="none",
-               plateau_patience=0, plateau_threshold=1e9, patience=None)
+    cfg = dict(
+        batch_size=8,
+        lr=1e-3,
+        lr_schedule=schedule,
+        progress=False,
+        init="none",
+        plateau_patience=0,
+        plateau_threshold=1e9,
+        patience=None,
+    )
     # plateau: every epoch is bad and the rate halves each time; exponential: / 4 per epoch
     if schedule == "exponential":
         cfg.update(lr_decay_after=1, lr_decay_factor=4.0)
@@ -524,8 +668,9 @@ def test_lr_multipliers_scale_each_parameters_rate_under_every_schedule(tmp_path
     m.lr_multipliers = {"emitter": 10.0}
     history = fit(m, train, valid, TrainConfig(epochs=2, **cfg), tmp_path / "two")
     # the log holds the rate of the epoch's updates; the plateau rule halves it after epoch 2
-    assert history[-1]["lr"] == pytest.approx(1e-3 / 4 if schedule == "exponential" else 1e-3,
-                                              rel=1e-12)
+    assert history[-1]["lr"] == pytest.approx(
+        1e-3 / 4 if schedule == "exponential" else 1e-3, rel=1e-12
+    )
     base = {"constant": 1e-3, "exponential": 1e-3 / 4, "plateau": 1e-3 / 2}[schedule]
     rates = _rates_in_checkpoint(tmp_path / "two" / "checkpoint.pt")
     for name, groups in rates.items():

@@ -28,7 +28,11 @@ def test_filter_and_smoother_reduce_the_noise(tutorial_output):
     by the deliberately poor initial state, thesis Sec. 3.4.1)."""
     m = tutorial_output[1]["fig3_3"]
     assert m["rmse_smoothed"] < m["rmse_observations"]
-    assert m["rmse_smoothed_second_half"] < m["rmse_filtered_second_half"] < m["rmse_observations_second_half"]
+    assert (
+        m["rmse_smoothed_second_half"]
+        < m["rmse_filtered_second_half"]
+        < m["rmse_observations_second_half"]
+    )
 
 
 def test_missing_section_is_imputed_by_the_smoother(tutorial_output):
@@ -46,7 +50,10 @@ def test_em_increases_the_likelihood(tutorial_output):
     assert len(lls) == 4  # 3 EM iterations in smoke mode, plus the initial value
     assert all(b >= a - 1e-9 * abs(a) for a, b in zip(lls, lls[1:]))
     assert lls[-1] > lls[0] + 100
-    assert abs(m["learned_initial_loc"][1] - 60.0) < 1.0 and abs(m["learned_initial_loc"][3] - 60.0) < 1.0
+    assert (
+        abs(m["learned_initial_loc"][1] - 60.0) < 1.0
+        and abs(m["learned_initial_loc"][3] - 60.0) < 1.0
+    )
     assert m["rmse_filtered"] < tutorial_output[1]["fig3_3"]["rmse_filtered"]
 
 

@@ -35,7 +35,9 @@ def tutorial_definitions():
     """The tutorial's imports and class definitions, executed without the rest of the script."""
     path = ROOT / "tutorials" / "custom_model.py"
     tree = ast.parse(path.read_text())
-    keep = [node for node in tree.body if isinstance(node, (ast.Import, ast.ImportFrom, ast.ClassDef))]
+    keep = [
+        node for node in tree.body if isinstance(node, (ast.Import, ast.ImportFrom, ast.ClassDef))
+    ]
     namespace = {"__name__": "custom_model_definitions"}
     exec(compile(ast.Module(body=keep, type_ignores=[]), str(path), "exec"), namespace)
     return namespace
@@ -53,7 +55,9 @@ def gaussian_mlp(mlp, z, context):
     h = torch.relu(torch.cat([z, context], -1) @ mlp.first.weight.T + mlp.first.bias)
     head = mlp.head
     loc = h @ head.loc.weight.T + head.loc.bias
-    return loc, head.min_scale + torch.nn.functional.softplus(h @ head.raw_scale.weight.T + head.raw_scale.bias)
+    return loc, head.min_scale + torch.nn.functional.softplus(
+        h @ head.raw_scale.weight.T + head.raw_scale.bias
+    )
 
 
 def log_normal(z, loc, scale):
@@ -63,7 +67,9 @@ def log_normal(z, loc, scale):
 def emission_log_prob(m, x, z, u):
     """``sum_d log Bernoulli(x_d; sigmoid(l_d))`` with ``l = W_2 relu(W_1 [z, u] + b_1) + b_2``."""
     first, last = m.emitter[0], m.emitter[-1]
-    logits = torch.relu(torch.cat([z, u], -1) @ first.weight.T + first.bias) @ last.weight.T + last.bias
+    logits = (
+        torch.relu(torch.cat([z, u], -1) @ first.weight.T + first.bias) @ last.weight.T + last.bias
+    )
     return (x * logits - torch.nn.functional.softplus(logits)).sum(-1)
 
 
@@ -114,15 +120,17 @@ def grid_log_likelihood(m, x, half_width=12.0, points=2401):
     for t in range(x.shape[0]):
         if t == 0:
             loc, scale = gaussian_mlp(m.prior, torch.zeros(1, 1, dtype=x.dtype), u[:1])
-            log_alpha = log_normal(grid, loc, scale) + log_dz                          # (G,)
+            log_alpha = log_normal(grid, loc, scale) + log_dz  # (G,)
         else:
-            loc, scale = gaussian_mlp(m.prior, grid, u[t].expand(points, -1))          # (G, 1)
+            loc, scale = gaussian_mlp(m.prior, grid, u[t].expand(points, -1))  # (G, 1)
             # log_trans[i, j] = log p(z_t = grid_j | z_{t-1} = grid_i, x_{t-1}) + log dz
             log_trans = log_normal(grid.unsqueeze(0), loc.unsqueeze(1), scale.unsqueeze(1)) + log_dz
             filtered = torch.softmax(log_alpha, 0)
             leak = max(leak, float((filtered * (log_trans.logsumexp(-1).exp() - 1).abs()).sum()))
             log_alpha = torch.logsumexp(log_alpha.unsqueeze(-1) + log_trans, 0)
-        log_alpha = log_alpha + emission_log_prob(m, x[t].expand(points, -1), grid, u[t].expand(points, -1))
+        log_alpha = log_alpha + emission_log_prob(
+            m, x[t].expand(points, -1), grid, u[t].expand(points, -1)
+        )
     return float(torch.logsumexp(log_alpha, 0)), leak
 
 
@@ -135,22 +143,30 @@ def test_elbo_of_a_fixed_latent_sample_matches_the_equations(model_class):
     torch.manual_seed(0)
     m = model_class(5, z_dim=3, hidden_dim=7, rnn_dim=6).double()
     lengths = [6, 3, 1]
-    x, mask = pad_sequences([torch.bernoulli(torch.full((n, 5), 0.4)) for n in lengths],
-                            dtype=torch.float64)
+    x, mask = pad_sequences(
+        [torch.bernoulli(torch.full((n, 5), 0.4)) for n in lengths], dtype=torch.float64
+    )
     pyro.set_rng_seed(11)
     guide_trace = poutine.trace(m.guide).get_trace(x, mask)
     zs = torch.stack([guide_trace.nodes[f"z_{t + 1}"]["value"] for t in range(x.shape[1])], 1)
     with torch.no_grad():
-        expected = torch.stack([reference_elbo(m, x[b, :n], zs[b, :n])
-                                for b, n in enumerate(lengths)])
+        expected = torch.stack(
+            [reference_elbo(m, x[b, :n], zs[b, :n]) for b, n in enumerate(lengths)]
+        )
 
     model_trace = poutine.trace(poutine.replay(m.model, trace=guide_trace)).get_trace(x, mask)
     model_trace.compute_log_prob()
     guide_trace.compute_log_prob()
-    per_sequence = sum(site["log_prob"] for site in model_trace.nodes.values()
-                       if site["type"] == "sample" and site["name"] != "sequences")
-    per_sequence = per_sequence - sum(site["log_prob"] for site in guide_trace.nodes.values()
-                                      if site["type"] == "sample" and site["name"] != "sequences")
+    per_sequence = sum(
+        site["log_prob"]
+        for site in model_trace.nodes.values()
+        if site["type"] == "sample" and site["name"] != "sequences"
+    )
+    per_sequence = per_sequence - sum(
+        site["log_prob"]
+        for site in guide_trace.nodes.values()
+        if site["type"] == "sample" and site["name"] != "sequences"
+    )
     assert torch.allclose(per_sequence, expected, rtol=0, atol=1e-10)
 
     pyro.set_rng_seed(11)
@@ -185,9 +201,14 @@ def test_estimators_against_the_exact_likelihood_on_a_grid(model_class):
     # independent runs of an estimator = copies of x in one batch (one estimate per sequence)
     def runs(method, K, R):
         pyro.set_rng_seed(0)
-        return estimate_log_likelihood(m.model, m.guide, x.expand(R, -1, -1).contiguous(),
-                                       method=method, num_particles=K,
-                                       particles_per_pass=128).per_sequence
+        return estimate_log_likelihood(
+            m.model,
+            m.guide,
+            x.expand(R, -1, -1).contiguous(),
+            method=method,
+            num_particles=K,
+            particles_per_pass=128,
+        ).per_sequence
 
     elbo = runs("iwae", 1, 2000)
     elbo_se = float(elbo.std()) / math.sqrt(len(elbo))
@@ -224,9 +245,13 @@ def test_metrics_are_consistent(tutorial_output):
             # starts near the independent-notes fit (about -11)
             assert math.isfinite(r[key]) and -100 < r[key] < 0, (name, key)
         # the table quotes exactly these numbers
-        assert (f"| {name} | {r['test_elbo_per_step']:.3f} | {r['test_iwae_per_step']:.3f} | "
-                f"{r['test_smc_per_step']:.3f} |") in table
-    assert metrics["best"] == max(metrics["results"], key=lambda k: metrics["results"][k]["test_iwae_per_step"])
+        assert (
+            f"| {name} | {r['test_elbo_per_step']:.3f} | {r['test_iwae_per_step']:.3f} | "
+            f"{r['test_smc_per_step']:.3f} |"
+        ) in table
+    assert metrics["best"] == max(
+        metrics["results"], key=lambda k: metrics["results"][k]["test_iwae_per_step"]
+    )
 
 
 def test_figures_written(tutorial_output):
@@ -245,7 +270,7 @@ def test_trained_models_bound_ordering(tutorial_output, model_class):
     from pyro_seq.data import build_chorales
     from pyro_seq.data.chorales import chorale_paths
 
-    rolls, _ = build_chorales(chorale_paths()[:metrics["chorale_files"]], progress=False)
+    rolls, _ = build_chorales(chorale_paths()[: metrics["chorale_files"]], progress=False)
     x, mask = pad_sequences([r.float() for r in rolls["test"]])
     steps = int(mask.sum())
     R, n = 16, x.shape[0]
@@ -258,9 +283,10 @@ def test_trained_models_bound_ordering(tutorial_output, model_class):
         pyro.set_rng_seed(0)
         means, ses = [], []
         for K in (1, 64):
-            est = estimate_log_likelihood(m.model, m.guide, copies, method="iwae", num_particles=K,
-                                          particles_per_pass=16)
-            totals = est.per_sequence.reshape(R, n).sum(-1) / steps       # per run, nats/step
+            est = estimate_log_likelihood(
+                m.model, m.guide, copies, method="iwae", num_particles=K, particles_per_pass=16
+            )
+            totals = est.per_sequence.reshape(R, n).sum(-1) / steps  # per run, nats/step
             assert torch.isfinite(totals).all()
             means.append(float(totals.mean()))
             ses.append(float(totals.std()) / math.sqrt(R))

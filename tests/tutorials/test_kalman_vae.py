@@ -8,8 +8,13 @@ from tests.tutorials import tutorial_output_fixture
 
 pytest.importorskip("pymunk", reason="the bouncing-ball videos need the 'sim' extra (pymunk)")
 
-FIGURES = ["video.png", "elbo_curve.png", "imputation_curves.png", "imputed_video.png",
-           "codes_vs_positions.png"]
+FIGURES = [
+    "video.png",
+    "elbo_curve.png",
+    "imputation_curves.png",
+    "imputed_video.png",
+    "codes_vs_positions.png",
+]
 
 tutorial_output = tutorial_output_fixture("kalman_vae", timeout=600)
 

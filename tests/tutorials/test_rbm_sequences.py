@@ -4,7 +4,6 @@ import math
 
 from tests.tutorials import tutorial_output_fixture
 
-
 tutorial_output = tutorial_output_fixture("rbm_sequences")
 
 

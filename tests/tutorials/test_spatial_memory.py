@@ -9,8 +9,13 @@ from tests.tutorials import tutorial_output_fixture
 pytest.importorskip("sklearn", reason="image_navigation needs the 'images' extra")
 pytest.importorskip("PIL", reason="image_navigation needs the 'images' extra")
 
-FIGURES = ["environment.png", "elbo_curve.png", "frame_error.png", "predictions.png",
-           "states_vs_positions.png"]
+FIGURES = [
+    "environment.png",
+    "elbo_curve.png",
+    "frame_error.png",
+    "predictions.png",
+    "states_vs_positions.png",
+]
 
 tutorial_output = tutorial_output_fixture("spatial_memory", timeout=300)
 

@@ -51,8 +51,13 @@ from .core import (
     simulate_sequence,
     validate_videos,
 )
-from .navigation import (ACTIONS, NAVIGATION_SIZES, NavigationParams, NavigationVideos,
-                         image_navigation)
+from .navigation import (
+    ACTIONS,
+    NAVIGATION_SIZES,
+    NavigationParams,
+    NavigationVideos,
+    image_navigation,
+)
 from .pendulum_ode import PendulumParams, pendulum_energy
 from .render import render_capsules
 

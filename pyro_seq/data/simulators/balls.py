@@ -52,8 +52,16 @@ import numpy as np
 
 from .render import render_capsules
 
-__all__ = ["BOX_WALLS", "POLYGON_WALLS", "BallParams", "PongParams", "require_pymunk",
-           "simulate_ball", "simulate_pong", "wall_distances"]
+__all__ = [
+    "BOX_WALLS",
+    "POLYGON_WALLS",
+    "BallParams",
+    "PongParams",
+    "require_pymunk",
+    "simulate_ball",
+    "simulate_pong",
+    "wall_distances",
+]
 
 INSTALL_HINT = "pip install pyro-seq[sim]"
 
@@ -64,7 +72,13 @@ BOX_WALLS: Tuple[Tuple[float, float], ...] = ((0.0, 0.0), (32.0, 0.0), (32.0, 32
 #: with no two sides of equal length or direction (our choice; the thesis shows one in
 #: Fig. 6.5 without giving its vertices).
 POLYGON_WALLS: Tuple[Tuple[float, float], ...] = (
-    (10.0, 1.0), (27.0, 3.0), (31.0, 21.0), (20.0, 31.0), (6.0, 30.0), (2.0, 10.0))
+    (10.0, 1.0),
+    (27.0, 3.0),
+    (31.0, 21.0),
+    (20.0, 31.0),
+    (6.0, 30.0),
+    (2.0, 10.0),
+)
 
 
 def require_pymunk():
@@ -257,8 +271,15 @@ def simulate_pong(params: PongParams, rng: np.random.Generator, num_steps: int):
         (x, y), (vx, vy), yp = ball.position, ball.velocity, paddles.position.y
         states[t] = x, y, vx, vy, yp
         pr = params.paddle_radius
-        frames[t] = render_capsules(n, n, [(x, y, x, y, r), (left, yp - half, left, yp + half, pr),
-                                           (right, yp - half, right, yp + half, pr)])
+        frames[t] = render_capsules(
+            n,
+            n,
+            [
+                (x, y, x, y, r),
+                (left, yp - half, left, yp + half, pr),
+                (right, yp - half, right, yp + half, pr),
+            ],
+        )
         if t + 1 < num_steps:
             move = min(max(min(max(y, y_lo), y_hi) - yp, -params.paddle_step), params.paddle_step)
             paddles.velocity = (0.0, move / params.dt)

@@ -78,7 +78,7 @@ class PendulumParams:
 
 
 def _rk4(params: PendulumParams, phi: float, omega: float, u: float, h: float, steps: int):
-    ml2 = params.mass * params.length ** 2
+    ml2 = params.mass * params.length**2
     mgl = params.mass * params.gravity * params.length
     mu = params.damping
 
@@ -99,8 +99,10 @@ def pendulum_energy(states, params: PendulumParams = PendulumParams()):
     """The mechanical energy (2) of states ``(..., 2)`` = ``(phi, phi')``; returns ``(...)``."""
     phi, omega = states[..., 0], states[..., 1]
     cos = np.cos(phi) if isinstance(phi, np.ndarray) else phi.cos()
-    return (0.5 * params.mass * params.length ** 2 * omega ** 2
-            + params.mass * params.gravity * params.length * cos)
+    return (
+        0.5 * params.mass * params.length**2 * omega**2
+        + params.mass * params.gravity * params.length * cos
+    )
 
 
 def simulate_pendulum(params: PendulumParams, rng: np.random.Generator, num_steps: int):
