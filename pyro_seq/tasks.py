@@ -1,11 +1,12 @@
-r"""Tasks with a trained sequence model: imputation, online denoising, forecasting (seed 002, sec. 4).
+r"""Tasks with a trained sequence model: imputation, online denoising, forecasting (Bayer &
+Osendorfer 2014, sec. 4).
 
 Every function works with any :class:`~pyro_seq.models.SequenceModel` (and any model/guide pair
 following the sequence-model contract whose observation sites are named ``x_1..x_T``):
 
 * :func:`impute`: missing values inside sequences.
 
-  - ``method="iterative"``: the procedure of Bayer & Osendorfer (seed 002, sec. 4.3). Fill the
+  - ``method="iterative"``: the procedure of Bayer & Osendorfer (2014, sec. 4.3). Fill the
     missing values with random values, then repeat: infer ``z`` with the recognition model
     (the guide) given the current completion, and redraw the missing values from the model's
     emission given ``z``. With an exact guide this is a Gibbs sampler of
@@ -18,10 +19,10 @@ following the sequence-model contract whose observation sites are named ``x_1..x
     :math:`\mathbb{E}[x_{miss} | x_{obs}]` that is consistent as ``K`` grows (importance
     sampling over whole paths, i.e. a particle smoother without resampling).
 
-* :func:`denoise`: online denoising (seed 002, sec. 4.2): the latent path is the mode (mean) of
-  the recognition model, step by step, and each ``x_t`` is replaced by its most likely value
-  under the emission given that path (Bernoulli: ``p > 1/2``; Gaussian: the mean). With a
-  filtering guide (``inference="filtering"``) only the past and present are used.
+* :func:`denoise`: online denoising (Bayer & Osendorfer 2014, sec. 4.2): the latent path is the
+  mode (mean) of the recognition model, step by step, and each ``x_t`` is replaced by its most
+  likely value under the emission given that path (Bernoulli: ``p > 1/2``; Gaussian: the mean).
+  With a filtering guide (``inference="filtering"``) only the past and present are used.
 
 * :func:`forecast`: continuation of a prefix *in generation mode* (not teacher-forced): the
   latent path of the prefix is drawn from the guide, the future latents from the model's prior,
@@ -164,7 +165,7 @@ def impute(
     :param torch.Tensor x: ``(batch, T, D)``; entries marked unobserved may hold anything.
     :param observed: bool ``(batch, T)`` or ``(batch, T, D)``, True = observed.
     :param mask: ``(batch, T)`` padding mask or None.
-    :param str method: ``"iterative"`` (seed 002 sec. 4.3) or ``"importance"``; for a
+    :param str method: ``"iterative"`` (Bayer & Osendorfer sec. 4.3) or ``"importance"``; for a
         :class:`~pyro_seq.models.KVAE` also ``"smoothing"``, ``"filtering"`` or ``"generation"``
         (thesis 6.4, :meth:`~pyro_seq.models.KVAE.impute_frames`: whole frames, so a step
         counts as observed when any of its elements is; ``probs`` are the decoded pixel
@@ -287,7 +288,7 @@ class _GuideMode(Messenger):
 
 @torch.no_grad()
 def denoise(model, x, mask=None, inputs=None):
-    """Online denoising (seed 002 sec. 4.2): ``(x_hat, params)``.
+    """Online denoising (Bayer & Osendorfer 2014, sec. 4.2): ``(x_hat, params)``.
 
     The guide's latent sites take their means (the MAP of the Gaussian recognition model, step
     by step, each conditioned on the previous MAP value); each ``x_t`` is replaced by its most
@@ -427,7 +428,8 @@ def _mixture_log_prob(model, means, target):
 
 
 def drop_steps(mask, drop, generator=None):
-    """The ``observed`` mask of seed 002 sec. 4.3: ``drop`` consecutive steps missing per sequence.
+    """The ``observed`` mask of Bayer & Osendorfer (2014), sec. 4.3: ``drop`` consecutive steps
+    missing per sequence.
 
     :param torch.Tensor mask: ``(batch, T)`` bool prefix padding mask; every sequence must be
         longer than ``drop``.

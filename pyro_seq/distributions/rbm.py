@@ -1,18 +1,20 @@
-r"""Restricted Boltzmann machines as energy-based Pyro distributions (seeds 000 and 003).
+r"""Restricted Boltzmann machines as energy-based Pyro distributions (Mittelman et al. 2014;
+Soyer & Möllenhoff, "What Do You Know?").
 
 An RBM with visible units :math:`v` and binary hidden units :math:`h \in \{0, 1\}^H` has the
-energy (seed 000 eq. 1.1 without the recurrent term; seed 003 eq. 1, with :math:`W` transposed)
+energy (Mittelman et al. 2014, eq. 1.1 without the recurrent term; Soyer & Möllenhoff eq. 1, with
+:math:`W` transposed)
 
 .. math:: E(v, h) = -\big(h^\top W v + c^\top v + b^\top h\big), \qquad
     p(v, h) = \frac{1}{Z} e^{-E(v, h)},
 
-``W`` of shape ``(H, V)`` as in seed 000 (``c``: visible bias, ``b``: hidden bias). Summing out
-the hidden units gives the *free energy*
+``W`` of shape ``(H, V)`` as in Mittelman et al. (2014) (``c``: visible bias, ``b``: hidden
+bias). Summing out the hidden units gives the *free energy*
 
 .. math:: F(v) = -c^\top v - \sum_j \operatorname{softplus}\big(b_j + W_j v\big),
     \qquad p(v) = e^{-F(v)} / Z,
 
-and the conditionals factorise (seed 000 eq. 1.6; seed 003 eq. 9-10, 14-16):
+and the conditionals factorise (Mittelman et al. eq. 1.6; Soyer & Möllenhoff eq. 9-10, 14-16):
 :math:`p(h_j = 1 \mid v) = \sigma(b_j + W_j v)` and each visible unit depends on :math:`h` only
 through its activation :math:`a_i = c_i + (W^\top h)_i`.
 
@@ -20,25 +22,27 @@ Visible unit types (``visible=``):
 
 * ``"bernoulli"``: :math:`v_i \in \{0, 1\}`, :math:`p(v_i = 1 \mid h) = \sigma(a_i)`;
   ``W`` ``(H, V)``, value ``(..., V)``.
-* ``"softmax"``: K-way softmax units (seed 003 sec. 2.2, eq. 14-15): :math:`v_i` one-hot over
-  ``K`` states, :math:`p(v_i^{(k)} = 1 \mid h) = \operatorname{softmax}_k(a_i)`; ``W`` ``(H, V,
-  K)`` (one weight matrix per state, :math:`W^{(k)}` of the seed), value ``(..., V, K)``.
+* ``"softmax"``: K-way softmax units (Soyer & Möllenhoff sec. 2.2, eq. 14-15): :math:`v_i`
+  one-hot over ``K`` states, :math:`p(v_i^{(k)} = 1 \mid h) = \operatorname{softmax}_k(a_i)`;
+  ``W`` ``(H, V, K)`` (one weight matrix per state, :math:`W^{(k)}` of the paper), value
+  ``(..., V, K)``.
 * ``"binomial_softmax"``: each softmax unit replicated ``num_trials`` times with shared weights
-  (seed 003 sec. 2.3, eq. 16): :math:`v_i` is a count vector over the ``K`` states summing to
-  ``num_trials``, :math:`v_i \mid h \sim \operatorname{Multinomial}(n, \operatorname{softmax}(a_i))`.
+  (Soyer & Möllenhoff sec. 2.3, eq. 16): :math:`v_i` is a count vector over the ``K`` states
+  summing to ``num_trials``,
+  :math:`v_i \mid h \sim \operatorname{Multinomial}(n, \operatorname{softmax}(a_i))`.
   The replicas are exchangeable, so the energy depends on the counts only; the multinomial
   coefficient (the number of replica states with these counts) is part of :math:`e^{-F(v)}`, so
   that :math:`Z` sums over count vectors exactly as it would over the replicas.
 
-Factored weights :math:`W = B A` (seed 003 eq. 17) are :meth:`RBM.from_factors`; a conditional
-RBM (seed 003 eq. 20; the per-step RBMs of an RTRBM, seed 000 eq. 1.1) is an RBM whose biases
-carry batch dimensions computed from the input.
+Factored weights :math:`W = B A` (Soyer & Möllenhoff eq. 17) are :meth:`RBM.from_factors`; a
+conditional RBM (Soyer & Möllenhoff eq. 20; the per-step RBMs of an RTRBM, Mittelman et al.
+eq. 1.1) is an RBM whose biases carry batch dimensions computed from the input.
 
 **Missing visibles** (``visible_mask``): the per-user sub-RBM of Salakhutdinov et al. (2007) that
-seed 003 trains on ("a tiny RBM for every student with as many visible units as the student has
-answered questions"): units with mask ``False`` are absent. They add nothing to the free energy,
-to the hidden units' input or to the partition function, they get no gradient, and Gibbs
-sampling leaves them at 0. This sub-RBM is not the marginal of the full RBM over the missing
+Soyer & Möllenhoff train on ("a tiny RBM for every student with as many visible units as the
+student has answered questions"): units with mask ``False`` are absent. They add nothing to the
+free energy, to the hidden units' input or to the partition function, they get no gradient, and
+Gibbs sampling leaves them at 0. This sub-RBM is not the marginal of the full RBM over the missing
 units; that marginal, :meth:`RBM.marginal_log_prob`, needs a sum over the hidden
 configurations and is offered for small ``H``.
 
@@ -178,12 +182,12 @@ class RBM(EnergyBasedDistribution):
     r"""An RBM over its visible units, with an unnormalised ``log_prob`` (module docstring).
 
     :param torch.Tensor W: ``(H, V)`` for Bernoulli visibles, ``(H, V, K)`` for softmax and
-        binomial-softmax visibles (seed 000's orientation: hidden by visible). Leading batch
+        binomial-softmax visibles (Mittelman et al.'s orientation: hidden by visible). Leading batch
         dimensions are allowed.
     :param torch.Tensor visible_bias: ``c``, ``(..., V)`` or ``(..., V, K)``.
     :param torch.Tensor hidden_bias: ``b``, ``(..., H)``; batch dimensions make a conditional RBM.
     :param str visible: ``"bernoulli"``, ``"softmax"`` or ``"binomial_softmax"``.
-    :param int num_trials: replicas per unit of ``"binomial_softmax"`` (seed 003 uses 2).
+    :param int num_trials: replicas per unit of ``"binomial_softmax"`` (Soyer & Möllenhoff use 2).
     :param torch.Tensor visible_mask: optional bool ``(..., V)``: ``False`` marks a missing unit
         (the per-user sub-RBM; module docstring).
     :param int sample_burn_in: Gibbs sweeps before the first :meth:`sample`.
@@ -278,12 +282,12 @@ class RBM(EnergyBasedDistribution):
     # ------------------------------------------------------------------ construction helpers
     @classmethod
     def from_factors(cls, A, B, visible_bias, hidden_bias, **kwargs):
-        r"""The factored RBM of seed 003 sec. 2.4: :math:`W = B A` of rank ``C``.
+        r"""The factored RBM of Soyer & Möllenhoff, sec. 2.4: :math:`W = B A` of rank ``C``.
 
-        Seed 003 writes :math:`W^{(k)} = A^{(k)} B` with visible-by-hidden matrices; in this
-        module's hidden-by-visible orientation that is ``W = B @ A`` with ``A`` ``(C, V)`` (or
+        Soyer & Möllenhoff write :math:`W^{(k)} = A^{(k)} B` with visible-by-hidden matrices; in
+        this module's hidden-by-visible orientation that is ``W = B @ A`` with ``A`` ``(C, V)`` (or
         ``(C, V, K)``, one factor per softmax state) and ``B`` ``(H, C)``. Gradients reach ``A``
-        and ``B`` through the product (seed 003 eq. 18-19).
+        and ``B`` through the product (Soyer & Möllenhoff eq. 18-19).
         """
         W = torch.einsum("hc,cv->hv", B, A) if A.dim() == 2 else torch.einsum("hc,cvk->hvk", B, A)
         return cls(W, visible_bias, hidden_bias, **kwargs)
@@ -365,12 +369,12 @@ class RBM(EnergyBasedDistribution):
 
     # ------------------------------------------------------------------ conditionals, Gibbs
     def hidden_probs(self, v):
-        """:math:`p(h_j = 1 \\mid v) = \\sigma(b_j + W_j v)` (seed 000 eq. 1.6)."""
+        """:math:`p(h_j = 1 \\mid v) = \\sigma(b_j + W_j v)` (Mittelman et al. 2014, eq. 1.6)."""
         return torch.sigmoid(self.hidden_input(v))
 
     def visible_probs(self, h):
         """The mean of :math:`v \\mid h`: Bernoulli probabilities, softmax probabilities, or
-        expected counts ``num_trials * softmax`` (seed 003 eq. 10, 14)."""
+        expected counts ``num_trials * softmax`` (Soyer & Möllenhoff eq. 10, 14)."""
         return self.units.mean(self.visible_input(h))
 
     def _sample_units(self, a):

@@ -1,11 +1,12 @@
-r"""A batch of per-row sub-RBMs over sparse visible entries (seed 003 sec. 2.1; Salakhutdinov et
-al. 2007): the collaborative-filtering RBM without a dense ``(rows, items)`` matrix.
+r"""A batch of per-row sub-RBMs over sparse visible entries (Soyer & Möllenhoff, "What
+Do You Know?", sec. 2.1; Salakhutdinov et al. 2007): the collaborative-filtering RBM without a
+dense ``(rows, items)`` matrix.
 
 Row ``s`` (a student, a user) has visible units only for the items it has answered, entries
 ``(row[i], column[i])``; all rows share the weights :math:`W` ``(H, Q)`` (or ``(H, Q, K)``) and the
 visible bias :math:`c`, and row ``s``'s RBM is the sub-RBM of :class:`~pyro_seq.distributions.RBM`
-with ``visible_mask`` true exactly at its entries (seed 003: "a tiny RBM for every student with as
-many visible units as the student has answered questions"). Its free energy is
+with ``visible_mask`` true exactly at its entries (Soyer & Möllenhoff: "a tiny RBM for every
+student with as many visible units as the student has answered questions"). Its free energy is
 
 .. math:: F_s(v) = -\sum_{i: row_i = s} [v_i \cdot c_{col_i} + \log m(v_i)]
     - \sum_j \operatorname{softplus}\Big(b_{s,j} + \sum_{i: row_i = s} W_{j, col_i} v_i\Big),
@@ -37,8 +38,8 @@ class SparseRBM(EnergyBasedDistribution):
 
     :param torch.Tensor W: ``(H, Q)`` Bernoulli, or ``(H, Q, K)`` softmax types.
     :param torch.Tensor visible_bias: ``(Q,)`` or ``(Q, K)``.
-    :param torch.Tensor hidden_bias: ``(H,)``, or ``(num_rows, H)`` for a conditional RBM (seed 003
-        eq. 20 adds :math:`\sum_i r_i D_{ij}` per row).
+    :param torch.Tensor hidden_bias: ``(H,)``, or ``(num_rows, H)`` for a conditional RBM (Soyer &
+        Möllenhoff eq. 20 adds :math:`\sum_i r_i D_{ij}` per row).
     :param torch.Tensor row: ``(n,)`` int64 in ``0..num_rows-1``.
     :param torch.Tensor column: ``(n,)`` int64 in ``0..Q-1``.
     :param int num_rows: number of rows (the batch size).
@@ -189,7 +190,7 @@ class SparseRBM(EnergyBasedDistribution):
         return v
 
     def predict(self, value, query_row, query_column):
-        r"""Mean-field prediction at new entries (seed 003 sec. 2.1, eq. 9-10 / 14-15):
+        r"""Mean-field prediction at new entries (Soyer & Möllenhoff sec. 2.1, eq. 9-10 / 14-15):
         :math:`\mathbb{E}[v_q \mid h = p(h \mid v_s)]` for each query ``(query_row, query_column)``:
         probabilities ``(m,)`` (Bernoulli) or expected counts ``(m, K)``."""
         h = self.hidden_probs(value)

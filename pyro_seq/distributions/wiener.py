@@ -1,4 +1,4 @@
-r"""The Wiener-process prior on latent sequences (Bayer & Osendorfer, seed 002 sec. 3.3).
+r"""The Wiener-process prior on latent sequences (Bayer & Osendorfer 2014, sec. 3.3).
 
 Sec. 3.3 puts the prior not on :math:`z_{1:T}` but on a linear image of it, the *difference
 map*
@@ -6,12 +6,12 @@ map*
 .. math:: g_W(z_{1:T}) = (z_1 - z_0,\; z_2 - z_1,\; \dots,\; z_T - z_{T-1}),
     \qquad g_W(z_{1:T}) \sim \mathcal{N}(0, \sigma^2 I).
 
-**The start point.** The seed writes :math:`g_W(z_{1:T}) = (z_0, z_1 - z_0, \dots, z_T -
+**The start point.** The paper writes :math:`g_W(z_{1:T}) = (z_0, z_1 - z_0, \dots, z_T -
 z_{T-1})`, which has :math:`T + 1` entries for :math:`T` arguments. Here :math:`z_0` is a
 *known* start point (``z0``, zero by default: a Wiener process starts at 0 at time 0) and not a
 random variable, so :math:`g_W` is a square map of :math:`z_{1:T}` with entries :math:`z_t -
 z_{t-1}`; with :math:`z_0 = 0` its first entry is :math:`z_1` itself, the form
-:math:`(z_1, z_2 - z_1, \dots)`. With unit increments this is exactly the seed's Gaussian process
+:math:`(z_1, z_2 - z_1, \dots)`. With unit increments this is exactly the paper's Gaussian process
 :math:`z^{(i)}_t \sim \mathcal{GP}(0, \min(r, t))` on :math:`t \in \{1, \dots, T\}`, independently
 for each latent dimension :math:`i`: :math:`z_t = z_0 + \sum_{s \le t} \epsilon_s` gives
 :math:`\mathrm{Cov}(z_r, z_t) = \sigma^2 \min(r, t)` (tested against the dense Gaussian).
@@ -27,7 +27,7 @@ form the step protocol of :mod:`pyro_seq.models.base` samples one step at a time
 VRAE); :class:`WienerProcess` is the whole-sequence density over ``(T, Z)``.
 
 **KL divergence (sec. 3.3).** For a recognition model with diagonal covariance,
-:math:`q(z_{1:T}) = \prod_t \mathcal{N}(z_t; \mu_t, \mathrm{diag}\, s_t^2)`, the seed computes
+:math:`q(z_{1:T}) = \prod_t \mathcal{N}(z_t; \mu_t, \mathrm{diag}\, s_t^2)`, the paper computes
 :math:`KL(q \| p)` in the transformed space: :math:`g_W` maps :math:`q` to a Gaussian over the
 increments with mean :math:`m_t = \mu_t - \mu_{t-1}` (:math:`\mu_0 = z_0`) and, per latent
 dimension, the *banded* (tridiagonal) covariance :math:`S = D\,\mathrm{diag}(s^2)\,D^\top`,
@@ -99,7 +99,7 @@ class WienerProcess(TorchDistribution):
     :param torch.Tensor z0: start point, ``(..., Z)``; the batch shape is ``z0.shape[:-1]``
         broadcast with ``scale``.
     :param scale: increment standard deviation :math:`\sigma > 0` (float or tensor
-        broadcastable to ``z0``); 1 in the seed.
+        broadcastable to ``z0``); 1 in the paper.
 
     Event shape ``(T, Z)``; ``log_prob(z)`` is :math:`\sum_{t,i} \log \mathcal{N}((g_W z)_{t,i};
     0, \sigma_i^2)` (Jacobian 1). ``rsample`` is reparameterized (a cumulative sum of scaled

@@ -1,7 +1,8 @@
 r"""Contrastive divergence (CD-k and persistent CD) as a :class:`pyro.infer.ELBO` subclass.
 
 For an energy-based observation :math:`p(v) = e^{-F(v)}/Z` the log-likelihood gradient is a
-difference of two expectations (seed 003 eq. 5; seed 000 eq. 1.19, 1.24),
+difference of two expectations (Soyer & Möllenhoff eq. 5; Mittelman et al.
+2014, eq. 1.19, 1.24),
 
 .. math:: \nabla_\theta \log p(v) = -\nabla_\theta F(v) + \mathbb{E}_{v' \sim p}\big[\nabla_\theta
     F(v')\big],
@@ -13,11 +14,11 @@ surrogate
 
 .. math:: S = \sum_{\text{data}} F(v) - F(\operatorname{stop\_grad}(v'))
 
-is exactly the CD update with the hidden expectations taken in closed form, as seed 000 writes
-them (:math:`\mathbb{E}_{h|v}[h] = \sigma(b + W v)`): no gradient flows through the chain, and
+is exactly the CD update with the hidden expectations taken in closed form, as Mittelman et al.
+write them (:math:`\mathbb{E}_{h|v}[h] = \sigma(b + W v)`): no gradient flows through the chain, and
 where the parameters of :math:`F` depend on the data through other modules (the RTRBM's
-:math:`r_{t-1}`), back-propagation through those modules is the BPTT recursion of seed 000
-(eq. 1.16-1.27): the tests check it against the seed's recursion written out by hand.
+:math:`r_{t-1}`), back-propagation through those modules is the BPTT recursion of Mittelman et
+al. (eq. 1.16-1.27): the tests check it against the paper's recursion written out by hand.
 
 **How this fits Pyro.** The model observes its data through an
 :class:`~pyro_seq.distributions.EnergyBasedDistribution` site (an
@@ -42,8 +43,8 @@ References
 
 [1] G. E. Hinton, "Training products of experts by minimizing contrastive divergence", 2002.
 [2] T. Tieleman, "Training RBMs using approximations to the likelihood gradient", ICML 2008.
-[3] R. Mittelman et al., supplementary material of "Structured recurrent temporal RBMs" (seed 000).
-[4] H. Soyer, T. Möllenhoff, "What do you know?" (seed 003), sec. 2.
+[3] R. Mittelman et al., supplementary material of "Structured recurrent temporal RBMs", 2014.
+[4] H. Soyer, T. Möllenhoff, "What do you know?", sec. 2.
 """
 
 import torch
@@ -103,7 +104,7 @@ def _row_weights(site, mask, event_dims, like):
 class ContrastiveDivergence(ELBO):
     r"""CD-k / persistent CD for models with energy-based observation sites (module docstring).
 
-    :param int k: Gibbs sweeps per update (CD-k; seed 003 compares CD-1 and CD-11).
+    :param int k: Gibbs sweeps per update (CD-k; Soyer & Möllenhoff compare CD-1 and CD-11).
     :param bool persistent: keep the chains between updates (PCD) instead of restarting them at
         the data. The chains are stored per site name (below: batches of different shapes).
     :param int num_chains: with ``persistent``, the number of fantasy chains per site. ``None``

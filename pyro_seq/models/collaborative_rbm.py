@@ -1,7 +1,9 @@
-r"""RBMs for collaborative filtering of student answers (seed 003; Salakhutdinov et al. 2007).
+r"""RBMs for collaborative filtering of student answers (Soyer & Möllenhoff,
+"What Do You Know?"; Salakhutdinov et al. 2007).
 
 Each student is one RBM whose visible units are the questions it answered (a sub-RBM of one
-shared model, :class:`~pyro_seq.distributions.SparseRBM`); the four variants of seed 003 are
+shared model, :class:`~pyro_seq.distributions.SparseRBM`); the four variants of Soyer &
+Möllenhoff are
 
 * ``visible="bernoulli"``: one binary unit per question, 1 = correct (sec. 2.1, eq. 9-10);
 * ``visible="softmax"``: one K-way softmax unit per question over the answer options, with a
@@ -9,16 +11,16 @@ shared model, :class:`~pyro_seq.distributions.SparseRBM`); the four variants of 
 * ``visible="binomial_softmax"``: each softmax unit replicated ``num_trials`` times with shared
   weights; an observed answer sets all replicas (sec. 2.3, eq. 16);
 * ``num_factors=C``: the factored RBM :math:`W^{(k)} = A^{(k)} B` of rank ``C`` (sec. 2.4,
-  eq. 17; ``B`` starts at the non-square identity as in the seed);
+  eq. 17; ``B`` starts at the non-square identity as in the paper);
 
 and ``conditional=True`` adds the "seen" input of the conditional RBM (sec. 2.5, eq. 20): the
 hidden bias of student ``s`` is :math:`b + \sum_{q \in seen(s)} D_{:, q}`.
 
 Training is ``SVI(model.model, model.guide, optim, loss=ContrastiveDivergence(k))`` over
 per-student minibatches (:meth:`pyro_seq.data.StudentResponses.batches`); prediction for a
-held-out (student, question) pair is the mean-field pass of seed 003 eq. 9-10 (14-15): hidden
-probabilities from the student's training answers, then the visible probability of the correct
-answer at the question.
+held-out (student, question) pair is the mean-field pass of Soyer & Möllenhoff eq. 9-10
+(14-15): hidden probabilities from the student's training answers, then the visible
+probability of the correct answer at the question.
 """
 
 from types import MappingProxyType
@@ -40,14 +42,14 @@ class CollaborativeRBM(EnergyBasedModel):
     r"""A student-answer RBM (module docstring).
 
     :param int num_questions: ``Q``.
-    :param int num_hidden: ``H`` (seed 003: 15 non-factored, 40 with ``C = 10`` factors).
+    :param int num_hidden: ``H`` (Soyer & Möllenhoff: 15 non-factored, 40 with ``C = 10`` factors).
     :param str visible: ``"bernoulli"``, ``"softmax"`` or ``"binomial_softmax"``.
     :param int num_options: answer options ``K`` of the data (2: 0 wrong / 1 correct; 4: option
         indices with 0 correct, as :func:`pyro_seq.data.simulate_students` codes them).
-    :param int num_trials: replicas of binomial-softmax units (seed 003: 2).
+    :param int num_trials: replicas of binomial-softmax units (Soyer & Möllenhoff: 2).
     :param int num_factors: ``C`` of the factored RBM, or None.
     :param bool conditional: add the seen-question input ``D`` (eq. 20).
-    :param float init_scale: standard deviation of the initial weights (seed 003: 0.001).
+    :param float init_scale: standard deviation of the initial weights (Soyer & Möllenhoff: 0.001).
     """
 
     module_name = "collaborative_rbm"
@@ -113,7 +115,7 @@ class CollaborativeRBM(EnergyBasedModel):
         self.D = nn.Parameter(torch.zeros(num_hidden, num_questions)) if conditional else None
 
     def weights(self):
-        """``W`` ``(H, Q[, K])``; for the factored model :math:`B A` (seed 003 eq. 17)."""
+        """``W`` ``(H, Q[, K])``; for the factored model :math:`B A` (Soyer & Möllenhoff eq. 17)."""
         if self.num_factors is None:
             return self.W
         if self.A.dim() == 2:
@@ -180,7 +182,7 @@ class CollaborativeRBM(EnergyBasedModel):
     @torch.no_grad()
     def predict(self, row, column, answer, num_rows, query_row, query_column, seen=None):
         """P(correct) at the queries ``(query_row, query_column)`` ``(m,)`` given each row's
-        training answers (mean-field, seed 003 eq. 9-10 / 14-15)."""
+        training answers (mean-field, Soyer & Möllenhoff eq. 9-10 / 14-15)."""
         fn = self.distribution(row, column, num_rows, seen)
         mean = fn.predict(self.encode(answer), query_row, query_column)
         if self.visible == "bernoulli":

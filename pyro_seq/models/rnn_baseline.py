@@ -1,4 +1,5 @@
-"""A deterministic RNN with an exact likelihood: the "plain" RNN baseline (seed 002, Table 1).
+"""A deterministic RNN with an exact likelihood: the "plain" RNN baseline (Bayer & Osendorfer
+2014, Table 1).
 
 Generative model (thesis eq. 4.1-4.2 with ``u_t = x_{t-1}``, ``x_0 = 0``)::
 

@@ -1,4 +1,4 @@
-r"""The recurrent temporal RBM and its structured version (seed 000, Mittelman et al. 2014).
+r"""The recurrent temporal RBM and its structured version (Mittelman et al. 2014).
 
 At each step the visibles :math:`v_t \in \{0,1\}^V` and hiddens :math:`h_t \in \{0,1\}^H` form an
 RBM whose hidden bias depends on the previous step through :math:`r_{t-1}` (eq. 1.1):
@@ -19,9 +19,9 @@ As a Pyro model: :meth:`RTRBM.model` computes :math:`r_{1:T-1}` from the data an
 whole batch through one :class:`~pyro_seq.distributions.RBM` site ``"x"`` with batch shape
 ``(batch, T)`` (the per-step RBMs, masked at padded steps); the guide is empty. Training with
 ``SVI(..., loss=ContrastiveDivergence(k))`` runs ``k`` Gibbs sweeps of every per-step RBM from
-the data (they are independent given :math:`r`, seed 000 sec. 1.1) and back-propagates the
+the data (they are independent given :math:`r`, Mittelman et al. sec. 1.1) and back-propagates the
 surrogate :math:`\sum_t F_t(v_t) - F_t(v'_t)` through :math:`b_t` into :math:`r_{t-1}` and on
-through the recursion: this is the BPTT of eq. 1.16-1.27 (tested against the seed's recursion
+through the recursion: this is the BPTT of eq. 1.16-1.27 (tested against the paper's recursion
 written out by hand).
 
 The log-likelihood of a sequence, as Boulanger-Lewandowski et al. (2012) report it, is
@@ -60,13 +60,13 @@ class SequenceLogLikelihood(NamedTuple):
 
 
 class RTRBM(EnergyBasedModel):
-    r"""Recurrent temporal RBM (seed 000 eq. 1.1-1.6) over binary vectors.
+    r"""Recurrent temporal RBM (Mittelman et al. 2014, eq. 1.1-1.6) over binary vectors.
 
     :param int num_visible: ``V`` (88 for piano rolls).
     :param int num_hidden: ``H``.
     :param float init_scale: standard deviation of the initial ``W`` and ``U``.
 
-    Parameters, named as in the seed: ``W`` ``(H, V)``, ``U`` ``(H, H)``, ``b`` ``(H,)`` (hidden
+    Parameters, named as in the paper: ``W`` ``(H, V)``, ``U`` ``(H, H)``, ``b`` ``(H,)`` (hidden
     bias), ``c`` ``(V,)`` (visible bias), ``b_init`` ``(H,)`` (hidden bias at t = 1).
     """
 

@@ -87,7 +87,8 @@ def plot_features(values, path, title="sample", max_lines=8):
 
 
 def plot_recovery(clean, corrupted, recovered, path, probs=None, title="recovery", lowest_note=21):
-    """Seed 002 Fig. 3: clean / corrupted / recovered piano rolls and the errors, as one PNG.
+    """Bayer & Osendorfer (2014), Fig. 3: clean / corrupted / recovered piano rolls and the
+    errors, as one PNG.
 
     :param clean: ``(T, 88)`` 0/1, the original.
     :param corrupted: ``(T, 88)``: the input (missing entries may be NaN: drawn grey).
