@@ -143,7 +143,7 @@ def evaluate_checked_bound(
     evaluates them every epoch). ``loader``: the unshuffled
     :class:`~pyro_seq.data.SequenceLoader` of ``sequences`` with ``batch_size``, in the model's
     dtype and on its device, built once by the caller (default: built here)."""
-    if loader is None and (model.energy_based or method == "elbo"):
+    if loader is None and (model.energy_based or method in ("elbo", "exact")):
         loader = SequenceLoader(
             sequences,
             batch_size,
@@ -196,6 +196,12 @@ def evaluate_checked_bound(
                 "num_steps": int(est.num_steps),
                 "per_step": float(est.nats_per_step),
             }
+        elif method == "exact":  # a latent-variable model with a closed-form likelihood
+            total, steps = 0.0, 0
+            for x, mask, *_ in loader.batches(0):
+                total += float(model.exact_log_likelihood(x, mask).sum())
+                steps += int(mask.sum())
+            result = {"total": total, "num_steps": steps, "per_step": total / steps}
         else:
             raise ValueError(f"method must be 'elbo', 'iwae' or 'smc', got {method!r}")
     finally:

@@ -233,3 +233,25 @@ def test_float64_data_into_a_float32_model_is_converted():
     pyro.set_rng_seed(0)
     loss32 = pyro.infer.Trace_ELBO().loss(m.model, m.guide, x.float())
     assert loss64 == loss32
+
+
+def test_exact_evaluation_of_the_linear_gaussian_test_bed():
+    """A latent-variable model that declares "exact" is evaluated by its closed form; with the
+    exact smoothing guide, every one-sample ELBO equals it (q(z | x) = p(z | x))."""
+    from pyro_seq.models import LinearGaussianSequenceModel
+    from pyro_seq.train import evaluate_bound
+
+    torch.manual_seed(0)
+    model = LinearGaussianSequenceModel(2, 2, guide="smoothing").double()
+    data = [torch.randn(T, 2, dtype=torch.float64) for T in (5, 3, 4)]
+    exact = evaluate_bound(model, data, method="exact")
+    x = torch.zeros(3, 5, 2, dtype=torch.float64)
+    mask = torch.zeros(3, 5, dtype=torch.bool)
+    for i, s in enumerate(data):
+        x[i, : len(s)], mask[i, : len(s)] = s, True
+    direct = float(model.exact_log_likelihood(x, mask, method="dense").sum())
+    assert exact["total"] == pytest.approx(direct, rel=1e-10)
+    assert exact["num_steps"] == 12
+    elbo = evaluate_bound(model, data, method="elbo", num_particles=3)
+    assert elbo["total"] == pytest.approx(exact["total"], rel=1e-9)
+    assert "exact" in model.evaluation_methods and callable(model.exact_log_likelihood)
