@@ -53,8 +53,8 @@ class ForwardRNN(nn.Module):
         each sequence's end are set to zero.
 
         GRU and LSTM: the padded steps are computed and then discarded (on CPU, torch's
-        padded RNN kernels with their single backward pass are about twice as fast as packed
-        sequences here; measured: ReLU RNN 600, batch 20, T 128). ReLU RNN: only the real
+        padded RNN kernels with their single backward pass are faster than packed sequences
+        here; measured: docs/benchmarks.rst, section "DMM training speed"). ReLU RNN: only the real
         steps are computed, by :func:`~pyro_seq.nn.relu_scan.ragged_relu_rnn`.
         """
         if self.cell == "rnn":

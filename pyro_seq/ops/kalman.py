@@ -104,7 +104,8 @@ Numerics
   of the full recursion is of the same order, so results agree with it to rounding. The
   tolerance is the keyword argument ``steady_state_tol`` of :func:`kalman_filter`,
   :func:`kalman_smoother` and :func:`kalman_sample` (default ``STEADY_STATE_TOL`` = 8);
-  ``steady_state_tol=0`` always runs every step. Measured speed: ``benchmarks/kalman.py`` / ``benchmarks/results/kalman.json``.
+  ``steady_state_tol=0`` always runs every step (measured speed: docs/benchmarks.rst, section
+  "Kalman filtering and smoothing").
 
 Modules
 -------

@@ -55,8 +55,9 @@ Initialisation (``TrainConfig.init``, only on a fresh start, never on resume):
 * ``"srnn"``: the same, and :func:`pyro_seq.nn.init_weights` (the SRNN authors' scheme) on a
   model that declares it in ``weight_init_schemes`` (:class:`~pyro_seq.models.SRNN`);
   ``"normal"``: with ``init_weights(scheme="normal")``. On JSB
-  Chorales these weights fit the training set faster and generalise worse (test ELBO -7.515
-  against -7.460 with the bias only and -7.355 with nothing, one seed each; docs/benchmarks.rst);
+  Chorales these weights fit the training set faster and generalise worse than the bias only
+  or nothing (one training seed each; measured: docs/benchmarks.rst, section "Do the training
+  defaults transfer?");
 * ``"none"``: the model as constructed.
 """
 

@@ -10,17 +10,16 @@ Learning-rate schedules:
   epochs, never going below ``plateau_min_lr``. When it lowers the rate, the weights of the best
   validation epoch so far come back (``plateau_restore_best``, default True): the epochs
   without improvement that triggered the reduction are undone, and the lower rate continues
-  from the best point (on the SRNN of ``benchmarks/train_defaults.py`` it raised the test ELBO
-  on JSB Chorales from -7.460 to -7.184 nats per step, past the tuned recipe's -7.217). It
-  needs no per-dataset tuning: the SRNN recipe
-  tuned on JSB-2x (constant for 50 epochs, then /1.15 per epoch) kept the full rate while the
-  validation bound of other data peaked at a third of the schedule and then fell. Without
-  validation sequences the rate stays constant. The validation bound is the unannealed ELBO
-  (comparable across epochs whatever beta is), so by default the schedule and early stopping
-  also run while KL annealing is under way (``schedule_during_annealing``). Waiting for
-  ``beta = 1`` instead kept the full rate through 67 annealing epochs on JSB Chorales and
-  over-fitted: test ELBO -8.13 against -7.46 nats per step (``benchmarks/train_defaults.py``,
-  ``docs/benchmarks.rst``).
+  from the best point (on the SRNN of JSB Chorales this raised the test ELBO past the tuned
+  recipe's; measured: docs/benchmarks.rst, section "Do the training defaults transfer?"). It
+  needs no per-dataset tuning: the SRNN recipe tuned on JSB-2x (constant for 50 epochs, then
+  /1.15 per epoch) kept the full rate while the validation bound of other data peaked at a third
+  of the schedule and then fell. Without validation sequences the rate stays constant. The
+  validation bound is the unannealed ELBO (comparable across epochs whatever beta is), so by
+  default the schedule and early stopping also run while KL annealing is under way
+  (``schedule_during_annealing``). Waiting for ``beta = 1`` instead kept the full rate through
+  the annealing epochs on JSB Chorales and over-fitted (measured: docs/benchmarks.rst, section
+  "Do the training defaults transfer?").
 * ``"exponential"``: the per-epoch schedule of the SRNN code, ``lr_decay_after`` epochs
   constant, then divided by ``lr_decay_factor`` per epoch (:func:`epoch_lr`).
 * ``"constant"``: ``lr`` throughout, optionally multiplied by ``lrd`` after every update
