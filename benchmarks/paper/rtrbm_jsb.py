@@ -1,0 +1,189 @@
+"""RTRBM and SRTRBM on JSB Chorales (original resolution) and the built-in chorales, by CD-k.
+
+Boulanger-Lewandowski et al. (2012), Table 1, report an RTRBM log-likelihood of -6.35 nats per
+step on JSB (the target of issue 11). Each run trains through :func:`pyro_seq.train.fit` with
+``objective="cd"`` (:class:`pyro_seq.infer.ContrastiveDivergence`, ``--cd-steps`` Gibbs sweeps),
+Adam, the plateau schedule and early stopping on the validation pseudo-log-likelihood, and the
+visible bias started at the note frequencies. The best weights are then scored on the test set
+by the log-likelihood :math:`\\sum_t -F_t(v_t) - \\log Z_t` with every per-step partition function
+estimated by annealed importance sampling (``--ais-chains`` chains, ``--ais-betas`` temperatures,
+base model at the training notes' frequencies), with its standard error.
+
+The SRTRBM groups the 88 keys into the octaves of the piano (Mittelman et al.'s structure as
+block masks, :meth:`pyro_seq.models.SRTRBM.block_masks`): each group of ``--hidden // groups``
+hidden units sees one octave, and ``U`` links each group with itself and its neighbours.
+
+Resumable: checkpoints in ``benchmarks/checkpoints/rtrbm_jsb[_<tag>]/<data>_<model>``; results in
+``benchmarks/results/rtrbm_jsb[_<tag>].json``, written after every run::
+
+    python benchmarks/paper/rtrbm_jsb.py --threads 1 --time-limit 3600     # again to resume
+    python benchmarks/paper/rtrbm_jsb.py --datasets jsb --models rtrbm --hidden 16 --epochs 2 \\
+        --ais-chains 10 --ais-betas 50 --tag smoke                      # a quick check
+"""
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common.py
+
+import torch  # noqa: E402
+from common import RESULTS, ROOT, SHARED_DATA, write_result  # noqa: E402
+from tqdm.auto import tqdm  # noqa: E402
+
+from pyro_seq.data import load_dataset  # noqa: E402
+from pyro_seq.models import RTRBM, SRTRBM  # noqa: E402
+from pyro_seq.train import TrainConfig, evaluate_bound, fit, load_weights  # noqa: E402
+
+DATASETS = {"jsb": "jsb_chorales.pickle", "chorales": None}
+TARGET = -6.35
+
+
+def octave_masks(num_hidden, num_visible=88):
+    """Block masks over the piano's octaves (12 keys each, the last group shorter)."""
+    groups = [list(range(i, min(i + 12, num_visible))) for i in range(0, num_visible, 12)]
+    per_group = max(1, num_hidden // len(groups))
+    edges = [(g, g + 1) for g in range(len(groups) - 1)]
+    return SRTRBM.block_masks(groups, per_group, edges), per_group * len(groups)
+
+
+def build(name, hidden):
+    if name == "rtrbm":
+        return RTRBM(88, num_hidden=hidden)
+    (W_mask, U_mask), H = octave_masks(hidden)
+    return SRTRBM(88, H, W_mask, U_mask)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--datasets", nargs="+", choices=list(DATASETS), default=list(DATASETS))
+    p.add_argument("--models", nargs="+", choices=("rtrbm", "srtrbm"), default=["rtrbm", "srtrbm"])
+    p.add_argument("--data-dir", default=str(SHARED_DATA))
+    p.add_argument("--hidden", type=int, default=150)
+    p.add_argument("--cd-steps", type=int, default=15)
+    p.add_argument("--epochs", type=int, default=200)
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--lr", type=float, default=0.01)
+    p.add_argument("--ais-chains", type=int, default=100)
+    p.add_argument("--ais-betas", type=int, default=1000)
+    p.add_argument("--time-limit", type=float, default=None, help="seconds for this invocation")
+    p.add_argument("--eval-only", action="store_true", help="score the saved best weights only")
+    p.add_argument(
+        "--weights-from",
+        default=None,
+        help="with --eval-only: the tag whose checkpoints to score ('' for none)",
+    )
+    p.add_argument(
+        "--test-sequences",
+        type=int,
+        default=None,
+        help="score only the first N test sequences (a quicker, partial estimate)",
+    )
+    p.add_argument(
+        "--test-slice",
+        default=None,
+        metavar="START:STOP",
+        help="score test sequences START..STOP-1 only (to split the AIS over "
+        "processes; the result records total log-likelihood and steps)",
+    )
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--tag", default="")
+    args = p.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    name = "rtrbm_jsb" + (f"_{args.tag}" if args.tag else "")
+    path = RESULTS / f"{name}.json"
+    result = json.loads(path.read_text()) if path.exists() else {}
+    result.update(benchmark=name, target=TARGET, settings=vars(args), runs=result.get("runs", {}))
+    started = time.time()
+    for data_name in args.datasets:
+        if DATASETS[data_name] is None:
+            data = load_dataset("chorales", progress=False)
+        else:
+            file = Path(args.data_dir) / DATASETS[data_name]
+            if not file.exists():
+                raise SystemExit(f"data file {file} not found; pass --data-dir")
+            data = load_dataset(file)
+        for model_name in args.models:
+            remaining = None
+            if args.time_limit is not None:
+                remaining = args.time_limit - (time.time() - started)
+                if remaining <= 0:
+                    print("time limit reached; run again to resume")
+                    break
+            folder = name
+            if args.eval_only and args.weights_from is not None:
+                folder = "rtrbm_jsb" + (f"_{args.weights_from}" if args.weights_from else "")
+            out = ROOT / "benchmarks" / "checkpoints" / folder / f"{data_name}_{model_name}"
+            torch.manual_seed(0)
+            model = build(model_name, args.hidden)
+            config = TrainConfig(
+                epochs=args.epochs,
+                batch_size=args.batch_size,
+                objective="cd",
+                cd_steps=args.cd_steps,
+                lr=args.lr,
+                seed=0,
+                time_limit=remaining,
+                num_threads=args.threads,
+                progress=True,
+            )
+            if args.eval_only:
+                from pyro_seq.train.trainer import TrainHistory
+
+                history = TrainHistory(json.loads((out / "log.json").read_text()))
+                history.best_epoch = max(history, key=lambda r: r["valid_bound_per_step"])["epoch"]
+                history.best_valid_elbo_per_step = max(r["valid_bound_per_step"] for r in history)
+            else:
+                history = fit(model, data["train"], data["valid"], config, out)
+            if history.stop_reason == "time_limit":
+                print(f"{data_name}/{model_name}: time limit; run again to resume")
+                break
+            model.load_state_dict(load_weights(out / "best.pt"))
+            torch.manual_seed(0)
+            t0 = time.perf_counter()
+            test_seqs = data["test"][: args.test_sequences] if args.test_sequences else data["test"]
+            if args.test_slice:
+                start, stop = (int(v) for v in args.test_slice.split(":"))
+                test_seqs = data["test"][start:stop]
+            test = evaluate_bound(
+                model,
+                test_seqs,
+                batch_size=8,
+                method="ais",
+                num_particles=args.ais_chains,
+                num_betas=args.ais_betas,
+            )
+            run = {
+                "test_loglik_per_step": test["per_step"],
+                "test_sequences": len(test_seqs),
+                "test_steps": test["num_steps"],
+                "test_total_loglik": test["total"],
+                "test_slice": args.test_slice,
+                "test_stderr_per_step": test["stderr_per_step"],
+                "ais_seconds": time.perf_counter() - t0,
+                "target_met": test["per_step"] >= TARGET if data_name == "jsb" else None,
+                "epochs": len(history),
+                "best_epoch": history.best_epoch,
+                "best_valid_pll_per_step": history.best_valid_elbo_per_step,
+                "train_seconds": sum(r["seconds"] for r in history),
+                "stop_reason": history.stop_reason,
+                "num_hidden": model.num_hidden,
+                "train": {
+                    k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(config).items()
+                },
+            }
+            result["runs"].setdefault(data_name, {})[model_name] = run
+            tqdm.write(
+                f"{data_name}/{model_name}: test log-likelihood {test['per_step']:.4f} +- "
+                f"{test['stderr_per_step']:.4f} nats/step (AIS), {len(history)} epochs"
+            )
+            write_result(name, result)
+    return result
+
+
+if __name__ == "__main__":
+    main()

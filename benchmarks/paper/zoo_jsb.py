@@ -1,0 +1,251 @@
+"""Every model x {ELBO, IWAE(4), FIVO(4)} on JSB Chorales (original resolution), equal budget.
+
+Each cell trains one architecture with one objective through :func:`pyro_seq.train.fit` into
+its own checkpoint folder ``benchmarks/checkpoints/zoo_jsb[_<tag>]/<model>_<objective>``, for at
+most ``--budget`` seconds of training in total (the sum of the epoch times in its log, validation
+excluded, so that a FIVO cell's costlier validation bound does not eat its budget, and the
+budget holds across invocations: run the same command again to resume every unfinished cell).
+Then the best-validation weights are scored on the test set by the same estimator for every
+cell (IWAE with ``--eval-particles`` particles by default, or SMC), and, in generation mode (not
+teacher-forced), by the log-likelihood of the second half of test sequences under the mixture of
+``--forecast-samples`` continuations of their first half (:func:`pyro_seq.tasks.forecast`).
+
+Results go to ``benchmarks/results/zoo_jsb[_<tag>].json`` with the published numbers beside
+them (seed 002 Table 1; Krishnan et al. 2017 Table 3; Maddison et al. 2017). Every row of every
+training log must be finite ("no NaN in any cell").
+
+Usage::
+
+    python benchmarks/paper/zoo_jsb.py --threads 1 --budget 3600            # all cells, resumable
+    python benchmarks/paper/zoo_jsb.py --models storn vrnn --objectives elbo fivo
+    python benchmarks/paper/zoo_jsb.py --small --budget 20 --tag smoke       # a quick check
+"""
+
+import argparse
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common.py
+
+import torch  # noqa: E402
+from common import ROOT, data_file, write_result  # noqa: E402
+from tqdm.auto import tqdm  # noqa: E402
+
+from pyro_seq.data import load_dataset, load_piano_rolls, pad_sequences  # noqa: E402
+from pyro_seq.infer import estimate_log_likelihood  # noqa: E402
+from pyro_seq.models import DMM, SRNN, STORN, VAERNN, VOSP, VRAE, VRNN, RNNBaseline  # noqa: E402
+from pyro_seq.tasks import forecast  # noqa: E402
+from pyro_seq.train import TrainConfig, fit  # noqa: E402
+from pyro_seq.train.checkpoint import load_weights  # noqa: E402
+
+# sizes of each paper (see each model's docstring for the source of its defaults)
+MODELS = {
+    "dmm": lambda small, D, **em: DMM(
+        D, **(dict(z_dim=8, transition_dim=16, emission_dim=16, rnn_dim=16) if small else {}), **em
+    ),
+    "srnn": lambda small, D, **em: SRNN(
+        D, **(dict(d_dim=16, z_dim=8, hidden_dim=16) if small else {}), **em
+    ),
+    "vrnn": lambda small, D, **em: VRNN(
+        D, **(dict(d_dim=16, z_dim=8, hidden_dim=16, feature_dim=16) if small else {}), **em
+    ),
+    "vaernn": lambda small, D, **em: VAERNN(
+        D, **(dict(d_dim=16, z_dim=8, hidden_dim=16) if small else {}), **em
+    ),
+    "storn": lambda small, D, **em: STORN(
+        D, **(dict(z_dim=8, rnn_dim=16, emission_dim=16) if small else {}), **em
+    ),
+    "vosp": lambda small, D, **em: VOSP(
+        D, **(dict(z_dim=4, rnn_dim=16, emission_dim=16) if small else {}), **em
+    ),
+    "vrae": lambda small, D, **em: VRAE(
+        D, **(dict(z_dim=8, encoder_dim=16, decoder_dim=16, emission_dim=16) if small else {}), **em
+    ),
+    "rnn": lambda small, D, **em: RNNBaseline(
+        D, **(dict(d_dim=16, hidden_dim=16) if small else {}), **em
+    ),
+}
+OBJECTIVES = ("elbo", "iwae", "fivo")
+PUBLISHED = {
+    "vrae": "seed 002 Table 1: VRAE NLL < 5.53 on JSB (test bound >= -5.53 nats/step)",
+    "storn": "Krishnan et al. 2017 Table 3: STORN -6.91 on JSB (white-noise prior)",
+    "vosp": "seed 002 Table 1: VOSP NLL < 6.21 on JSB (Wiener prior)",
+    "rnn": "seed 002 Table 1: 'plain' RNN NLL 8.58 on JSB (target >= -8.58)",
+    "dmm": "Krishnan et al. 2017 Table 3: DKS (DMM) -6.93 on JSB; Pyro's example -6.87 after 5000 epochs",
+    "srnn": "thesis Table 5.2: SRNN smooth+Res_q >= -4.74 on JSB (Bernoulli, ELBO)",
+    "vrnn": "Maddison et al. 2017 Table 1: FIVO > IWAE > ELBO at N = 4",
+    "vaernn": "thesis 4.4.1 (no published JSB number)",
+}
+TARGETS = {"storn": -6.91, "vosp": -6.91, "rnn": -8.58, "dmm": -6.93}
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    p.add_argument("--objectives", nargs="+", default=list(OBJECTIVES), choices=OBJECTIVES)
+    p.add_argument(
+        "--particles", type=int, default=4, help="K of IWAE and FIVO (and the K-sample ELBO)"
+    )
+    p.add_argument(
+        "--budget", type=float, default=3600.0, help="training seconds per cell in total"
+    )
+    p.add_argument("--epochs", type=int, default=500, help="at most this many epochs per cell")
+    p.add_argument("--eval", choices=("iwae", "smc"), default="iwae")
+    p.add_argument("--eval-particles", type=int, default=64)
+    p.add_argument("--forecast-sequences", type=int, default=20)
+    p.add_argument("--forecast-samples", type=int, default=100)
+    p.add_argument("--forecast-steps", type=int, default=16, help="at most this many future steps")
+    p.add_argument("--small", action="store_true", help="tiny networks (a quick check)")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--data", default=None, help="path of jsb_chorales.pickle")
+    p.add_argument(
+        "--dataset",
+        choices=("jsb", "japanese_vowels"),
+        default="jsb",
+        help="japanese_vowels: real-valued (needs pyro-seq[data]); no forecasting score",
+    )
+    p.add_argument(
+        "--likelihood",
+        choices=("bernoulli", "gaussian", "gmm"),
+        default=None,
+        help="emission family (default: bernoulli for jsb, gaussian otherwise)",
+    )
+    p.add_argument("--num-components", type=int, default=5, help="components of the gmm emission")
+    p.add_argument("--tag", default="", help="suffix of the result name and checkpoint folder")
+    return p.parse_args(argv)
+
+
+def used_seconds(out):
+    log = out / "log.json"
+    if not log.exists():
+        return 0.0, []
+    rows = json.loads(log.read_text())
+    return float(sum(r["seconds"] for r in rows)), rows
+
+
+def forecast_score(model, test, args):
+    """Mean per-step log-likelihood of the true second half under the forecast mixture."""
+    seqs = [s for s in test if s.shape[0] >= 4][: args.forecast_sequences]
+    totals, steps = 0.0, 0
+    for s in seqs:
+        half = s.shape[0] // 2
+        k = min(args.forecast_steps, s.shape[0] - half)
+        res = forecast(
+            model,
+            s[:half].unsqueeze(0),
+            k,
+            num_samples=args.forecast_samples,
+            target=s[half : half + k].unsqueeze(0),
+        )
+        totals += float(res.log_prob.sum())
+        steps += k
+    return totals / steps, len(seqs), steps
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    likelihood = args.likelihood or ("bernoulli" if args.dataset == "jsb" else "gaussian")
+    em = {} if likelihood == "bernoulli" else {"likelihood": likelihood}
+    if likelihood == "gmm":
+        em["num_components"] = args.num_components
+    base = "zoo_jsb" if args.dataset == "jsb" else f"zoo_vowels_{likelihood}"
+    name = base + (f"_{args.tag}" if args.tag else "")
+    root = ROOT / "benchmarks" / "checkpoints" / name
+    if args.dataset == "jsb":
+        data = load_piano_rolls(data_file("jsb_chorales.pickle", args.data))
+    else:
+        data = load_dataset("japanese_vowels")
+    D = data["train"][0].shape[-1]
+    test_x, test_mask = pad_sequences(data["test"])
+    cells = [(m, o) for m in args.models for o in args.objectives]
+    results = {}
+    for model_name, objective in tqdm(cells, desc="zoo cells"):
+        out = root / f"{model_name}_{objective}"
+        used, _ = used_seconds(out)
+        torch.manual_seed(0)
+        model = MODELS[model_name](args.small, D, **em)
+        config = TrainConfig(
+            epochs=args.epochs,
+            batch_size=16,
+            objective=objective,
+            num_particles=args.particles,
+            seed=0,
+            num_threads=args.threads,
+            time_limit=max(args.budget - used, 1.0),
+            time_limit_counts="training",
+            progress=False,
+        )
+        if used < args.budget:
+            fit(model, data["train"], data["valid"], config, out)
+        used, rows = used_seconds(out)
+        finite = all(
+            math.isfinite(r["train_loss_per_step"])
+            and math.isfinite(r.get("valid_elbo_per_step", 0.0))
+            for r in rows
+        )
+        model.load_state_dict(load_weights(out / "best.pt"))
+        model.eval()
+        torch.manual_seed(0)
+        start = time.perf_counter()
+        est = estimate_log_likelihood(
+            model.model,
+            model.guide,
+            (test_x, test_mask),
+            method=args.eval,
+            num_particles=args.eval_particles,
+            batch_size=8,
+            particles_per_pass=16 if args.eval == "iwae" else None,
+        )
+        eval_seconds = time.perf_counter() - start
+        torch.manual_seed(0)
+        fc, fc_seqs, fc_steps = (
+            forecast_score(model, data["test"], args) if likelihood == "bernoulli" else (None, 0, 0)
+        )
+        cell = {
+            "model": model_name,
+            "objective": objective,
+            "likelihood": likelihood,
+            "epochs": len(rows),
+            "train_seconds": used,
+            "all_losses_finite": finite,
+            "test_bound_per_step": est.nats_per_step,
+            "estimator": f"{args.eval.upper()}({args.eval_particles})",
+            "eval_seconds": eval_seconds,
+            "forecast_loglik_per_step": fc,
+            "forecast_sequences": fc_seqs,
+            "forecast_steps": fc_steps,
+            "published": PUBLISHED[model_name] if args.dataset == "jsb" else None,
+        }
+        if model_name in TARGETS and args.dataset == "jsb":
+            cell["target"] = TARGETS[model_name]
+            cell["target_met"] = est.nats_per_step >= TARGETS[model_name]
+        results[f"{model_name}/{objective}"] = cell
+        tqdm.write(
+            f"{model_name:7s} {objective:5s} test {cell['estimator']} "
+            f"{est.nats_per_step:8.4f} nats/step, forecast {fc}, "
+            f"{len(rows)} epochs in {used:.0f} s, finite={finite}"
+        )
+    write_result(
+        name,
+        {
+            "benchmark": name,
+            "likelihood": likelihood,
+            "data": (
+                "JSB Chorales (Boulanger-Lewandowski split)"
+                if args.dataset == "jsb"
+                else "JapaneseVowels (aeon's bundled UEA copy, standardised)"
+            ),
+            "settings": vars(args),
+            "cells": results,
+        },
+    )
+    return results
+
+
+if __name__ == "__main__":
+    main()
