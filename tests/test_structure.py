@@ -18,7 +18,6 @@ MAX_LINES = 800
 
 # to be split (issue 24)
 LONG_MODULES = {
-    "pyro_seq.distributions.linear_gaussian_ssm",
     "pyro_seq.models.gtmsm",
 }
 
