@@ -35,7 +35,7 @@
 #
 # `PYRO_SEQ_SMOKE=1` runs a short version for continuous integration. The full run trains on
 # 1000 videos for 25 epochs (about 40 minutes on one CPU core; the thesis uses 5000 videos and
-# 80 epochs on a GPU, see `benchmarks/kvae_box.py`). Figures and `metrics.json` go to `--out`
+# 80 epochs on a GPU, see `benchmarks/paper/kvae_box.py`). Figures and `metrics.json` go to `--out`
 # (default `tutorials/_output/kalman_vae/`).
 
 # %%

@@ -88,7 +88,7 @@ print(f"{data_name}: " + ", ".join(f"{k} {len(v)}" for k, v in data.items()))
 # %% [markdown]
 # ## Every model, every objective
 # The same `SVI` loop for all of them; only the model and `loss=` change. Sizes are small so
-# that the whole grid runs in minutes on a laptop; the benchmark `benchmarks/zoo_jsb.py` uses
+# that the whole grid runs in minutes on a laptop; the benchmark `benchmarks/paper/zoo_jsb.py` uses
 # the sizes of each paper.
 
 # %%

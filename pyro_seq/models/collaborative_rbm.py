@@ -67,7 +67,7 @@ class CollaborativeRBM(EnergyBasedModel):
             },
             **{
                 f"method:{m}": "it is evaluated by predicting held-out answers "
-                "(CollaborativeRBM.predict, benchmarks/cf_students.py)"
+                "(CollaborativeRBM.predict, benchmarks/paper/cf_students.py)"
                 for m in ("elbo", "iwae", "smc", "ais", "exact", "pseudo_likelihood")
             },
         )

@@ -470,7 +470,7 @@ def test_defaults_are_the_plateau_schedule_early_stopping_and_output_bias_init()
     ) == ("plateau", 0.5, 3, 0, 1e-5, 1e-3)
     # early stopping where the third halving would come: two halvings, each given 4 epochs
     assert cfg.patience == 3 * (cfg.plateau_patience + 1) == 12
-    # measured in benchmarks/train_defaults.py (docs/benchmarks.rst): the SRNN weights fitted
+    # measured in benchmarks/diagnostics/train_defaults.py (docs/benchmarks.rst): the SRNN weights fitted
     # JSB faster and generalised worse; waiting for beta = 1 kept the full rate too long
     assert cfg.init == "bias" and cfg.schedule_during_annealing and cfg.plateau_restore_best
 
