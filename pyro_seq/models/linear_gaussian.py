@@ -82,8 +82,8 @@ class LinearGaussianSequenceModel(SequenceModel):
     """
 
     module_name = "linear_gaussian_ssm"
-    #: its likelihood is exact (the Kalman filter): :func:`pyro_seq.train.evaluate_bound`'s
-    #: ``"exact"`` calls :meth:`exact_log_likelihood`
+    #: The likelihood is exact (the Kalman filter), so the ``"exact"`` method of
+    #: :func:`pyro_seq.train.evaluate_bound` calls :meth:`exact_log_likelihood`.
     evaluation_methods = ("elbo", "iwae", "smc", "exact")
     small_example = example(obs_dim=2, state_dim=2)
 

@@ -23,7 +23,7 @@ PACKAGE = Path(pyro_seq.__file__).parent
 SURFACES = sorted(
     [
         *PACKAGE.joinpath("train").glob("*.py"),
-        PACKAGE / "cli.py",
+        *PACKAGE.glob("cli*.py"),  # cli.py and the modules it is split into
         PACKAGE / "tasks.py",
         *(p for p in PACKAGE.joinpath("infer").glob("*.py") if p.name != "protocol.py"),
     ]
