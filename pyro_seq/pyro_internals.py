@@ -46,6 +46,7 @@ from pyro.poutine.util import site_is_subsample
 __all__ = [
     "VALUE_PRESERVING_MESSENGERS",
     "active_messengers",
+    "copy_validate_args",
     "default_validate_args",
     "gaussian_hmm_factors",
     "is_reparameterized",
@@ -97,6 +98,13 @@ def default_validate_args():
     ``validate_args=None`` checks (set by ``Distribution.set_default_validate_args`` and by
     ``pyro.enable_validation``; off under ``python -O``). Torch has no public getter."""
     return torch.distributions.Distribution._validate_args
+
+
+def copy_validate_args(source, target):
+    """Give the distribution ``target`` the argument-validation setting of ``source`` (torch
+    keeps it in the private instance attribute ``_validate_args``); returns ``target``."""
+    target._validate_args = source._validate_args
+    return target
 
 
 def masked_distribution_mask(fn):

@@ -14,7 +14,7 @@ from torch import Tensor
 
 from pyro_seq.ops.kalman import KalmanFilterResult
 from pyro_seq.ops.linalg import broadcast_shapes
-from pyro_seq.pyro_internals import gaussian_hmm_factors
+from pyro_seq.pyro_internals import copy_validate_args, gaussian_hmm_factors
 
 __all__ = [
     "conjugate_update",
@@ -222,8 +222,7 @@ def prefix_condition(ssm, data: Tensor, build):
         method=ssm.method,
         validate_args=False,
     )
-    new._validate_args = ssm._validate_args
-    return new
+    return copy_validate_args(ssm, new)
 
 
 def conjugate_update(ssm, other, build):
@@ -373,7 +372,7 @@ def conjugate_update(ssm, other, build):
         method=ssm.method,
         validate_args=False,
     )
-    updated._validate_args = ssm._validate_args
+    updated = copy_validate_args(ssm, updated)
     if updated.batch_shape != out_batch:
         updated = updated.expand(out_batch)
     return updated, log_normalizer
