@@ -38,7 +38,7 @@ References
 """
 
 import math
-from typing import Any, Callable
+from typing import Any, Callable, Hashable, Union
 
 import torch
 from pyro.distributions.util import scale_and_mask
@@ -66,26 +66,26 @@ class HandledStepProgram:
         ``step(state, t, x, mask, num_sequences=None)``.
     """
 
-    def __init__(self, messenger, program):
+    def __init__(self, messenger: Messenger, program: Any) -> None:
         self._messenger = messenger
         self._program = program
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"{type(self._messenger).__name__}({self._program!r})"
 
-    def __call__(self, *args, **kwargs):
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
         with self._messenger:
             return self._program(*args, **kwargs)
 
-    def init(self, *args, **kwargs):
+    def init(self, *args: Any, **kwargs: Any) -> Any:
         with self._messenger:
             return self._program.init(*args, **kwargs)
 
-    def step(self, *args, **kwargs):
+    def step(self, *args: Any, **kwargs: Any) -> Any:
         with self._messenger:
             return self._program.step(*args, **kwargs)
 
-    def __getattr__(self, name):
+    def __getattr__(self, name: str) -> Any:
         if name.startswith("__") or name in ("_messenger", "_program"):
             raise AttributeError(name)
         return getattr(self._program, name)
@@ -222,7 +222,12 @@ class FreeBits_ELBO(Trace_ELBO):
         ``max_plate_nesting``, ``vectorize_particles``, ...).
     """
 
-    def __init__(self, free_bits=0.0, group="site", **kwargs):
+    def __init__(
+        self,
+        free_bits: float = 0.0,
+        group: Union[str, Callable[[str], Hashable]] = "site",
+        **kwargs: Any,
+    ) -> None:
         super().__init__(**kwargs)
         free_bits = float(free_bits)
         if not (math.isfinite(free_bits) and free_bits >= 0):
@@ -300,7 +305,9 @@ class FreeBits_ELBO(Trace_ELBO):
         loss = -(elbo.detach() if torch.jit.is_tracing() else torch_item(elbo))
         return loss, -elbo
 
-    def loss(self, model, guide, *args, **kwargs):
+    def loss(
+        self, model: Callable[..., Any], guide: Callable[..., Any], *args: Any, **kwargs: Any
+    ) -> float:
         """
         :returns: an estimate of the negative free-bits objective :math:`-\\mathcal{L}_\\lambda`
         :rtype: float
@@ -310,7 +317,8 @@ class FreeBits_ELBO(Trace_ELBO):
             for model_trace, guide_trace in self._get_traces(model, guide, args, kwargs):
                 loss_particle, _ = self._differentiable_loss_particle(model_trace, guide_trace)
                 loss = loss + loss_particle / self.num_particles
-        warn_if_nan(loss, "loss")
+        # pyro types warn_if_nan with numbers.Number, which mypy does not match to a float
+        warn_if_nan(loss, "loss")  # type: ignore[call-overload]
         return loss
 
 

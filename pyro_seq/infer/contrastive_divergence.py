@@ -47,6 +47,8 @@ References
 [4] H. Soyer, T. Möllenhoff, "What do you know?", sec. 2.
 """
 
+from typing import Any, Callable, Dict, Optional, Union
+
 import torch
 from pyro import poutine
 from pyro.distributions.torch_distribution import MaskedDistribution
@@ -146,7 +148,13 @@ class ContrastiveDivergence(ELBO):
     #: not a sum over sequences
     returns_mean = True
 
-    def __init__(self, k=1, persistent=False, num_chains=None, monitor="reconstruction"):
+    def __init__(
+        self,
+        k: int = 1,
+        persistent: bool = False,
+        num_chains: Optional[int] = None,
+        monitor: str = "reconstruction",
+    ) -> None:
         if not isinstance(k, int) or isinstance(k, bool) or k < 1:
             raise ValueError(f"k must be a positive int (Gibbs sweeps), got {k!r}")
         if num_chains is not None and (not isinstance(num_chains, int) or num_chains < 1):
@@ -160,9 +168,11 @@ class ContrastiveDivergence(ELBO):
             raise ValueError(f"monitor must be one of {MONITORS}, got {monitor!r}")
         super().__init__(num_particles=1)
         self.k, self.persistent, self.num_chains, self.monitor = k, persistent, num_chains, monitor
-        self.chains = {}
-        self.chains_started = {}  # per site: bool (*B_max,), chains that have left the data
-        self.last_negatives = {}
+        self.chains: Dict[str, torch.Tensor] = {}
+        self.chains_started: Dict[
+            str, torch.Tensor
+        ] = {}  # per site: bool (*B_max,), chains that have left the data
+        self.last_negatives: Dict[str, torch.Tensor] = {}
         self.last_monitor_count = 0.0
 
     # ------------------------------------------------------------------ tracing
@@ -297,14 +307,18 @@ class ContrastiveDivergence(ELBO):
             surrogate = surrogate - scale_and_mask(log_p, site["scale"], site["mask"]).sum()
         return surrogate, energy
 
-    def differentiable_loss(self, model, guide, *args, **kwargs):
+    def differentiable_loss(
+        self, model: Callable[..., Any], guide: Callable[..., Any], *args: Any, **kwargs: Any
+    ) -> Union[torch.Tensor, float]:
         r"""The surrogate :math:`S = \sum F(v) - F(v')` (plus :math:`-\log p` of ordinary
         observed sites), whose gradient is the CD update. Its value is not a loss of any bound."""
         surrogate, _ = self._surrogate(model, guide, args, kwargs)
         warn_if_nan(surrogate, "contrastive divergence surrogate")
         return surrogate
 
-    def loss_and_grads(self, model, guide, *args, **kwargs):
+    def loss_and_grads(
+        self, model: Callable[..., Any], guide: Callable[..., Any], *args: Any, **kwargs: Any
+    ) -> float:
         """Back-propagate the CD surrogate into the parameters; return the monitoring quantity."""
         surrogate, energy = self._surrogate(model, guide, args, kwargs)
         if not bool(torch.isfinite(torch.as_tensor(surrogate)).all()):
@@ -316,13 +330,15 @@ class ContrastiveDivergence(ELBO):
             surrogate.backward()
         return self._monitor(energy)
 
-    def loss(self, model, guide, *args, **kwargs):
+    def loss(
+        self, model: Callable[..., Any], guide: Callable[..., Any], *args: Any, **kwargs: Any
+    ) -> float:
         """The monitoring quantity (``monitor=``), with no gradient and no Gibbs sampling."""
         with torch.no_grad():
             energy, _ = self._model_trace(model, guide, args, kwargs)
         return self._monitor(energy)
 
-    def reset_chains(self):
+    def reset_chains(self) -> None:
         """Forget the persistent chains (they restart at the data on the next step)."""
         self.chains.clear()
         self.chains_started.clear()

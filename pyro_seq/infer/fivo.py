@@ -54,6 +54,8 @@ References
 [4] M. Fraccaro, PhD thesis, DTU 2018, sections 3.5.1.4 and 4.3.2.
 """
 
+from typing import Any, List, Optional, Tuple
+
 import pyro
 import torch
 from pyro.distributions.util import scale_and_mask
@@ -211,15 +213,15 @@ class FIVO(LogZBound):
 
     def __init__(
         self,
-        num_particles=4,
-        resample="ess",
-        ess_threshold=0.5,
-        resampling=DEFAULT_RESAMPLING,
-        max_plate_nesting=1,
-        generator=None,
-        vectorize_particles=True,
-        **kwargs,
-    ):
+        num_particles: int = 4,
+        resample: str = "ess",
+        ess_threshold: float = 0.5,
+        resampling: str = DEFAULT_RESAMPLING,
+        max_plate_nesting: int = 1,
+        generator: Optional[torch.Generator] = None,
+        vectorize_particles: bool = True,
+        **kwargs: Any,
+    ) -> None:
         num_particles = positive_int("num_particles", num_particles)
         _check_resampling_args(resample, ess_threshold, resampling, where="FIVO")
         if max_plate_nesting == float("inf") or int(max_plate_nesting) < 1:
@@ -243,7 +245,7 @@ class FIVO(LogZBound):
         self.ess_threshold = float(ess_threshold)
         self.resampling = resampling
         self.generator = generator
-        self.last_num_resamples = None
+        self.last_num_resamples: Optional[torch.Tensor] = None
 
     def _get_trace(self, model, guide, args, kwargs):  # required by ELBO; FIVO runs per step
         raise NotImplementedError("FIVO traces one time step at a time; see FIVO.log_z")
@@ -306,7 +308,14 @@ class FIVO(LogZBound):
                     "need the guide to propose every latent variable"
                 )
 
-    def log_z(self, model, guide, *args, check_reparam=False, **kwargs):
+    def log_z(
+        self,
+        model: Any,
+        guide: Any,
+        *args: Any,
+        check_reparam: bool = False,
+        **kwargs: Any,
+    ) -> Tuple[torch.Tensor, float]:
         r"""Run the particle filter once; return :math:`\log \hat p(x^{(b)})` per sequence.
 
         Sites are collected by :class:`_StepSites`, a minimal messenger (no
@@ -340,7 +349,7 @@ class FIVO(LogZBound):
         keep = {particle_dim, -1}
         state = SequenceState()
         sites = _StepSites()
-        call_args = (x, mask, num_sequences)
+        call_args: Tuple[Any, ...] = (x, mask, num_sequences)
         if inputs is not None:  # programs without these arguments still work without them
             call_args += (observed, inputs)
         elif observed is not None:
@@ -363,7 +372,10 @@ class FIVO(LogZBound):
                 state[key] = value.unsqueeze(0)  # particle dim of size 1, broadcasts
 
             layout = None
-            incs, resampled = [], []  # per step: (K, B) log weight or None; (B,) bool or None
+            incs: List[Optional[torch.Tensor]] = []
+            resampled: List[
+                Optional[torch.Tensor]
+            ] = []  # per step: (K, B) log weight or None; (B,) bool or None
             log_w = x.new_zeros(K, B)  # detached running weights: they only drive decisions
             identity = torch.arange(K, device=x.device).unsqueeze(-1).expand(K, B)
             for t in range(T):
@@ -447,7 +459,7 @@ class FIVO(LogZBound):
         return 1.0 if full_size is None else full_size / size
 
     # ---------------------------------------------------------------- ELBO interface
-    def loss(self, model, guide, *args, **kwargs):
+    def loss(self, model: Any, guide: Any, *args: Any, **kwargs: Any) -> float:
         """
         :returns: the negative FIVO bound, :math:`-\\frac{N}{B}\\sum_b \\log \\hat p(x^{(b)})`, for
             one run of the particle filter
@@ -461,7 +473,9 @@ class FIVO(LogZBound):
         warn_if_nan(loss, "loss")
         return loss
 
-    def differentiable_loss(self, model, guide, *args, **kwargs):
+    def differentiable_loss(
+        self, model: Any, guide: Any, *args: Any, **kwargs: Any
+    ) -> torch.Tensor:
         """
         :returns: the negative FIVO bound as a differentiable tensor (gradient with the
             ancestor indices held fixed; see the module docstring for the bias).
@@ -472,7 +486,7 @@ class FIVO(LogZBound):
         warn_if_nan(loss, "loss")
         return loss
 
-    def loss_and_grads(self, model, guide, *args, **kwargs):
+    def loss_and_grads(self, model: Any, guide: Any, *args: Any, **kwargs: Any) -> float:
         """
         :returns: an estimate of the negative FIVO bound
         :rtype: float

@@ -129,6 +129,7 @@ References
 """
 
 import math
+from typing import Any, Callable, Tuple
 
 import torch
 from pyro import poutine
@@ -474,13 +475,13 @@ class IWAE(LogZBound):
 
     def __init__(
         self,
-        num_particles=2,
-        vectorize_particles=True,
-        max_plate_nesting=float("inf"),
-        gradient_estimator="standard",
-        score_baseline="vimco",
-        **kwargs,
-    ):
+        num_particles: int = 2,
+        vectorize_particles: bool = True,
+        max_plate_nesting: float = float("inf"),
+        gradient_estimator: str = "standard",
+        score_baseline: str = "vimco",
+        **kwargs: Any,
+    ) -> None:
         num_particles = positive_int("num_particles", num_particles)
         if gradient_estimator not in GRADIENT_ESTIMATORS:
             raise ValueError(
@@ -634,7 +635,9 @@ class IWAE(LogZBound):
         surrogate = (coef * path + w * log_p_det).sum(0)
         return bound, scale * surrogate.sum()
 
-    def log_z(self, model, guide, *args, **kwargs):
+    def log_z(
+        self, model: Callable[..., Any], guide: Callable[..., Any], *args: Any, **kwargs: Any
+    ) -> Tuple[torch.Tensor, float]:
         r"""One draw of :math:`\log \frac{1}{K}\sum_k w_{k,e}` for every data point :math:`e`.
 
         :returns: ``(log_z, scale)``: tensor ``(E,)`` over the elements of the data-point plates
@@ -644,7 +647,9 @@ class IWAE(LogZBound):
         (log_w,), layout, _, _ = self._log_weights(model, guide, args, kwargs, ("weight",))
         return log_mean_exp(log_w, dim=0), layout["scale"]
 
-    def differentiable_loss(self, model, guide, *args, **kwargs):
+    def differentiable_loss(
+        self, model: Callable[..., Any], guide: Callable[..., Any], *args: Any, **kwargs: Any
+    ) -> torch.Tensor:
         """
         :returns: a differentiable tensor whose value is the negative IWAE bound and whose
             gradient is the chosen estimator (``standard`` or ``dreg``) of its gradient.
@@ -655,7 +660,9 @@ class IWAE(LogZBound):
         warn_if_nan(loss, "loss")
         return loss
 
-    def loss_and_grads(self, model, guide, *args, **kwargs):
+    def loss_and_grads(
+        self, model: Callable[..., Any], guide: Callable[..., Any], *args: Any, **kwargs: Any
+    ) -> float:
         """
         :returns: an estimate of the negative IWAE bound
         :rtype: float

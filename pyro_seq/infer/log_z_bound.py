@@ -1,5 +1,7 @@
 """Shared base of the multi-sample objectives: a bound given by an estimate of log p(x)."""
 
+from typing import Any, Callable, Tuple
+
 import torch
 from pyro.infer.elbo import ELBO
 from pyro.infer.util import torch_item
@@ -14,10 +16,14 @@ class LogZBound(ELBO):
     ``scale`` the plate scale ``N / B``; :meth:`loss` follows from it.
     """
 
-    def log_z(self, model, guide, *args, **kwargs):
+    def log_z(
+        self, model: Callable[..., Any], guide: Callable[..., Any], *args: Any, **kwargs: Any
+    ) -> Tuple[torch.Tensor, float]:
         raise NotImplementedError
 
-    def loss(self, model, guide, *args, **kwargs):
+    def loss(
+        self, model: Callable[..., Any], guide: Callable[..., Any], *args: Any, **kwargs: Any
+    ) -> float:
         """
         :returns: the negative bound, :math:`-\\frac{N}{B}\\sum_b \\log \\hat p(x^{(b)})`, for
             one draw of the estimator
