@@ -23,16 +23,19 @@ Sampling draws a component and then a Gaussian; it is not reparameterizable (the
 ``rsample``), which is fine for an observation distribution.
 """
 
+from typing import Optional, Tuple, Union
+
 import torch
 from pyro.distributions.torch_distribution import TorchDistribution
 from torch.distributions import constraints
+from torch.types import _size
 
 __all__ = ["DiagonalNormalMixture", "broadcast_element_mask"]
 
 _HALF_LOG_2PI = 0.5 * torch.log(torch.tensor(2.0 * torch.pi, dtype=torch.float64)).item()
 
 
-def broadcast_element_mask(element_mask, event_size):
+def broadcast_element_mask(element_mask: torch.Tensor, event_size: int) -> torch.Tensor:
     """Check an element mask: a bool tensor whose last dim is ``event_size`` or 1 (or a 0-dim).
 
     :param element_mask: bool tensor broadcastable to ``(..., event_size)``, True = observed.
@@ -72,7 +75,13 @@ class DiagonalNormalMixture(TorchDistribution):
     support = constraints.real_vector
     has_rsample = False
 
-    def __init__(self, logits, loc, scale, validate_args=None):
+    def __init__(
+        self,
+        logits: torch.Tensor,
+        loc: torch.Tensor,
+        scale: torch.Tensor,
+        validate_args: Optional[bool] = None,
+    ) -> None:
         if logits.dim() < 1 or loc.dim() < 2 or scale.dim() < 2:
             raise ValueError(
                 "DiagonalNormalMixture needs logits (..., K), loc and scale "
@@ -94,27 +103,29 @@ class DiagonalNormalMixture(TorchDistribution):
         super().__init__(batch_shape, torch.Size((D,)), validate_args=validate_args)
 
     @property
-    def num_components(self):
+    def num_components(self) -> int:
         return self.logits.shape[-1]
 
     @property
-    def log_weights(self):
+    def log_weights(self) -> torch.Tensor:
         """``log pi_k``, ``(..., K)`` (normalised)."""
         return torch.log_softmax(self.logits, dim=-1)
 
-    def _element_log_probs(self, value):
+    def _element_log_probs(self, value: torch.Tensor) -> torch.Tensor:
         """``log N(x_d; mu_kd, s_kd^2)`` for every component and dim: ``(..., K, D)``."""
         z = (value.unsqueeze(-2) - self.loc) / self.scale
         return -0.5 * z * z - self.scale.log() - _HALF_LOG_2PI
 
-    def log_prob(self, value):
+    def log_prob(self, value: torch.Tensor) -> torch.Tensor:
         """Eq. (2): ``value (..., D) -> (...)`` (batch dims broadcast with ``batch_shape``)."""
         if self._validate_args:
             self._validate_sample(value)
         terms = self._element_log_probs(value).sum(-1)
         return torch.logsumexp(self.log_weights + terms, dim=-1)
 
-    def masked_log_prob(self, value, element_mask=None):
+    def masked_log_prob(
+        self, value: torch.Tensor, element_mask: Optional[torch.Tensor] = None
+    ) -> torch.Tensor:
         """Eq. (3): ``log p(observed elements of value)``, shape ``(...)``.
 
         :param torch.Tensor value: ``(..., D)``; entries where ``element_mask`` is False may
@@ -137,7 +148,9 @@ class DiagonalNormalMixture(TorchDistribution):
         # logsumexp_k log pi_k is 0 only up to rounding; make the empty marginal exactly 0
         return torch.where(element_mask.any(-1), result, torch.zeros_like(result))
 
-    def sample(self, sample_shape=torch.Size()):
+    def sample(  # type: ignore[override]  # a list fails at sample_shape + self.loc.shape
+        self, sample_shape: Union[torch.Size, Tuple[int, ...]] = torch.Size()
+    ) -> torch.Tensor:
         """Draw ``k ~ Categorical(pi)`` then ``x ~ N(mu_k, diag(s_k^2))``:
         ``sample_shape + batch_shape + (D,)``."""
         shape = self._extended_shape(sample_shape)
@@ -149,17 +162,19 @@ class DiagonalNormalMixture(TorchDistribution):
             return loc + scale * torch.randn(shape, dtype=loc.dtype, device=loc.device)
 
     @property
-    def mean(self):
+    def mean(self) -> torch.Tensor:
         """Eq. (4), ``(..., D)``."""
         return (self.log_weights.exp().unsqueeze(-1) * self.loc).sum(-2)
 
     @property
-    def variance(self):
+    def variance(self) -> torch.Tensor:
         """Eq. (5), ``(..., D)``."""
         w = self.log_weights.exp().unsqueeze(-1)
         return (w * (self.scale**2 + (self.loc - self.mean.unsqueeze(-2)) ** 2)).sum(-2)
 
-    def expand(self, batch_shape, _instance=None):
+    def expand(
+        self, batch_shape: _size, _instance: Optional["DiagonalNormalMixture"] = None
+    ) -> "DiagonalNormalMixture":
         batch_shape = torch.Size(batch_shape)
         K, D = self.loc.shape[-2:]
         new = self._get_checked_instance(DiagonalNormalMixture, _instance)

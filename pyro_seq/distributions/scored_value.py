@@ -8,10 +8,14 @@ per-step site carries a :class:`ScoredValue` that returns its slice for that ver
 its draw *is* that value.
 """
 
+from typing import Callable, Optional, Tuple, Union
+
 import torch
 from pyro.distributions.torch_distribution import TorchDistribution
 from torch.distributions import kl_divergence, register_kl
+from torch.distributions.constraints import Constraint
 from torch.distributions.distribution import Distribution
+from torch.types import _size
 
 
 class ScoredValue(TorchDistribution):
@@ -31,7 +35,14 @@ class ScoredValue(TorchDistribution):
 
     arg_constraints = {}
 
-    def __init__(self, base, value, log_prob_value):
+    def __init__(
+        self,
+        base: Union[Distribution, Tuple[Distribution, Callable[[], Distribution]]],
+        value: torch.Tensor,
+        log_prob_value: torch.Tensor,
+    ) -> None:
+        self._base: Optional[Distribution]
+        self._make_base: Optional[Callable[[], Distribution]]
         if isinstance(base, tuple):
             like, self._make_base = base
             self._base = None
@@ -42,39 +53,39 @@ class ScoredValue(TorchDistribution):
         super().__init__(like.batch_shape, like.event_shape, validate_args=False)
 
     @property
-    def base(self):
+    def base(self) -> Distribution:
         if self._base is None:
-            self._base = self._make_base()
+            self._base = self._make_base()  # type: ignore[misc]  # set whenever _base is None
         return self._base
 
     @property
-    def support(self):
+    def support(self) -> Optional[Constraint]:
         return self.base.support
 
     @property
-    def has_rsample(self):
+    def has_rsample(self) -> bool:  # type: ignore[override]  # read-only, as in Pyro
         return self._has_rsample
 
-    def sample(self, sample_shape=()):
+    def sample(self, sample_shape: _size = ()) -> torch.Tensor:
         return self.base.sample(sample_shape)
 
-    def rsample(self, sample_shape=()):
+    def rsample(self, sample_shape: _size = ()) -> torch.Tensor:
         return self.base.rsample(sample_shape)
 
-    def log_prob(self, value):
+    def log_prob(self, value: torch.Tensor) -> torch.Tensor:
         if value is self.value:
             return self.log_prob_value
         return self.base.log_prob(value)
 
     @property
-    def mean(self):
+    def mean(self) -> torch.Tensor:
         return self.base.mean
 
     @property
-    def variance(self):
+    def variance(self) -> torch.Tensor:
         return self.base.variance
 
-    def expand(self, batch_shape, _instance=None):
+    def expand(self, batch_shape: _size, _instance: None = None) -> "ScoredValue":
         """Keep the precomputed score: Pyro's plates call ``expand`` on every site, usually
         to the shape the distribution already has."""
         batch_shape = torch.Size(batch_shape)
@@ -94,19 +105,19 @@ class PresampledValue(ScoredValue):
     refused, since they would need values that were not drawn.
     """
 
-    def sample(self, sample_shape=()):
+    def sample(self, sample_shape: _size = ()) -> torch.Tensor:
         self._check_shape(sample_shape)
         return self.value.detach()
 
-    def rsample(self, sample_shape=()):
+    def rsample(self, sample_shape: _size = ()) -> torch.Tensor:
         self._check_shape(sample_shape)
         return self.value
 
-    def _check_shape(self, sample_shape):
+    def _check_shape(self, sample_shape: _size) -> None:
         if tuple(sample_shape) != ():
             raise RuntimeError("PresampledValue holds one draw; sample_shape must be ()")
 
-    def expand(self, batch_shape, _instance=None):
+    def expand(self, batch_shape: _size, _instance: None = None) -> "PresampledValue":
         if torch.Size(batch_shape) == self.batch_shape:
             return self
         raise RuntimeError(

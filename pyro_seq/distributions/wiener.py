@@ -45,16 +45,19 @@ involves steps :math:`t` and :math:`t - 1` only, so the KL of a prefix :math:`z_
 sum of the first :math:`L` terms (the ``mask`` argument).
 """
 
+from typing import Optional, Union
+
 import torch
 from pyro.distributions import Normal
 from pyro.distributions.torch_distribution import TorchDistribution
 from torch.distributions import Independent, constraints, register_kl
 from torch.distributions.utils import broadcast_all
+from torch.types import _size
 
 __all__ = ["WienerProcess", "kl_diagonal_normal_wiener", "wiener_increments", "wiener_transition"]
 
 
-def wiener_increments(z, z0=None):
+def wiener_increments(z: torch.Tensor, z0: Optional[torch.Tensor] = None) -> torch.Tensor:
     r"""The difference map :math:`g_W(z_{1:T}) = (z_1 - z_0, \dots, z_T - z_{T-1})` (sec. 3.3).
 
     :param torch.Tensor z: ``(..., T, Z)``, time at dim -2.
@@ -72,7 +75,9 @@ def wiener_increments(z, z0=None):
     return z - previous
 
 
-def wiener_transition(z_prev, scale=1.0):
+def wiener_transition(
+    z_prev: torch.Tensor, scale: Union[float, torch.Tensor] = 1.0
+) -> TorchDistribution:
     r""":math:`p(z_t | z_{t-1}) = \mathcal{N}(z_t; z_{t-1}, \sigma^2 I)`: one factor of the Wiener
     prior (module docstring; unit increments :math:`\sigma = 1` as sec. 3.3).
 
@@ -110,7 +115,13 @@ class WienerProcess(TorchDistribution):
     support = constraints.independent(constraints.real, 2)
     has_rsample = True
 
-    def __init__(self, num_steps, z0, scale=1.0, validate_args=None):
+    def __init__(
+        self,
+        num_steps: int,
+        z0: torch.Tensor,
+        scale: Union[float, torch.Tensor] = 1.0,
+        validate_args: Optional[bool] = None,
+    ) -> None:
         if int(num_steps) != num_steps or num_steps < 1:
             raise ValueError(f"num_steps must be a positive integer, got {num_steps}")
         if z0.dim() < 1:
@@ -120,10 +131,14 @@ class WienerProcess(TorchDistribution):
         self.num_steps = int(num_steps)
         self.z0, self.scale = broadcast_all(z0, scale)
         super().__init__(
-            self.z0.shape[:-1], (self.num_steps, self.z0.shape[-1]), validate_args=validate_args
+            self.z0.shape[:-1],
+            (self.num_steps, self.z0.shape[-1]),  # type: ignore[arg-type]  # torch.Size()s it
+            validate_args=validate_args,
         )
 
-    def expand(self, batch_shape, _instance=None):
+    def expand(
+        self, batch_shape: _size, _instance: Optional["WienerProcess"] = None
+    ) -> "WienerProcess":
         batch_shape = torch.Size(batch_shape)
         shape = batch_shape + self.z0.shape[-1:]
         return WienerProcess(
@@ -131,27 +146,33 @@ class WienerProcess(TorchDistribution):
         )
 
     @property
-    def mean(self):
+    def mean(self) -> torch.Tensor:
         return self.z0.unsqueeze(-2).expand(self.batch_shape + self.event_shape)
 
     @property
-    def variance(self):
+    def variance(self) -> torch.Tensor:
         t = torch.arange(1, self.num_steps + 1, dtype=self.scale.dtype, device=self.scale.device)
         return t.unsqueeze(-1) * self.scale.unsqueeze(-2) ** 2
 
-    def rsample(self, sample_shape=torch.Size()):
+    def rsample(self, sample_shape: _size = torch.Size()) -> torch.Tensor:
         shape = self._extended_shape(sample_shape)
         eps = torch.randn(shape, dtype=self.z0.dtype, device=self.z0.device)
         return self.z0.unsqueeze(-2) + torch.cumsum(self.scale.unsqueeze(-2) * eps, dim=-2)
 
-    def log_prob(self, value):
+    def log_prob(self, value: torch.Tensor) -> torch.Tensor:
         if self._validate_args:
             self._validate_sample(value)
         increments = wiener_increments(value, self.z0)
         return Normal(0.0, self.scale.unsqueeze(-2)).log_prob(increments).sum((-2, -1))
 
 
-def kl_diagonal_normal_wiener(loc, scale, z0=None, prior_scale=1.0, mask=None):
+def kl_diagonal_normal_wiener(
+    loc: torch.Tensor,
+    scale: torch.Tensor,
+    z0: Optional[torch.Tensor] = None,
+    prior_scale: Union[float, torch.Tensor] = 1.0,
+    mask: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
     r""":math:`KL(q \| p)` of :math:`q = \prod_t \mathcal{N}(\mu_t, \mathrm{diag}\, s_t^2)` from the
     Wiener prior, via :math:`g_W` as sec. 3.3 describes (module docstring, per-step terms).
 
