@@ -593,7 +593,7 @@ class SequenceModel(ModelContract):
 
     def __init__(self, obs_dim: int) -> None:
         super().__init__()
-        self.obs_dim = positive_int("obs_dim", obs_dim)
+        self.obs_dim: int = positive_int("obs_dim", obs_dim)
         self.model = StepProgram(self, "model")
         self.guide = StepProgram(self, "guide")
 
@@ -765,7 +765,5 @@ class SequenceModel(ModelContract):
     def guide_init(self, state: SequenceState, x: torch.Tensor, mask: torch.Tensor) -> None:
         raise NotImplementedError
 
-    def guide_step(
-        self, state: SequenceState, t: Step, x: torch.Tensor, mask: torch.Tensor
-    ) -> None:
+    def guide_step(self, state: SequenceState, t: int, x: torch.Tensor, mask: torch.Tensor) -> None:
         raise NotImplementedError

@@ -38,6 +38,8 @@ Default sizes are those of Pyro's ``examples/dmm.py`` (z 100, transition 200, em
 backward RNN 600).
 """
 
+from typing import Any, Optional, Tuple
+
 import pyro
 import pyro.distributions as dist
 import torch
@@ -45,6 +47,7 @@ import torch.nn as nn
 
 from pyro_seq.models.base import (
     SequenceModel,
+    Step,
     cache_guide_prior,
     masked,
     normal,
@@ -54,6 +57,7 @@ from pyro_seq.models.base import (
 from pyro_seq.models.contract import example
 from pyro_seq.models.emission import make_emission, stack_params
 from pyro_seq.nn import MLP, BackwardRNN, Combiner, GatedTransition, cat_broadcast, combiner_scan
+from pyro_seq.ops.state import SequenceState
 from pyro_seq.validation import validate_generate_args, validate_input_dim
 
 
@@ -108,19 +112,19 @@ class DMM(SequenceModel):
 
     def __init__(
         self,
-        obs_dim,
-        z_dim=100,
-        transition_dim=200,
-        emission_dim=100,
-        rnn_dim=600,
-        inference="smoothing",
-        rnn_cell="rnn",
-        likelihood="bernoulli",
-        min_scale=1e-3,
-        residual=False,
-        input_dim=0,
-        **emission_kwargs,
-    ):
+        obs_dim: int,
+        z_dim: int = 100,
+        transition_dim: int = 200,
+        emission_dim: int = 100,
+        rnn_dim: int = 600,
+        inference: str = "smoothing",
+        rnn_cell: str = "rnn",
+        likelihood: str = "bernoulli",
+        min_scale: float = 1e-3,
+        residual: bool = False,
+        input_dim: int = 0,
+        **emission_kwargs: Any,
+    ) -> None:
         super().__init__(obs_dim)
         self.input_dim = input_dim = validate_input_dim(input_dim)
         self.binary_observations = likelihood == "bernoulli"
@@ -130,14 +134,18 @@ class DMM(SequenceModel):
             raise ValueError(f"residual must be True or False, got {residual!r}")
         self.z_dim, self.inference, self.residual = z_dim, inference, residual
         if input_dim:
-            self.transition = InputGatedTransition(z_dim, input_dim, transition_dim, min_scale)
+            self.transition: nn.Module = InputGatedTransition(
+                z_dim, input_dim, transition_dim, min_scale
+            )
         else:
             self.transition = GatedTransition(z_dim, transition_dim, min_scale)
         self.emitter, self.likelihood = make_emission(
             likelihood, z_dim, [emission_dim] * 2, obs_dim, **emission_kwargs
         )
         if inference == "smoothing":
-            self.encoder = BackwardRNN(obs_dim + input_dim, rnn_dim, cell=rnn_cell, learn_init=True)
+            self.encoder: nn.Module = BackwardRNN(
+                obs_dim + input_dim, rnn_dim, cell=rnn_cell, learn_init=True
+            )
         else:
             self.encoder = MLP(
                 obs_dim + input_dim, [rnn_dim], rnn_dim, activation="tanh", activate_output=True
@@ -159,10 +167,12 @@ class DMM(SequenceModel):
         return cat_broadcast([z_prev, state.shared_at("inputs", t)])
 
     # generative model p(x, z | u): thesis eq. 4.3
-    def model_init(self, state, x, mask):
+    def model_init(self, state: SequenceState, x: torch.Tensor, mask: torch.Tensor) -> None:
         state["z"] = self.z_0.expand(x.shape[0], self.z_dim)
 
-    def model_step(self, state, t, x, mask):
+    def model_step(
+        self, state: SequenceState, t: Step, x: torch.Tensor, mask: torch.Tensor
+    ) -> None:
         loc_scale = prior_from_guide(state, t) if self.residual else None
         if loc_scale is None:
             z_in = self._transition_input(state, state["z"], t)
@@ -176,7 +186,7 @@ class DMM(SequenceModel):
         state["z"] = z
 
     # inference network q(z | x): thesis eq. 4.6-4.9, Fig. 4.2
-    def guide_init(self, state, x, mask):
+    def guide_init(self, state: SequenceState, x: torch.Tensor, mask: torch.Tensor) -> None:
         seen = torch.cat([x, state.shared["inputs"]], -1) if self.input_dim else x  # [x_t, u_t]
         if self.inference == "smoothing":
             state.shared["a"] = self.encoder(seen, mask)
@@ -185,7 +195,7 @@ class DMM(SequenceModel):
         state["guide_z"] = self.z_q_0.expand(x.shape[0], self.z_dim)
         state.shared["combiner_w"], state.shared["combiner_b"] = self.combiner.stacked_heads()
 
-    def guide_step(self, state, t, x, mask):
+    def guide_step(self, state: SequenceState, t: int, x: torch.Tensor, mask: torch.Tensor) -> None:
         heads = (state.shared["combiner_w"], state.shared["combiner_b"])
         loc, scale = self.combiner(state["guide_z"], state.shared_at("a", t), heads)
         if self.residual:  # Res_q: residual to the prior mean at the guide's z_{t-1} (z_0 at t=0)
@@ -227,7 +237,9 @@ class DMM(SequenceModel):
         return True
 
     @torch.no_grad()
-    def generate(self, num_sequences, num_steps, inputs=None):
+    def generate(
+        self, num_sequences: int, num_steps: int, inputs: Optional[torch.Tensor] = None
+    ) -> Tuple[torch.Tensor, Any]:
         """Ancestral samples from the generative model (thesis eq. 4.3).
 
         :param inputs: the known inputs ``u_{1:T}`` ``(num_sequences, num_steps, input_dim)``,

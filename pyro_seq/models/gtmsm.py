@@ -184,6 +184,7 @@ from pyro_seq.models.gtmsm_parts import (
 from pyro_seq.models.gtmsm_parts import conformal_matrix as conformal_matrix
 from pyro_seq.nn import MLP, GaussianHead
 from pyro_seq.nn.conv import frame_networks
+from pyro_seq.ops.state import SequenceState
 from pyro_seq.validation import positive_int, square_frame_shape
 
 __all__ = ["GTMSM", "GTMSMMemory"]
@@ -658,7 +659,7 @@ class GTMSM(GTMSMTransition, GTMSMMemories, SequenceModel):
 
     # ------------------------------------------------------------------ the step protocol
 
-    def model_init(self, state, x, mask):
+    def model_init(self, state: SequenceState, x: torch.Tensor, mask: torch.Tensor) -> None:
         frames, actions = self._split(state, x)
         tau = self.check_tau(x.shape[1])
         memory = self.memorise(frames[:, :tau], actions[:, :tau])
@@ -692,7 +693,9 @@ class GTMSM(GTMSMTransition, GTMSMMemories, SequenceModel):
         state[key] = s
         return s
 
-    def model_step(self, state, t, x, mask):
+    def model_step(  # type: ignore[override]  # time_parallel is False: t is never a slice
+        self, state: SequenceState, t: int, x: torch.Tensor, mask: torch.Tensor
+    ) -> None:
         tau = state.shared["tau"]
         if t < tau:  # memorisation: written by init
             return
@@ -705,7 +708,7 @@ class GTMSM(GTMSMTransition, GTMSMMemories, SequenceModel):
             f"x_{t + 1}", masked(self.likelihood(self.decode(z)), mask[:, t]), obs=frames[:, t]
         )
 
-    def guide_init(self, state, x, mask):
+    def guide_init(self, state: SequenceState, x: torch.Tensor, mask: torch.Tensor) -> None:
         frames, actions = self._split(state, x)
         tau = self.check_tau(x.shape[1])
         state.shared["actions"], state.shared["tau"] = actions, tau
@@ -727,7 +730,7 @@ class GTMSM(GTMSMTransition, GTMSMMemories, SequenceModel):
             state["guide_s"] = self.mean_path(actions[:, :tau])[:, -1]
         state.shared["q_loc"], state.shared["q_scale"] = loc, scale
 
-    def guide_step(self, state, t, x, mask):
+    def guide_step(self, state: SequenceState, t: int, x: torch.Tensor, mask: torch.Tensor) -> None:
         tau = state.shared["tau"]
         if t < tau:
             return

@@ -75,7 +75,7 @@ import torch
 import torch.nn as nn
 
 from pyro_seq.distributions.scored_value import ScoredValue
-from pyro_seq.models.base import SequenceModel, masked, stack_time
+from pyro_seq.models.base import SequenceModel, Step, masked, stack_time
 from pyro_seq.models.contract import example
 from pyro_seq.models.emission import bernoulli_likelihood
 from pyro_seq.nn import GaussianHead
@@ -88,6 +88,7 @@ from pyro_seq.ops.kalman import (
     psd_sqrt,
 )
 from pyro_seq.ops.linalg import mv as _mv
+from pyro_seq.ops.state import SequenceState
 from pyro_seq.validation import (
     module_device,
     positive_int,
@@ -188,6 +189,8 @@ class KVAE(SequenceModel):
     module_name = "kvae"
     latent_names = ("a",)
     time_parallel = True  #: when :meth:`scores_all_steps` allows it (no missing frame)
+    init_loc: torch.Tensor  #: buffer ``(z_dim,)``: mu_0
+    init_cov: torch.Tensor  #: buffer ``(z_dim, z_dim)``: Sigma_0
     impute_methods = ("smoothing", "filtering", "generation", "iterative", "importance")
     small_example = example(
         obs_dim=16,
@@ -371,7 +374,7 @@ class KVAE(SequenceModel):
 
     # ------------------------------------------------------------------ the step protocol
 
-    def model_init(self, state, x, mask):
+    def model_init(self, state: SequenceState, x: torch.Tensor, mask: torch.Tensor) -> None:
         B = x.shape[0]
         state["m"] = self.init_loc.expand(B, self.z_dim)
         state["P"] = self.init_cov.expand(B, self.z_dim, self.z_dim)
@@ -404,7 +407,9 @@ class KVAE(SequenceModel):
         seen = state.shared.get("observed")
         return seen is None or bool((seen.any(-1) | ~mask).all())
 
-    def model_step(self, state, t, x, mask):
+    def model_step(
+        self, state: SequenceState, t: Step, x: torch.Tensor, mask: torch.Tensor
+    ) -> None:
         if isinstance(t, slice):
             return self._model_all_steps(state, x, mask)
         u_t = state.shared_at("inputs", t) if self.control_dim else None
@@ -539,11 +544,11 @@ class KVAE(SequenceModel):
         with pyro.poutine.scale(scale=scale):
             return super()._observe_deferred(state, x, mask)
 
-    def guide_init(self, state, x, mask):
+    def guide_init(self, state: SequenceState, x: torch.Tensor, mask: torch.Tensor) -> None:
         loc, scale = self.encode(x)
         state.shared["q_loc"], state.shared["q_scale"] = loc, scale
 
-    def guide_step(self, state, t, x, mask):
+    def guide_step(self, state: SequenceState, t: int, x: torch.Tensor, mask: torch.Tensor) -> None:
         loc = state.shared_at("q_loc", t)
         scale = state.shared_at("q_scale", t)
         ok = self._step_observed(state, t, mask)

@@ -36,6 +36,8 @@ Particles: every step accepts per-particle state tensors ``(K, batch, S)`` as we
 ``(batch, S)``; ``x`` is always ``(batch, T, D)`` and ``mask`` ``(batch, T)``.
 """
 
+from typing import Any, Iterable, Optional, Tuple, Union
+
 import pyro
 import pyro.distributions as dist
 import torch
@@ -46,6 +48,7 @@ from pyro_seq.models.base import SequenceModel, check_sequences
 from pyro_seq.models.contract import example
 from pyro_seq.ops.kalman import covariance_problem, kalman_filter
 from pyro_seq.ops.linalg import sym as _sym
+from pyro_seq.ops.state import SequenceState
 from pyro_seq.validation import positive_int, validate_generate_args
 
 __all__ = ["LinearGaussianSequenceModel"]
@@ -86,21 +89,25 @@ class LinearGaussianSequenceModel(SequenceModel):
     #: :func:`pyro_seq.train.evaluate_bound` calls :meth:`exact_log_likelihood`.
     evaluation_methods = ("elbo", "iwae", "smc", "exact")
     small_example = example(obs_dim=2, state_dim=2)
+    # parameters or buffers, by ``learnable`` (set by ``_register``)
+    A: torch.Tensor
+    C: torch.Tensor
+    init_loc: torch.Tensor
 
     def __init__(
         self,
-        obs_dim,
-        state_dim,
-        A=None,
-        C=None,
-        Q=None,
-        R=None,
-        init_loc=None,
-        init_cov=None,
-        learnable=True,
-        guide="smoothing",
-        jitter=0.0,
-    ):
+        obs_dim: int,
+        state_dim: int,
+        A: Optional[torch.Tensor] = None,
+        C: Optional[torch.Tensor] = None,
+        Q: Optional[torch.Tensor] = None,
+        R: Optional[torch.Tensor] = None,
+        init_loc: Optional[torch.Tensor] = None,
+        init_cov: Optional[torch.Tensor] = None,
+        learnable: Union[bool, Iterable[str], None] = True,
+        guide: str = "smoothing",
+        jitter: float = 0.0,
+    ) -> None:
         super().__init__(obs_dim)
         S, D = positive_int("state_dim", state_dim), self.obs_dim
         if guide not in GUIDES:
@@ -205,7 +212,7 @@ class LinearGaussianSequenceModel(SequenceModel):
     def _prior_tril(self, t):
         return self.init_tril if t == 0 else self.Q_tril
 
-    def model_init(self, state, x, mask):
+    def model_init(self, state: SequenceState, x: torch.Tensor, mask: torch.Tensor) -> None:
         self._observed_steps(state, mask)  # refuses element-level missing data
         # z_1 has its own prior; nothing else to carry
 
@@ -225,7 +232,9 @@ class LinearGaussianSequenceModel(SequenceModel):
             )
         return mask & whole
 
-    def model_step(self, state, t, x, mask):
+    def model_step(  # type: ignore[override]  # time_parallel is False: t is never a slice
+        self, state: SequenceState, t: int, x: torch.Tensor, mask: torch.Tensor
+    ) -> None:
         m_t = mask[:, t]
         seen = state.shared.get("observed")
         m_x = m_t if seen is None else m_t & seen[:, t].all(-1)
@@ -249,7 +258,7 @@ class LinearGaussianSequenceModel(SequenceModel):
         return cls(obs_dim, obs_dim if state_dim is None else state_dim, **options)
 
     @torch.no_grad()
-    def generate(self, num_sequences, num_steps):
+    def generate(self, num_sequences: int, num_steps: int) -> Tuple[torch.Tensor, Any]:
         """Ancestral samples: ``z_1 ~ N(m_0, P_0)``, ``z_t ~ N(A z_{t-1}, Q)``,
         ``x_t ~ N(C z_t, R)`` (Fraccaro 2018, eq. 3.1-3.2).
 
@@ -266,7 +275,7 @@ class LinearGaussianSequenceModel(SequenceModel):
         return torch.stack(frames, 1), torch.stack(means, 1)
 
     # ---------------------------------------------------------------- guides
-    def guide_init(self, state, x, mask):
+    def guide_init(self, state: SequenceState, x: torch.Tensor, mask: torch.Tensor) -> None:
         state.shared["emitted"] = self._observed_steps(state, mask)  # steps with an observation
         if self.guide_type == "optimal":
             state.shared["optimal"] = [self._optimal_gain(t) for t in (0, 1)]
@@ -274,7 +283,7 @@ class LinearGaussianSequenceModel(SequenceModel):
             G, g, tril = self._backward_information_filter(x, state.shared["emitted"])
             state.shared["G"], state.shared["g"], state.shared["tril"] = G, g, tril
 
-    def guide_step(self, state, t, x, mask):
+    def guide_step(self, state: SequenceState, t: int, x: torch.Tensor, mask: torch.Tensor) -> None:
         m_t = mask[:, t]
         batch = x.shape[0]
         prior_loc = self._prior_loc(state, t, "guide_z")

@@ -24,13 +24,16 @@ polyphonic-music setting (GRU 300, one hidden layer of 500 units, leaky ReLU 1/3
 +-3), so that SRNN minus its stochastic layer is this model; the source table gives no sizes.
 """
 
+from typing import Any, Tuple
+
 import torch
 
-from pyro_seq.models.base import SequenceModel, shift_right
+from pyro_seq.models.base import SequenceModel, Step, shift_right
 from pyro_seq.models.contract import example
 from pyro_seq.models.emission import make_emission, stack_params
 from pyro_seq.nn import ForwardRNN
 from pyro_seq.nn.recurrent import RNN_CELLS
+from pyro_seq.ops.state import SequenceState
 from pyro_seq.validation import (
     module_device,
     positive_int,
@@ -61,14 +64,14 @@ class RNNBaseline(SequenceModel):
 
     def __init__(
         self,
-        obs_dim,
-        d_dim=300,
-        hidden_dim=500,
-        cell="gru",
-        likelihood="bernoulli",
-        activation="clipped_leaky_relu",
-        **emission_kwargs,
-    ):
+        obs_dim: int,
+        d_dim: int = 300,
+        hidden_dim: int = 500,
+        cell: str = "gru",
+        likelihood: str = "bernoulli",
+        activation: str = "clipped_leaky_relu",
+        **emission_kwargs: Any,
+    ) -> None:
         super().__init__(obs_dim)
         for name, value in (("d_dim", d_dim), ("hidden_dim", hidden_dim)):
             positive_int(name, value)
@@ -86,17 +89,19 @@ class RNNBaseline(SequenceModel):
         return self.deterministic(shift_right(x), mask.sum(-1))
 
     # generative model: d_t = f(d_{t-1}, x_{t-1}), x_t ~ p(x_t | d_t)
-    def model_init(self, state, x, mask):
+    def model_init(self, state: SequenceState, x: torch.Tensor, mask: torch.Tensor) -> None:
         state.shared["d"] = self._deterministic_states(x, mask)
 
-    def model_step(self, state, t, x, mask):
+    def model_step(
+        self, state: SequenceState, t: Step, x: torch.Tensor, mask: torch.Tensor
+    ) -> None:
         self.observe(state, t, x, mask, state.shared_at("d", t))
 
     # no latent variable: the guide is the empty program
-    def guide_init(self, state, x, mask):
+    def guide_init(self, state: SequenceState, x: torch.Tensor, mask: torch.Tensor) -> None:
         pass
 
-    def guide_step(self, state, t, x, mask):
+    def guide_step(self, state: SequenceState, t: int, x: torch.Tensor, mask: torch.Tensor) -> None:
         pass
 
     def log_likelihood(self, x, mask=None):
@@ -114,7 +119,7 @@ class RNNBaseline(SequenceModel):
         return torch.where(mask, log_p, log_p.new_zeros(())).sum(-1)
 
     @torch.no_grad()
-    def generate(self, num_sequences, num_steps):
+    def generate(self, num_sequences: int, num_steps: int) -> Tuple[torch.Tensor, Any]:
         """Ancestral samples: ``d_t = f(d_{t-1}, x_{t-1})``, ``x_t ~ p(x_t | d_t)``.
 
         :returns: ``(x, params)``: samples ``(num_sequences, num_steps, obs_dim)`` and the

@@ -28,12 +28,16 @@ distribution parameterised by an MLP with one hidden layer of 500 units, leaky R
 clipped at +-3.
 """
 
+from typing import Any, Optional, Tuple
+
 import pyro
 import pyro.distributions as dist
 import torch
+from torch import nn
 
 from pyro_seq.models.base import (
     SequenceModel,
+    Step,
     cache_guide_prior,
     masked,
     normal,
@@ -43,6 +47,7 @@ from pyro_seq.models.base import (
 from pyro_seq.models.contract import example
 from pyro_seq.models.emission import make_emission, stack_params
 from pyro_seq.nn import MLP, BackwardRNN, ForwardRNN, GaussianMLP, cat_broadcast
+from pyro_seq.ops.state import SequenceState
 from pyro_seq.validation import validate_generate_args, validate_input_dim
 
 
@@ -83,19 +88,19 @@ class SRNN(SequenceModel):
 
     def __init__(
         self,
-        obs_dim,
-        d_dim=300,
-        z_dim=100,
-        hidden_dim=500,
-        inference="smoothing",
-        residual=True,
-        likelihood="bernoulli",
-        activation="clipped_leaky_relu",
-        min_scale=1e-3,
-        variance="softplus",
-        input_dim=0,
-        **emission_kwargs,
-    ):
+        obs_dim: int,
+        d_dim: int = 300,
+        z_dim: int = 100,
+        hidden_dim: int = 500,
+        inference: str = "smoothing",
+        residual: bool = True,
+        likelihood: str = "bernoulli",
+        activation: str = "clipped_leaky_relu",
+        min_scale: float = 1e-3,
+        variance: str = "softplus",
+        input_dim: int = 0,
+        **emission_kwargs: Any,
+    ) -> None:
         super().__init__(obs_dim)
         self.input_dim = input_dim = validate_input_dim(input_dim)
         self.binary_observations = likelihood == "bernoulli"
@@ -108,7 +113,7 @@ class SRNN(SequenceModel):
             likelihood, z_dim + d_dim, [hidden_dim], obs_dim, activation, **emission_kwargs
         )
         if inference == "smoothing":
-            self.encoder = BackwardRNN(d_dim + obs_dim, d_dim, cell="gru")
+            self.encoder: nn.Module = BackwardRNN(d_dim + obs_dim, d_dim, cell="gru")
         else:
             self.encoder = MLP(
                 d_dim + obs_dim, [hidden_dim], d_dim, activation, activate_output=True
@@ -131,7 +136,7 @@ class SRNN(SequenceModel):
         return self.deterministic(u, mask.sum(-1))
 
     # generative model: eq. 5.1, 5.3
-    def model_init(self, state, x, mask):
+    def model_init(self, state: SequenceState, x: torch.Tensor, mask: torch.Tensor) -> None:
         d = state.shared.get("d")  # set by guide_init when both share a state (FIVO)
         if d is None:
             d = state.shared["d"] = self._deterministic_states(x, mask, state.shared.get("inputs"))
@@ -139,7 +144,9 @@ class SRNN(SequenceModel):
             state.shared["prior_context"] = self.prior.project_context(d)
         state["z"] = x.new_zeros(x.shape[0], self.z_dim)
 
-    def model_step(self, state, t, x, mask):
+    def model_step(
+        self, state: SequenceState, t: Step, x: torch.Tensor, mask: torch.Tensor
+    ) -> None:
         loc_scale = prior_from_guide(state, t)
         if loc_scale is None and isinstance(t, slice) and state.guide_record is not None:
             # Res_q: the guide computed p(z_t | z_{t-1}, d_t) at every z_{t-1} of this history
@@ -157,7 +164,7 @@ class SRNN(SequenceModel):
         state["z"] = z
 
     # inference network: eq. 5.5, 5.7, 5.10, 5.12
-    def guide_init(self, state, x, mask):
+    def guide_init(self, state: SequenceState, x: torch.Tensor, mask: torch.Tensor) -> None:
         d = state.shared["d"] = self._deterministic_states(x, mask, state.shared.get("inputs"))
         inputs = torch.cat([d, x], dim=-1)
         if self.inference == "smoothing":
@@ -180,7 +187,7 @@ class SRNN(SequenceModel):
             weights = state.shared[key] = getattr(self, name).step_weights()
         return weights
 
-    def guide_step(self, state, t, x, mask):
+    def guide_step(self, state: SequenceState, t: int, x: torch.Tensor, mask: torch.Tensor) -> None:
         z_prev = state["guide_z"]
         loc, scale = self.posterior(
             z_prev,
@@ -200,7 +207,9 @@ class SRNN(SequenceModel):
         state["guide_z"] = z
 
     @torch.no_grad()
-    def generate(self, num_sequences, num_steps, inputs=None):
+    def generate(
+        self, num_sequences: int, num_steps: int, inputs: Optional[torch.Tensor] = None
+    ) -> Tuple[torch.Tensor, Any]:
         """Ancestral samples (eq. 5.1): ``d_t = GRU(d_{t-1}, x_{t-1})`` (``[x_{t-1}, k_t]`` with
         known inputs), ``z_t ~ p``, ``x_t ~ p``.
 

@@ -44,6 +44,8 @@ dropout is not implemented), ``cell="gru"`` a GRU. The prior defaults to the Wie
 (sec. 4: "For priors, we use a Wiener process").
 """
 
+from typing import Any, Tuple
+
 import pyro
 import torch
 import torch.nn as nn
@@ -51,6 +53,7 @@ import torch.nn as nn
 from pyro_seq.distributions.wiener import wiener_transition
 from pyro_seq.models.base import (
     SequenceModel,
+    Step,
     masked,
     normal,
     shift_right,  # u_t = x_{t-1}, x_0 = 0
@@ -58,6 +61,7 @@ from pyro_seq.models.base import (
 from pyro_seq.models.contract import example
 from pyro_seq.models.emission import make_emission, stack_params
 from pyro_seq.nn import GaussianHead, cat_broadcast
+from pyro_seq.ops.state import SequenceState
 from pyro_seq.validation import positive_int, validate_generate_args
 
 __all__ = ["PRIORS", "CELLS", "STORN", "StepRNN", "latent_prior", "white_noise"]
@@ -167,18 +171,18 @@ class STORN(SequenceModel):
 
     def __init__(
         self,
-        obs_dim,
-        z_dim=100,
-        rnn_dim=300,
-        emission_dim=500,
-        prior="white",
-        likelihood="bernoulli",
-        cell="tanh",
-        activation="tanh",
-        min_scale=1e-3,
-        variance="softplus",
-        **emission_kwargs,
-    ):
+        obs_dim: int,
+        z_dim: int = 100,
+        rnn_dim: int = 300,
+        emission_dim: int = 500,
+        prior: str = "white",
+        likelihood: str = "bernoulli",
+        cell: str = "tanh",
+        activation: str = "tanh",
+        min_scale: float = 1e-3,
+        variance: str = "softplus",
+        **emission_kwargs: Any,
+    ) -> None:
         super().__init__(obs_dim)
         for name, value in (("z_dim", z_dim), ("rnn_dim", rnn_dim), ("emission_dim", emission_dim)):
             positive_int(name, value)
@@ -193,12 +197,14 @@ class STORN(SequenceModel):
         self.recognition = GaussianHead(rnn_dim, z_dim, min_scale, variance)
 
     # generative model: h_t = f(h_{t-1}, [x_{t-1}, z_t]), x_t ~ p(x_t | h_t)
-    def model_init(self, state, x, mask):
+    def model_init(self, state: SequenceState, x: torch.Tensor, mask: torch.Tensor) -> None:
         state.shared["u"] = shift_right(x)
         state["h"] = x.new_zeros(x.shape[0], self.rnn_dim)
         state["z"] = x.new_zeros(x.shape[0], self.z_dim)
 
-    def model_step(self, state, t, x, mask):
+    def model_step(
+        self, state: SequenceState, t: Step, x: torch.Tensor, mask: torch.Tensor
+    ) -> None:
         z = self.sample_latent(state, "z", t, self.prior_dist, (state["z"],), mask)
         inputs = cat_broadcast([state.shared_at("u", t), z])
         if isinstance(t, slice):  # every z_t known (replayed): the RNN runs once over all steps
@@ -209,16 +215,16 @@ class STORN(SequenceModel):
         state["h"], state["z"] = h, z
 
     # recognition model q(z_t | x_{1:t})
-    def guide_init(self, state, x, mask):
+    def guide_init(self, state: SequenceState, x: torch.Tensor, mask: torch.Tensor) -> None:
         a = self.encoder.sequence(x, x.new_zeros(x.shape[0], self.rnn_dim))  # causal: padding
         state.shared["q_loc"], state.shared["q_scale"] = self.recognition(a)  # never leaks back
 
-    def guide_step(self, state, t, x, mask):
+    def guide_step(self, state: SequenceState, t: int, x: torch.Tensor, mask: torch.Tensor) -> None:
         loc, scale = state.shared_at("q_loc", t), state.shared_at("q_scale", t)
         pyro.sample(f"z_{t + 1}", masked(normal(loc, scale), mask[:, t]))
 
     @torch.no_grad()
-    def generate(self, num_sequences, num_steps):
+    def generate(self, num_sequences: int, num_steps: int) -> Tuple[torch.Tensor, Any]:
         """Ancestral samples: ``z_t ~ p(z_t|z_{t-1})``, ``h_t = f(h_{t-1}, [x_{t-1}, z_t])``,
         ``x_t ~ p(x_t | h_t)``.
 

@@ -29,15 +29,18 @@ at +-3, standard deviations ``1e-3 + softplus(.)``), so the two models differ on
 latent structure.
 """
 
+from typing import Any, Tuple
+
 import pyro
 import pyro.distributions as dist
 import torch
 import torch.nn as nn
 
-from pyro_seq.models.base import SequenceModel, masked, normal, shift_right
+from pyro_seq.models.base import SequenceModel, Step, masked, normal, shift_right
 from pyro_seq.models.contract import example
 from pyro_seq.models.emission import make_emission, stack_params
 from pyro_seq.nn import ForwardRNN, GaussianHead, cat_broadcast, make_activation
+from pyro_seq.ops.state import SequenceState
 from pyro_seq.validation import positive_int, validate_generate_args
 
 
@@ -80,17 +83,17 @@ class VAERNN(SequenceModel):
 
     def __init__(
         self,
-        obs_dim,
-        d_dim=300,
-        z_dim=100,
-        hidden_dim=500,
-        skip=False,
-        likelihood="bernoulli",
-        activation="clipped_leaky_relu",
-        min_scale=1e-3,
-        variance="softplus",
-        **emission_kwargs,
-    ):
+        obs_dim: int,
+        d_dim: int = 300,
+        z_dim: int = 100,
+        hidden_dim: int = 500,
+        skip: bool = False,
+        likelihood: str = "bernoulli",
+        activation: str = "clipped_leaky_relu",
+        min_scale: float = 1e-3,
+        variance: str = "softplus",
+        **emission_kwargs: Any,
+    ) -> None:
         super().__init__(obs_dim)
         for name, value in (("d_dim", d_dim), ("z_dim", z_dim), ("hidden_dim", hidden_dim)):
             positive_int(name, value)
@@ -118,7 +121,7 @@ class VAERNN(SequenceModel):
         return cat_broadcast([z, d]) if self.skip else z
 
     # generative model: eq. 4.11-4.12
-    def model_init(self, state, x, mask):
+    def model_init(self, state: SequenceState, x: torch.Tensor, mask: torch.Tensor) -> None:
         d = state.shared.get("d")  # set by guide_init when both share a state (FIVO)
         if d is None:
             d = state.shared["d"] = self._deterministic_states(x, mask)
@@ -127,25 +130,27 @@ class VAERNN(SequenceModel):
         # time-parallel scoring of base.StepProgram expects
         state["z"] = x.new_zeros(x.shape[0], self.z_dim)
 
-    def model_step(self, state, t, x, mask):
+    def model_step(
+        self, state: SequenceState, t: Step, x: torch.Tensor, mask: torch.Tensor
+    ) -> None:
         params = (state.shared_at("prior_loc", t), state.shared_at("prior_scale", t))
         z = self.sample_latent(state, "z", t, normal, params, mask)
         self.observe(state, t, x, mask, self._features(z, state.shared_at("d", t)))
         state["z"] = z
 
     # inference network: eq. 4.15
-    def guide_init(self, state, x, mask):
+    def guide_init(self, state: SequenceState, x: torch.Tensor, mask: torch.Tensor) -> None:
         d = state.shared["d"] = self._deterministic_states(x, mask)
         state.shared["post_loc"], state.shared["post_scale"] = self.posterior(
             torch.cat([x, d], dim=-1)
         )
 
-    def guide_step(self, state, t, x, mask):
+    def guide_step(self, state: SequenceState, t: int, x: torch.Tensor, mask: torch.Tensor) -> None:
         loc, scale = state.shared_at("post_loc", t), state.shared_at("post_scale", t)
         pyro.sample(f"z_{t + 1}", masked(dist.Normal(loc, scale).to_event(1), mask[:, t]))
 
     @torch.no_grad()
-    def generate(self, num_sequences, num_steps):
+    def generate(self, num_sequences: int, num_steps: int) -> Tuple[torch.Tensor, Any]:
         """Ancestral samples (eq. 4.11): ``d_t = GRU(d_{t-1}, x_{t-1})``, ``z_t ~ p(z_t | d_t)``,
         ``x_t ~ p(x_t | z_t (, d_t))``.
 

@@ -40,14 +40,17 @@ the defaults are those of :class:`~pyro_seq.models.storn.STORN` with ``z_dim=8``
 the Wiener prior with a step-wise independent ``q`` is explained there).
 """
 
+from typing import Any, Tuple
+
 import pyro
 import torch
 
-from pyro_seq.models.base import SequenceModel, masked, normal, shift_right
+from pyro_seq.models.base import SequenceModel, Step, masked, normal, shift_right
 from pyro_seq.models.contract import example
 from pyro_seq.models.emission import make_emission, stack_params
 from pyro_seq.models.storn import StepRNN, latent_prior
 from pyro_seq.nn import GaussianHead, cat_broadcast
+from pyro_seq.ops.state import SequenceState
 from pyro_seq.validation import positive_int, validate_generate_args
 
 __all__ = ["VOSP"]
@@ -84,18 +87,18 @@ class VOSP(SequenceModel):
 
     def __init__(
         self,
-        obs_dim,
-        z_dim=8,
-        rnn_dim=300,
-        emission_dim=500,
-        prior="wiener",
-        likelihood="bernoulli",
-        cell="tanh",
-        activation="tanh",
-        min_scale=1e-3,
-        variance="softplus",
-        **emission_kwargs,
-    ):
+        obs_dim: int,
+        z_dim: int = 8,
+        rnn_dim: int = 300,
+        emission_dim: int = 500,
+        prior: str = "wiener",
+        likelihood: str = "bernoulli",
+        cell: str = "tanh",
+        activation: str = "tanh",
+        min_scale: float = 1e-3,
+        variance: str = "softplus",
+        **emission_kwargs: Any,
+    ) -> None:
         super().__init__(obs_dim)
         for name, value in (("z_dim", z_dim), ("rnn_dim", rnn_dim), ("emission_dim", emission_dim)):
             positive_int(name, value)
@@ -114,29 +117,31 @@ class VOSP(SequenceModel):
         return self.encoder.sequence(x, x.new_zeros(x.shape[0], self.rnn_dim))
 
     # generative model: z_t ~ p(z_t | z_{t-1}), x_t ~ p(x_t | h_{t-1}, z_t)
-    def model_init(self, state, x, mask):
+    def model_init(self, state: SequenceState, x: torch.Tensor, mask: torch.Tensor) -> None:
         h = state.shared.get("h")  # set by guide_init (same state, FIVO) or the guide's run
         if h is None:
             h = state.shared["h"] = self.recognition_states(x)
         state.shared["h_prev"] = shift_right(h)  # h_{0:T-1}
         state["z"] = x.new_zeros(x.shape[0], self.z_dim)
 
-    def model_step(self, state, t, x, mask):
+    def model_step(
+        self, state: SequenceState, t: Step, x: torch.Tensor, mask: torch.Tensor
+    ) -> None:
         z = self.sample_latent(state, "z", t, self.prior_dist, (state["z"],), mask)
         self.observe(state, t, x, mask, cat_broadcast([state.shared_at("h_prev", t), z]))
         state["z"] = z
 
     # recognition model q(z_t | x_{1:t}) = N(mu(h_t), sigma^2(h_t))
-    def guide_init(self, state, x, mask):
+    def guide_init(self, state: SequenceState, x: torch.Tensor, mask: torch.Tensor) -> None:
         h = state.shared["h"] = self.recognition_states(x)
         state.shared["q_loc"], state.shared["q_scale"] = self.recognition(h)
 
-    def guide_step(self, state, t, x, mask):
+    def guide_step(self, state: SequenceState, t: int, x: torch.Tensor, mask: torch.Tensor) -> None:
         loc, scale = state.shared_at("q_loc", t), state.shared_at("q_scale", t)
         pyro.sample(f"z_{t + 1}", masked(normal(loc, scale), mask[:, t]))
 
     @torch.no_grad()
-    def generate(self, num_sequences, num_steps):
+    def generate(self, num_sequences: int, num_steps: int) -> Tuple[torch.Tensor, Any]:
         """Ancestral samples of the one step predictor (module docstring, sec. 3.2): with
         ``h_0 = 0``, ``z_0 = 0``: ``z_t ~ p(z_t | z_{t-1})``, ``x_t ~ p(x_t | h_{t-1}, z_t)``,
         ``h_t = f(h_{t-1}, x_t)``, the recognition RNN fed the sampled ``x_t`` (there is no

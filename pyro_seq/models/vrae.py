@@ -37,15 +37,18 @@ which the step protocol (and particle filtering) cannot express, so the decoder 
 search); the defaults match :class:`~pyro_seq.models.storn.STORN`.
 """
 
+from typing import Any, Tuple
+
 import pyro
 import torch
 
 from pyro_seq.distributions.wiener import kl_diagonal_normal_wiener
-from pyro_seq.models.base import SequenceModel, masked, normal
+from pyro_seq.models.base import SequenceModel, Step, masked, normal
 from pyro_seq.models.contract import example
 from pyro_seq.models.emission import make_emission, stack_params
 from pyro_seq.models.storn import StepRNN, latent_prior
 from pyro_seq.nn import GaussianHead, reverse_padded
+from pyro_seq.ops.state import SequenceState
 from pyro_seq.validation import (
     module_device,
     positive_int,
@@ -84,19 +87,19 @@ class VRAE(SequenceModel):
 
     def __init__(
         self,
-        obs_dim,
-        z_dim=8,
-        encoder_dim=300,
-        decoder_dim=300,
-        emission_dim=500,
-        prior="wiener",
-        likelihood="bernoulli",
-        cell="tanh",
-        activation="tanh",
-        min_scale=1e-3,
-        variance="softplus",
-        **emission_kwargs,
-    ):
+        obs_dim: int,
+        z_dim: int = 8,
+        encoder_dim: int = 300,
+        decoder_dim: int = 300,
+        emission_dim: int = 500,
+        prior: str = "wiener",
+        likelihood: str = "bernoulli",
+        cell: str = "tanh",
+        activation: str = "tanh",
+        min_scale: float = 1e-3,
+        variance: str = "softplus",
+        **emission_kwargs: Any,
+    ) -> None:
         super().__init__(obs_dim)
         for name, value in (
             ("z_dim", z_dim),
@@ -118,11 +121,13 @@ class VRAE(SequenceModel):
         )
 
     # generative model: z_t ~ p(z_t | z_{t-1}), h_t = f(h_{t-1}, z_t), x_t ~ p(x_t | h_t)
-    def model_init(self, state, x, mask):
+    def model_init(self, state: SequenceState, x: torch.Tensor, mask: torch.Tensor) -> None:
         state["h"] = x.new_zeros(x.shape[0], self.decoder_dim)
         state["z"] = x.new_zeros(x.shape[0], self.z_dim)
 
-    def model_step(self, state, t, x, mask):
+    def model_step(
+        self, state: SequenceState, t: Step, x: torch.Tensor, mask: torch.Tensor
+    ) -> None:
         z = self.sample_latent(state, "z", t, self.prior_dist, (state["z"],), mask)
         if isinstance(t, slice):  # every z_t known (replayed): the decoder runs once
             h = self.decoder.sequence(z, state["h"])
@@ -142,10 +147,10 @@ class VRAE(SequenceModel):
         )  # starts at each sequence's own last step
         return self.recognition(torch.cat([forward, backward], dim=-1))
 
-    def guide_init(self, state, x, mask):
+    def guide_init(self, state: SequenceState, x: torch.Tensor, mask: torch.Tensor) -> None:
         state.shared["q_loc"], state.shared["q_scale"] = self.recognition_params(x, mask)
 
-    def guide_step(self, state, t, x, mask):
+    def guide_step(self, state: SequenceState, t: int, x: torch.Tensor, mask: torch.Tensor) -> None:
         loc, scale = state.shared_at("q_loc", t), state.shared_at("q_scale", t)
         pyro.sample(f"z_{t + 1}", masked(normal(loc, scale), mask[:, t]))
 
@@ -168,7 +173,7 @@ class VRAE(SequenceModel):
         return terms.sum(-1).masked_fill(~mask, 0.0).sum(-1)
 
     @torch.no_grad()
-    def generate(self, num_sequences, num_steps):
+    def generate(self, num_sequences: int, num_steps: int) -> Tuple[torch.Tensor, Any]:
         """Ancestral samples: ``z_t ~ p(z_t|z_{t-1})``, ``h_t = f(h_{t-1}, z_t)``,
         ``x_t ~ p(x_t | h_t)``.
 

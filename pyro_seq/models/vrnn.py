@@ -74,6 +74,7 @@ floor; so no scale reaches 0 and no log-density becomes NaN.
 """
 
 import inspect
+from typing import Any, Optional, Tuple
 
 import pyro
 import torch
@@ -83,6 +84,7 @@ from pyro_seq.models.base import SequenceModel, masked, normal
 from pyro_seq.models.contract import example
 from pyro_seq.models.emission import make_emission, stack_params
 from pyro_seq.nn import MLP, BackwardRNN, GaussianHead, GaussianMLP, cat_broadcast
+from pyro_seq.ops.state import SequenceState
 from pyro_seq.validation import positive_int, validate_generate_args, validate_input_dim
 
 __all__ = ["VRNN"]
@@ -161,20 +163,20 @@ class VRNN(SequenceModel):
 
     def __init__(
         self,
-        obs_dim,
-        d_dim=64,
-        z_dim=64,
-        hidden_dim=64,
-        feature_dim=64,
-        inference="filtering",
-        cell="lstm",
-        likelihood="bernoulli",
-        activation="relu",
-        min_scale=1e-3,
-        variance="softplus",
-        input_dim=0,
-        **emission_kwargs,
-    ):
+        obs_dim: int,
+        d_dim: int = 64,
+        z_dim: int = 64,
+        hidden_dim: int = 64,
+        feature_dim: int = 64,
+        inference: str = "filtering",
+        cell: str = "lstm",
+        likelihood: str = "bernoulli",
+        activation: str = "relu",
+        min_scale: float = 1e-3,
+        variance: str = "softplus",
+        input_dim: int = 0,
+        **emission_kwargs: Any,
+    ) -> None:
         super().__init__(obs_dim)
         self.input_dim = input_dim = validate_input_dim(input_dim)
         d_dim, z_dim = positive_int("d_dim", d_dim), positive_int("z_dim", z_dim)
@@ -264,11 +266,13 @@ class VRNN(SequenceModel):
         return self.recurrence(cat_broadcast(parts), hidden)
 
     # ----------------------------------------------------------------- generative model
-    def model_init(self, state, x, mask):
+    def model_init(self, state: SequenceState, x: torch.Tensor, mask: torch.Tensor) -> None:
         self._features_x(state, x)  # set by guide_init when both share a state (FIVO)
         self._write_hidden(state, "", self._first_hidden(x, x.shape[0], self._input_at(state, 0)))
 
-    def model_step(self, state, t, x, mask):
+    def model_step(  # type: ignore[override]  # time_parallel is False: t is never a slice
+        self, state: SequenceState, t: int, x: torch.Tensor, mask: torch.Tensor
+    ) -> None:
         hidden = self._read_hidden(state, "")
         d = hidden[0]
         z = self.sample_latent(state, "z", t, normal, self.prior(d), mask)
@@ -292,7 +296,7 @@ class VRNN(SequenceModel):
         return cached[3], cached[4]
 
     # ----------------------------------------------------------------- inference network
-    def guide_init(self, state, x, mask):
+    def guide_init(self, state: SequenceState, x: torch.Tensor, mask: torch.Tensor) -> None:
         phi_x = self._features_x(state, x)
         if self.inference == "smoothing":
             seen = torch.cat([x, state.shared["inputs"]], -1) if self.input_dim else x
@@ -304,7 +308,7 @@ class VRNN(SequenceModel):
             state, "guide_", self._first_hidden(x, x.shape[0], self._input_at(state, 0))
         )
 
-    def guide_step(self, state, t, x, mask):
+    def guide_step(self, state: SequenceState, t: int, x: torch.Tensor, mask: torch.Tensor) -> None:
         hidden = self._read_hidden(state, "guide_")
         loc, scale = self.posterior(hidden[0], state.shared_at("posterior_context", t))
         z = pyro.sample(f"z_{t + 1}", masked(normal(loc, scale), mask[:, t]))
@@ -317,7 +321,9 @@ class VRNN(SequenceModel):
 
     # ----------------------------------------------------------------- sampling
     @torch.no_grad()
-    def generate(self, num_sequences, num_steps, inputs=None):
+    def generate(
+        self, num_sequences: int, num_steps: int, inputs: Optional[torch.Tensor] = None
+    ) -> Tuple[torch.Tensor, Any]:
         """Ancestral samples of eq. 4.16: ``z_t ~ p(z_t | d_t)``, ``x_t ~ p(x_t | z_t, d_t)``,
         ``d_{t+1} = f(d_t, [phi_x(x_t), phi_z(z_t)])`` (``k_{t+1}`` appended with known inputs).
 
