@@ -54,12 +54,13 @@ divergence (:class:`pyro_seq.infer.ContrastiveDivergence`) needs. The normaliser
 
 import itertools
 import math
-from typing import NamedTuple
+from typing import Any, NamedTuple, Optional, Sequence, Union
 
 import torch
 import torch.nn.functional as F
 from pyro.distributions.torch_distribution import TorchDistribution
 from torch.distributions import constraints
+from torch.types import _size
 
 __all__ = ["AISResult", "EnergyBasedDistribution", "RBM", "VISIBLE_TYPES", "VisibleUnits"]
 
@@ -89,26 +90,26 @@ class EnergyBasedDistribution(TorchDistribution):
     that leaves the distribution invariant, with no gradient through the chain).
     """
 
-    def free_energy(self, value):
+    def free_energy(self, value: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
-    def gibbs(self, value, k=1):
+    def gibbs(self, value: torch.Tensor, k: int = 1) -> torch.Tensor:
         raise NotImplementedError
 
-    def shared(self):
+    def shared(self) -> "EnergyBasedDistribution":
         """The distribution without batch dimensions, when its parameters are the same for
         every batch row (persistent chains of an unconditional model); ValueError otherwise."""
         raise NotImplementedError
 
-    def reconstruction_error(self, value):
+    def reconstruction_error(self, value: torch.Tensor) -> torch.Tensor:
         """Per batch row, the squared error of a mean-field reconstruction (a monitor)."""
         raise NotImplementedError
 
-    def pseudo_log_likelihood(self, value):
+    def pseudo_log_likelihood(self, value: torch.Tensor) -> torch.Tensor:
         r"""Per batch row, :math:`\sum_i \log p(v_i \mid v_{-i})` (a monitor)."""
         raise NotImplementedError
 
-    def log_prob(self, value):
+    def log_prob(self, value: torch.Tensor) -> torch.Tensor:
         """The **unnormalised** log-density :math:`-F(v)` (no :math:`\\log Z` is subtracted)."""
         if self._validate_args:
             self._validate_sample(value)
@@ -122,16 +123,16 @@ class VisibleUnits:
     ``m(v)`` is the base measure (the multinomial coefficient of binomial-softmax units).
     """
 
-    def __init__(self, visible, num_trials=1):
+    def __init__(self, visible: str, num_trials: int = 1) -> None:
         self.visible, self.num_trials = visible, num_trials
 
-    def log_normaliser(self, a):
+    def log_normaliser(self, a: torch.Tensor) -> torch.Tensor:
         """Per unit :math:`\\log \\sum_{v_i} m(v_i) e^{v_i \\cdot a_i}`."""
         if self.visible == "bernoulli":
             return F.softplus(a)
         return self.num_trials * torch.logsumexp(a, -1)
 
-    def log_potential(self, v, a):
+    def log_potential(self, v: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
         """Per unit :math:`v_i \\cdot a_i + \\log m(v_i)`."""
         if self.visible == "bernoulli":
             return v * a
@@ -141,13 +142,13 @@ class VisibleUnits:
             out = out + torch.lgamma(n) - torch.lgamma(v + 1).sum(-1)
         return out
 
-    def mean(self, a):
+    def mean(self, a: torch.Tensor) -> torch.Tensor:
         """:math:`\\mathbb{E}[v_i]` given the activations."""
         if self.visible == "bernoulli":
             return torch.sigmoid(a)
         return self.num_trials * torch.softmax(a, -1)
 
-    def sample(self, a):
+    def sample(self, a: torch.Tensor) -> torch.Tensor:
         """One draw of every unit given its activations."""
         if self.visible == "bernoulli":
             return torch.bernoulli(torch.sigmoid(a))
@@ -202,16 +203,16 @@ class RBM(EnergyBasedDistribution):
 
     def __init__(
         self,
-        W,
-        visible_bias,
-        hidden_bias,
-        visible="bernoulli",
-        num_trials=1,
-        visible_mask=None,
-        sample_burn_in=1000,
-        sample_thinning=10,
-        validate_args=None,
-    ):
+        W: torch.Tensor,
+        visible_bias: torch.Tensor,
+        hidden_bias: torch.Tensor,
+        visible: str = "bernoulli",
+        num_trials: int = 1,
+        visible_mask: Optional[torch.Tensor] = None,
+        sample_burn_in: int = 1000,
+        sample_thinning: int = 10,
+        validate_args: Optional[bool] = None,
+    ) -> None:
         if visible not in VISIBLE_TYPES:
             raise ValueError(f"visible must be one of {VISIBLE_TYPES}, got {visible!r}")
         if visible == "binomial_softmax":
@@ -276,12 +277,19 @@ class RBM(EnergyBasedDistribution):
         self.visible_mask = visible_mask
         self.num_hidden, self.num_visible = H, unit_shape[0]
         self.sample_burn_in, self.sample_thinning = int(sample_burn_in), int(sample_thinning)
-        self._chain = None
+        self._chain: Optional[torch.Tensor] = None
         super().__init__(batch_shape, torch.Size(unit_shape), validate_args=validate_args)
 
     # ------------------------------------------------------------------ construction helpers
     @classmethod
-    def from_factors(cls, A, B, visible_bias, hidden_bias, **kwargs):
+    def from_factors(
+        cls,
+        A: torch.Tensor,
+        B: torch.Tensor,
+        visible_bias: torch.Tensor,
+        hidden_bias: torch.Tensor,
+        **kwargs: Any,
+    ) -> "RBM":
         r"""The factored RBM of Soyer & Möllenhoff, sec. 2.4: :math:`W = B A` of rank ``C``.
 
         Soyer & Möllenhoff write :math:`W^{(k)} = A^{(k)} B` with visible-by-hidden matrices; in
@@ -293,10 +301,10 @@ class RBM(EnergyBasedDistribution):
         return cls(W, visible_bias, hidden_bias, **kwargs)
 
     @property
-    def support(self):
+    def support(self) -> constraints.Constraint:
         return _RBMSupport(self.visible, self.num_trials)
 
-    def expand(self, batch_shape, _instance=None):
+    def expand(self, batch_shape: _size, _instance: Optional["RBM"] = None) -> "RBM":
         batch_shape = torch.Size(batch_shape)
         u = self._unit_dims
         mask = (
@@ -331,14 +339,14 @@ class RBM(EnergyBasedDistribution):
             return v
         return v * (m if self.visible == "bernoulli" else m.unsqueeze(-1))
 
-    def hidden_input(self, v):
+    def hidden_input(self, v: torch.Tensor) -> torch.Tensor:
         r""":math:`b + W v` ``(..., H)``: the hidden units' input (missing units excluded)."""
         v = self._masked_value(v)
         if self.visible == "bernoulli":
             return self.hidden_bias + torch.einsum("...hv,...v->...h", self.W, v)
         return self.hidden_bias + torch.einsum("...hvk,...vk->...h", self.W, v)
 
-    def visible_input(self, h):
+    def visible_input(self, h: torch.Tensor) -> torch.Tensor:
         r"""Activations :math:`a = c + W^\top h`, ``(..., V)`` or ``(..., V, K)``."""
         if self.visible == "bernoulli":
             return self.visible_bias + torch.einsum("...hv,...h->...v", self.W, h)
@@ -355,24 +363,24 @@ class RBM(EnergyBasedDistribution):
         return (per_unit if m is None else per_unit * m).sum(-1)
 
     # ------------------------------------------------------------------ energies
-    def free_energy(self, value):
+    def free_energy(self, value: torch.Tensor) -> torch.Tensor:
         r""":math:`F(v) = -\sum_i [v_i \cdot c_i + \log m(v_i)] - \sum_j \operatorname{softplus}(b_j
         + W_j v)`, shape ``batch``; :math:`m` is the multinomial coefficient of binomial-softmax
         units (1 otherwise)."""
         visible_term = self._sum_units(self._unit_log_potential(value, self.visible_bias))
         return -visible_term - F.softplus(self.hidden_input(value)).sum(-1)
 
-    def energy(self, value, h):
+    def energy(self, value: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
         r"""The joint energy :math:`E(v, h) = -(h^\top W v + c^\top v + b^\top h)` (eq. 1.1)."""
         visible_term = self._sum_units(self._unit_log_potential(value, self.visible_bias))
         return -visible_term - (h * self.hidden_input(value)).sum(-1)
 
     # ------------------------------------------------------------------ conditionals, Gibbs
-    def hidden_probs(self, v):
+    def hidden_probs(self, v: torch.Tensor) -> torch.Tensor:
         """:math:`p(h_j = 1 \\mid v) = \\sigma(b_j + W_j v)` (Mittelman et al. 2014, eq. 1.6)."""
         return torch.sigmoid(self.hidden_input(v))
 
-    def visible_probs(self, h):
+    def visible_probs(self, h: torch.Tensor) -> torch.Tensor:
         """The mean of :math:`v \\mid h`: Bernoulli probabilities, softmax probabilities, or
         expected counts ``num_trials * softmax`` (Soyer & Möllenhoff eq. 10, 14)."""
         return self.units.mean(self.visible_input(h))
@@ -381,16 +389,16 @@ class RBM(EnergyBasedDistribution):
         """A draw of every visible unit given activations ``a`` (missing units set to 0)."""
         return self._masked_value(self.units.sample(a))
 
-    def sample_hidden(self, v):
+    def sample_hidden(self, v: torch.Tensor) -> torch.Tensor:
         """A draw of :math:`h \\sim p(h \\mid v)`, shape ``(..., H)``."""
         return torch.bernoulli(self.hidden_probs(v))
 
-    def sample_visible(self, h):
+    def sample_visible(self, h: torch.Tensor) -> torch.Tensor:
         """A draw of :math:`v \\sim p(v \\mid h)`."""
         return self._sample_units(self.visible_input(h))
 
     @torch.no_grad()
-    def gibbs(self, value, k=1):
+    def gibbs(self, value: torch.Tensor, k: int = 1) -> torch.Tensor:
         """``k`` sweeps of block Gibbs sampling :math:`v \\to h \\to v` started at ``value``.
 
         Runs without gradient (contrastive divergence never differentiates through the chain).
@@ -410,7 +418,7 @@ class RBM(EnergyBasedDistribution):
         )
         return self._sample_units(zeros)
 
-    def sample(self, sample_shape=torch.Size()):
+    def sample(self, sample_shape: _size = torch.Size()) -> torch.Tensor:
         """Draws from a persistent Gibbs chain of this distribution object.
 
         The first call starts ``sample_shape`` independent chains from uniform noise and runs
@@ -426,7 +434,7 @@ class RBM(EnergyBasedDistribution):
         return self._chain.clone()
 
     # ------------------------------------------------------------------ monitors, sharing
-    def reconstruction_error(self, value):
+    def reconstruction_error(self, value: torch.Tensor) -> torch.Tensor:
         r""":math:`\sum_i \|v_i - \mathbb{E}[v_i \mid h = \sigma(b + W v)]\|^2` per batch row
         (present units only): the mean-field up-down pass that CD monitors report."""
         recon = self.visible_probs(self.hidden_probs(value))
@@ -435,7 +443,7 @@ class RBM(EnergyBasedDistribution):
             err = err.sum(-1)
         return self._sum_units(err)
 
-    def pseudo_log_likelihood(self, value):
+    def pseudo_log_likelihood(self, value: torch.Tensor) -> torch.Tensor:
         r""":math:`\sum_i \log p(v_i \mid v_{-i})` per batch row, exactly (present units only).
 
         Each conditional compares the free energy of ``value`` with that of ``value`` with unit
@@ -465,7 +473,7 @@ class RBM(EnergyBasedDistribution):
             per_unit = (torch.log_softmax(logits, -1) * value).sum(-1)
         return self._sum_units(per_unit)
 
-    def shared(self):
+    def shared(self) -> "RBM":
         """This RBM with its batch dimensions removed, if every batch row has the same
         parameters (an unconditional RBM expanded by a plate); ValueError otherwise."""
         if self.visible_mask is not None:
@@ -556,7 +564,7 @@ class RBM(EnergyBasedDistribution):
             log_z = log_z - (1 - m).sum(-1) * math.log(states)
         return log_z
 
-    def log_partition(self, over="auto"):
+    def log_partition(self, over: str = "auto") -> torch.Tensor:
         r"""Exact :math:`\log Z` by enumeration, shape ``batch_shape``.
 
         :param str over: ``"hidden"`` sums the visible units out analytically for each of the
@@ -579,11 +587,11 @@ class RBM(EnergyBasedDistribution):
             else self._log_partition_by_visible()
         )
 
-    def normalized_log_prob(self, value):
+    def normalized_log_prob(self, value: torch.Tensor) -> torch.Tensor:
         """:math:`\\log p(v) = -F(v) - \\log Z` with the exact :meth:`log_partition`."""
         return self.log_prob(value) - self.log_partition()
 
-    def marginal_log_prob(self, value, observed):
+    def marginal_log_prob(self, value: torch.Tensor, observed: torch.Tensor) -> torch.Tensor:
         r"""Unnormalised log-marginal of the *full* RBM over the units where ``observed`` is False.
 
         :math:`\log \sum_{v_m} e^{-F(v_o, v_m)} = \log \sum_h e^{b^\top h} \prod_{i \in o}
@@ -612,7 +620,13 @@ class RBM(EnergyBasedDistribution):
         return torch.logsumexp((h * self.hidden_bias).sum(-1) + per_unit.sum(-1), 0)
 
     @torch.no_grad()
-    def ais_log_partition(self, num_chains=100, num_betas=1000, betas=None, base_visible_bias=None):
+    def ais_log_partition(
+        self,
+        num_chains: int = 100,
+        num_betas: int = 1000,
+        betas: Optional[Union[torch.Tensor, Sequence[float]]] = None,
+        base_visible_bias: Optional[torch.Tensor] = None,
+    ) -> AISResult:
         r"""Annealed importance sampling estimate of :math:`\log Z` (Salakhutdinov & Murray 2008).
 
         The intermediate distributions are the RBMs with joint energy
@@ -690,7 +704,7 @@ class RBM(EnergyBasedDistribution):
         stderr = w.std(0) / (math.sqrt(num_chains) * w.mean(0))
         return AISResult(log_z0 + log_mean_w, stderr, log_w)
 
-    def base_rate_bias(self, data, eps=1e-3):
+    def base_rate_bias(self, data: torch.Tensor, eps: float = 1e-3) -> torch.Tensor:
         r"""Visible bias :math:`c_0` of the independent model that matches the data's marginals.
 
         :param torch.Tensor data: ``(N, V)`` or ``(N, V, K)`` visible data.

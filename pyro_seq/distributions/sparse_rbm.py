@@ -20,8 +20,12 @@ event shape ``()``: the events are ragged, so ``log_prob(value)`` (``-F``, unnor
 whole entry list and returns one value per row.
 """
 
+from typing import NoReturn, Optional
+
 import torch
 import torch.nn.functional as F
+from torch.distributions.constraints import Constraint
+from torch.types import _size
 
 from pyro_seq.distributions.rbm import (
     MAX_ENUMERATION,
@@ -52,16 +56,16 @@ class SparseRBM(EnergyBasedDistribution):
 
     def __init__(
         self,
-        W,
-        visible_bias,
-        hidden_bias,
-        row,
-        column,
-        num_rows,
-        visible="bernoulli",
-        num_trials=1,
-        validate_args=None,
-    ):
+        W: torch.Tensor,
+        visible_bias: torch.Tensor,
+        hidden_bias: torch.Tensor,
+        row: torch.Tensor,
+        column: torch.Tensor,
+        num_rows: int,
+        visible: str = "bernoulli",
+        num_trials: int = 1,
+        validate_args: Optional[bool] = None,
+    ) -> None:
         if visible not in VISIBLE_TYPES:
             raise ValueError(f"visible must be one of {VISIBLE_TYPES}, got {visible!r}")
         k_dims = 0 if visible == "bernoulli" else 1
@@ -108,7 +112,7 @@ class SparseRBM(EnergyBasedDistribution):
         self.num_hidden, self.num_visible = H, Q
         super().__init__(torch.Size([num_rows]), torch.Size(), validate_args=validate_args)
 
-    def expand(self, batch_shape, _instance=None):
+    def expand(self, batch_shape: _size, _instance: Optional["SparseRBM"] = None) -> "SparseRBM":
         if torch.Size(batch_shape) != self.batch_shape:
             raise ValueError(
                 f"a SparseRBM has batch shape {tuple(self.batch_shape)} (its rows) "
@@ -134,7 +138,7 @@ class SparseRBM(EnergyBasedDistribution):
             raise ValueError(f"value is outside the support of {self.visible!r} units")
 
     @property
-    def support(self):
+    def support(self) -> Constraint:
         from torch.distributions import constraints
 
         return constraints.real  # checked entry-wise by _validate_sample
@@ -148,7 +152,7 @@ class SparseRBM(EnergyBasedDistribution):
         out = per_entry.new_zeros((self.num_rows,) + per_entry.shape[1:])
         return out.index_add(0, self.row, per_entry)
 
-    def hidden_input(self, value):
+    def hidden_input(self, value: torch.Tensor) -> torch.Tensor:
         r""":math:`b_s + \sum_{i \in s} W_{:, col_i} v_i`, ``(num_rows, H)``."""
         We = self._entry_weights()
         contrib = (
@@ -158,7 +162,12 @@ class SparseRBM(EnergyBasedDistribution):
         )
         return self.hidden_bias + self._rows_sum(contrib)
 
-    def entry_activations(self, h, row=None, column=None):
+    def entry_activations(
+        self,
+        h: torch.Tensor,
+        row: Optional[torch.Tensor] = None,
+        column: Optional[torch.Tensor] = None,
+    ) -> torch.Tensor:
         r"""Activations :math:`c_q + W_{:, q}^\top h_s` at entries (default: this object's), ``(n,)``
         or ``(n, K)``; ``h`` is ``(num_rows, H)`` (samples or probabilities)."""
         row = self.row if row is None else row
@@ -170,16 +179,16 @@ class SparseRBM(EnergyBasedDistribution):
         return self.visible_bias[column] + torch.einsum("nhk,nh->nk", We, hr)
 
     # ------------------------------------------------------------------ energies, sampling
-    def free_energy(self, value):
+    def free_energy(self, value: torch.Tensor) -> torch.Tensor:
         """:math:`F_s(v)` per row, ``(num_rows,)``."""
         potential = self._rows_sum(self.units.log_potential(value, self.visible_bias[self.column]))
         return -potential - F.softplus(self.hidden_input(value)).sum(-1)
 
-    def hidden_probs(self, value):
+    def hidden_probs(self, value: torch.Tensor) -> torch.Tensor:
         return torch.sigmoid(self.hidden_input(value))
 
     @torch.no_grad()
-    def gibbs(self, value, k=1):
+    def gibbs(self, value: torch.Tensor, k: int = 1) -> torch.Tensor:
         """``k`` block-Gibbs sweeps of every row's sub-RBM; returns the entries' states."""
         if not isinstance(k, int) or k < 0:
             raise ValueError(f"k must be a non-negative int, got {k!r}")
@@ -189,19 +198,21 @@ class SparseRBM(EnergyBasedDistribution):
             v = self.units.sample(self.entry_activations(h))
         return v
 
-    def predict(self, value, query_row, query_column):
+    def predict(
+        self, value: torch.Tensor, query_row: torch.Tensor, query_column: torch.Tensor
+    ) -> torch.Tensor:
         r"""Mean-field prediction at new entries (Soyer & Möllenhoff sec. 2.1, eq. 9-10 / 14-15):
         :math:`\mathbb{E}[v_q \mid h = p(h \mid v_s)]` for each query ``(query_row, query_column)``:
         probabilities ``(m,)`` (Bernoulli) or expected counts ``(m, K)``."""
         h = self.hidden_probs(value)
         return self.units.mean(self.entry_activations(h, query_row, query_column))
 
-    def reconstruction_error(self, value):
+    def reconstruction_error(self, value: torch.Tensor) -> torch.Tensor:
         recon = self.units.mean(self.entry_activations(self.hidden_probs(value)))
         err = (value - recon) ** 2
         return self._rows_sum(err if self.visible == "bernoulli" else err.sum(-1))
 
-    def pseudo_log_likelihood(self, value):
+    def pseudo_log_likelihood(self, value: torch.Tensor) -> torch.Tensor:
         """:math:`\\sum_i \\log p(v_i \\mid v_{-i})` per row (Bernoulli units; one flip per entry)."""
         if self.visible != "bernoulli":
             raise NotImplementedError(
@@ -214,14 +225,14 @@ class SparseRBM(EnergyBasedDistribution):
         delta_f = -self.visible_bias[self.column] * d - (F.softplus(x_flip) - F.softplus(x)).sum(-1)
         return self._rows_sum(F.logsigmoid(delta_f))
 
-    def shared(self):
+    def shared(self) -> NoReturn:
         raise ValueError(
             "a SparseRBM's rows are different sub-RBMs; persistent chains with "
             "num_chains need one shared RBM"
         )
 
     # ------------------------------------------------------------------ partition function
-    def log_partition(self):
+    def log_partition(self) -> torch.Tensor:
         r"""Exact :math:`\log Z_s` of every row's sub-RBM, ``(num_rows,)``, by summing the
         visible entries out for each of the :math:`2^H` hidden configurations (small ``H``)."""
         H = self.num_hidden
