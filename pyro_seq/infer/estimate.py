@@ -16,7 +16,7 @@ Maddison et al. (2017) and of the thesis' chapter 5 (higher is better).
 """
 
 from dataclasses import dataclass
-from typing import Any, Dict
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 import torch
 
@@ -54,7 +54,7 @@ class LikelihoodEstimate:
     method: str
     num_particles: int
 
-    def __str__(self):
+    def __str__(self) -> str:
         return (
             f"{self.method} (K={self.num_particles}): {self.nats_per_step:.4f} nats/step, "
             f"total {self.total:.3f} nats over {len(self.lengths)} sequences, "
@@ -145,18 +145,18 @@ def _iwae_log_z(
 
 
 def estimate_log_likelihood(
-    model,
-    guide,
-    data,
-    method="iwae",
-    num_particles=100,
-    batch_size=None,
-    particles_per_pass=None,
-    resample="ess",
-    resampling=DEFAULT_RESAMPLING,
-    ess_threshold=0.5,
-    max_plate_nesting=1,
-):
+    model: Callable[..., Any],
+    guide: Callable[..., Any],
+    data: Union[torch.Tensor, Sequence[torch.Tensor], Iterable[Tuple[torch.Tensor, torch.Tensor]]],
+    method: str = "iwae",
+    num_particles: int = 100,
+    batch_size: Optional[int] = None,
+    particles_per_pass: Optional[int] = None,
+    resample: str = "ess",
+    resampling: str = DEFAULT_RESAMPLING,
+    ess_threshold: float = 0.5,
+    max_plate_nesting: int = 1,
+) -> LikelihoodEstimate:
     """Estimate :math:`\\log p(x)` of every sequence with an IWAE or SMC estimator.
 
     :param model: the model program (e.g. ``m.model``); for ``"smc"`` it must follow the step
@@ -191,7 +191,8 @@ def estimate_log_likelihood(
     num_particles = positive_int("num_particles", num_particles)
     batch_size = positive_int("batch_size", batch_size, optional=True)
     particles_per_pass = positive_int("particles_per_pass", particles_per_pass, optional=True)
-    estimates, lengths = [], []
+    estimates: List[torch.Tensor] = []
+    length_parts: List[torch.Tensor] = []
     owners = {id(o): o for o in (program_owner(model), program_owner(guide)) if o is not None}
     modes = {k: o.training for k, o in owners.items()}
     for o in owners.values():
@@ -210,13 +211,13 @@ def estimate_log_likelihood(
             ess_threshold,
             max_plate_nesting,
             estimates,
-            lengths,
+            length_parts,
         )
     finally:
         for k, o in owners.items():
             o.train(modes[k])
     per_sequence = torch.cat(estimates)
-    lengths = torch.cat(lengths).long()
+    lengths = torch.cat(length_parts).long()
     total = float(per_sequence.sum())
     num_steps = int(lengths.sum())
     return LikelihoodEstimate(

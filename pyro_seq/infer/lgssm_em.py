@@ -115,7 +115,7 @@ and ``"scalar"`` keep the diagonal, resp. ``tr(R)/D I``, of the full update, whi
 exact maximizer within the family.
 """
 
-from typing import NamedTuple
+from typing import Any, Callable, Iterable, NamedTuple, Optional, Tuple, Union
 
 import torch
 
@@ -166,8 +166,15 @@ def _args(params, controls, mask):
 
 
 def lgssm_log_likelihood(
-    x, params, mask=None, controls=None, method="auto", *, step_mask=None, observation_mask=None
-):
+    x: torch.Tensor,
+    params: LGSSMParams,
+    mask: Optional[torch.Tensor] = None,
+    controls: Optional[torch.Tensor] = None,
+    method: str = "auto",
+    *,
+    step_mask: Optional[torch.Tensor] = None,
+    observation_mask: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
     """``log p(x | theta)`` (eq. 3.12) summed over all sequences.
 
     :param torch.Tensor x: ``(*batch, T, D)``.
@@ -398,17 +405,17 @@ def _emission_augmented(xs, o, m, P, C_old, R_old, learn_C, learn_R):
 
 
 def em_step(
-    x,
-    params,
-    learn="all",
-    mask=None,
-    controls=None,
-    method="auto",
-    observation_cov_structure="full",
+    x: torch.Tensor,
+    params: LGSSMParams,
+    learn: Union[str, Iterable[str]] = "all",
+    mask: Optional[torch.Tensor] = None,
+    controls: Optional[torch.Tensor] = None,
+    method: str = "auto",
+    observation_cov_structure: str = "full",
     *,
-    step_mask=None,
-    observation_mask=None,
-):
+    step_mask: Optional[torch.Tensor] = None,
+    observation_mask: Optional[torch.Tensor] = None,
+) -> Tuple[LGSSMParams, torch.Tensor]:
     """One EM iteration: E-step with the RTS smoother, closed-form M-step (module docstring).
 
     :param torch.Tensor x: observations ``(*batch, T, D)``; all leading dims are independent
@@ -466,6 +473,8 @@ def em_step(
             P_prev, P_cur = P[:, :-1], P[:, 1:]
             Ezz_prev = (P_prev + _outer(m_prev, m_prev)).sum((0, 1))
             Ezz_cross = (cross + _outer(m_cur, m_prev)).sum((0, 1))  # sum E[z_t z_{t-1}^T]
+            u: Optional[torch.Tensor]  # controls u_2..u_T, None without controls
+            b: Optional[torch.Tensor]  # B u_t (u_t itself while B is unknown)
             if controls is not None:
                 u = controls.expand(batch + controls.shape[-2:]).reshape(N, T, -1)[:, 1:]
                 b = u if params.control_matrix is None else u @ params.control_matrix.mT
@@ -562,20 +571,20 @@ def em_step(
 
 
 def lgssm_em(
-    x,
-    params,
-    num_iters=20,
-    learn="all",
-    mask=None,
-    controls=None,
-    tol=None,
-    method="auto",
-    callback=None,
-    observation_cov_structure="full",
+    x: torch.Tensor,
+    params: LGSSMParams,
+    num_iters: int = 20,
+    learn: Union[str, Iterable[str]] = "all",
+    mask: Optional[torch.Tensor] = None,
+    controls: Optional[torch.Tensor] = None,
+    tol: Optional[float] = None,
+    method: str = "auto",
+    callback: Optional[Callable[[int, LGSSMParams, torch.Tensor], Any]] = None,
+    observation_cov_structure: str = "full",
     *,
-    step_mask=None,
-    observation_mask=None,
-):
+    step_mask: Optional[torch.Tensor] = None,
+    observation_mask: Optional[torch.Tensor] = None,
+) -> EMResult:
     """Run EM (thesis Sec. 3.4.3) for ``num_iters`` iterations or until the log-likelihood
     improves by less than ``tol``.
 

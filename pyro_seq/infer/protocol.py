@@ -9,17 +9,19 @@ Any other Pyro callable is a plain program: the objectives that need steps refus
 (:func:`require_step_program`), the others run it whole.
 """
 
+from typing import Any, Optional
+
 import torch
 
 __all__ = ["is_step_program", "program_device", "program_owner", "require_step_program"]
 
 
-def is_step_program(fn):
+def is_step_program(fn: Any) -> bool:
     """Whether ``fn`` offers the step protocol (callable ``init`` and ``step``)."""
     return callable(getattr(fn, "init", None)) and callable(getattr(fn, "step", None))
 
 
-def require_step_program(fn, role, who="FIVO"):
+def require_step_program(fn: Any, role: str, who: str = "FIVO") -> None:
     """Raise a TypeError naming ``who`` and the ``role`` (``"model"``/``"guide"``) unless ``fn``
     offers the step protocol."""
     if not is_step_program(fn):
@@ -32,13 +34,13 @@ def require_step_program(fn, role, who="FIVO"):
         )
 
 
-def program_device(fn):
+def program_device(fn: Any) -> Optional[torch.device]:
     """The device a step program's batches must be on (its ``device``), None if it does not
     say."""
     return getattr(fn, "device", None)
 
 
-def program_owner(fn):
+def program_owner(fn: Any) -> Optional[torch.nn.Module]:
     """The :class:`torch.nn.Module` whose parameters a program uses (its ``owner``), or None."""
     owner = getattr(fn, "owner", None)
     return owner if isinstance(owner, torch.nn.Module) else None
