@@ -6,15 +6,22 @@ eqs. 3.4-3.12). The methods of the class document them; the functions here take 
 (``ssm``) and its constructor (``build``) as arguments.
 """
 
-from typing import NamedTuple, Optional
+from typing import TYPE_CHECKING, Any, Callable, Iterator, NamedTuple, Optional, Tuple, Type, Union
 
 import torch
 from pyro.distributions import MultivariateNormal
 from torch import Tensor
+from torch.distributions import Distribution
+from torch.types import _size
 
 from pyro_seq.ops.kalman import KalmanFilterResult
 from pyro_seq.ops.linalg import broadcast_shapes
 from pyro_seq.pyro_internals import copy_validate_args, gaussian_hmm_factors
+
+if TYPE_CHECKING:
+    from pyro.distributions import GaussianHMM
+
+    from pyro_seq.distributions.linear_gaussian_ssm import LinearGaussianSSM
 
 __all__ = [
     "conjugate_update",
@@ -54,7 +61,7 @@ class LGSSMFilterResult(MultivariateNormal):
     is asked for, which then raises a ``ValueError``.
     """
 
-    def __init__(self, result: KalmanFilterResult, validate_args=None):
+    def __init__(self, result: KalmanFilterResult, validate_args: Optional[bool] = None) -> None:
         self.result = result
         self.loc = result.means[..., -1, :]
         self.covariance_matrix = result.covs[..., -1, :, :]
@@ -80,10 +87,12 @@ class LGSSMFilterResult(MultivariateNormal):
         return L
 
     @_unbroadcasted_scale_tril.setter
-    def _unbroadcasted_scale_tril(self, value: Tensor):
+    def _unbroadcasted_scale_tril(self, value: Tensor) -> None:
         self.__dict__["_cholesky"] = value
 
-    def expand(self, batch_shape, _instance=None):
+    def expand(
+        self, batch_shape: _size, _instance: Optional["LGSSMFilterResult"] = None
+    ) -> "LGSSMFilterResult":
         return LGSSMFilterResult(
             expand_filter(self.result, torch.Size(batch_shape)),
             validate_args=self.__dict__.get("_validate_args"),
@@ -95,25 +104,30 @@ class LGSSMFilterResult(MultivariateNormal):
     predicted_covs = property(lambda self: self.result.predicted_covs)
     log_likelihoods = property(lambda self: self.result.log_likelihoods)
 
-    def __iter__(self):  # ``means, covs, pm, pc, ll = d.filter(x)`` as before
+    def __iter__(self) -> Iterator[Tensor]:  # ``means, covs, pm, pc, ll = d.filter(x)`` as before
         return iter(self.result)
 
-    def __getitem__(self, index):
+    def __getitem__(self, index: Union[int, slice]) -> Union[Tensor, Tuple[Tensor, ...]]:
         return self.result[index]
 
 
-def expand_filter(res: KalmanFilterResult, batch) -> KalmanFilterResult:
+def expand_filter(res: KalmanFilterResult, batch: _size) -> KalmanFilterResult:
     """The Kalman filter's result ``res`` with its batch dimensions expanded to ``batch``."""
     return KalmanFilterResult(*(expand_to(r, batch, n) for r, n in zip(res, (2, 3, 2, 3, 1))))
 
 
-def expand_to(t: Tensor, batch, event_ndim: int) -> Tensor:
+def expand_to(t: Tensor, batch: _size, event_ndim: int) -> Tensor:
     """``t`` with batch shape ``batch`` in front of its last ``event_ndim`` dimensions."""
     ev = t.shape[t.dim() - event_ndim :]
     return t.expand(torch.Size(batch) + ev)
 
 
-def from_gaussian_hmm(cls, hmm, num_steps: Optional[int] = None, **kwargs):
+def from_gaussian_hmm(
+    cls: Type["LinearGaussianSSM"],
+    hmm: "GaussianHMM",
+    num_steps: Optional[int] = None,
+    **kwargs: Any,
+) -> "LinearGaussianSSM":
     """``cls.from_gaussian_hmm(hmm, num_steps, **kwargs)``: see
     :meth:`~pyro_seq.distributions.linear_gaussian_ssm.LinearGaussianSSM.from_gaussian_hmm`."""
     from pyro.distributions import GaussianHMM
@@ -170,7 +184,9 @@ def from_gaussian_hmm(cls, hmm, num_steps: Optional[int] = None, **kwargs):
     )
 
 
-def prefix_condition(ssm, data: Tensor, build):
+def prefix_condition(
+    ssm: "LinearGaussianSSM", data: Tensor, build: Callable[..., "LinearGaussianSSM"]
+) -> "LinearGaussianSSM":
     """``ssm.prefix_condition(data)``, the model built with ``build`` (the class's constructor):
     see :meth:`~pyro_seq.distributions.linear_gaussian_ssm.LinearGaussianSSM.prefix_condition`."""
     T = ssm.num_steps
@@ -225,7 +241,9 @@ def prefix_condition(ssm, data: Tensor, build):
     return copy_validate_args(ssm, new)
 
 
-def conjugate_update(ssm, other, build):
+def conjugate_update(
+    ssm: "LinearGaussianSSM", other: Distribution, build: Callable[..., "LinearGaussianSSM"]
+) -> Tuple["LinearGaussianSSM", Tensor]:
     """``ssm.conjugate_update(other)``, the models built with ``build`` (the class's
     constructor): see
     :meth:`~pyro_seq.distributions.linear_gaussian_ssm.LinearGaussianSSM.conjugate_update`."""
@@ -334,6 +352,10 @@ def conjugate_update(ssm, other, build):
             ),
         )
 
+    # per-step lists, stacked into tensors below
+    A_new: Any
+    Q_new: Any
+    b_new: Any
     A_new, Q_new, b_new = [None] * T, [None] * T, [None] * T
     lam, eta = step(J, T - 1, 2), step(h, T - 1, 1)
     for t in range(T - 1, 0, -1):
