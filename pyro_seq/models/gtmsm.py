@@ -161,6 +161,7 @@ whole sequence (multiply by ``T / (T - tau)`` for nats per predicted frame).
 
 import math
 from types import MappingProxyType
+from typing import Dict, Optional, Sequence, Tuple, cast
 
 import pyro
 import pyro.distributions as dist
@@ -268,6 +269,7 @@ class GTMSM(GTMSMTransition, GTMSMMemories, SequenceModel):
     """
 
     module_name = "gtmsm"
+    s0: torch.Tensor  #: buffer ``(state_dim,)``: the start state
     latent_names = ("s", "z")
     tasks = frozenset()
     impute_methods = ()
@@ -295,35 +297,35 @@ class GTMSM(GTMSMTransition, GTMSMMemories, SequenceModel):
 
     def __init__(
         self,
-        frame_shape=(8, 8),
-        num_actions=5,
-        tau=256,
-        state_dim=2,
-        z_dim=16,
-        num_neighbours=5,
-        delta=1e-4,
-        transition_noise=1e-3,
-        walls=True,
-        rotation=False,
-        wall_hidden=32,
-        init_displacement_std=0.5,
-        encoder="mlp",
-        hidden_dims=(256, 256),
-        channels=32,
-        conv_layers=2,
-        likelihood="gaussian",
-        pixel_var=0.01,
-        min_scale=1e-3,
-        pack_actions=False,
-        inference="prior",
-        landmark_neighbours=5,
-        landmark_hidden=32,
-        displacements="free",
-        inverse_actions=((0, 1), (2, 3)),
-        neighbour_warmup=None,
-        displacement_lr_multiplier=1.0,
-        wall_lr_multiplier=1.0,
-    ):
+        frame_shape: Sequence[int] = (8, 8),
+        num_actions: int = 5,
+        tau: int = 256,
+        state_dim: int = 2,
+        z_dim: int = 16,
+        num_neighbours: int = 5,
+        delta: float = 1e-4,
+        transition_noise: float = 1e-3,
+        walls: bool = True,
+        rotation: bool = False,
+        wall_hidden: int = 32,
+        init_displacement_std: float = 0.5,
+        encoder: str = "mlp",
+        hidden_dims: Sequence[int] = (256, 256),
+        channels: int = 32,
+        conv_layers: int = 2,
+        likelihood: str = "gaussian",
+        pixel_var: float = 0.01,
+        min_scale: float = 1e-3,
+        pack_actions: bool = False,
+        inference: str = "prior",
+        landmark_neighbours: int = 5,
+        landmark_hidden: int = 32,
+        displacements: str = "free",
+        inverse_actions: Sequence[Tuple[int, int]] = ((0, 1), (2, 3)),
+        neighbour_warmup: Optional[Tuple[int, int]] = None,
+        displacement_lr_multiplier: float = 1.0,
+        wall_lr_multiplier: float = 1.0,
+    ) -> None:
         frame_shape = tuple(frame_shape)
         if len(frame_shape) not in (2, 3):
             raise ValueError(f"frame_shape must be (H, W) or (C, H, W), got {frame_shape!r}")
@@ -453,25 +455,25 @@ class GTMSM(GTMSMTransition, GTMSMMemories, SequenceModel):
                 torch.tensor(math.log(init_displacement_std * math.sqrt(num_actions)))
             )
         if walls:
-            self.wall_net = MLP(self.state_dim, (wall_hidden,), 1, "relu")
+            self.wall_net: Optional[MLP] = MLP(self.state_dim, (wall_hidden,), 1, "relu")
             # sigma_d starts as the constant sigmoid(3) ~= 0.95: every move is scaled alike, so
             # inverse moves stay inverse (random output weights made it vary by ~7% over the
             # grid, and the states drift after every round trip)
-            nn.init.zeros_(self.wall_net[-1].weight)
-            nn.init.constant_(self.wall_net[-1].bias, 3.0)
+            nn.init.zeros_(cast(nn.Linear, self.wall_net[-1]).weight)
+            nn.init.constant_(cast(nn.Linear, self.wall_net[-1]).bias, 3.0)
         else:
             self.wall_net = None
         if inference == "landmark":
             K, S = self.landmark_neighbours, self.state_dim
             # beta_k = sigmoid(beta_net(delta_k)); output bias -9: beta ~= 1e-4 at first, so the
             # guide starts close to the prior-only one (module docstring)
-            self.landmark_beta = MLP(1, (landmark_hidden,), 1, "relu")
-            nn.init.constant_(self.landmark_beta[-1].bias, -9.0)
+            self.landmark_beta: Optional[MLP] = MLP(1, (landmark_hidden,), 1, "relu")
+            nn.init.constant_(cast(nn.Linear, self.landmark_beta[-1]).bias, -9.0)
             # log sigma_q^2 - log sigma_p^2 = NN(delta^(1:K'), sigma^2_(1:K'), sigma_p^2); its
             # output layer starts at 0 (sigma_q = sigma_p at first)
-            self.landmark_var = MLP(K * (2 + S) + S, (landmark_hidden,), S, "relu")
-            nn.init.zeros_(self.landmark_var[-1].weight)
-            nn.init.zeros_(self.landmark_var[-1].bias)
+            self.landmark_var: Optional[MLP] = MLP(K * (2 + S) + S, (landmark_hidden,), S, "relu")
+            nn.init.zeros_(cast(nn.Linear, self.landmark_var[-1]).weight)
+            nn.init.zeros_(cast(nn.Linear, self.landmark_var[-1]).bias)
         else:
             self.landmark_beta = self.landmark_var = None
         self.register_buffer("s0", torch.zeros(self.state_dim))
@@ -746,7 +748,13 @@ class GTMSM(GTMSMTransition, GTMSMMemories, SequenceModel):
     # ------------------------------------------------------------------ prediction
 
     @torch.no_grad()
-    def predict(self, frames, actions, tau=None, sample_states=False):
+    def predict(
+        self,
+        frames: torch.Tensor,
+        actions: torch.Tensor,
+        tau: Optional[int] = None,
+        sample_states: bool = False,
+    ) -> Dict[str, torch.Tensor]:
         r"""Long-term prediction (thesis Fig. 7.2d): memorise ``frames[:, :tau]``, then generate
         the frames of the steps ``t > tau`` from the actions only.
 

@@ -68,6 +68,7 @@ convolutional encoder/decoder of :mod:`pyro_seq.nn.conv` (``encoder="conv"``) or
 """
 
 import math
+from typing import Literal, Optional, Sequence, Tuple, Union, overload
 
 import pyro
 import pyro.distributions as dist
@@ -206,27 +207,27 @@ class KVAE(SequenceModel):
 
     def __init__(
         self,
-        image_shape=(32, 32),
-        a_dim=2,
-        z_dim=4,
-        num_modes=3,
-        control_dim=0,
-        lstm_dim=50,
-        encoder="conv",
-        channels=32,
-        conv_layers=3,
-        hidden_dims=(128, 128),
-        transition_noise=0.08,
-        emission_noise=0.03,
-        init_cov=20.0,
-        init_matrix_std=0.05,
-        likelihood="bernoulli",
-        pixel_var=0.1,
-        min_scale=1e-3,
-        reconstruction_weight=0.3,
-        dynamics_warmup_epochs=5,
-        prior_score="exact",
-    ):
+        image_shape: Sequence[int] = (32, 32),
+        a_dim: int = 2,
+        z_dim: int = 4,
+        num_modes: int = 3,
+        control_dim: int = 0,
+        lstm_dim: int = 50,
+        encoder: str = "conv",
+        channels: int = 32,
+        conv_layers: int = 3,
+        hidden_dims: Sequence[int] = (128, 128),
+        transition_noise: float = 0.08,
+        emission_noise: float = 0.03,
+        init_cov: float = 20.0,
+        init_matrix_std: float = 0.05,
+        likelihood: str = "bernoulli",
+        pixel_var: float = 0.1,
+        min_scale: float = 1e-3,
+        reconstruction_weight: float = 0.3,
+        dynamics_warmup_epochs: int = 5,
+        prior_score: str = "exact",
+    ) -> None:
         image_shape = tuple(image_shape)
         super().__init__(math.prod(image_shape))
         self.image_shape = self.frame_shape = image_shape
@@ -710,8 +711,42 @@ class KVAE(SequenceModel):
         )
         return seen, inputs
 
+    @overload
+    def generate(
+        self,
+        num_sequences: int,
+        num_steps: int,
+        inputs: Optional[torch.Tensor] = None,
+        return_codes: Literal[False] = False,
+    ) -> Tuple[torch.Tensor, torch.Tensor]: ...
+
+    @overload
+    def generate(
+        self,
+        num_sequences: int,
+        num_steps: int,
+        inputs: Optional[torch.Tensor] = None,
+        *,
+        return_codes: Literal[True],
+    ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]: ...
+
+    @overload
+    def generate(
+        self,
+        num_sequences: int,
+        num_steps: int,
+        inputs: Optional[torch.Tensor],
+        return_codes: Literal[True],
+    ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]: ...
+
     @torch.no_grad()
-    def generate(self, num_sequences, num_steps, inputs=None, return_codes=False):
+    def generate(
+        self,
+        num_sequences: int,
+        num_steps: int,
+        inputs: Optional[torch.Tensor] = None,
+        return_codes: bool = False,
+    ) -> Union[Tuple[torch.Tensor, torch.Tensor], Tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
         """Ancestral samples: ``a_t ~ p(a_t | a_{<t})`` by the filter's predictive, the dynamics
         network fed the samples, ``x_t ~ p(x_t | a_t)``.
 
