@@ -77,11 +77,11 @@ class _Covariance(constraints.Constraint):
 
     event_dim = 2
 
-    def __init__(self, definite: bool):
+    def __init__(self, definite: bool) -> None:
         self.definite = definite
         super().__init__()
 
-    def check(self, value):
+    def check(self, value: Tensor) -> Tensor:
         return _covariance_ok(value, self.definite)
 
 

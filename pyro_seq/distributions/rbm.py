@@ -164,12 +164,12 @@ class VisibleUnits:
 class _RBMSupport(constraints.Constraint):
     """Binary vectors, one-hot vectors, or count vectors summing to ``n`` (per visible type)."""
 
-    def __init__(self, visible, num_trials):
+    def __init__(self, visible: str, num_trials: int) -> None:
         self.visible, self.num_trials = visible, num_trials
         self.event_dim = 1 if visible == "bernoulli" else 2
         super().__init__()
 
-    def check(self, value):
+    def check(self, value: torch.Tensor) -> torch.Tensor:
         if self.visible == "bernoulli":
             return ((value == 0) | (value == 1)).all(-1)
         integer = (value == value.round()) & (value >= 0)
