@@ -31,7 +31,7 @@ import json
 import sys
 from dataclasses import MISSING, asdict
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import TYPE_CHECKING, Optional, Sequence
 
 import torch
 
@@ -62,11 +62,14 @@ from pyro_seq.cli_types import PROBABILITY as PROBABILITY
 from pyro_seq.cli_types import PROBABILITY_BELOW_ONE as PROBABILITY_BELOW_ONE
 from pyro_seq.cli_types import SEED as SEED
 
+if TYPE_CHECKING:  # the training package is imported when a command needs it
+    from pyro_seq.train.config import TrainConfig
+
 #: The former name of :func:`~pyro_seq.cli_runs.load_run` (scripts and tests import it).
 _load_run = load_run
 
 
-def cmd_train(args):
+def cmd_train(args: argparse.Namespace) -> int:
     from pyro_seq.train import evaluate_bound, fit
 
     out_dir = Path(args.out)
@@ -164,7 +167,7 @@ def cmd_train(args):
     return 0
 
 
-def cmd_evaluate(args):
+def cmd_evaluate(args: argparse.Namespace) -> int:
     from pyro_seq.train import evaluate_bound
 
     run, model, data = _load_run_and_data(args, (args.split,))
@@ -204,7 +207,7 @@ def cmd_evaluate(args):
     return 0
 
 
-def _data_help():
+def _data_help() -> str:
     """``--data``'s help, from the names :func:`pyro_seq.data.load_dataset` knows."""
     from pyro_seq.data.datasets import NAMED_PICKLES, NAVIGATION, SIMULATED
 
@@ -268,7 +271,9 @@ def _field_help(option, default, flags, own_default):
     return text.replace("%", "%%")
 
 
-def add_train_options(parser, defaults=None):
+def add_train_options(
+    parser: argparse.ArgumentParser, defaults: Optional["TrainConfig"] = None
+) -> argparse.ArgumentParser:
     """Add a flag for every field of :class:`~pyro_seq.train.TrainConfig` to ``parser`` (an
     :class:`argparse.ArgumentParser`), under one argument group per group of
     :data:`pyro_seq.train.config.GROUPS`. Each flag's destination is the field's name, its
@@ -308,7 +313,9 @@ def add_train_options(parser, defaults=None):
     return parser
 
 
-def train_config_from_args(args, base=None):
+def train_config_from_args(
+    args: argparse.Namespace, base: Optional["TrainConfig"] = None
+) -> "TrainConfig":
     """The :class:`~pyro_seq.train.TrainConfig` of flags parsed by a parser that
     :func:`add_train_options` built: every field from its flag (a ``cli_none`` value such as
     ``--patience 0`` becomes None); fields without a flag from ``base`` (default: their
@@ -330,7 +337,7 @@ def train_config_from_args(args, base=None):
     return TrainConfig(**values) if base is None else dataclasses.replace(base, **values)
 
 
-def make_parser():
+def make_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="pyro-seq",
         description=__doc__.split("\n\n")[0],
@@ -488,7 +495,7 @@ def _task_parser(sub, name, func, help_text):
     return p
 
 
-def _device_option(p, default="cpu"):
+def _device_option(p: argparse.ArgumentParser, default: str = "cpu") -> None:
     p.add_argument(
         "--device",
         default=default,

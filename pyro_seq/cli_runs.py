@@ -2,24 +2,31 @@
 ``config.json`` and best weights, load and check a data set, and batch its sequences (used by
 the commands of :mod:`pyro_seq.cli` and :mod:`pyro_seq.cli_tasks`)."""
 
+import argparse
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
+
+if TYPE_CHECKING:  # the models are imported when a command needs them
+    from pyro_seq.models.contract import ModelContract
 
 #: Samples with this many binary features per step (the keys of a piano roll) are also written
 #: as MIDI files.
 PIANO_KEYS = 88
 
 
-def model_names():
+def model_names() -> Tuple[str, ...]:
     """The names ``--model`` accepts: :data:`pyro_seq.models.MODELS`."""
     from pyro_seq.models import MODELS
 
     return tuple(MODELS)
 
 
-def build_model(name, obs_dim, options, input_dim=0):
+def build_model(
+    name: str, obs_dim: int, options: Dict[str, Any], input_dim: int = 0
+) -> "ModelContract":
     """Construct a model by name for data of ``obs_dim`` features (and ``input_dim`` known
     inputs) per step, with keyword ``options``: the model's own
     :meth:`~pyro_seq.models.ModelContract.for_data`."""
@@ -37,7 +44,7 @@ def build_model(name, obs_dim, options, input_dim=0):
         raise SystemExit(f"pyro-seq: error: bad model option for {name}: {e}") from None
 
 
-def parse_options(pairs):
+def parse_options(pairs: Optional[Sequence[str]]) -> Dict[str, Any]:
     options = {}
     for pair in pairs or []:
         if "=" not in pair:
@@ -50,7 +57,9 @@ def parse_options(pairs):
     return options
 
 
-def load_data(spec, splits=("train", "valid", "test")):
+def load_data(
+    spec: str, splits: Sequence[str] = ("train", "valid", "test")
+) -> Dict[str, List[torch.Tensor]]:
     import pickle
 
     from pyro_seq.data import load_dataset
@@ -74,7 +83,7 @@ def load_weights(path):
     return load_weights(path)
 
 
-def device_option(spec):
+def device_option(spec: Union[str, torch.device]) -> torch.device:
     """``--device`` checked by the package's one device check; one line and exit code 1."""
     from pyro_seq.validation import parse_device
 
@@ -84,7 +93,7 @@ def device_option(spec):
         raise SystemExit(f"pyro-seq: error: {e}") from None
 
 
-def to_cpu(value):
+def to_cpu(value: Any) -> Any:
     """Tensors (or a tuple of them, e.g. Gaussian emission parameters) copied to the CPU, for
     figures, MIDI files and numbers."""
     if torch.is_tensor(value):
@@ -100,7 +109,7 @@ AIS_CHAINS = 100
 RUN_KEYS = {"model": str, "obs_dim": int, "model_options": dict, "data": str}
 
 
-def read_config(out_dir):
+def read_config(out_dir: Union[str, Path]) -> Dict[str, Any]:
     """The ``config.json`` of run folder ``out_dir`` (a dict with :data:`RUN_KEYS`); one line
     naming the file and the remedy when it is not valid JSON or lacks an entry."""
     cfg_path = Path(out_dir) / "config.json"
@@ -133,7 +142,9 @@ def read_config(out_dir):
     return run
 
 
-def load_best(model, out_dir, name, load=True):
+def load_best(
+    model: "ModelContract", out_dir: Union[str, Path], name: str, load: bool = True
+) -> None:
     """Read ``out_dir/best.pt`` and check that it fits ``model`` (the run's ``name``); load it
     into ``model`` unless ``load`` is False. One line naming the file and the remedy when it is
     damaged, holds a NaN or an infinity (:class:`~pyro_seq.train.CheckpointError`) or holds
@@ -155,7 +166,9 @@ def load_best(model, out_dir, name, load=True):
         )
 
 
-def load_run(out_dir, device="cpu"):
+def load_run(
+    out_dir: Union[str, Path], device: Union[str, torch.device] = "cpu"
+) -> Tuple[Dict[str, Any], "ModelContract"]:
     out_dir = Path(out_dir)
     cfg_path = out_dir / "config.json"
     if not cfg_path.exists():
@@ -175,7 +188,9 @@ def load_run(out_dir, device="cpu"):
     return run, model
 
 
-def load_run_and_data(args, splits, require=None):
+def load_run_and_data(
+    args: argparse.Namespace, splits: Sequence[str], require: Optional[str] = None
+) -> Tuple[Dict[str, Any], "ModelContract", Dict[str, List[torch.Tensor]]]:
     """The trained run ``args.run``, and the splits of ``args.data`` (default: the run's data),
     checked by the package's validator; the model must declare task ``require`` (if given),
     checked before the data are read."""
@@ -190,7 +205,7 @@ def load_run_and_data(args, splits, require=None):
     return run, model, data
 
 
-def check_data(data, model, spec):
+def check_data(data: Dict[str, List[torch.Tensor]], model: "ModelContract", spec: str) -> None:
     """Every split through the package's validator; one line and exit code 1 on bad data."""
     from pyro_seq.data import inputs_of
     from pyro_seq.validation import validate_sequence_list
@@ -215,7 +230,7 @@ def check_data(data, model, spec):
                 raise SystemExit(f"pyro-seq: error: data {spec}: {e}{hint}") from None
 
 
-def input_dim_of(seqs):
+def input_dim_of(seqs: Sequence[torch.Tensor]) -> int:
     """Features per step of the known inputs a split carries (0 without)."""
     from pyro_seq.data import inputs_of
 
@@ -223,7 +238,9 @@ def input_dim_of(seqs):
     return 0 if not inputs else int(inputs[0].shape[-1])
 
 
-def batch_of(seqs, indices, length=None):
+def batch_of(
+    seqs: Sequence[torch.Tensor], indices: Sequence[int], length: Optional[int] = None
+) -> Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
     """``(x, mask, inputs)`` of the sequences ``indices`` of a split (cut to ``length`` steps
     when given; ``inputs`` None when the split carries none), padded on the CPU."""
     from pyro_seq.data import inputs_of, pad_sequences
@@ -235,5 +252,7 @@ def batch_of(seqs, indices, length=None):
     return x, mask, u
 
 
-def to_device(device, tensor):
+def to_device(
+    device: Union[str, torch.device], tensor: Optional[torch.Tensor]
+) -> Optional[torch.Tensor]:
     return None if tensor is None else tensor.to(device)

@@ -2,6 +2,7 @@
 forecast`` (Bayer & Osendorfer (2014), sec. 4.2 and 4.3 for denoising and imputation).
 :func:`pyro_seq.cli.make_parser` wires them to their subcommands."""
 
+import argparse
 import json
 from pathlib import Path
 
@@ -18,7 +19,7 @@ from pyro_seq.cli_runs import (
 )
 
 
-def cmd_impute(args):
+def cmd_impute(args: argparse.Namespace) -> int:
     """Bayer & Osendorfer (2014), sec. 4.3: drop ``--drop`` consecutive steps of each sequence
     (or each step with probability ``--drop-prob``), impute them."""
     from pyro_seq.tasks import bits_per_element, drop_frames, drop_steps, impute, pixel_error
@@ -26,7 +27,6 @@ def cmd_impute(args):
 
     run, model, data = load_run_and_data(args, ("train", args.split))
     model.require("impute")
-    video = model.frame_shape is not None
     if args.method is None:  # the model's first imputation method is its default
         args.method = model.impute_methods[0]
     model.require(args.method, "impute_method")
@@ -94,9 +94,9 @@ def cmd_impute(args):
     (out / f"impute_{args.split}_{args.method}.json").write_text(json.dumps(result, indent=1))
     L = int(mask[0].sum())
     png = out / f"impute_{args.split}_0.png"
-    if video:  # the recovered video beside the truth (missing frames decoded by the model)
-        frames = [v[0, :L].reshape((L,) + tuple(model.frame_shape)) for v in (x, probs)]
-        frames = torch.cat([f.mean(1) if f.dim() == 4 else f for f in frames], -1).clamp(0, 1)
+    if model.frame_shape is not None:  # a video: the recovered one beside the truth
+        panels = [v[0, :L].reshape((L,) + tuple(model.frame_shape)) for v in (x, probs)]
+        frames = torch.cat([f.mean(1) if f.dim() == 4 else f for f in panels], -1).clamp(0, 1)
         plot_video(
             frames,
             png,
@@ -129,7 +129,7 @@ def cmd_impute(args):
     return 0
 
 
-def cmd_denoise(args):
+def cmd_denoise(args: argparse.Namespace) -> int:
     """Bayer & Osendorfer (2014), sec. 4.2: flip each element with probability ``--flip`` (real
     values: add Gaussian noise ``--noise``), denoise online."""
     from pyro_seq.tasks import denoise
@@ -178,8 +178,8 @@ def cmd_denoise(args):
     L = int(mask[0].sum())
     png = out / f"denoise_{args.split}_0.png"
     if model.frame_shape is not None:
-        frames = [v[0, :L].reshape((L,) + tuple(model.frame_shape)) for v in (x, corrupted, x_hat)]
-        frames = torch.cat([f.mean(1) if f.dim() == 4 else f for f in frames], -1).clamp(0, 1)
+        panels = [v[0, :L].reshape((L,) + tuple(model.frame_shape)) for v in (x, corrupted, x_hat)]
+        frames = torch.cat([f.mean(1) if f.dim() == 4 else f for f in panels], -1).clamp(0, 1)
         plot_video(frames, png, title="truth | corrupted | denoised")
     elif model.binary_observations:
         plot_recovery(x[0, :L], corrupted[0, :L], x_hat[0, :L], png, title="denoising")
@@ -189,7 +189,7 @@ def cmd_denoise(args):
     return 0
 
 
-def cmd_sample(args):
+def cmd_sample(args: argparse.Namespace) -> int:
     from pyro_seq.data.midi import piano_roll_to_midi
     from pyro_seq.train.plots import plot_features, plot_piano_roll, plot_video
 
@@ -231,7 +231,7 @@ def cmd_sample(args):
     return 0
 
 
-def cmd_forecast(args):
+def cmd_forecast(args: argparse.Namespace) -> int:
     """Continue the first ``--prefix`` steps of each sequence for ``--steps`` steps in
     generation mode (:func:`pyro_seq.tasks.forecast`, ``--num-samples`` paths each) and score
     the true continuation: its log-likelihood under the forecast mixture (binary observations)

@@ -2,9 +2,16 @@
 :class:`~pyro_seq.train.TrainConfig` fields declare as their ``check``)."""
 
 import argparse
+from typing import Callable, Optional, Type, Union
 
 
-def number(kind, low, high=None, low_open=False, high_open=False):
+def number(
+    kind: Union[Type[int], Type[float]],
+    low: float,
+    high: Optional[float] = None,
+    low_open: bool = False,
+    high_open: bool = False,
+) -> Callable[[str], float]:
     """An argparse ``type=``: a finite ``kind`` (int or float) in the interval from ``low`` to
     ``high`` (open at an end when ``low_open`` / ``high_open``). argparse refuses anything else
     with the usage line and one error line naming the option and the range (exit code 2)."""
@@ -19,7 +26,7 @@ def number(kind, low, high=None, low_open=False, high_open=False):
     else:
         rng = f"in {'(' if low_open else '['}{low}, {high}{')' if high_open else ']'}"
 
-    def parse(text):
+    def parse(text: str) -> float:
         try:
             value = kind(text)
         except ValueError:
