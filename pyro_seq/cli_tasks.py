@@ -285,7 +285,8 @@ def cmd_forecast(args: argparse.Namespace) -> int:
         f"{result['baseline_mean_absolute_error']:.4f})"
     )
     if binary:  # log (1/S) sum_s p(x_{P+k} | path_s), nats per step (summed over the features)
-        log_prob = res.log_prob.cpu()  # (B, K)
+        # (B, K); forecast scores the target, which binary models were given above
+        log_prob = res.log_prob.cpu()  # type: ignore[union-attr]
         freq = torch.cat(list(data["train"])).float().mean(0).clamp(1e-6, 1 - 1e-6)
         base = (truth * freq.log() + (1 - truth) * (-freq).log1p()).sum(-1)
         result.update(

@@ -31,7 +31,7 @@ following the sequence-model contract whose observation sites are named ``x_1..x
 
 import contextlib
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Tuple
 
 import pyro.poutine as poutine
 import torch
@@ -148,17 +148,17 @@ def _traces(model, x, mask, **kwargs):
 
 @torch.no_grad()
 def impute(
-    model,
-    x,
-    observed,
-    mask=None,
-    method="iterative",
-    num_iterations=20,
-    burn_in=None,
-    num_particles=64,
-    generator=None,
-    inputs=None,
-):
+    model: ModelContract,
+    x: torch.Tensor,
+    observed: torch.Tensor,
+    mask: Optional[torch.Tensor] = None,
+    method: str = "iterative",
+    num_iterations: int = 20,
+    burn_in: Optional[int] = None,
+    num_particles: int = 64,
+    generator: Optional[torch.Generator] = None,
+    inputs: Optional[torch.Tensor] = None,
+) -> ImputationResult:
     """Fill the missing entries of ``x`` (see the module docstring).
 
     :param model: a trained :class:`~pyro_seq.models.SequenceModel`.
@@ -287,7 +287,12 @@ class _GuideMode(Messenger):
 
 
 @torch.no_grad()
-def denoise(model, x, mask=None, inputs=None):
+def denoise(
+    model: ModelContract,
+    x: torch.Tensor,
+    mask: Optional[torch.Tensor] = None,
+    inputs: Optional[torch.Tensor] = None,
+) -> Tuple[torch.Tensor, torch.Tensor]:
     """Online denoising (Bayer & Osendorfer 2014, sec. 4.2): ``(x_hat, params)``.
 
     The guide's latent sites take their means (the MAP of the Gaussian recognition model, step
@@ -326,7 +331,15 @@ def _denoise(model, x, mask, inputs):
 
 
 @torch.no_grad()
-def forecast(model, x_prefix, steps, num_samples=100, mask=None, target=None, inputs=None):
+def forecast(
+    model: ModelContract,
+    x_prefix: torch.Tensor,
+    steps: int,
+    num_samples: int = 100,
+    mask: Optional[torch.Tensor] = None,
+    target: Optional[torch.Tensor] = None,
+    inputs: Optional[torch.Tensor] = None,
+) -> ForecastResult:
     """Continue each sequence of ``x_prefix`` for ``steps`` steps in generation mode.
 
     The prefixes must have equal length (``mask`` all True, or None). The latent path of the
@@ -427,7 +440,9 @@ def _mixture_log_prob(model, means, target):
     return torch.logsumexp(lp, 0) - torch.log(torch.tensor(float(lp.shape[0]), dtype=lp.dtype))
 
 
-def drop_steps(mask, drop, generator=None):
+def drop_steps(
+    mask: torch.Tensor, drop: int, generator: Optional[torch.Generator] = None
+) -> torch.Tensor:
     """The ``observed`` mask of Bayer & Osendorfer (2014), sec. 4.3: ``drop`` consecutive steps
     missing per sequence.
 
@@ -449,7 +464,12 @@ def drop_steps(mask, drop, generator=None):
     return observed
 
 
-def drop_frames(mask, prob, generator=None, keep_first=0):
+def drop_frames(
+    mask: torch.Tensor,
+    prob: float,
+    generator: Optional[torch.Generator] = None,
+    keep_first: int = 0,
+) -> torch.Tensor:
     """An ``observed`` mask with each real step missing independently with probability ``prob``
     (the random-drop scheme of thesis Fig. 6.3a); the first ``keep_first`` steps stay observed.
 
@@ -463,7 +483,7 @@ def drop_frames(mask, prob, generator=None, keep_first=0):
     return observed
 
 
-def pixel_error(probs, target, missing):
+def pixel_error(probs: torch.Tensor, target: torch.Tensor, missing: torch.Tensor) -> float:
     """Fraction of incorrectly imputed pixels (thesis Fig. 6.3): ``probs > 1/2`` against the
     binary ``target`` over the elements where ``missing`` (bool, broadcastable) is True; NaN
     when nothing is missing.
@@ -477,7 +497,7 @@ def pixel_error(probs, target, missing):
     return float(wrong.sum() / missing.sum())
 
 
-def bits_per_element(probs, target, eps=1e-6):
+def bits_per_element(probs: torch.Tensor, target: torch.Tensor, eps: float = 1e-6) -> float:
     """Mean of ``-log2 p(target)`` under independent Bernoulli ``probs`` (clamped to ``eps``).
 
     :param torch.Tensor probs: probabilities, any shape.
