@@ -282,7 +282,8 @@ class EnergyBasedModel(ModelContract):
         self.init_visible_bias(train_sequences)
         return ["output_bias"]
 
-    def init_visible_bias(self, train_sequences: Sequence[torch.Tensor]) -> None:
+    def init_visible_bias(self, train_sequences: Sequence[torch.Tensor]) -> torch.Tensor:
+        """Set the visible bias from the frequencies in ``train_sequences``; returns it."""
         raise NotImplementedError
 
 

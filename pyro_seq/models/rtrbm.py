@@ -30,7 +30,7 @@ with each per-step partition function exact (small ``H`` or ``V``) or by AIS.
 """
 
 from types import MappingProxyType
-from typing import NamedTuple
+from typing import Any, Iterable, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import pyro
 import torch
@@ -85,7 +85,7 @@ class RTRBM(EnergyBasedModel):
         )
     )
 
-    def __init__(self, num_visible, num_hidden=150, init_scale=0.01):
+    def __init__(self, num_visible: int, num_hidden: int = 150, init_scale: float = 0.01) -> None:
         super().__init__()
         for name, value in (("num_visible", num_visible), ("num_hidden", num_hidden)):
             if not isinstance(value, int) or value < 1:
@@ -99,7 +99,7 @@ class RTRBM(EnergyBasedModel):
         self.b_init = nn.Parameter(torch.zeros(num_hidden))
 
     # ------------------------------------------------------------------ structure
-    def weights(self):
+    def weights(self) -> Tuple[torch.Tensor, torch.Tensor]:
         """The ``(W, U)`` the energy uses (SRTRBM masks them)."""
         return self.W, self.U
 
@@ -110,7 +110,7 @@ class RTRBM(EnergyBasedModel):
         return x.to(self.W.dtype), mask
 
     # ------------------------------------------------------------------ recursion
-    def hidden_biases(self, x):
+    def hidden_biases(self, x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         r"""Per-step hidden biases :math:`b_t` ``(batch, T, H)`` and :math:`r_t` ``(batch, T, H)``.
 
         :math:`b_1 = b_{init}`, :math:`b_t = b + U r_{t-1}`; :math:`r_t = \sigma(W v_t + b_t)`
@@ -118,7 +118,8 @@ class RTRBM(EnergyBasedModel):
         """
         W, U = self.weights()
         drive = torch.einsum("hv,btv->bth", W, x)  # W v_t for every step at once
-        biases, rs = [], []
+        biases: List[torch.Tensor] = []
+        rs: List[torch.Tensor] = []
         bias = self.b_init.expand(x.shape[0], self.num_hidden)
         for t in range(x.shape[1]):
             if t > 0:
@@ -127,14 +128,19 @@ class RTRBM(EnergyBasedModel):
             rs.append(torch.sigmoid(drive[:, t] + bias))
         return torch.stack(biases, 1), torch.stack(rs, 1)
 
-    def step_rbms(self, x):
+    def step_rbms(self, x: torch.Tensor) -> RBM:
         """The per-step conditional RBMs as one :class:`RBM` of batch shape ``(batch, T)``."""
         W, _ = self.weights()
         biases, _ = self.hidden_biases(x)
         return RBM(W, self.c, biases)
 
     # ------------------------------------------------------------------ Pyro program
-    def model(self, x, mask=None, num_sequences=None):
+    def model(
+        self,
+        x: torch.Tensor,
+        mask: Optional[torch.Tensor] = None,
+        num_sequences: Optional[int] = None,
+    ) -> None:
         """Observe ``x`` ``(batch, T, V)`` through the per-step RBMs (site ``"x"``).
 
         :param mask: ``(batch, T)`` padding mask or None.
@@ -145,25 +151,33 @@ class RTRBM(EnergyBasedModel):
         rbm = self.step_rbms(x)
         B = x.shape[0]
         plate = (
-            pyro.plate("sequences", B, dim=-1, device=x.device)
+            # pyro.plate takes a torch.device too (its annotation says str)
+            pyro.plate("sequences", B, dim=-1, device=x.device)  # type: ignore[arg-type]
             if num_sequences is None
             else pyro.plate(
                 "sequences",
                 num_sequences,
                 subsample=torch.arange(B, device=x.device),
                 dim=-1,
-                device=x.device,
+                device=x.device,  # type: ignore[arg-type]
             )
         )
         with plate:
             pyro.sample("x", rbm.mask(mask).to_event(1), obs=x)
 
-    def guide(self, x, mask=None, num_sequences=None):
+    def guide(
+        self,
+        x: torch.Tensor,
+        mask: Optional[torch.Tensor] = None,
+        num_sequences: Optional[int] = None,
+    ) -> None:
         """Empty: an RTRBM has no latent sample sites (the hidden units are summed out)."""
         self._check(x, mask)
 
     @torch.no_grad()
-    def init_visible_bias(self, train_sequences, eps=1e-3):
+    def init_visible_bias(
+        self, train_sequences: Iterable[torch.Tensor], eps: float = 1e-3
+    ) -> torch.Tensor:
         """Set ``c`` to the logit of each unit's frequency in the training steps (the usual RBM
         start: the visible marginals of the independent model); returns it."""
         freq = torch.cat([s.reshape(-1, self.num_visible) for s in train_sequences]).mean(0)
@@ -173,7 +187,9 @@ class RTRBM(EnergyBasedModel):
 
     # ------------------------------------------------------------------ evaluation
     @torch.no_grad()
-    def pseudo_log_likelihood(self, x, mask=None):
+    def pseudo_log_likelihood(
+        self, x: torch.Tensor, mask: Optional[torch.Tensor] = None
+    ) -> torch.Tensor:
         """Per sequence :math:`\\sum_t \\sum_i \\log p(v_{t,i} \\mid v_{t,-i}, r_{t-1})` ``(batch,)``:
         the validation monitor of CD training (not a bound on the likelihood)."""
         x, mask = self._check(x, mask)
@@ -185,15 +201,15 @@ class RTRBM(EnergyBasedModel):
     @torch.no_grad()
     def log_likelihood(
         self,
-        x,
-        mask=None,
-        method="exact",
-        num_chains=100,
-        num_betas=1000,
-        betas=None,
-        base_visible_bias=None,
-        steps_per_chunk=None,
-    ):
+        x: torch.Tensor,
+        mask: Optional[torch.Tensor] = None,
+        method: str = "exact",
+        num_chains: int = 100,
+        num_betas: int = 1000,
+        betas: Optional[torch.Tensor] = None,
+        base_visible_bias: Optional[torch.Tensor] = None,
+        steps_per_chunk: Optional[int] = None,
+    ) -> "SequenceLogLikelihood":
         r"""Per-sequence :math:`\log p(v_{1:T}) = \sum_t [-F_t(v_t) - \log Z_t]`.
 
         :param str method: ``"exact"`` (enumeration; small ``H`` or ``V``) or ``"ais"`` (each
@@ -237,7 +253,13 @@ class RTRBM(EnergyBasedModel):
         return SequenceLogLikelihood(ll, (var * m).sum(-1).sqrt(), mask.sum(-1))
 
     @torch.no_grad()
-    def generate(self, num_sequences, num_steps, gibbs_steps=100, prefix=None):
+    def generate(
+        self,
+        num_sequences: int,
+        num_steps: int,
+        gibbs_steps: int = 100,
+        prefix: Optional[torch.Tensor] = None,
+    ) -> Tuple[torch.Tensor, torch.Tensor]:
         """Sample sequences by per-step Gibbs (Mittelman et al. (2014), supplementary sec. 1.1).
 
         At each step ``gibbs_steps`` sweeps of the conditional RBM given :math:`r_{t-1}` from a
@@ -262,9 +284,10 @@ class RTRBM(EnergyBasedModel):
             prefix = self._check_prefix(prefix, num_sequences, num_steps)
         W, U = self.weights()
         out, logits = [], []
-        r = None
+        r: Optional[torch.Tensor] = None
         for t in range(num_steps):
-            bias = self.b_init.expand(num_sequences, -1) if t == 0 else self.b + r @ U.T
+            # r is r_{t-1}, set by the previous step, whenever t > 0
+            bias = self.b_init.expand(num_sequences, -1) if t == 0 else self.b + r @ U.T  # type: ignore[operator]
             rbm = RBM(W, self.c, bias)
             if prefix is not None and t < prefix.shape[1]:
                 v = prefix[:, t].to(W.dtype)
@@ -327,9 +350,18 @@ class SRTRBM(RTRBM):
     """
 
     module_name = "srtrbm"
+    W_mask: torch.Tensor  #: buffer ``(H, V)``
+    U_mask: torch.Tensor  #: buffer ``(H, H)``
     small_example = example(obs_dim=6, num_groups=2, hidden_per_group=2)
 
-    def __init__(self, num_visible, num_hidden, W_mask, U_mask=None, init_scale=0.01):
+    def __init__(
+        self,
+        num_visible: int,
+        num_hidden: int,
+        W_mask: torch.Tensor,
+        U_mask: Optional[torch.Tensor] = None,
+        init_scale: float = 0.01,
+    ) -> None:
         super().__init__(num_visible, num_hidden, init_scale)
         W_mask = _binary_mask(W_mask, (num_hidden, num_visible), "W_mask")
         U_mask = (
@@ -345,8 +377,14 @@ class SRTRBM(RTRBM):
 
     @classmethod
     def for_data(
-        cls, obs_dim, input_dim=0, num_groups=4, hidden_per_group=8, edges="chain", **options
-    ):
+        cls,
+        obs_dim: int,
+        input_dim: int = 0,
+        num_groups: int = 4,
+        hidden_per_group: int = 8,
+        edges: Union[str, Sequence[Tuple[int, int]]] = "chain",
+        **options: Any,
+    ) -> "SRTRBM":
         """An SRTRBM over ``obs_dim`` visibles split into ``num_groups`` contiguous groups (e.g.
         registers of a piano roll), ``hidden_per_group`` hidden units each, groups linked
         through ``U`` along a chain (``edges="chain"``), not at all (``"none"``) or as a list
@@ -363,15 +401,22 @@ class SRTRBM(RTRBM):
         elif edges == "none":
             edges = []
         W_mask, U_mask = cls.block_masks(
-            groups, positive_int("hidden_per_group", hidden_per_group), edges
+            groups,
+            positive_int("hidden_per_group", hidden_per_group),
+            # "chain" and "none" are replaced above; any other string is not refused here
+            edges,  # type: ignore[arg-type]
         )
         return cls(obs_dim, W_mask.shape[0], W_mask, U_mask, **options)
 
-    def weights(self):
+    def weights(self) -> Tuple[torch.Tensor, torch.Tensor]:
         return self.W * self.W_mask, self.U * self.U_mask
 
     @staticmethod
-    def block_masks(visible_groups, hidden_per_group, edges=None):
+    def block_masks(
+        visible_groups: Sequence[Sequence[int]],
+        hidden_per_group: int,
+        edges: Optional[Sequence[Tuple[int, int]]] = None,
+    ) -> Tuple[torch.Tensor, torch.Tensor]:
         r"""Masks of a structure over groups of units (Mittelman et al.'s block structure).
 
         :param list visible_groups: one list of visible indices per group ``g``.
