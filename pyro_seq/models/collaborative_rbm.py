@@ -24,7 +24,7 @@ probability of the correct answer at the question.
 """
 
 from types import MappingProxyType
-from typing import Tuple
+from typing import Any, Optional, Tuple
 
 import pyro
 import torch
@@ -79,15 +79,15 @@ class CollaborativeRBM(EnergyBasedModel):
 
     def __init__(
         self,
-        num_questions,
-        num_hidden=15,
-        visible="bernoulli",
-        num_options=2,
-        num_trials=2,
-        num_factors=None,
-        conditional=False,
-        init_scale=1e-3,
-    ):
+        num_questions: int,
+        num_hidden: int = 15,
+        visible: str = "bernoulli",
+        num_options: int = 2,
+        num_trials: int = 2,
+        num_factors: Optional[int] = None,
+        conditional: bool = False,
+        init_scale: float = 1e-3,
+    ) -> None:
         super().__init__()
         if visible not in VISIBLE_TYPES:
             raise ValueError(f"visible must be one of {VISIBLE_TYPES}, got {visible!r}")
@@ -114,7 +114,7 @@ class CollaborativeRBM(EnergyBasedModel):
         self.b = nn.Parameter(torch.zeros(num_hidden))
         self.D = nn.Parameter(torch.zeros(num_hidden, num_questions)) if conditional else None
 
-    def weights(self):
+    def weights(self) -> torch.Tensor:
         """``W`` ``(H, Q[, K])``; for the factored model :math:`B A` (Soyer & Möllenhoff eq. 17)."""
         if self.num_factors is None:
             return self.W
@@ -122,16 +122,22 @@ class CollaborativeRBM(EnergyBasedModel):
             return self.B @ self.A
         return torch.einsum("hc,cqk->hqk", self.B, self.A)
 
-    def encode(self, answer):
+    def encode(self, answer: torch.Tensor) -> torch.Tensor:
         """Visible states of answers ``(n,)``: 0/1 correct (Bernoulli), one-hot over options
         (softmax), or ``num_trials`` times the one-hot (binomial-softmax, every replica set)."""
         if self.visible == "bernoulli":
             return (answer == self.correct_state).to(self.b.dtype)
         return self.num_trials * F.one_hot(answer, self.num_options).to(self.b.dtype)
 
-    def distribution(self, row, column, num_rows, seen=None):
+    def distribution(
+        self,
+        row: torch.Tensor,
+        column: torch.Tensor,
+        num_rows: int,
+        seen: Optional[Tuple[torch.Tensor, torch.Tensor]] = None,
+    ) -> SparseRBM:
         """The batch's :class:`SparseRBM` (``seen``: ``(row, column)`` of the seen questions)."""
-        hidden_bias = self.b
+        hidden_bias: torch.Tensor = self.b
         if self.D is not None:
             if seen is None:
                 raise ValueError("a conditional CollaborativeRBM needs seen=(row, column)")
@@ -150,7 +156,15 @@ class CollaborativeRBM(EnergyBasedModel):
             num_trials=self.num_trials,
         )
 
-    def model(self, row, column, answer, num_rows, num_students=None, seen=None):
+    def model(
+        self,
+        row: torch.Tensor,
+        column: torch.Tensor,
+        answer: torch.Tensor,
+        num_rows: int,
+        num_students: Optional[int] = None,
+        seen: Optional[Tuple[torch.Tensor, torch.Tensor]] = None,
+    ) -> None:
         """Observe a minibatch of students' answers through their sub-RBMs (site ``"answers"``).
 
         :param row: ``(n,)`` int64 row ``0..num_rows-1`` of each answer.
@@ -164,23 +178,33 @@ class CollaborativeRBM(EnergyBasedModel):
         fn = self.distribution(row, column, num_rows, seen)
         device = self.b.device
         plate = (
-            pyro.plate("students", num_rows, device=device)
+            # pyro.plate takes a torch.device too (its annotation says str)
+            pyro.plate("students", num_rows, device=device)  # type: ignore[arg-type]
             if num_students is None
             else pyro.plate(
                 "students",
                 num_students,
                 subsample=torch.arange(num_rows, device=device),
-                device=device,
+                device=device,  # type: ignore[arg-type]
             )
         )
         with plate:
             pyro.sample("answers", fn, obs=self.encode(answer))
 
-    def guide(self, *args, **kwargs):
+    def guide(self, *args: Any, **kwargs: Any) -> None:
         """Empty: the hidden units are summed out (there are no latent sample sites)."""
 
     @torch.no_grad()
-    def predict(self, row, column, answer, num_rows, query_row, query_column, seen=None):
+    def predict(
+        self,
+        row: torch.Tensor,
+        column: torch.Tensor,
+        answer: torch.Tensor,
+        num_rows: int,
+        query_row: torch.Tensor,
+        query_column: torch.Tensor,
+        seen: Optional[Tuple[torch.Tensor, torch.Tensor]] = None,
+    ) -> torch.Tensor:
         """P(correct) at the queries ``(query_row, query_column)`` ``(m,)`` given each row's
         training answers (mean-field, Soyer & Möllenhoff eq. 9-10 / 14-15)."""
         fn = self.distribution(row, column, num_rows, seen)
