@@ -77,7 +77,7 @@ def load_data(
         raise SystemExit(f"pyro-seq: error: --data {spec}: {e.args[0]}") from None
 
 
-def load_weights(path):
+def load_weights(path: Union[str, Path]) -> Dict[str, torch.Tensor]:
     from pyro_seq.train import load_weights
 
     return load_weights(path)

@@ -266,7 +266,7 @@ def _full(tensor, shape, like):
     return tensor.expand(shape)
 
 
-def check_fully_reparameterized(guide_trace, who):
+def check_fully_reparameterized(guide_trace: Any, who: str) -> None:
     for name, site in guide_trace.nodes.items():
         if site["type"] == "sample" and not is_reparameterized(site):
             raise ValueError(
@@ -314,7 +314,7 @@ def common_guide_scale(guide_traces, divide_scale, who):
     return 1.0 if beta is None else beta
 
 
-def vimco_leave_one_out(log_w):
+def vimco_leave_one_out(log_w: torch.Tensor) -> torch.Tensor:
     r"""VIMCO's leave-one-out baselines :math:`b_k` of :eq:`vimco-baseline`.
 
     :param torch.Tensor log_w: log weights, shape ``(K, E)`` with ``K >= 2``.
