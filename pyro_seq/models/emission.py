@@ -20,11 +20,13 @@ Missing data inside sequences: :func:`masked_log_prob` scores only the observed 
     log p(x_O) = logsumexp_k [log pi_k + sum_{d in O} log N(x_d; mu_kd, s_kd^2)]  (gmm)  (2)
 """
 
+from typing import Any, Callable, Optional, Sequence, Tuple, Union
+
 import pyro.distributions as dist
 import torch
 import torch.nn as nn
 from pyro.distributions.torch_distribution import TorchDistribution
-from torch.distributions import Independent
+from torch.distributions import Distribution, Independent
 
 from pyro_seq.distributions.mixture import DiagonalNormalMixture, broadcast_element_mask
 from pyro_seq.nn import MLP, GaussianHead
@@ -32,18 +34,20 @@ from pyro_seq.nn import MLP, GaussianHead
 LIKELIHOODS = ("bernoulli", "gaussian", "gmm")
 
 
-def bernoulli_likelihood(logits):
+def bernoulli_likelihood(logits: torch.Tensor) -> TorchDistribution:
     """``p(x_t | .) = prod_d Bernoulli(x_td; sigmoid(logits_d))``, event dim 1."""
     return dist.Bernoulli(logits=logits, validate_args=False).to_event(1)
 
 
-def gaussian_likelihood(params):
+def gaussian_likelihood(params: Tuple[torch.Tensor, torch.Tensor]) -> TorchDistribution:
     """``p(x_t | .) = prod_d N(x_td; loc_d, scale_d^2)``, event dim 1."""
     loc, scale = params
     return dist.Normal(loc, scale).to_event(1)
 
 
-def gmm_likelihood(params):
+def gmm_likelihood(
+    params: Tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+) -> DiagonalNormalMixture:
     """Mixture of diagonal Gaussians from flat params: a :class:`DiagonalNormalMixture`.
 
     :param tuple params: ``(logits, loc, scale)`` of shapes ``(..., K)``, ``(..., K*D)``,
@@ -68,20 +72,28 @@ class GMMHead(nn.Module):
     size ``K*D``, so every component's standard deviation is at least ``min_scale``.
     """
 
-    def __init__(self, in_dim, obs_dim, num_components, min_scale=1e-3):
+    def __init__(
+        self, in_dim: int, obs_dim: int, num_components: int, min_scale: float = 1e-3
+    ) -> None:
         super().__init__()
         self.num_components, self.obs_dim = num_components, obs_dim
         self.logits = nn.Linear(in_dim, num_components)
         self.gaussian = GaussianHead(in_dim, num_components * obs_dim, min_scale)
 
-    def forward(self, h):
+    def forward(self, h: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         loc, scale = self.gaussian(h)
         return self.logits(h), loc, scale
 
 
 def make_emission(
-    likelihood, in_dim, hidden_dims, obs_dim, activation="relu", num_components=None, min_scale=1e-3
-):
+    likelihood: str,
+    in_dim: int,
+    hidden_dims: Sequence[int],
+    obs_dim: int,
+    activation: str = "relu",
+    num_components: Optional[int] = None,
+    min_scale: float = 1e-3,
+) -> Tuple[nn.Module, Callable[[Any], TorchDistribution]]:
     """Return ``(network, likelihood_fn)`` for ``"bernoulli"``, ``"gaussian"`` or ``"gmm"``.
 
     The network maps features ``(..., in_dim)`` to the likelihood's parameters (see the module
@@ -116,10 +128,12 @@ def make_emission(
     return nn.Sequential(body, head), gmm_likelihood
 
 
-def stack_params(params):
+def stack_params(
+    params: Sequence[Union[torch.Tensor, Tuple[torch.Tensor, ...]]],
+) -> Union[torch.Tensor, Tuple[torch.Tensor, ...]]:
     """Stack per-step emission parameters along time (dim 1): tensors or tuples of tensors."""
-    if torch.is_tensor(params[0]):
-        return torch.stack(params, 1)
+    if torch.is_tensor(params[0]):  # one layout per call: every entry is a tensor
+        return torch.stack(params, 1)  # type: ignore[arg-type]
     return tuple(torch.stack(p, 1) for p in zip(*params))
 
 
@@ -133,7 +147,9 @@ def _fill_value(base, value):
     return zero if ok else base.mean.detach()
 
 
-def masked_log_prob(fn, value, element_mask=None):
+def masked_log_prob(
+    fn: Distribution, value: torch.Tensor, element_mask: Optional[torch.Tensor] = None
+) -> torch.Tensor:
     """``log p(observed elements of value)`` under ``fn``: eq. (1) or (2); shape ``fn.batch_shape``.
 
     :param fn: a distribution with event shape ``(D,)``: ``Independent(base, 1)`` of a
@@ -177,7 +193,7 @@ class ObservedElements(TorchDistribution):
 
     arg_constraints = {}
 
-    def __init__(self, fn, element_mask):
+    def __init__(self, fn: TorchDistribution, element_mask: torch.Tensor) -> None:
         if len(fn.event_shape) != 1:
             raise ValueError(
                 f"ObservedElements needs event shape (D,), got {tuple(fn.event_shape)}"
