@@ -155,7 +155,7 @@ class DMM(SequenceModel):
         self.z_q_0 = nn.Parameter(torch.zeros(z_dim))
 
     @classmethod
-    def for_data(cls, obs_dim, input_dim=0, **options):
+    def for_data(cls, obs_dim: int, input_dim: int = 0, **options: Any) -> "DMM":
         """A DMM for ``obs_dim`` features and ``input_dim`` known inputs per step."""
         return cls(obs_dim, input_dim=input_dim, **options)
 

@@ -161,7 +161,7 @@ whole sequence (multiply by ``T / (T - tau)`` for nats per predicted frame).
 
 import math
 from types import MappingProxyType
-from typing import Dict, Optional, Sequence, Tuple, cast
+from typing import Any, Dict, Optional, Sequence, Tuple, cast
 
 import pyro
 import pyro.distributions as dist
@@ -483,7 +483,7 @@ class GTMSM(GTMSMTransition, GTMSMMemories, SequenceModel):
     # ------------------------------------------------------------------ validation helpers
 
     @classmethod
-    def for_data(cls, obs_dim, input_dim=0, **options):
+    def for_data(cls, obs_dim: int, input_dim: int = 0, **options: Any) -> "GTMSM":
         """A GTM-SM for frames of ``obs_dim`` values with ``input_dim`` one-hot actions per
         step as ``inputs=`` (``num_actions = input_dim``). Without inputs, the compatibility
         path: the actions are the last ``num_actions`` columns of ``x`` (``pack_actions=True``).

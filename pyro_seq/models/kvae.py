@@ -68,7 +68,7 @@ convolutional encoder/decoder of :mod:`pyro_seq.nn.conv` (``encoder="conv"``) or
 """
 
 import math
-from typing import Literal, Optional, Sequence, Tuple, Union, overload
+from typing import Any, Literal, Optional, Sequence, Tuple, Union, overload
 
 import pyro
 import pyro.distributions as dist
@@ -383,7 +383,7 @@ class KVAE(SequenceModel):
         state["d"], state["c"] = self.dynamics.initial(x, (B,))
 
     @classmethod
-    def for_data(cls, obs_dim, input_dim=0, **options):
+    def for_data(cls, obs_dim: int, input_dim: int = 0, **options: Any) -> "KVAE":
         """A KVAE for frames of ``obs_dim`` pixels (square unless ``image_shape`` is given) with
         ``input_dim`` controls per step (``control_dim``)."""
         options = dict(options)

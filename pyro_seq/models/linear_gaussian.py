@@ -173,32 +173,32 @@ class LinearGaussianSequenceModel(SequenceModel):
         return L
 
     @property
-    def Q_tril(self):
+    def Q_tril(self) -> torch.Tensor:
         """``(S, S)`` lower Cholesky factor of ``Q``."""
         return self._tril("Q")
 
     @property
-    def R_tril(self):
+    def R_tril(self) -> torch.Tensor:
         """``(D, D)`` lower Cholesky factor of ``R``."""
         return self._tril("R")
 
     @property
-    def init_tril(self):
+    def init_tril(self) -> torch.Tensor:
         """``(S, S)`` lower Cholesky factor of ``P_0``."""
         return self._tril("init_cov")
 
     @property
-    def Q(self):
+    def Q(self) -> torch.Tensor:
         L = self.Q_tril
         return L @ L.T
 
     @property
-    def R(self):
+    def R(self) -> torch.Tensor:
         L = self.R_tril
         return L @ L.T
 
     @property
-    def init_cov(self):
+    def init_cov(self) -> torch.Tensor:
         L = self.init_tril
         return L @ L.T
 
@@ -251,7 +251,13 @@ class LinearGaussianSequenceModel(SequenceModel):
         state["z"] = z
 
     @classmethod
-    def for_data(cls, obs_dim, input_dim=0, state_dim=None, **options):
+    def for_data(
+        cls,
+        obs_dim: int,
+        input_dim: int = 0,
+        state_dim: Optional[int] = None,
+        **options: Any,
+    ) -> "LinearGaussianSequenceModel":
         """The test bed for ``obs_dim`` features per step; ``state_dim`` defaults to ``obs_dim``."""
         if input_dim:
             return super().for_data(obs_dim, input_dim)
@@ -365,7 +371,9 @@ class LinearGaussianSequenceModel(SequenceModel):
         return torch.stack(G, 1), torch.stack(g, 1), torch.stack(tril, 1)
 
     # ---------------------------------------------------------------- exact likelihood
-    def exact_log_likelihood(self, x, mask=None, method="kalman"):
+    def exact_log_likelihood(
+        self, x: torch.Tensor, mask: Optional[torch.Tensor] = None, method: str = "kalman"
+    ) -> torch.Tensor:
         """Exact ``log p(x_{1:L_b})`` of each sequence ``b`` (its first ``L_b`` steps), in float64.
 
         ``method="kalman"``: the Kalman filter of :func:`pyro_seq.ops.kalman.kalman_filter`

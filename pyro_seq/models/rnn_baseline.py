@@ -24,7 +24,7 @@ polyphonic-music setting (GRU 300, one hidden layer of 500 units, leaky ReLU 1/3
 +-3), so that SRNN minus its stochastic layer is this model; the source table gives no sizes.
 """
 
-from typing import Any, Tuple
+from typing import Any, Optional, Tuple
 
 import torch
 
@@ -104,7 +104,7 @@ class RNNBaseline(SequenceModel):
     def guide_step(self, state: SequenceState, t: int, x: torch.Tensor, mask: torch.Tensor) -> None:
         pass
 
-    def log_likelihood(self, x, mask=None):
+    def log_likelihood(self, x: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Exact ``log p(x^(b)_{1:T_b}) = sum_{t <= T_b} log p(x_t | d_t)`` per sequence.
 
         :param torch.Tensor x: ``(batch, T, D)``.

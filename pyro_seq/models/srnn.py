@@ -123,7 +123,7 @@ class SRNN(SequenceModel):
         )
 
     @classmethod
-    def for_data(cls, obs_dim, input_dim=0, **options):
+    def for_data(cls, obs_dim: int, input_dim: int = 0, **options: Any) -> "SRNN":
         """An SRNN for ``obs_dim`` features and ``input_dim`` known inputs per step."""
         return cls(obs_dim, input_dim=input_dim, **options)
 

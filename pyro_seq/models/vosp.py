@@ -111,7 +111,7 @@ class VOSP(SequenceModel):
             likelihood, rnn_dim + z_dim, [emission_dim], obs_dim, activation, **emission_kwargs
         )
 
-    def recognition_states(self, x):
+    def recognition_states(self, x: torch.Tensor) -> torch.Tensor:
         """``h_{1:T}`` of the recognition RNN, ``h_t = f(h_{t-1}, x_t)``, ``h_0 = 0``:
         ``(batch, T, rnn_dim)``. Causal, so padding never leaks into real steps."""
         return self.encoder.sequence(x, x.new_zeros(x.shape[0], self.rnn_dim))

@@ -37,7 +37,7 @@ which the step protocol (and particle filtering) cannot express, so the decoder 
 search); the defaults match :class:`~pyro_seq.models.storn.STORN`.
 """
 
-from typing import Any, Tuple
+from typing import Any, Optional, Tuple
 
 import pyro
 import torch
@@ -137,7 +137,9 @@ class VRAE(SequenceModel):
         state["h"], state["z"] = h, z
 
     # recognition model q(z_{1:T} | x_{1:T}): bidirectional RNN over the whole sequence
-    def recognition_params(self, x, mask):
+    def recognition_params(
+        self, x: torch.Tensor, mask: torch.Tensor
+    ) -> Tuple[torch.Tensor, torch.Tensor]:
         """``(loc, scale)`` of :math:`q(z_t | x_{1:T})` for every step, ``(batch, T, z_dim)``."""
         zeros = x.new_zeros(x.shape[0], self.encoder_dim)
         forward = self.forward_encoder.sequence(x, zeros)
@@ -154,7 +156,7 @@ class VRAE(SequenceModel):
         loc, scale = state.shared_at("q_loc", t), state.shared_at("q_scale", t)
         pyro.sample(f"z_{t + 1}", masked(normal(loc, scale), mask[:, t]))
 
-    def kl_divergence(self, x, mask=None):
+    def kl_divergence(self, x: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         r"""The KL term of :math:`\mathcal{L}_{\mathrm{VRAE}}` in closed form, per sequence.
 
         Wiener prior: via the difference map :math:`g_W` (sec. 3.3,

@@ -215,7 +215,7 @@ class VRNN(SequenceModel):
         )  # q(z_t | c_t, d_t)
 
     @classmethod
-    def for_data(cls, obs_dim, input_dim=0, **options):
+    def for_data(cls, obs_dim: int, input_dim: int = 0, **options: Any) -> "VRNN":
         """A VRNN for ``obs_dim`` features and ``input_dim`` known inputs per step."""
         return cls(obs_dim, input_dim=input_dim, **options)
 
