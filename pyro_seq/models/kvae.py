@@ -68,12 +68,13 @@ convolutional encoder/decoder of :mod:`pyro_seq.nn.conv` (``encoder="conv"``) or
 """
 
 import math
-from typing import Any, Literal, Optional, Sequence, Tuple, Union, overload
+from typing import TYPE_CHECKING, Any, Literal, Optional, Sequence, Tuple, Union, overload
 
 import pyro
 import pyro.distributions as dist
 import torch
 import torch.nn as nn
+from pyro.distributions.torch_distribution import TorchDistribution
 
 from pyro_seq.distributions.scored_value import ScoredValue
 from pyro_seq.models.base import SequenceModel, Step, masked, stack_time
@@ -121,7 +122,12 @@ class KVAEFilterResult(dict):
     ``a_filtered``, ``a_smoothed (batch, T, a_dim)``: ``C_t E[z_t | ...]``.
     """
 
-    __getattr__ = dict.__getitem__
+    if TYPE_CHECKING:  # the entries, as attributes
+
+        def __getattr__(self, name: str) -> Any: ...
+
+    else:
+        __getattr__ = dict.__getitem__
 
 
 class DynamicsNetwork(nn.Module):
@@ -190,6 +196,8 @@ class KVAE(SequenceModel):
     module_name = "kvae"
     latent_names = ("a",)
     time_parallel = True  #: when :meth:`scores_all_steps` allows it (no missing frame)
+    Q: torch.Tensor  #: buffer ``(z_dim, z_dim)``: transition noise covariance
+    R: torch.Tensor  #: buffer ``(a_dim, a_dim)``: emission noise covariance
     init_loc: torch.Tensor  #: buffer ``(z_dim,)``: mu_0
     init_cov: torch.Tensor  #: buffer ``(z_dim, z_dim)``: Sigma_0
     impute_methods = ("smoothing", "filtering", "generation", "iterative", "importance")
@@ -287,7 +295,7 @@ class KVAE(SequenceModel):
         self.register_buffer("init_loc", torch.zeros(S))
         self.register_buffer("init_cov", init_cov * torch.eye(S))
 
-    def likelihood(self, params):
+    def likelihood(self, params: torch.Tensor) -> TorchDistribution:
         """``p(x_t | a_t)`` from the decoder output ``(..., obs_dim)``: Bernoulli logits or
         Gaussian means (event dim 1)."""
         if self.likelihood_name == "bernoulli":
@@ -296,7 +304,7 @@ class KVAE(SequenceModel):
 
     # ------------------------------------------------------------------ training hooks
 
-    def training_epoch(self, epoch):
+    def training_epoch(self, epoch: int) -> None:
         """Called by :func:`pyro_seq.train.fit` before each epoch (0-based): freeze the dynamics
         network for the first ``dynamics_warmup_epochs`` epochs (appendix 6.8)."""
         self.dynamics_frozen = epoch < self.dynamics_warmup_epochs
@@ -307,15 +315,15 @@ class KVAE(SequenceModel):
 
     # ------------------------------------------------------------------ building blocks
 
-    def encode(self, x):
+    def encode(self, x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         """``q(a_t | x_t)``: ``(loc, scale)``, each ``(..., a_dim)``, from frames ``(..., obs_dim)``."""
         return self.encoder_head(self.encoder_body(x))
 
-    def decode(self, a):
+    def decode(self, a: torch.Tensor) -> torch.Tensor:
         """Pixel logits ``(..., obs_dim)`` of ``p(x_t | a_t)``."""
         return self.emitter(a)
 
-    def mix(self, alpha):
+    def mix(self, alpha: torch.Tensor) -> Tuple[torch.Tensor, Optional[torch.Tensor], torch.Tensor]:
         """``(A_t, B_t, C_t)`` of eq. 6.10 from weights ``alpha (..., K)`` (B_t None without
         controls): ``(..., S, S)``, ``(..., S, U)``, ``(..., a_dim, S)``."""
         A = torch.einsum("...k,kij->...ij", alpha, self.A_modes)
@@ -401,7 +409,7 @@ class KVAE(SequenceModel):
             options["control_dim"] = input_dim
         return cls(shape, **options)
 
-    def scores_all_steps(self, state, x, mask):
+    def scores_all_steps(self, state: SequenceState, x: torch.Tensor, mask: torch.Tensor) -> bool:
         """All steps at once only when every real step's frame has an observed pixel (the
         Kalman filter of the all-at-once path needs every real step's encoding); decided from
         this call's ``mask`` and ``observed`` alone."""
@@ -530,7 +538,14 @@ class KVAE(SequenceModel):
         last = idx == (lengths - 1)
         return torch.where(last, tail, terms)
 
-    def observe(self, state, t, x, mask, features):
+    def observe(
+        self,
+        state: SequenceState,
+        t: Step,
+        x: torch.Tensor,
+        mask: torch.Tensor,
+        features: torch.Tensor,
+    ) -> None:
         """``x_t ~ p(x_t | a_t)``, scaled by ``reconstruction_weight`` in training mode."""
         scale = self._obs_scale
         if scale == 1.0:
@@ -558,7 +573,13 @@ class KVAE(SequenceModel):
     # ------------------------------------------------------------------ imputation (thesis 6.4)
 
     @torch.no_grad()
-    def filter_encodings(self, a, observed_steps, inputs=None, smooth=True):
+    def filter_encodings(
+        self,
+        a: torch.Tensor,
+        observed_steps: torch.Tensor,
+        inputs: Optional[torch.Tensor] = None,
+        smooth: bool = True,
+    ) -> "KVAEFilterResult":
         r"""The LGSSM of the KVAE on encodings with missing steps, gamma estimated recursively
         (thesis 6.4, eq. 6.12-6.13).
 
@@ -638,12 +659,25 @@ class KVAE(SequenceModel):
         return out
 
     @torch.no_grad()
-    def impute_steps(self, x, observed_steps, method, inputs=None):
+    def impute_steps(
+        self,
+        x: torch.Tensor,
+        observed_steps: torch.Tensor,
+        method: str,
+        inputs: Optional[torch.Tensor] = None,
+    ) -> torch.Tensor:
         """The contract's hook for :func:`pyro_seq.tasks.impute` with ``method`` ``"smoothing"``,
         ``"filtering"`` or ``"generation"``: the pixel probabilities of :meth:`impute_frames`."""
         return self.impute_frames(x, observed_steps, method, inputs=inputs)[0]
 
-    def impute_frames(self, x, observed_steps, method="smoothing", inputs=None, num_initial=4):
+    def impute_frames(
+        self,
+        x: torch.Tensor,
+        observed_steps: torch.Tensor,
+        method: str = "smoothing",
+        inputs: Optional[torch.Tensor] = None,
+        num_initial: int = 4,
+    ) -> Tuple[torch.Tensor, torch.Tensor]:
         r"""Impute missing frames (thesis 6.4, Fig. 6.3).
 
         The observed frames are encoded by the encoder means ``E_q[a_t | x_t]``; the encodings
