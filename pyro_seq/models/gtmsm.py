@@ -167,6 +167,7 @@ import pyro
 import pyro.distributions as dist
 import torch
 import torch.nn as nn
+from pyro.distributions.torch_distribution import TorchDistribution
 
 from pyro_seq.models.base import SequenceModel, masked
 from pyro_seq.models.contract import example
@@ -185,6 +186,7 @@ from pyro_seq.models.gtmsm_parts import (
 from pyro_seq.models.gtmsm_parts import conformal_matrix as conformal_matrix
 from pyro_seq.nn import MLP, GaussianHead
 from pyro_seq.nn.conv import frame_networks
+from pyro_seq.nn.memory import DND
 from pyro_seq.ops.state import SequenceState
 from pyro_seq.validation import positive_int, square_frame_shape
 
@@ -515,7 +517,7 @@ class GTMSM(GTMSMTransition, GTMSMMemories, SequenceModel):
             )
         return cls(shape, num_actions=num_actions, pack_actions=packed, **options)
 
-    def one_hot(self, actions):
+    def one_hot(self, actions: torch.Tensor) -> torch.Tensor:
         """Int action indices ``(batch, T)`` -> float one-hot ``(batch, T, num_actions)``.
 
         :raises ValueError: not 2-D, or an index outside ``0..num_actions-1``.
@@ -536,17 +538,17 @@ class GTMSM(GTMSMTransition, GTMSMMemories, SequenceModel):
         return nn.functional.one_hot(actions.long(), self.num_actions).to(dtype)
 
     @property
-    def tau(self):
+    def tau(self) -> int:
         """Memorisation steps (a positive int; set it with ``model.tau = ...``)."""
         return self._tau
 
     @tau.setter
-    def tau(self, tau):
+    def tau(self, tau: int) -> None:
         if isinstance(tau, bool) or not isinstance(tau, int) or tau < 1:
             raise ValueError(f"tau must be a positive int (memorisation steps), got {tau!r}")
         self._tau = tau
 
-    def check_tau(self, num_steps=None, tau=None):
+    def check_tau(self, num_steps: Optional[int] = None, tau: Optional[int] = None) -> int:
         """``tau`` (the attribute when None) as an int with ``1 <= tau`` and, when
         ``num_steps`` is given, ``tau < num_steps``.
 
@@ -583,7 +585,9 @@ class GTMSM(GTMSMTransition, GTMSMMemories, SequenceModel):
             )
         return tau
 
-    def pad_short_batch(self, state, x, mask):
+    def pad_short_batch(
+        self, state: SequenceState, x: torch.Tensor, mask: torch.Tensor
+    ) -> Tuple[torch.Tensor, torch.Tensor]:
         """A batch with no prediction step (``T <= tau``: every sequence no longer than
         ``tau``) padded to ``tau + 1`` steps that the mask leaves out (zero frames, zero
         actions; ``state.shared["inputs"]`` too). Such sequences contribute nothing (module
@@ -614,21 +618,21 @@ class GTMSM(GTMSMTransition, GTMSMMemories, SequenceModel):
 
     # ------------------------------------------------------------------ building blocks
 
-    def encode(self, frames):
+    def encode(self, frames: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         """``q(z_t | x_t)``: ``(loc, scale)``, each ``(..., z_dim)``, from ``(..., F)``."""
         return self.encoder_head(self.encoder_body(frames))
 
-    def decode(self, z):
+    def decode(self, z: torch.Tensor) -> torch.Tensor:
         """Decoder output ``(..., F)``: pixel means (Gaussian) or logits (Bernoulli)."""
         return self.decoder(z)
 
-    def likelihood(self, params):
+    def likelihood(self, params: torch.Tensor) -> TorchDistribution:
         """``p(x_t | z_t)`` from the decoder output, event dim 1."""
         if self.likelihood_name == "bernoulli":
             return bernoulli_likelihood(params)
         return dist.Normal(params, self.pixel_scale).to_event(1)
 
-    def training_epoch(self, epoch):
+    def training_epoch(self, epoch: int) -> None:
         """Called by :func:`pyro_seq.train.fit` before each epoch (0-based): the ``K`` of
         ``neighbour_warmup`` for this epoch's updates."""
         if self.neighbour_warmup is not None:
@@ -637,14 +641,16 @@ class GTMSM(GTMSMTransition, GTMSMMemories, SequenceModel):
                 round(warmup_value(epoch, start, epochs, self.num_neighbours))
             )
 
-    def neighbours_now(self):
+    def neighbours_now(self) -> int:
         """``K`` read by :meth:`memory_prior`: the warm-up's in training mode, else
         ``num_neighbours``."""
         if self.training and self.training_neighbours is not None:
             return self.training_neighbours
         return self.num_neighbours
 
-    def memory_prior(self, s, dnd, num_neighbours=None):
+    def memory_prior(
+        self, s: torch.Tensor, dnd: DND, num_neighbours: Optional[int] = None
+    ) -> dist.MixtureSameFamily:
         r"""``p(z_t | s_t, m)``: the mixture of the module docstring from the ``K`` nearest
         entries of ``dnd`` to ``key(s)``; ``s (..., batch, state_dim)`` ->
         :class:`~pyro.distributions.MixtureSameFamily` with batch shape ``(..., batch)`` and
