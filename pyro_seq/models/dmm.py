@@ -207,7 +207,7 @@ class DMM(SequenceModel):
         z = pyro.sample(f"z_{t + 1}", masked(dist.Normal(loc, scale).to_event(1), mask[:, t]))
         state["guide_z"] = z
 
-    def guide_scan(self, state, x, mask):
+    def guide_scan(self, state: SequenceState, x: torch.Tensor, mask: torch.Tensor) -> bool:
         """Every guide step at once (the full-sequence guide under plain handlers, e.g. inside
         ``Trace_ELBO``): the noise of all steps is drawn first, then
         :func:`~pyro_seq.nn.combiner_scan.combiner_scan` runs the combiner recursion of

@@ -20,7 +20,7 @@ Missing data inside sequences: :func:`masked_log_prob` scores only the observed 
     log p(x_O) = logsumexp_k [log pi_k + sum_{d in O} log N(x_d; mu_kd, s_kd^2)]  (gmm)  (2)
 """
 
-from typing import Any, Callable, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
 
 import pyro.distributions as dist
 import torch
@@ -32,6 +32,9 @@ from pyro_seq.distributions.mixture import DiagonalNormalMixture, broadcast_elem
 from pyro_seq.nn import MLP, GaussianHead
 
 LIKELIHOODS = ("bernoulli", "gaussian", "gmm")
+
+#: A sample shape, as torch's distributions take it.
+_Shape = Union[torch.Size, List[int], Tuple[int, ...]]
 
 
 def bernoulli_likelihood(logits: torch.Tensor) -> TorchDistribution:
@@ -203,31 +206,33 @@ class ObservedElements(TorchDistribution):
         super().__init__(fn.batch_shape, fn.event_shape, validate_args=False)
 
     @property
-    def support(self):
+    def support(self) -> Any:
         return self.fn.support
 
-    @property
-    def has_rsample(self):
+    @property  # the wrapped distribution's flag (torch declares a class attribute)
+    def has_rsample(self) -> bool:  # type: ignore[override]
         return self.fn.has_rsample
 
-    def sample(self, sample_shape=torch.Size()):
+    def sample(self, sample_shape: _Shape = torch.Size()) -> torch.Tensor:
         return self.fn.sample(sample_shape)
 
-    def rsample(self, sample_shape=torch.Size()):
+    def rsample(self, sample_shape: _Shape = torch.Size()) -> torch.Tensor:
         return self.fn.rsample(sample_shape)
 
-    def log_prob(self, value):
+    def log_prob(self, value: torch.Tensor) -> torch.Tensor:
         return masked_log_prob(self.fn, value, self.element_mask)
 
     @property
-    def mean(self):
+    def mean(self) -> torch.Tensor:
         return self.fn.mean
 
     @property
-    def variance(self):
+    def variance(self) -> torch.Tensor:
         return self.fn.variance
 
-    def expand(self, batch_shape, _instance=None):
+    def expand(
+        self, batch_shape: Sequence[int], _instance: Optional["ObservedElements"] = None
+    ) -> "ObservedElements":
         batch_shape = torch.Size(batch_shape)
         if batch_shape == self.batch_shape:
             return self

@@ -45,7 +45,7 @@ INFERENCES = ("prior", "landmark")
 DISPLACEMENTS = ("free", "conformal", "inverse_pairs")
 
 
-def warmup_value(epoch, start, epochs, final):
+def warmup_value(epoch: int, start: Optional[float], epochs: int, final: float) -> float:
     """A geometric warm-up: ``start`` at ``epoch`` 0 to ``final`` at ``epochs`` and after
     (``start=None``: ``final`` throughout)."""
     if start is None or epoch >= epochs:
@@ -53,7 +53,7 @@ def warmup_value(epoch, start, epochs, final):
     return start * (final / start) ** (epoch / epochs)
 
 
-def conformal_matrix(direction, log_scale):
+def conformal_matrix(direction: torch.Tensor, log_scale: torch.Tensor) -> torch.Tensor:
     r"""``M = exp(log_scale) Q^T`` with ``Q`` the orthonormal factor of ``direction^T = Q R``
     (signs fixed by ``diag R >= 0``, so ``Q`` is Gram-Schmidt's and varies smoothly):
     ``(S, A)`` with orthogonal rows of equal norm, ``M M^T = exp(2 log_scale) I``.
