@@ -70,7 +70,9 @@ class InputGatedTransition(GatedTransition):
     Shapes: ``forward(zu (..., z_dim + input_dim)) -> (loc, scale)`` each ``(..., z_dim)``.
     """
 
-    def __init__(self, z_dim, input_dim, hidden_dim, min_scale=1e-3):
+    def __init__(
+        self, z_dim: int, input_dim: int, hidden_dim: int, min_scale: float = 1e-3
+    ) -> None:
         super().__init__(z_dim, hidden_dim, min_scale)
         in_dim = z_dim + input_dim
         self.gate_hidden = nn.Linear(in_dim, hidden_dim)

@@ -138,7 +138,7 @@ class DynamicsNetwork(nn.Module):
     ``(..., T, a_dim) -> (..., T, K)`` (inputs ``a_{0:T-1}``).
     """
 
-    def __init__(self, a_dim, num_modes, hidden_dim=50):
+    def __init__(self, a_dim: int, num_modes: int, hidden_dim: int = 50) -> None:
         super().__init__()
         self.hidden_dim = hidden_dim
         self.lstm = nn.LSTM(a_dim, hidden_dim, batch_first=True)
@@ -146,11 +146,15 @@ class DynamicsNetwork(nn.Module):
         nn.init.zeros_(self.out.weight)
         nn.init.zeros_(self.out.bias)
 
-    def initial(self, like, batch_shape):
+    def initial(
+        self, like: torch.Tensor, batch_shape: Sequence[int]
+    ) -> Tuple[torch.Tensor, torch.Tensor]:
         zeros = like.new_zeros(tuple(batch_shape) + (self.hidden_dim,))
         return zeros, zeros
 
-    def step(self, a_prev, hidden):
+    def step(
+        self, a_prev: torch.Tensor, hidden: Tuple[torch.Tensor, torch.Tensor]
+    ) -> Tuple[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
         h, c = hidden
         lead = torch.broadcast_shapes(a_prev.shape[:-1], h.shape[:-1], c.shape[:-1])
         flat = [v.expand(lead + v.shape[-1:]).reshape(1, -1, v.shape[-1]) for v in (a_prev, h, c)]
@@ -159,7 +163,7 @@ class DynamicsNetwork(nn.Module):
         c = c.reshape(lead + (self.hidden_dim,))
         return torch.softmax(self.out(h), -1), (h, c)
 
-    def sequence(self, a_prev):
+    def sequence(self, a_prev: torch.Tensor) -> torch.Tensor:
         lead, (T, A) = a_prev.shape[:-2], a_prev.shape[-2:]
         out, _ = self.lstm(a_prev.reshape(-1, T, A))
         return torch.softmax(self.out(out), -1).reshape(lead + (T, -1))

@@ -44,11 +44,12 @@ dropout is not implemented), ``cell="gru"`` a GRU. The prior defaults to the Wie
 (sec. 4: "For priors, we use a Wiener process").
 """
 
-from typing import Any, Tuple
+from typing import Any, Callable, Tuple
 
 import pyro
 import torch
 import torch.nn as nn
+from pyro.distributions.torch_distribution import TorchDistribution
 
 from pyro_seq.distributions.wiener import wiener_transition
 from pyro_seq.models.base import (
@@ -70,13 +71,13 @@ PRIORS = ("white", "wiener")
 CELLS = ("tanh", "gru")
 
 
-def white_noise(z_prev):
+def white_noise(z_prev: torch.Tensor) -> TorchDistribution:
     r""":math:`p(z_t | z_{t-1}) = \mathcal{N}(z_t; 0, I)`: the white prior, independent across steps
     (``z_prev`` only fixes shape, dtype and device). Event shape ``(Z,)``."""
     return normal(torch.zeros_like(z_prev), torch.ones_like(z_prev))
 
 
-def latent_prior(prior):
+def latent_prior(prior: str) -> Callable[[torch.Tensor], TorchDistribution]:
     """The per-step prior ``z_prev -> p(z_t | z_{t-1})`` named ``"white"`` or ``"wiener"``."""
     if prior == "white":
         return white_noise
@@ -98,12 +99,12 @@ class StepRNN(nn.Module):
     ``sequence(u (..., T, I), h0 (..., H)) -> (..., T, H)``; leading dims broadcast.
     """
 
-    def __init__(self, input_dim, hidden_dim, cell="tanh"):
+    def __init__(self, input_dim: int, hidden_dim: int, cell: str = "tanh") -> None:
         super().__init__()
         if cell not in CELLS:
             raise ValueError(f"cell must be one of {CELLS}, got {cell!r}")
         if cell == "gru":
-            self.rnn = nn.GRU(input_dim, hidden_dim, batch_first=True)
+            self.rnn: nn.RNNBase = nn.GRU(input_dim, hidden_dim, batch_first=True)
             self._cell = torch.gru_cell
         else:
             self.rnn = nn.RNN(input_dim, hidden_dim, nonlinearity="tanh", batch_first=True)
@@ -123,7 +124,7 @@ class StepRNN(nn.Module):
         )
         return out.reshape(shape + (self.hidden_dim,))
 
-    def sequence(self, u, h0):
+    def sequence(self, u: torch.Tensor, h0: torch.Tensor) -> torch.Tensor:
         shape = torch.broadcast_shapes(u.shape[:-2], h0.shape[:-1])
         T = u.shape[-2]
         inputs = u.expand(shape + u.shape[-2:]).reshape(-1, T, u.shape[-1])

@@ -50,13 +50,21 @@ class GaussianNet(nn.Module):
     Shapes: ``(..., in_dim) -> ((..., out_dim), (..., out_dim))``.
     """
 
-    def __init__(self, in_dim, hidden_dim, out_dim, activation, min_scale, variance):
+    def __init__(
+        self,
+        in_dim: int,
+        hidden_dim: int,
+        out_dim: int,
+        activation: str,
+        min_scale: float,
+        variance: str,
+    ) -> None:
         super().__init__()
         self.hidden = nn.Linear(in_dim, hidden_dim)
         self.activation = make_activation(activation)
         self.head = GaussianHead(hidden_dim, out_dim, min_scale, variance)
 
-    def forward(self, h):
+    def forward(self, h: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         return self.head(self.activation(self.hidden(h)))
 
 

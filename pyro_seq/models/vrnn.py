@@ -74,7 +74,7 @@ floor; so no scale reaches 0 and no log-density becomes NaN.
 """
 
 import inspect
-from typing import Any, Optional, Tuple
+from typing import Any, Optional, Sequence, Tuple
 
 import pyro
 import torch
@@ -102,18 +102,20 @@ class Recurrence(nn.Module):
     Shapes: ``forward(u (..., input_dim), hidden (..., hidden_dim) each) -> hidden``.
     """
 
-    def __init__(self, input_dim, hidden_dim, cell):
+    def __init__(self, input_dim: int, hidden_dim: int, cell: str) -> None:
         super().__init__()
         self.cell_type = cell
         self.cell = CELLS[cell](input_dim, hidden_dim)
         self.hidden_dim = hidden_dim
 
-    def initial(self, like, batch_shape):
+    def initial(self, like: torch.Tensor, batch_shape: Sequence[int]) -> Tuple[torch.Tensor, ...]:
         """``d_0 = 0`` (and ``c_0 = 0``) of shape ``batch_shape + (hidden_dim,)``."""
         zeros = like.new_zeros(tuple(batch_shape) + (self.hidden_dim,))
         return (zeros, zeros) if self.cell_type == "lstm" else (zeros,)
 
-    def forward(self, inputs, hidden):
+    def forward(
+        self, inputs: torch.Tensor, hidden: Sequence[torch.Tensor]
+    ) -> Tuple[torch.Tensor, ...]:
         lead = torch.broadcast_shapes(inputs.shape[:-1], *(h.shape[:-1] for h in hidden))
         flat_in = inputs.expand(lead + inputs.shape[-1:]).reshape(-1, inputs.shape[-1])
         flat_h = [h.expand(lead + h.shape[-1:]).reshape(-1, self.hidden_dim) for h in hidden]
