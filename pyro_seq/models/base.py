@@ -78,7 +78,7 @@ apart.
 
 import functools
 from types import MappingProxyType
-from typing import Callable, FrozenSet, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, FrozenSet, List, Mapping, Optional, Sequence, Tuple, Union
 
 import pyro
 import pyro.distributions as dist
@@ -130,7 +130,7 @@ def _sole_replay():
     return replay
 
 
-def plain_guide_stack(plate):
+def plain_guide_stack(plate: Optional[pyro.plate]) -> bool:
     """True when the handlers around a full guide run leave its sample values to the guide and
     its batch shape to ``plate``: every active messenger is known not to change sample values
     (as for :func:`_sole_replay`; no replay, condition, enumeration, ...) and the only plate is
@@ -148,7 +148,9 @@ def plain_guide_stack(plate):
     return True
 
 
-def replayed_latents(names, num_steps):
+def replayed_latents(
+    names: Sequence[str], num_steps: int
+) -> Optional[Dict[str, List[torch.Tensor]]]:
     """Values of the latent sites ``{name}_1..{name}_T`` fixed by an enclosing replay, or None.
 
     Returns a dict ``name -> list of T tensors`` when exactly one
@@ -294,13 +296,17 @@ def shift_right(x: torch.Tensor) -> torch.Tensor:
     return torch.cat([torch.zeros_like(x[:, :1]), x[:, :-1]], dim=1)
 
 
-def cache_guide_prior(state, t, z_prev, prior):
+def cache_guide_prior(
+    state: SequenceState, t: int, z_prev: torch.Tensor, prior: Tuple[torch.Tensor, torch.Tensor]
+) -> None:
     """Leave the prior ``p(z_t | z_{t-1})`` a Res_q guide step computed at its own ``z_{t-1}``
     for a model step that runs next on the same ``state`` (FIVO); see :func:`prior_from_guide`."""
     state.shared["_guide_prior"] = (t, z_prev, prior)
 
 
-def prior_from_guide(state, t):
+def prior_from_guide(
+    state: SequenceState, t: "Step"
+) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
     """The prior ``(loc, scale)`` the guide's Res_q step computed at step ``t``, when the model
     runs on the same state (FIVO) with the same ``z_{t-1}`` (``state["z"]``); None otherwise."""
     cached = state.shared.pop("_guide_prior", None)
@@ -312,7 +318,11 @@ def prior_from_guide(state, t):
     return None
 
 
-def on_real_steps(fn, inputs, mask):
+def on_real_steps(
+    fn: Callable[[torch.Tensor], Union[torch.Tensor, Tuple[torch.Tensor, ...]]],
+    inputs: torch.Tensor,
+    mask: torch.Tensor,
+) -> Any:  # what fn returns: a tensor or a tuple of them, each laid out (..., B, T, F')
     """``fn(inputs)`` evaluated on the real steps only, for time-parallel scoring.
 
     ``fn`` maps rows ``(N, F)`` to a tensor or a tuple of tensors ``(N, F')`` (a network of
@@ -347,7 +357,9 @@ def normal(loc: torch.Tensor, scale: torch.Tensor) -> TorchDistribution:
     return dist.Normal(loc, scale).to_event(1)
 
 
-def time_steps(params):
+def time_steps(
+    params: Union[torch.Tensor, Sequence[torch.Tensor]],
+) -> Union[Tuple[torch.Tensor, ...], List[Tuple[torch.Tensor, ...]]]:
     """Split parameters with time at dim -2 into per-step values (a tensor or a tuple of them).
 
     Uses :func:`torch.unbind` (one ``stack`` in the backward pass) rather than indexing every
