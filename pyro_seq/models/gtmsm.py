@@ -161,7 +161,7 @@ whole sequence (multiply by ``T / (T - tau)`` for nats per predicted frame).
 
 import math
 from types import MappingProxyType
-from typing import Any, Dict, Optional, Sequence, Tuple, cast
+from typing import Any, Dict, Optional, Sequence, Tuple, Union, cast
 
 import pyro
 import pyro.distributions as dist
@@ -728,7 +728,11 @@ class GTMSM(GTMSMTransition, GTMSMMemories, SequenceModel):
             )
             loc, scale = loc[:, tau:], scale[:, tau:]
             # the reversed DND read with every prediction-phase code at once: (T - tau, batch, .)
-            reads = self.read_landmarks(memory.reversed, loc.transpose(0, 1))
+            # the landmark inference writes the reversed DND (GTMSMMemory.reversed)
+            reads: Tuple[torch.Tensor, ...] = self.read_landmarks(
+                memory.reversed,  # type: ignore[arg-type]
+                loc.transpose(0, 1),
+            )
             reads = reads + (self.landmark_weights(reads[0], reads[3]),)
             state.shared["landmarks"] = list(zip(*(r.unbind(0) for r in reads)))
             state.shared["s_tau_var"] = memory.variances[:, -1]
@@ -794,7 +798,7 @@ class GTMSM(GTMSMTransition, GTMSMMemories, SequenceModel):
         dnd, means = memory.memory, memory.means
         s = means[:, -1]
         if self.inference == "landmark":
-            first_scale = (memory.variances[:, -1] + self.r**2).sqrt()
+            first_scale: Union[torch.Tensor, float] = (memory.variances[:, -1] + self.r**2).sqrt()
         else:
             first_scale = self.r * math.sqrt(tau + 1)
         states, zs, M = [], [], self.displacement_matrix()

@@ -13,13 +13,13 @@ The equations are in the docstring of :mod:`pyro_seq.models.gtmsm`.
 """
 
 import math
-from typing import NamedTuple, Optional
+from typing import TYPE_CHECKING, List, NamedTuple, Optional, Tuple
 
 import torch
 import torch.nn as nn
 
 from pyro_seq.models.base import StepProgram
-from pyro_seq.nn import cat_broadcast
+from pyro_seq.nn import MLP, cat_broadcast
 from pyro_seq.nn.conv import FRAME_NETWORKS
 from pyro_seq.nn.memory import DND, nearest_earlier
 
@@ -110,7 +110,22 @@ class GTMSMTransition:
     :class:`~pyro_seq.models.gtmsm.GTMSM` (which builds ``M``'s parameters and the wall
     network ``wall_net``)."""
 
-    def displacement_matrix(self):
+    # set by GTMSM's constructor
+    displacements: str
+    num_actions: int
+    state_dim: int
+    rotation: bool
+    inverse_actions: Tuple[Tuple[int, ...], ...]
+    other_actions: List[int]
+    M: torch.Tensor
+    M_pairs: torch.Tensor
+    M_other: torch.Tensor
+    M_direction: torch.Tensor
+    M_log_scale: torch.Tensor
+    s0: torch.Tensor
+    wall_net: Optional[MLP]
+
+    def displacement_matrix(self) -> torch.Tensor:
         r"""``M`` of eq. 7.3, ``(state_dim, num_actions)``: the parameter ``M`` (``displacements=
         "free"``), ``exp(M_log_scale) Q^T`` from ``M_direction`` (``"conformal"``), or the
         columns ``M_pairs`` and their negatives beside ``M_other`` (``"inverse_pairs"``).
@@ -126,16 +141,17 @@ class GTMSMTransition:
         if self.displacements == "free":
             return self.M
         if self.displacements == "inverse_pairs":
-            columns = [None] * self.num_actions
+            columns: List[Optional[torch.Tensor]] = [None] * self.num_actions
             for k, (i, j) in enumerate(self.inverse_actions):
                 columns[i], columns[j] = self.M_pairs[:, k], -self.M_pairs[:, k]
             for k, a in enumerate(self.other_actions):
                 columns[a] = self.M_other[:, k]
-            return torch.stack(columns, 1)
+            # every column is set: the pairs and the other actions cover 0..num_actions-1
+            return torch.stack(columns, 1)  # type: ignore[arg-type]
         return conformal_matrix(self.M_direction, self.M_log_scale)
 
     @torch.no_grad()
-    def set_displacement_matrix(self, M):
+    def set_displacement_matrix(self, M: torch.Tensor) -> None:
         """Set ``M`` (``(state_dim, num_actions)``), e.g. to the true displacements.
 
         :raises ValueError: wrong shape; with ``displacements="conformal"``, an ``M`` whose rows
@@ -178,7 +194,9 @@ class GTMSMTransition:
         self.M_direction.copy_(M)
         self.M_log_scale.copy_(0.5 * scale2.log())
 
-    def displacement(self, s_prev, a, M=None):
+    def displacement(
+        self, s_prev: torch.Tensor, a: torch.Tensor, M: Optional[torch.Tensor] = None
+    ) -> torch.Tensor:
         """``M a_t`` (eq. 7.3), turned by ``R(s^{(3)}_{t-1})`` with ``rotation=True`` (eq. 7.4):
         ``(..., state_dim)`` from ``s_prev (..., state_dim)`` and ``a (..., num_actions)``.
         ``M``: :meth:`displacement_matrix` (computed here when None; loops pass it once)."""
@@ -191,7 +209,9 @@ class GTMSMTransition:
             )
         return d
 
-    def transition_mean(self, s_prev, a, M=None):
+    def transition_mean(
+        self, s_prev: torch.Tensor, a: torch.Tensor, M: Optional[torch.Tensor] = None
+    ) -> torch.Tensor:
         """``f(s_{t-1}, a_t) = s_{t-1} + d_t sigma_d(s_{t-1} + d_t)`` (eq. 7.3; without walls
         ``s_{t-1} + d_t``), ``d_t`` from :meth:`displacement` (``M`` as there). Shapes broadcast:
         ``(..., state_dim)``."""
@@ -200,7 +220,9 @@ class GTMSMTransition:
             d = d * torch.sigmoid(self.wall_net(s_prev + d))
         return s_prev + d
 
-    def mean_path(self, actions, s_start=None):
+    def mean_path(
+        self, actions: torch.Tensor, s_start: Optional[torch.Tensor] = None
+    ) -> torch.Tensor:
         """``E[s_t] = f(E[s_{t-1}], a_t)`` for every step of ``actions (batch, n,
         num_actions)``, from ``s_start`` (default ``s_0 = 0``): ``(batch, n, state_dim)``."""
         s = self.s0.expand(actions.shape[:1] + (self.state_dim,)) if s_start is None else s_start
@@ -217,14 +239,40 @@ class GTMSMMemories:
     :class:`~pyro_seq.models.gtmsm.GTMSM` (which builds ``landmark_beta`` and
     ``landmark_var``)."""
 
-    def key(self, s):
+    # set by GTMSM's constructor
+    rotation: bool
+    inference: str
+    state_dim: int
+    z_dim: int
+    key_dim: int
+    r: float
+    landmark_neighbours: int
+    landmark_beta: Optional[MLP]
+    landmark_var: Optional[MLP]
+    s0: torch.Tensor
+
+    if TYPE_CHECKING:  # GTMSM's and GTMSMTransition's methods that these use
+
+        def encode(self, frames: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]: ...
+
+        def displacement_matrix(self) -> torch.Tensor: ...
+
+        def transition_mean(
+            self, s_prev: torch.Tensor, a: torch.Tensor, M: Optional[torch.Tensor] = None
+        ) -> torch.Tensor: ...
+
+        def mean_path(
+            self, actions: torch.Tensor, s_start: Optional[torch.Tensor] = None
+        ) -> torch.Tensor: ...
+
+    def key(self, s: torch.Tensor) -> torch.Tensor:
         """Memory key of a state: ``s`` itself, or ``[s1, s2, cos s3, sin s3]`` with rotation
         (thesis 7.7.2): ``(..., state_dim) -> (..., key_dim)``."""
         if not self.rotation:
             return s
         return torch.cat([s[..., :2], torch.cos(s[..., 2:3]), torch.sin(s[..., 2:3])], -1)
 
-    def landmark_weights(self, distances, valid):
+    def landmark_weights(self, distances: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
         """``beta_k = sigmoid(g(delta^(k)))`` of :meth:`landmark_merge`, 0 at empty slots:
         ``distances (..., K')``, bool ``valid (..., K')`` -> ``(..., K')``."""
         if self.landmark_beta is None:
@@ -232,7 +280,16 @@ class GTMSMMemories:
         w = valid.to(distances.dtype)
         return torch.sigmoid(self.landmark_beta((distances * w).unsqueeze(-1))).squeeze(-1) * w
 
-    def landmark_merge(self, mu_p, var_p, distances, mu_k, var_k, valid, beta=None):
+    def landmark_merge(
+        self,
+        mu_p: torch.Tensor,
+        var_p: torch.Tensor,
+        distances: torch.Tensor,
+        mu_k: torch.Tensor,
+        var_k: torch.Tensor,
+        valid: torch.Tensor,
+        beta: Optional[torch.Tensor] = None,
+    ) -> Tuple[torch.Tensor, torch.Tensor]:
         r"""The landmark posterior's statistics (thesis appendix 7.10)::
 
             mu_q = mu_p + sum_k beta_k (mu_k - mu_p),       beta_k = sigmoid(g(delta^(k)))
@@ -274,11 +331,14 @@ class GTMSMMemories:
         features = cat_broadcast(
             [distances, ratio.flatten(-2), log_var_p - 2 * math.log(self.r), w]
         )
-        correction = self.landmark_var(features) * valid.any(-1, keepdim=True).to(mu_p.dtype)
+        # only the landmark inference merges, and GTMSM(inference="landmark") builds landmark_var
+        correction = self.landmark_var(features) * valid.any(-1, keepdim=True).to(mu_p.dtype)  # type: ignore[misc]
         var_q = var_p * torch.exp(correction)
         return mu_q, var_q.expand(torch.broadcast_shapes(mu_q.shape, var_q.shape))
 
-    def landmark_path(self, actions, codes):
+    def landmark_path(
+        self, actions: torch.Tensor, codes: torch.Tensor
+    ) -> Tuple[torch.Tensor, torch.Tensor]:
         r"""The memorisation phase with the landmark network (thesis appendix 7.10): Gaussian
         statistics ``(E[s_t], Var[s_t])`` of ``q*(s_t)``, ``t = 1..n``, propagated as the
         prior-only past encoder propagates ``p*`` (module docstring) and merged at every step
@@ -304,7 +364,9 @@ class GTMSMMemories:
         beta = self.landmark_weights(near.distances, near.valid)  # (batch, n, K'), all at once
         mean = self.s0.expand(batch, S)
         var = torch.zeros_like(mean)
-        means, variances, M = [], [], self.displacement_matrix()
+        means: List[torch.Tensor] = []
+        variances: List[torch.Tensor] = []
+        M = self.displacement_matrix()
         for t in range(n):
             mu_p = self.transition_mean(mean, actions[:, t], M)
             var_p = var + self.r**2
@@ -322,7 +384,12 @@ class GTMSMMemories:
             variances.append(var)
         return torch.stack(means, 1), torch.stack(variances, 1)
 
-    def memorise(self, frames, actions, codes=None):
+    def memorise(
+        self,
+        frames: torch.Tensor,
+        actions: torch.Tensor,
+        codes: Optional[Tuple[torch.Tensor, torch.Tensor]] = None,
+    ) -> GTMSMMemory:
         """The past encoder (thesis 7.3.3; with ``inference="landmark"`` the states inferred by
         the landmark network, thesis appendix 7.10).
 
@@ -342,7 +409,7 @@ class GTMSMMemories:
         dnd = DND(self.key_dim).write(self.key(means), torch.stack([loc, scale], -2))
         return GTMSMMemory(dnd, rev, means, variances)
 
-    def write_memory(self, frames, actions):
+    def write_memory(self, frames: torch.Tensor, actions: torch.Tensor) -> Tuple[DND, torch.Tensor]:
         """The past encoder (thesis 7.3.3): a :class:`~pyro_seq.nn.DND` holding, for each of the
         ``n`` steps of ``frames (batch, n, F)`` and ``actions (batch, n, num_actions)``, the key
         ``key(E[s_t])`` and the value ``stack([mu_phi(x_t), sigma_phi(x_t)])`` ``(2, z_dim)``
@@ -353,7 +420,9 @@ class GTMSMMemories:
         memory = self.memorise(frames, actions)
         return memory.memory, memory.means
 
-    def read_landmarks(self, reversed_memory, codes):
+    def read_landmarks(
+        self, reversed_memory: DND, codes: torch.Tensor
+    ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """Reads of the reversed DND for the prediction phase (thesis appendix 7.10), padded to
         ``K'`` slots when it holds fewer entries.
 
