@@ -9,7 +9,7 @@ eqs. 3.4-3.12). The methods of the class document them; the functions here take 
 from typing import TYPE_CHECKING, Any, Callable, Iterator, NamedTuple, Optional, Tuple, Type, Union
 
 import torch
-from pyro.distributions import MultivariateNormal
+from pyro.distributions import GaussianHMM, MultivariateNormal
 from torch import Tensor
 from torch.distributions import Distribution
 from torch.types import _size
@@ -19,8 +19,6 @@ from pyro_seq.ops.linalg import broadcast_shapes
 from pyro_seq.pyro_internals import copy_validate_args, gaussian_hmm_factors
 
 if TYPE_CHECKING:
-    from pyro.distributions import GaussianHMM
-
     from pyro_seq.distributions.linear_gaussian_ssm import LinearGaussianSSM
 
 __all__ = [
@@ -124,7 +122,7 @@ def expand_to(t: Tensor, batch: _size, event_ndim: int) -> Tensor:
 
 def from_gaussian_hmm(
     cls: Type["LinearGaussianSSM"],
-    hmm: "GaussianHMM",
+    hmm: GaussianHMM,
     num_steps: Optional[int] = None,
     **kwargs: Any,
 ) -> "LinearGaussianSSM":

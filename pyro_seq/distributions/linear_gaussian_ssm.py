@@ -24,14 +24,12 @@ included; they are replaced by zeros (``torch.where``) before any arithmetic, so
 value nor the gradients can be poisoned by them (Pyro issue #2654).
 """
 
-from typing import TYPE_CHECKING, Any, Dict, Optional, Tuple
+from typing import Optional
 
 import torch
 from pyro.distributions import constraints
 from pyro.distributions.torch_distribution import TorchDistribution
 from torch import Tensor
-from torch.distributions import Distribution
-from torch.types import _size
 
 from pyro_seq.distributions.lgssm_hmm import (
     LGSSMFilterResult,
@@ -57,9 +55,6 @@ from pyro_seq.ops.linalg import broadcast_shapes as _broadcast_shapes
 from pyro_seq.pyro_internals import default_validate_args
 from pyro_seq.validation import as_bool_mask, check_device
 
-if TYPE_CHECKING:
-    from pyro.distributions import GaussianHMM
-
 __all__ = ["LinearGaussianSSM", "LGSSMFilterResult", "LGSSMForecast"]
 
 
@@ -77,11 +72,11 @@ class _Covariance(constraints.Constraint):
 
     event_dim = 2
 
-    def __init__(self, definite: bool) -> None:
+    def __init__(self, definite: bool):
         self.definite = definite
         super().__init__()
 
-    def check(self, value: Tensor) -> Tensor:
+    def check(self, value):
         return _covariance_ok(value, self.definite)
 
 
@@ -235,7 +230,7 @@ class LinearGaussianSSM(TorchDistribution):
     support = constraints.independent(constraints.real, 2)
 
     @property
-    def arg_constraints(self) -> Dict[str, constraints.Constraint]:
+    def arg_constraints(self):
         cons = {
             "initial_loc": constraints.real_vector,
             "initial_cov": _Covariance(definite=False),
@@ -264,13 +259,13 @@ class LinearGaussianSSM(TorchDistribution):
         controls: Optional[Tensor] = None,
         num_steps: Optional[int] = None,
         observation_mask: Optional[Tensor] = None,
-        validate_args: Optional[bool] = None,
+        validate_args=None,
         method: str = "auto",
         *,
         step_mask: Optional[Tensor] = None,
         observation_offset: Optional[Tensor] = None,
         nan_as_missing: bool = False,
-    ) -> None:
+    ):
         S = initial_loc.shape[-1]
         D = observation_matrix.shape[-2]
         if observation_matrix.shape[-1] != S:
@@ -376,14 +371,14 @@ class LinearGaussianSSM(TorchDistribution):
     @classmethod
     def from_scale_tril(
         cls,
-        initial_loc: Tensor,
-        initial_scale_tril: Tensor,
-        transition_matrix: Tensor,
-        transition_scale_tril: Tensor,
-        observation_matrix: Tensor,
-        observation_scale_tril: Tensor,
-        **kwargs: Any,
-    ) -> "LinearGaussianSSM":
+        initial_loc,
+        initial_scale_tril,
+        transition_matrix,
+        transition_scale_tril,
+        observation_matrix,
+        observation_scale_tril,
+        **kwargs,
+    ):
         """Build from lower-triangular square roots ``L`` of the covariances (``cov = L L^T``).
 
         A convenience for parameterisations that learn Cholesky factors (any real lower
@@ -407,9 +402,7 @@ class LinearGaussianSSM(TorchDistribution):
         )
 
     @classmethod
-    def from_gaussian_hmm(
-        cls, hmm: "GaussianHMM", num_steps: Optional[int] = None, **kwargs: Any
-    ) -> "LinearGaussianSSM":
+    def from_gaussian_hmm(cls, hmm, num_steps: Optional[int] = None, **kwargs):
         r"""The same distribution as a Pyro :class:`~pyro.distributions.GaussianHMM`.
 
         ``GaussianHMM(initial_dist, transition_matrix, transition_dist, observation_matrix,
@@ -446,9 +439,7 @@ class LinearGaussianSSM(TorchDistribution):
     # Pyro / torch distribution protocol
     # ----------------------------------------------------------------------------------
 
-    def expand(
-        self, batch_shape: _size, _instance: Optional["LinearGaussianSSM"] = None
-    ) -> "LinearGaussianSSM":
+    def expand(self, batch_shape, _instance=None):
         new = self._get_checked_instance(LinearGaussianSSM, _instance)
         batch_shape = torch.Size(batch_shape)
         for name in _PARAM_NAMES + (
@@ -571,12 +562,12 @@ class LinearGaussianSSM(TorchDistribution):
         res = kalman_filter(x, **self._params(), mask=mask, method=self.method)
         return res.log_likelihoods.sum(-1).expand(self._out_batch(value))
 
-    def rsample(self, sample_shape: _size = torch.Size()) -> Tensor:
+    def rsample(self, sample_shape=torch.Size()) -> Tensor:
         """Reparameterized draws of x_{1:T}: ``sample_shape + batch_shape + (T, D)``.
         The observation mask is ignored (every entry is drawn)."""
         return self.rsample_with_states(sample_shape)[1]
 
-    def rsample_with_states(self, sample_shape: _size = torch.Size()) -> Tuple[Tensor, Tensor]:
+    def rsample_with_states(self, sample_shape=torch.Size()):
         """Joint reparameterized draws ``(states, observations)`` of shapes
         ``sample_shape + batch_shape + (T, S)`` and ``sample_shape + batch_shape + (T, D)``
         (thesis eqs. 3.4-3.5, see :func:`pyro_seq.ops.lgssm_sample`)."""
@@ -640,9 +631,9 @@ class LinearGaussianSSM(TorchDistribution):
     def sample_posterior(
         self,
         x: Tensor,
-        sample_shape: _size = torch.Size(),
+        sample_shape=torch.Size(),
         observation_mask: Optional[Tensor] = None,
-        noise: Optional[Tensor] = None,
+        noise=None,
         step_mask: Optional[Tensor] = None,
     ) -> Tensor:
         """Reparameterized draws of z_{1:T} ~ p(z_{1:T} | x_{1:T}) by forward-filtering
@@ -667,9 +658,7 @@ class LinearGaussianSSM(TorchDistribution):
         )
         return res.samples
 
-    def rsample_posterior(
-        self, value: Tensor, sample_shape: _size = torch.Size(), noise: Optional[Tensor] = None
-    ) -> Tensor:
+    def rsample_posterior(self, value: Tensor, sample_shape=torch.Size(), noise=None) -> Tensor:
         """Reparameterized draws of z_{1:T} given x_{1:T}, with the signature and shapes of
         Pyro's ``GaussianHMM.rsample_posterior(value, sample_shape)``: returns
         ``sample_shape + broadcast(batch_shape, value.shape[:-2]) + (T, S)``. Unlike
@@ -775,7 +764,7 @@ class LinearGaussianSSM(TorchDistribution):
         """
         return prefix_condition(self, data, LinearGaussianSSM)
 
-    def conjugate_update(self, other: Distribution) -> Tuple["LinearGaussianSSM", Tensor]:
+    def conjugate_update(self, other):
         r"""Fuse a Gaussian likelihood of the observations, as ``GaussianHMM.conjugate_update``:
         returns ``(updated, log_normalizer)`` with
 

@@ -161,13 +161,11 @@ whole sequence (multiply by ``T / (T - tau)`` for nats per predicted frame).
 
 import math
 from types import MappingProxyType
-from typing import Any, Dict, Optional, Sequence, Tuple, Union, cast
 
 import pyro
 import pyro.distributions as dist
 import torch
 import torch.nn as nn
-from pyro.distributions.torch_distribution import TorchDistribution
 
 from pyro_seq.models.base import SequenceModel, masked
 from pyro_seq.models.contract import example
@@ -186,8 +184,6 @@ from pyro_seq.models.gtmsm_parts import (
 from pyro_seq.models.gtmsm_parts import conformal_matrix as conformal_matrix
 from pyro_seq.nn import MLP, GaussianHead
 from pyro_seq.nn.conv import frame_networks
-from pyro_seq.nn.memory import DND
-from pyro_seq.ops.state import SequenceState
 from pyro_seq.validation import positive_int, square_frame_shape
 
 __all__ = ["GTMSM", "GTMSMMemory"]
@@ -271,7 +267,6 @@ class GTMSM(GTMSMTransition, GTMSMMemories, SequenceModel):
     """
 
     module_name = "gtmsm"
-    s0: torch.Tensor  #: buffer ``(state_dim,)``: the start state
     latent_names = ("s", "z")
     tasks = frozenset()
     impute_methods = ()
@@ -299,35 +294,35 @@ class GTMSM(GTMSMTransition, GTMSMMemories, SequenceModel):
 
     def __init__(
         self,
-        frame_shape: Sequence[int] = (8, 8),
-        num_actions: int = 5,
-        tau: int = 256,
-        state_dim: int = 2,
-        z_dim: int = 16,
-        num_neighbours: int = 5,
-        delta: float = 1e-4,
-        transition_noise: float = 1e-3,
-        walls: bool = True,
-        rotation: bool = False,
-        wall_hidden: int = 32,
-        init_displacement_std: float = 0.5,
-        encoder: str = "mlp",
-        hidden_dims: Sequence[int] = (256, 256),
-        channels: int = 32,
-        conv_layers: int = 2,
-        likelihood: str = "gaussian",
-        pixel_var: float = 0.01,
-        min_scale: float = 1e-3,
-        pack_actions: bool = False,
-        inference: str = "prior",
-        landmark_neighbours: int = 5,
-        landmark_hidden: int = 32,
-        displacements: str = "free",
-        inverse_actions: Sequence[Tuple[int, int]] = ((0, 1), (2, 3)),
-        neighbour_warmup: Optional[Tuple[int, int]] = None,
-        displacement_lr_multiplier: float = 1.0,
-        wall_lr_multiplier: float = 1.0,
-    ) -> None:
+        frame_shape=(8, 8),
+        num_actions=5,
+        tau=256,
+        state_dim=2,
+        z_dim=16,
+        num_neighbours=5,
+        delta=1e-4,
+        transition_noise=1e-3,
+        walls=True,
+        rotation=False,
+        wall_hidden=32,
+        init_displacement_std=0.5,
+        encoder="mlp",
+        hidden_dims=(256, 256),
+        channels=32,
+        conv_layers=2,
+        likelihood="gaussian",
+        pixel_var=0.01,
+        min_scale=1e-3,
+        pack_actions=False,
+        inference="prior",
+        landmark_neighbours=5,
+        landmark_hidden=32,
+        displacements="free",
+        inverse_actions=((0, 1), (2, 3)),
+        neighbour_warmup=None,
+        displacement_lr_multiplier=1.0,
+        wall_lr_multiplier=1.0,
+    ):
         frame_shape = tuple(frame_shape)
         if len(frame_shape) not in (2, 3):
             raise ValueError(f"frame_shape must be (H, W) or (C, H, W), got {frame_shape!r}")
@@ -457,25 +452,25 @@ class GTMSM(GTMSMTransition, GTMSMMemories, SequenceModel):
                 torch.tensor(math.log(init_displacement_std * math.sqrt(num_actions)))
             )
         if walls:
-            self.wall_net: Optional[MLP] = MLP(self.state_dim, (wall_hidden,), 1, "relu")
+            self.wall_net = MLP(self.state_dim, (wall_hidden,), 1, "relu")
             # sigma_d starts as the constant sigmoid(3) ~= 0.95: every move is scaled alike, so
             # inverse moves stay inverse (random output weights made it vary by ~7% over the
             # grid, and the states drift after every round trip)
-            nn.init.zeros_(cast(nn.Linear, self.wall_net[-1]).weight)
-            nn.init.constant_(cast(nn.Linear, self.wall_net[-1]).bias, 3.0)
+            nn.init.zeros_(self.wall_net[-1].weight)
+            nn.init.constant_(self.wall_net[-1].bias, 3.0)
         else:
             self.wall_net = None
         if inference == "landmark":
             K, S = self.landmark_neighbours, self.state_dim
             # beta_k = sigmoid(beta_net(delta_k)); output bias -9: beta ~= 1e-4 at first, so the
             # guide starts close to the prior-only one (module docstring)
-            self.landmark_beta: Optional[MLP] = MLP(1, (landmark_hidden,), 1, "relu")
-            nn.init.constant_(cast(nn.Linear, self.landmark_beta[-1]).bias, -9.0)
+            self.landmark_beta = MLP(1, (landmark_hidden,), 1, "relu")
+            nn.init.constant_(self.landmark_beta[-1].bias, -9.0)
             # log sigma_q^2 - log sigma_p^2 = NN(delta^(1:K'), sigma^2_(1:K'), sigma_p^2); its
             # output layer starts at 0 (sigma_q = sigma_p at first)
-            self.landmark_var: Optional[MLP] = MLP(K * (2 + S) + S, (landmark_hidden,), S, "relu")
-            nn.init.zeros_(cast(nn.Linear, self.landmark_var[-1]).weight)
-            nn.init.zeros_(cast(nn.Linear, self.landmark_var[-1]).bias)
+            self.landmark_var = MLP(K * (2 + S) + S, (landmark_hidden,), S, "relu")
+            nn.init.zeros_(self.landmark_var[-1].weight)
+            nn.init.zeros_(self.landmark_var[-1].bias)
         else:
             self.landmark_beta = self.landmark_var = None
         self.register_buffer("s0", torch.zeros(self.state_dim))
@@ -485,7 +480,7 @@ class GTMSM(GTMSMTransition, GTMSMMemories, SequenceModel):
     # ------------------------------------------------------------------ validation helpers
 
     @classmethod
-    def for_data(cls, obs_dim: int, input_dim: int = 0, **options: Any) -> "GTMSM":
+    def for_data(cls, obs_dim, input_dim=0, **options):
         """A GTM-SM for frames of ``obs_dim`` values with ``input_dim`` one-hot actions per
         step as ``inputs=`` (``num_actions = input_dim``). Without inputs, the compatibility
         path: the actions are the last ``num_actions`` columns of ``x`` (``pack_actions=True``).
@@ -517,7 +512,7 @@ class GTMSM(GTMSMTransition, GTMSMMemories, SequenceModel):
             )
         return cls(shape, num_actions=num_actions, pack_actions=packed, **options)
 
-    def one_hot(self, actions: torch.Tensor) -> torch.Tensor:
+    def one_hot(self, actions):
         """Int action indices ``(batch, T)`` -> float one-hot ``(batch, T, num_actions)``.
 
         :raises ValueError: not 2-D, or an index outside ``0..num_actions-1``.
@@ -538,17 +533,17 @@ class GTMSM(GTMSMTransition, GTMSMMemories, SequenceModel):
         return nn.functional.one_hot(actions.long(), self.num_actions).to(dtype)
 
     @property
-    def tau(self) -> int:
+    def tau(self):
         """Memorisation steps (a positive int; set it with ``model.tau = ...``)."""
         return self._tau
 
     @tau.setter
-    def tau(self, tau: int) -> None:
+    def tau(self, tau):
         if isinstance(tau, bool) or not isinstance(tau, int) or tau < 1:
             raise ValueError(f"tau must be a positive int (memorisation steps), got {tau!r}")
         self._tau = tau
 
-    def check_tau(self, num_steps: Optional[int] = None, tau: Optional[int] = None) -> int:
+    def check_tau(self, num_steps=None, tau=None):
         """``tau`` (the attribute when None) as an int with ``1 <= tau`` and, when
         ``num_steps`` is given, ``tau < num_steps``.
 
@@ -585,9 +580,7 @@ class GTMSM(GTMSMTransition, GTMSMMemories, SequenceModel):
             )
         return tau
 
-    def pad_short_batch(
-        self, state: SequenceState, x: torch.Tensor, mask: torch.Tensor
-    ) -> Tuple[torch.Tensor, torch.Tensor]:
+    def pad_short_batch(self, state, x, mask):
         """A batch with no prediction step (``T <= tau``: every sequence no longer than
         ``tau``) padded to ``tau + 1`` steps that the mask leaves out (zero frames, zero
         actions; ``state.shared["inputs"]`` too). Such sequences contribute nothing (module
@@ -618,21 +611,21 @@ class GTMSM(GTMSMTransition, GTMSMMemories, SequenceModel):
 
     # ------------------------------------------------------------------ building blocks
 
-    def encode(self, frames: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    def encode(self, frames):
         """``q(z_t | x_t)``: ``(loc, scale)``, each ``(..., z_dim)``, from ``(..., F)``."""
         return self.encoder_head(self.encoder_body(frames))
 
-    def decode(self, z: torch.Tensor) -> torch.Tensor:
+    def decode(self, z):
         """Decoder output ``(..., F)``: pixel means (Gaussian) or logits (Bernoulli)."""
         return self.decoder(z)
 
-    def likelihood(self, params: torch.Tensor) -> TorchDistribution:
+    def likelihood(self, params):
         """``p(x_t | z_t)`` from the decoder output, event dim 1."""
         if self.likelihood_name == "bernoulli":
             return bernoulli_likelihood(params)
         return dist.Normal(params, self.pixel_scale).to_event(1)
 
-    def training_epoch(self, epoch: int) -> None:
+    def training_epoch(self, epoch):
         """Called by :func:`pyro_seq.train.fit` before each epoch (0-based): the ``K`` of
         ``neighbour_warmup`` for this epoch's updates."""
         if self.neighbour_warmup is not None:
@@ -641,16 +634,14 @@ class GTMSM(GTMSMTransition, GTMSMMemories, SequenceModel):
                 round(warmup_value(epoch, start, epochs, self.num_neighbours))
             )
 
-    def neighbours_now(self) -> int:
+    def neighbours_now(self):
         """``K`` read by :meth:`memory_prior`: the warm-up's in training mode, else
         ``num_neighbours``."""
         if self.training and self.training_neighbours is not None:
             return self.training_neighbours
         return self.num_neighbours
 
-    def memory_prior(
-        self, s: torch.Tensor, dnd: DND, num_neighbours: Optional[int] = None
-    ) -> dist.MixtureSameFamily:
+    def memory_prior(self, s, dnd, num_neighbours=None):
         r"""``p(z_t | s_t, m)``: the mixture of the module docstring from the ``K`` nearest
         entries of ``dnd`` to ``key(s)``; ``s (..., batch, state_dim)`` ->
         :class:`~pyro.distributions.MixtureSameFamily` with batch shape ``(..., batch)`` and
@@ -667,7 +658,7 @@ class GTMSM(GTMSMTransition, GTMSMMemories, SequenceModel):
 
     # ------------------------------------------------------------------ the step protocol
 
-    def model_init(self, state: SequenceState, x: torch.Tensor, mask: torch.Tensor) -> None:
+    def model_init(self, state, x, mask):
         frames, actions = self._split(state, x)
         tau = self.check_tau(x.shape[1])
         memory = self.memorise(frames[:, :tau], actions[:, :tau])
@@ -701,9 +692,7 @@ class GTMSM(GTMSMTransition, GTMSMMemories, SequenceModel):
         state[key] = s
         return s
 
-    def model_step(  # type: ignore[override]  # time_parallel is False: t is never a slice
-        self, state: SequenceState, t: int, x: torch.Tensor, mask: torch.Tensor
-    ) -> None:
+    def model_step(self, state, t, x, mask):
         tau = state.shared["tau"]
         if t < tau:  # memorisation: written by init
             return
@@ -716,7 +705,7 @@ class GTMSM(GTMSMTransition, GTMSMMemories, SequenceModel):
             f"x_{t + 1}", masked(self.likelihood(self.decode(z)), mask[:, t]), obs=frames[:, t]
         )
 
-    def guide_init(self, state: SequenceState, x: torch.Tensor, mask: torch.Tensor) -> None:
+    def guide_init(self, state, x, mask):
         frames, actions = self._split(state, x)
         tau = self.check_tau(x.shape[1])
         state.shared["actions"], state.shared["tau"] = actions, tau
@@ -728,11 +717,7 @@ class GTMSM(GTMSMTransition, GTMSMMemories, SequenceModel):
             )
             loc, scale = loc[:, tau:], scale[:, tau:]
             # the reversed DND read with every prediction-phase code at once: (T - tau, batch, .)
-            # the landmark inference writes the reversed DND (GTMSMMemory.reversed)
-            reads: Tuple[torch.Tensor, ...] = self.read_landmarks(
-                memory.reversed,  # type: ignore[arg-type]
-                loc.transpose(0, 1),
-            )
+            reads = self.read_landmarks(memory.reversed, loc.transpose(0, 1))
             reads = reads + (self.landmark_weights(reads[0], reads[3]),)
             state.shared["landmarks"] = list(zip(*(r.unbind(0) for r in reads)))
             state.shared["s_tau_var"] = memory.variances[:, -1]
@@ -742,7 +727,7 @@ class GTMSM(GTMSMTransition, GTMSMMemories, SequenceModel):
             state["guide_s"] = self.mean_path(actions[:, :tau])[:, -1]
         state.shared["q_loc"], state.shared["q_scale"] = loc, scale
 
-    def guide_step(self, state: SequenceState, t: int, x: torch.Tensor, mask: torch.Tensor) -> None:
+    def guide_step(self, state, t, x, mask):
         tau = state.shared["tau"]
         if t < tau:
             return
@@ -758,13 +743,7 @@ class GTMSM(GTMSMTransition, GTMSMMemories, SequenceModel):
     # ------------------------------------------------------------------ prediction
 
     @torch.no_grad()
-    def predict(
-        self,
-        frames: torch.Tensor,
-        actions: torch.Tensor,
-        tau: Optional[int] = None,
-        sample_states: bool = False,
-    ) -> Dict[str, torch.Tensor]:
+    def predict(self, frames, actions, tau=None, sample_states=False):
         r"""Long-term prediction (thesis Fig. 7.2d): memorise ``frames[:, :tau]``, then generate
         the frames of the steps ``t > tau`` from the actions only.
 
@@ -798,7 +777,7 @@ class GTMSM(GTMSMTransition, GTMSMMemories, SequenceModel):
         dnd, means = memory.memory, memory.means
         s = means[:, -1]
         if self.inference == "landmark":
-            first_scale: Union[torch.Tensor, float] = (memory.variances[:, -1] + self.r**2).sqrt()
+            first_scale = (memory.variances[:, -1] + self.r**2).sqrt()
         else:
             first_scale = self.r * math.sqrt(tau + 1)
         states, zs, M = [], [], self.displacement_matrix()

@@ -68,16 +68,14 @@ convolutional encoder/decoder of :mod:`pyro_seq.nn.conv` (``encoder="conv"``) or
 """
 
 import math
-from typing import TYPE_CHECKING, Any, Literal, Optional, Sequence, Tuple, Union, overload
 
 import pyro
 import pyro.distributions as dist
 import torch
 import torch.nn as nn
-from pyro.distributions.torch_distribution import TorchDistribution
 
 from pyro_seq.distributions.scored_value import ScoredValue
-from pyro_seq.models.base import SequenceModel, Step, masked, stack_time
+from pyro_seq.models.base import SequenceModel, masked, stack_time
 from pyro_seq.models.contract import example
 from pyro_seq.models.emission import bernoulli_likelihood
 from pyro_seq.nn import GaussianHead
@@ -90,7 +88,6 @@ from pyro_seq.ops.kalman import (
     psd_sqrt,
 )
 from pyro_seq.ops.linalg import mv as _mv
-from pyro_seq.ops.state import SequenceState
 from pyro_seq.validation import (
     module_device,
     positive_int,
@@ -122,12 +119,7 @@ class KVAEFilterResult(dict):
     ``a_filtered``, ``a_smoothed (batch, T, a_dim)``: ``C_t E[z_t | ...]``.
     """
 
-    if TYPE_CHECKING:  # the entries, as attributes
-
-        def __getattr__(self, name: str) -> Any: ...
-
-    else:
-        __getattr__ = dict.__getitem__
+    __getattr__ = dict.__getitem__
 
 
 class DynamicsNetwork(nn.Module):
@@ -138,7 +130,7 @@ class DynamicsNetwork(nn.Module):
     ``(..., T, a_dim) -> (..., T, K)`` (inputs ``a_{0:T-1}``).
     """
 
-    def __init__(self, a_dim: int, num_modes: int, hidden_dim: int = 50) -> None:
+    def __init__(self, a_dim, num_modes, hidden_dim=50):
         super().__init__()
         self.hidden_dim = hidden_dim
         self.lstm = nn.LSTM(a_dim, hidden_dim, batch_first=True)
@@ -146,15 +138,11 @@ class DynamicsNetwork(nn.Module):
         nn.init.zeros_(self.out.weight)
         nn.init.zeros_(self.out.bias)
 
-    def initial(
-        self, like: torch.Tensor, batch_shape: Sequence[int]
-    ) -> Tuple[torch.Tensor, torch.Tensor]:
+    def initial(self, like, batch_shape):
         zeros = like.new_zeros(tuple(batch_shape) + (self.hidden_dim,))
         return zeros, zeros
 
-    def step(
-        self, a_prev: torch.Tensor, hidden: Tuple[torch.Tensor, torch.Tensor]
-    ) -> Tuple[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
+    def step(self, a_prev, hidden):
         h, c = hidden
         lead = torch.broadcast_shapes(a_prev.shape[:-1], h.shape[:-1], c.shape[:-1])
         flat = [v.expand(lead + v.shape[-1:]).reshape(1, -1, v.shape[-1]) for v in (a_prev, h, c)]
@@ -163,7 +151,7 @@ class DynamicsNetwork(nn.Module):
         c = c.reshape(lead + (self.hidden_dim,))
         return torch.softmax(self.out(h), -1), (h, c)
 
-    def sequence(self, a_prev: torch.Tensor) -> torch.Tensor:
+    def sequence(self, a_prev):
         lead, (T, A) = a_prev.shape[:-2], a_prev.shape[-2:]
         out, _ = self.lstm(a_prev.reshape(-1, T, A))
         return torch.softmax(self.out(out), -1).reshape(lead + (T, -1))
@@ -200,10 +188,6 @@ class KVAE(SequenceModel):
     module_name = "kvae"
     latent_names = ("a",)
     time_parallel = True  #: when :meth:`scores_all_steps` allows it (no missing frame)
-    Q: torch.Tensor  #: buffer ``(z_dim, z_dim)``: transition noise covariance
-    R: torch.Tensor  #: buffer ``(a_dim, a_dim)``: emission noise covariance
-    init_loc: torch.Tensor  #: buffer ``(z_dim,)``: mu_0
-    init_cov: torch.Tensor  #: buffer ``(z_dim, z_dim)``: Sigma_0
     impute_methods = ("smoothing", "filtering", "generation", "iterative", "importance")
     small_example = example(
         obs_dim=16,
@@ -219,27 +203,27 @@ class KVAE(SequenceModel):
 
     def __init__(
         self,
-        image_shape: Sequence[int] = (32, 32),
-        a_dim: int = 2,
-        z_dim: int = 4,
-        num_modes: int = 3,
-        control_dim: int = 0,
-        lstm_dim: int = 50,
-        encoder: str = "conv",
-        channels: int = 32,
-        conv_layers: int = 3,
-        hidden_dims: Sequence[int] = (128, 128),
-        transition_noise: float = 0.08,
-        emission_noise: float = 0.03,
-        init_cov: float = 20.0,
-        init_matrix_std: float = 0.05,
-        likelihood: str = "bernoulli",
-        pixel_var: float = 0.1,
-        min_scale: float = 1e-3,
-        reconstruction_weight: float = 0.3,
-        dynamics_warmup_epochs: int = 5,
-        prior_score: str = "exact",
-    ) -> None:
+        image_shape=(32, 32),
+        a_dim=2,
+        z_dim=4,
+        num_modes=3,
+        control_dim=0,
+        lstm_dim=50,
+        encoder="conv",
+        channels=32,
+        conv_layers=3,
+        hidden_dims=(128, 128),
+        transition_noise=0.08,
+        emission_noise=0.03,
+        init_cov=20.0,
+        init_matrix_std=0.05,
+        likelihood="bernoulli",
+        pixel_var=0.1,
+        min_scale=1e-3,
+        reconstruction_weight=0.3,
+        dynamics_warmup_epochs=5,
+        prior_score="exact",
+    ):
         image_shape = tuple(image_shape)
         super().__init__(math.prod(image_shape))
         self.image_shape = self.frame_shape = image_shape
@@ -299,7 +283,7 @@ class KVAE(SequenceModel):
         self.register_buffer("init_loc", torch.zeros(S))
         self.register_buffer("init_cov", init_cov * torch.eye(S))
 
-    def likelihood(self, params: torch.Tensor) -> TorchDistribution:
+    def likelihood(self, params):
         """``p(x_t | a_t)`` from the decoder output ``(..., obs_dim)``: Bernoulli logits or
         Gaussian means (event dim 1)."""
         if self.likelihood_name == "bernoulli":
@@ -308,7 +292,7 @@ class KVAE(SequenceModel):
 
     # ------------------------------------------------------------------ training hooks
 
-    def training_epoch(self, epoch: int) -> None:
+    def training_epoch(self, epoch):
         """Called by :func:`pyro_seq.train.fit` before each epoch (0-based): freeze the dynamics
         network for the first ``dynamics_warmup_epochs`` epochs (appendix 6.8)."""
         self.dynamics_frozen = epoch < self.dynamics_warmup_epochs
@@ -319,15 +303,15 @@ class KVAE(SequenceModel):
 
     # ------------------------------------------------------------------ building blocks
 
-    def encode(self, x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    def encode(self, x):
         """``q(a_t | x_t)``: ``(loc, scale)``, each ``(..., a_dim)``, from frames ``(..., obs_dim)``."""
         return self.encoder_head(self.encoder_body(x))
 
-    def decode(self, a: torch.Tensor) -> torch.Tensor:
+    def decode(self, a):
         """Pixel logits ``(..., obs_dim)`` of ``p(x_t | a_t)``."""
         return self.emitter(a)
 
-    def mix(self, alpha: torch.Tensor) -> Tuple[torch.Tensor, Optional[torch.Tensor], torch.Tensor]:
+    def mix(self, alpha):
         """``(A_t, B_t, C_t)`` of eq. 6.10 from weights ``alpha (..., K)`` (B_t None without
         controls): ``(..., S, S)``, ``(..., S, U)``, ``(..., a_dim, S)``."""
         A = torch.einsum("...k,kij->...ij", alpha, self.A_modes)
@@ -387,7 +371,7 @@ class KVAE(SequenceModel):
 
     # ------------------------------------------------------------------ the step protocol
 
-    def model_init(self, state: SequenceState, x: torch.Tensor, mask: torch.Tensor) -> None:
+    def model_init(self, state, x, mask):
         B = x.shape[0]
         state["m"] = self.init_loc.expand(B, self.z_dim)
         state["P"] = self.init_cov.expand(B, self.z_dim, self.z_dim)
@@ -395,7 +379,7 @@ class KVAE(SequenceModel):
         state["d"], state["c"] = self.dynamics.initial(x, (B,))
 
     @classmethod
-    def for_data(cls, obs_dim: int, input_dim: int = 0, **options: Any) -> "KVAE":
+    def for_data(cls, obs_dim, input_dim=0, **options):
         """A KVAE for frames of ``obs_dim`` pixels (square unless ``image_shape`` is given) with
         ``input_dim`` controls per step (``control_dim``)."""
         options = dict(options)
@@ -413,16 +397,14 @@ class KVAE(SequenceModel):
             options["control_dim"] = input_dim
         return cls(shape, **options)
 
-    def scores_all_steps(self, state: SequenceState, x: torch.Tensor, mask: torch.Tensor) -> bool:
+    def scores_all_steps(self, state, x, mask):
         """All steps at once only when every real step's frame has an observed pixel (the
         Kalman filter of the all-at-once path needs every real step's encoding); decided from
         this call's ``mask`` and ``observed`` alone."""
         seen = state.shared.get("observed")
         return seen is None or bool((seen.any(-1) | ~mask).all())
 
-    def model_step(
-        self, state: SequenceState, t: Step, x: torch.Tensor, mask: torch.Tensor
-    ) -> None:
+    def model_step(self, state, t, x, mask):
         if isinstance(t, slice):
             return self._model_all_steps(state, x, mask)
         u_t = state.shared_at("inputs", t) if self.control_dim else None
@@ -542,14 +524,7 @@ class KVAE(SequenceModel):
         last = idx == (lengths - 1)
         return torch.where(last, tail, terms)
 
-    def observe(
-        self,
-        state: SequenceState,
-        t: Step,
-        x: torch.Tensor,
-        mask: torch.Tensor,
-        features: torch.Tensor,
-    ) -> None:
+    def observe(self, state, t, x, mask, features):
         """``x_t ~ p(x_t | a_t)``, scaled by ``reconstruction_weight`` in training mode."""
         scale = self._obs_scale
         if scale == 1.0:
@@ -564,11 +539,11 @@ class KVAE(SequenceModel):
         with pyro.poutine.scale(scale=scale):
             return super()._observe_deferred(state, x, mask)
 
-    def guide_init(self, state: SequenceState, x: torch.Tensor, mask: torch.Tensor) -> None:
+    def guide_init(self, state, x, mask):
         loc, scale = self.encode(x)
         state.shared["q_loc"], state.shared["q_scale"] = loc, scale
 
-    def guide_step(self, state: SequenceState, t: int, x: torch.Tensor, mask: torch.Tensor) -> None:
+    def guide_step(self, state, t, x, mask):
         loc = state.shared_at("q_loc", t)
         scale = state.shared_at("q_scale", t)
         ok = self._step_observed(state, t, mask)
@@ -577,13 +552,7 @@ class KVAE(SequenceModel):
     # ------------------------------------------------------------------ imputation (thesis 6.4)
 
     @torch.no_grad()
-    def filter_encodings(
-        self,
-        a: torch.Tensor,
-        observed_steps: torch.Tensor,
-        inputs: Optional[torch.Tensor] = None,
-        smooth: bool = True,
-    ) -> "KVAEFilterResult":
+    def filter_encodings(self, a, observed_steps, inputs=None, smooth=True):
         r"""The LGSSM of the KVAE on encodings with missing steps, gamma estimated recursively
         (thesis 6.4, eq. 6.12-6.13).
 
@@ -663,25 +632,12 @@ class KVAE(SequenceModel):
         return out
 
     @torch.no_grad()
-    def impute_steps(
-        self,
-        x: torch.Tensor,
-        observed_steps: torch.Tensor,
-        method: str,
-        inputs: Optional[torch.Tensor] = None,
-    ) -> torch.Tensor:
+    def impute_steps(self, x, observed_steps, method, inputs=None):
         """The contract's hook for :func:`pyro_seq.tasks.impute` with ``method`` ``"smoothing"``,
         ``"filtering"`` or ``"generation"``: the pixel probabilities of :meth:`impute_frames`."""
         return self.impute_frames(x, observed_steps, method, inputs=inputs)[0]
 
-    def impute_frames(
-        self,
-        x: torch.Tensor,
-        observed_steps: torch.Tensor,
-        method: str = "smoothing",
-        inputs: Optional[torch.Tensor] = None,
-        num_initial: int = 4,
-    ) -> Tuple[torch.Tensor, torch.Tensor]:
+    def impute_frames(self, x, observed_steps, method="smoothing", inputs=None, num_initial=4):
         r"""Impute missing frames (thesis 6.4, Fig. 6.3).
 
         The observed frames are encoded by the encoder means ``E_q[a_t | x_t]``; the encodings
@@ -749,42 +705,8 @@ class KVAE(SequenceModel):
         )
         return seen, inputs
 
-    @overload
-    def generate(
-        self,
-        num_sequences: int,
-        num_steps: int,
-        inputs: Optional[torch.Tensor] = None,
-        return_codes: Literal[False] = False,
-    ) -> Tuple[torch.Tensor, torch.Tensor]: ...
-
-    @overload
-    def generate(
-        self,
-        num_sequences: int,
-        num_steps: int,
-        inputs: Optional[torch.Tensor] = None,
-        *,
-        return_codes: Literal[True],
-    ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]: ...
-
-    @overload
-    def generate(
-        self,
-        num_sequences: int,
-        num_steps: int,
-        inputs: Optional[torch.Tensor],
-        return_codes: Literal[True],
-    ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]: ...
-
     @torch.no_grad()
-    def generate(
-        self,
-        num_sequences: int,
-        num_steps: int,
-        inputs: Optional[torch.Tensor] = None,
-        return_codes: bool = False,
-    ) -> Union[Tuple[torch.Tensor, torch.Tensor], Tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    def generate(self, num_sequences, num_steps, inputs=None, return_codes=False):
         """Ancestral samples: ``a_t ~ p(a_t | a_{<t})`` by the filter's predictive, the dynamics
         network fed the samples, ``x_t ~ p(x_t | a_t)``.
 
