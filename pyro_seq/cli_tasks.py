@@ -95,8 +95,7 @@ def cmd_impute(args: argparse.Namespace) -> int:
     L = int(mask[0].sum())
     png = out / f"impute_{args.split}_0.png"
     if model.frame_shape is not None:  # a video: the recovered one beside the truth
-        panels = [v[0, :L].reshape((L,) + tuple(model.frame_shape)) for v in (x, probs)]
-        frames = torch.cat([f.mean(1) if f.dim() == 4 else f for f in panels], -1).clamp(0, 1)
+        frames = side_by_side(model.frame_shape, x[0, :L], probs[0, :L])
         plot_video(
             frames,
             png,
@@ -178,8 +177,7 @@ def cmd_denoise(args: argparse.Namespace) -> int:
     L = int(mask[0].sum())
     png = out / f"denoise_{args.split}_0.png"
     if model.frame_shape is not None:
-        panels = [v[0, :L].reshape((L,) + tuple(model.frame_shape)) for v in (x, corrupted, x_hat)]
-        frames = torch.cat([f.mean(1) if f.dim() == 4 else f for f in panels], -1).clamp(0, 1)
+        frames = side_by_side(model.frame_shape, x[0, :L], corrupted[0, :L], x_hat[0, :L])
         plot_video(frames, png, title="truth | corrupted | denoised")
     elif model.binary_observations:
         plot_recovery(x[0, :L], corrupted[0, :L], x_hat[0, :L], png, title="denoising")
@@ -211,10 +209,7 @@ def cmd_sample(args: argparse.Namespace) -> int:
         png = out / f"sample_{i}.png"
         title = f"{run['model']} sample {i}"
         if model.frame_shape is not None:  # a video: its trajectory and frames
-            frames = x[i].reshape((args.length,) + tuple(model.frame_shape))
-            if frames.dim() == 4:  # (T, C, H, W): the channels' mean
-                frames = frames.mean(1)
-            plot_video(frames.clamp(0, 1), png, title=title)
+            plot_video(side_by_side(model.frame_shape, x[i]), png, title=title)
             print(f"wrote {png}")
         elif model.binary_observations:  # a piano roll (MIDI when it has the 88 keys)
             probs = torch.sigmoid(params[i]) if torch.is_tensor(params) else None
@@ -311,6 +306,14 @@ def cmd_forecast(args: argparse.Namespace) -> int:
     return 0
 
 
+def side_by_side(frame_shape, *videos):
+    """Videos ``(T, F)`` of flattened frames of ``frame_shape`` as greyscale frames ``(T, H, W *
+    len(videos))`` in ``[0, 1]``, side by side (an RGB frame shows its channels' mean)."""
+    panels = [v.reshape((v.shape[0],) + tuple(frame_shape)) for v in videos]
+    panels = [p.mean(1) if p.dim() == 4 else p for p in panels]
+    return torch.cat(panels, -1).clamp(0, 1)
+
+
 def _plot_forecast(model, truth, mean, P, path, title):
     """The truth ``(P + K, D)`` beside the prefix continued by the mean forecast ``(K, D)``:
     videos frame by frame, binary data as piano rolls (prefix, truth and forecast
@@ -319,9 +322,8 @@ def _plot_forecast(model, truth, mean, P, path, title):
 
     forecast = torch.cat([truth[:P], mean])
     if model.frame_shape is not None:
-        frames = [v.reshape((v.shape[0],) + tuple(model.frame_shape)) for v in (truth, forecast)]
-        frames = [f.mean(1) if f.dim() == 4 else f for f in frames]  # RGB: channel mean
-        plot_video(torch.cat(frames, -1).clamp(0, 1), path, title=f"truth | forecast after {P}")
+        frames = side_by_side(model.frame_shape, truth, forecast)
+        plot_video(frames, path, title=f"truth | forecast after {P}")
     elif model.binary_observations:
         shown = torch.cat([truth[:P], torch.full_like(mean, float("nan"))])
         plot_recovery(truth, shown, (forecast > 0.5).float(), path, probs=forecast, title=title)
