@@ -11,10 +11,11 @@ equations index built from the docstrings.
   page, and every public module must be on an API page (``automodule``). Anything missing is a
   warning naming the symbol.
 * **Equations index** (directive ``equation-index``): every equation citation in a docstring
-  (``eq. 3.12``, ``eqs. (1)-(2)``, ``seed 003 eq. 9-10 / 14-15``, ...) is attributed to its
-  source document (:data:`SOURCES`) and listed with links to the object whose docstring cites
+  (``eq. 3.12``, ``eqs. (1)-(2)``, ``Soyer & Möllenhoff eq. 9-10 / 14-15``, ...) is attributed
+  to its source document (:data:`SOURCES`) and listed with links to the object whose docstring cites
   it. A citation whose source cannot be told, or whose number the source does not have, is a
-  warning: the docstring should name the source (``thesis eq. N``, ``seed 002 eq. N``, ...).
+  warning: the docstring should name the source (``thesis eq. N``, ``Bayer & Osendorfer (2014),
+  eq. N``, ...).
 * **Command-line help** (directive ``cli-help``): the ``--help`` of ``pyro-seq`` and of each
   subcommand, taken from :func:`pyro_seq.cli.make_parser` at build time.
 
@@ -245,57 +246,66 @@ def _check_api(app, env):
 @dataclasses.dataclass(frozen=True)
 class Source:
     key: str
-    short: str                 #: how the docstrings name it
+    short: str                 #: how the docstrings name it (author-year), the index's heading
     title: str                 #: full reference, as on the references page
     numbering: str             #: "chapter" (eq. 3.12) or "plain" (eq. 7)
     equations: Optional[Dict[int, int]] = None  #: chapter -> last equation, or {0: last}
     markers: Tuple[str, ...] = ()  #: regexes that name this source in a docstring
+    ref: str = ""              #: label of its entry on the references page (``ref-...``)
+
+    @property
+    def label(self) -> str:
+        return self.ref or f"ref-{self.key}"
 
 
-#: The documents the docstrings cite equations of, in the order of the equations page.
+#: The documents the docstrings cite equations of, in the order of the equations page. The keys
+#: are internal names (stable, used by tests); users see ``short``, ``title`` and the link.
 SOURCES = [
-    Source("thesis", "thesis",
+    Source("thesis", "Fraccaro (2018), the thesis",
            "M. Fraccaro, *Deep Latent Variable Models for Sequential Data*, PhD thesis, "
-           "Technical University of Denmark, 2018 (seed 001). Chapter 5 is the SRNN paper, "
-           "chapter 6 the KVAE paper, chapter 7 the GTM-SM paper.",
+           "Technical University of Denmark, 2018. Chapter 5 is the SRNN paper (Fraccaro et al. "
+           "2016), chapter 6 the KVAE paper (Fraccaro et al. 2017), chapter 7 the GTM-SM paper "
+           "(Fraccaro et al. 2018).",
            "chapter", {2: 13, 3: 20, 4: 27, 5: 12, 6: 13, 7: 4},
-           (r"\bthesis\b", r"\bseed 001\b", r"\bFraccaro\b", r"\bSRNN\b")),
-    Source("seed000", "seed 000",
-           "R. Mittelman, B. Kuipers, S. Savarese, H. Lee, supplementary material for "
-           "*Structured Recurrent Temporal Restricted Boltzmann Machines* (ICML 2014), seed 000.",
-           "chapter", {1: 27}, (r"\bseed 000\b", r"\bMittelman\b")),
-    Source("seed002", "seed 002",
+           (r"\bthesis\b", r"\bFraccaro\b", r"\bSRNN\b"), "ref-thesis"),
+    Source("seed000", "Mittelman et al. (2014), supplementary material",
+           "R. Mittelman, B. Kuipers, S. Savarese, H. Lee, supplementary material (June 2014) "
+           "for *Structured Recurrent Temporal Restricted Boltzmann Machines*, ICML 2014: the "
+           "RTRBM energy, the recursion of r_t and the gradients of CD learning with BPTT.",
+           "chapter", {1: 27}, (r"\bMittelman\b",)),
+    Source("seed002", "Bayer & Osendorfer (2014)",
            "J. Bayer, C. Osendorfer, *Variational inference of latent state sequences using "
-           "recurrent networks* (later versions: *Learning Stochastic Recurrent Networks*, "
-           "arXiv:1411.7610), seed 002.",
-           "plain", {0: 7}, (r"\bseed 002\b", r"\bBayer\b", r"\bOsendorfer\b")),
-    Source("seed003", "seed 003",
-           "H. Soyer, T. Möllenhoff, *What Do You Know?* (RBMs for student-performance "
-           "prediction, Technical University Munich), seed 003.",
-           "plain", {0: 25}, (r"\bseed 003\b", r"\bSoyer\b")),
-    Source("chung2015", "Chung et al. 2015",
+           "recurrent networks*, arXiv:1411.7610v1, 2014 (later versions: *Learning Stochastic "
+           "Recurrent Networks*, STORN).",
+           "plain", {0: 7}, (r"\bBayer\b", r"\bOsendorfer\b")),
+    Source("seed003", "Soyer & Möllenhoff (n.d.)",
+           "H. Soyer, T. Möllenhoff, *What Do You Know?*, project report, Technical University "
+           "Munich, undated (the Kaggle challenge of 2011-2012): RBMs for student-performance "
+           "prediction as collaborative filtering.",
+           "plain", {0: 25}, (r"\bSoyer\b", r"\bMöllenhoff\b")),
+    Source("chung2015", "Chung et al. (2015)",
            "J. Chung, K. Kastner, L. Dinh, K. Goel, A. Courville, Y. Bengio, *A Recurrent "
-           "Latent Variable Model for Sequential Data*, NIPS 2015 (notes: seed 004).",
-           "plain", None, (r"\bChung et al\b", r"\bseed 004\b")),
-    Source("krishnan2017", "Krishnan et al. 2017",
+           "Latent Variable Model for Sequential Data*, NIPS 2015.",
+           "plain", None, (r"\bChung et al\b",), "ref-chung2015"),
+    Source("krishnan2017", "Krishnan et al. (2017)",
            "R. G. Krishnan, U. Shalit, D. Sontag, *Structured Inference Networks for Nonlinear "
            "State Space Models*, AAAI 2017.",
-           "plain", None, (r"\bKrishnan et al\b",)),
-    Source("mnih2016", "Mnih & Rezende 2016",
+           "plain", None, (r"\bKrishnan et al\b",), "ref-krishnan2017"),
+    Source("mnih2016", "Mnih & Rezende (2016)",
            "A. Mnih, D. J. Rezende, *Variational Inference for Monte Carlo Objectives* (VIMCO), "
            "ICML 2016.",
-           "plain", None, (r"\bMnih\b", r"\bVIMCO\b")),
-    Source("burda2016", "Burda et al. 2016",
+           "plain", None, (r"\bMnih\b", r"\bVIMCO\b"), "ref-mnih2016"),
+    Source("burda2016", "Burda et al. (2016)",
            "Y. Burda, R. Grosse, R. Salakhutdinov, *Importance Weighted Autoencoders*, ICLR 2016.",
-           "plain", None, (r"\bBurda et al\b",)),
-    Source("tucker2019", "Tucker et al.",
+           "plain", None, (r"\bBurda et al\b",), "ref-burda2016"),
+    Source("tucker2019", "Tucker et al. (2019)",
            "G. Tucker, D. Lawson, S. Gu, C. J. Maddison, *Doubly Reparameterized Gradient "
            "Estimators for Monte Carlo Objectives* (DReG), ICLR 2019.",
-           "plain", None, (r"\bTucker et al\b", r"\bDReG\b")),
-    Source("maddison2017", "Maddison et al. 2017",
+           "plain", None, (r"\bTucker et al\b", r"\bDReG\b"), "ref-tucker2019"),
+    Source("maddison2017", "Maddison et al. (2017)",
            "C. J. Maddison, D. Lawson, G. Tucker, N. Heess, M. Norouzi, A. Mnih, A. Doucet, "
            "Y. W. Teh, *Filtering Variational Objectives*, NIPS 2017.",
-           "plain", None, (r"\bMaddison et al\b",)),
+           "plain", None, (r"\bMaddison et al\b",), "ref-maddison2017"),
 ]
 SOURCES_BY_KEY = {s.key: s for s in SOURCES}
 
@@ -452,7 +462,7 @@ def citation_problems(citations: List[Citation]) -> List[str]:
         numbers = tuple(int(p) for p in c.equation.split("."))
         if not c.source:
             problems.append(f"{c.target}: cannot tell which document '{c.text}' cites; name it in "
-                            f"the docstring (e.g. 'seed 002 eq. {c.equation}')")
+                            f"the docstring (e.g. 'Bayer & Osendorfer (2014), eq. {c.equation}')")
         elif not in_source(c.source, numbers):
             problems.append(f"{c.target}: '{c.text}' read as {SOURCES_BY_KEY[c.source].short} "
                             f"eq. {c.equation}, which that document does not have")
@@ -497,9 +507,9 @@ def _setup_directives(app):
                         rows.setdefault(c.equation, []).append(c)
                 if not rows:
                     continue
-                title = source.short[0].upper() + source.short[1:]
+                title = source.short
                 lines += [title, "-" * len(title), "",
-                          f"Source: {source.title} (:ref:`references <ref-{source.key}>`)", "",
+                          f"Source: {source.title} (:ref:`references <{source.label}>`)", "",
                           ".. list-table::", "   :header-rows: 1", "   :widths: 12 88", "",
                           "   * - equation", "     - implemented or used in"]
                 for eq in sorted(rows, key=lambda e: tuple(int(p) for p in e.split("."))):
