@@ -212,8 +212,12 @@ class RTRBM(EnergyBasedModel):
     ) -> "SequenceLogLikelihood":
         r"""Per-sequence :math:`\log p(v_{1:T}) = \sum_t [-F_t(v_t) - \log Z_t]`.
 
-        :param str method: ``"exact"`` (enumeration; small ``H`` or ``V``) or ``"ais"`` (each
-            :math:`\log Z_t` by :meth:`RBM.ais_log_partition`).
+        :param str method: ``"exact"`` (enumeration; small ``H`` or ``V``), ``"ais"`` (each
+            :math:`\log Z_t` by :meth:`RBM.ais_log_partition`: :math:`\hat Z_t` is unbiased, so
+            the estimate is a stochastic upper bound) or ``"raise"`` (each :math:`\log p(v_t
+            \mid r_{t-1})` by reverse AIS, :meth:`RBM.raise_log_prob`, on the same annealing
+            path: a stochastic lower bound on the annealing model's log-likelihood, which tends
+            to the RTRBM's; Burda, Grosse & Salakhutdinov 2015). Their gap is the error bar.
         :param int num_chains: AIS chains.
         :param int num_betas: AIS temperatures (``betas`` overrides the uniform grid).
         :param base_visible_bias: AIS base model's visible bias ``(V,)``; default ``c``, the
@@ -223,8 +227,8 @@ class RTRBM(EnergyBasedModel):
             once (all at once by default).
         :returns: :class:`SequenceLogLikelihood`.
         """
-        if method not in ("exact", "ais"):
-            raise ValueError(f"method must be 'exact' or 'ais', got {method!r}")
+        if method not in ("exact", "ais", "raise"):
+            raise ValueError(f"method must be 'exact', 'ais' or 'raise', got {method!r}")
         x, mask = self._check(x, mask)
         W, _ = self.weights()
         biases, _ = self.hidden_biases(x)
@@ -237,16 +241,25 @@ class RTRBM(EnergyBasedModel):
             if base_visible_bias is None:
                 base_visible_bias = self.c.detach()
             flat_bias = biases[mask]  # only real steps: (N, H)
+            flat_x = x[mask]
             chunk = steps_per_chunk or flat_bias.shape[0]
             values, errors = [], []
             for start in range(0, flat_bias.shape[0], chunk):
                 part = RBM(W, self.c, flat_bias[start : start + chunk])
-                est = part.ais_log_partition(num_chains, num_betas, betas, base_visible_bias)
+                if method == "ais":
+                    est = part.ais_log_partition(num_chains, num_betas, betas, base_visible_bias)
+                else:  # log p(v_t | r_{t-1}) itself: stored as unnorm - log_z below
+                    value = flat_x[start : start + chunk]
+                    est = part.raise_log_prob(
+                        value, num_chains, num_betas, betas, base_visible_bias
+                    )
                 values.append(est.log_partition)
                 errors.append(est.stderr)
             log_z = torch.zeros_like(unnorm)
             var = torch.zeros_like(unnorm)
             log_z[mask] = torch.cat(values)
+            if method == "raise":
+                log_z[mask] = unnorm[mask] - log_z[mask]
             var[mask] = torch.cat(errors) ** 2
         m = mask.to(unnorm.dtype)
         ll = ((unnorm - log_z) * m).sum(-1)
