@@ -711,15 +711,15 @@ class RBM(EnergyBasedDistribution):
             :math:`-F(v) - \log \hat Z` is a stochastic *upper* bound on :math:`\log p(v)`
             (:meth:`raise_log_prob` gives the lower one).
         """
-        betas, c0 = self._annealing_path(num_betas, betas, base_visible_bias, num_chains)
+        path, c0 = self._annealing_path(num_betas, betas, base_visible_bias, num_chains)
         shape = torch.Size([num_chains]) + self.batch_shape
         v = self._sample_units(c0.expand(shape + self.event_shape))
         log_w = v.new_zeros(shape)
-        for k in range(1, betas.numel()):
-            step, x = self._log_f_difference(v, betas[k], betas[k - 1], c0)
+        for k in range(1, path.numel()):
+            step, x = self._log_f_difference(v, path[k], path[k - 1], c0)
             log_w = log_w + step
-            if k < betas.numel() - 1:
-                v = self._annealed_gibbs(x, betas[k], c0)
+            if k < path.numel() - 1:
+                v = self._annealed_gibbs(x, path[k], c0)
         return self._annealing_result(self._log_base_partition(c0), log_w, num_chains)
 
     @torch.no_grad()
@@ -756,7 +756,7 @@ class RBM(EnergyBasedDistribution):
             :math:`\log p(v)` (shape of the broadcast batch), ``stderr`` its delta-method
             standard error and ``log_weights`` the :math:`\log w`, ``(num_chains, *batch)``.
         """
-        betas, c0 = self._annealing_path(num_betas, betas, base_visible_bias, num_chains)
+        path, c0 = self._annealing_path(num_betas, betas, base_visible_bias, num_chains)
         value = self._masked_value(torch.as_tensor(value, dtype=self.visible_bias.dtype))
         batch = torch.broadcast_shapes(
             value.shape[: value.dim() - len(self.event_shape)], self.batch_shape
@@ -764,9 +764,9 @@ class RBM(EnergyBasedDistribution):
         v = value.expand(torch.Size([num_chains]) + batch + self.event_shape)
         log_w = -self.free_energy(v)
         x = self.hidden_input(v)
-        for k in range(betas.numel() - 1, 0, -1):  # v_{k-1} ~ T_k(. | v_k), weight f_{k-1}/f_k
-            v = self._annealed_gibbs(x, betas[k], c0)
-            step, x = self._log_f_difference(v, betas[k], betas[k - 1], c0)
+        for k in range(path.numel() - 1, 0, -1):  # v_{k-1} ~ T_k(. | v_k), weight f_{k-1}/f_k
+            v = self._annealed_gibbs(x, path[k], c0)
+            step, x = self._log_f_difference(v, path[k], path[k - 1], c0)
             log_w = log_w - step
         log_w = log_w - self._log_base_partition(c0)  # the weight w of the formula above
         return self._annealing_result(0.0, log_w, num_chains)
