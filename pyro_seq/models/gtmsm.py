@@ -161,35 +161,39 @@ whole sequence (multiply by ``T / (T - tau)`` for nats per predicted frame).
 
 import math
 from types import MappingProxyType
+from typing import Any, Optional, Sequence, Tuple, cast
 
 import pyro
 import pyro.distributions as dist
 import torch
 import torch.nn as nn
+from pyro.distributions.torch_distribution import TorchDistribution
 
 from pyro_seq.models.base import SequenceModel, masked
 from pyro_seq.models.contract import example
 from pyro_seq.models.emission import bernoulli_likelihood
+from pyro_seq.models.gtmsm_inputs import ActionProgram, GTMSMInputs
 from pyro_seq.models.gtmsm_parts import (
     DISPLACEMENTS,
     ENCODERS,
     INFERENCES,
     LIKELIHOODS,
-    ActionProgram,
     GTMSMMemories,
     GTMSMMemory,
     GTMSMTransition,
     warmup_value,
 )
 from pyro_seq.models.gtmsm_parts import conformal_matrix as conformal_matrix
+from pyro_seq.models.gtmsm_prediction import GTMSMPrediction
 from pyro_seq.nn import MLP, GaussianHead
 from pyro_seq.nn.conv import frame_networks
+from pyro_seq.ops.state import SequenceState
 from pyro_seq.validation import positive_int, square_frame_shape
 
 __all__ = ["GTMSM", "GTMSMMemory"]
 
 
-class GTMSM(GTMSMTransition, GTMSMMemories, SequenceModel):
+class GTMSM(GTMSMInputs, GTMSMTransition, GTMSMMemories, GTMSMPrediction, SequenceModel):
     r"""GTM-SM as a Pyro model/guide pair (equations in the module docstring).
 
     Two inference networks for the states (``inference=``): the prior transition of thesis
@@ -267,6 +271,7 @@ class GTMSM(GTMSMTransition, GTMSMMemories, SequenceModel):
     """
 
     module_name = "gtmsm"
+    s0: torch.Tensor  #: buffer ``(state_dim,)``: the start state
     latent_names = ("s", "z")
     tasks = frozenset()
     impute_methods = ()
@@ -294,35 +299,35 @@ class GTMSM(GTMSMTransition, GTMSMMemories, SequenceModel):
 
     def __init__(
         self,
-        frame_shape=(8, 8),
-        num_actions=5,
-        tau=256,
-        state_dim=2,
-        z_dim=16,
-        num_neighbours=5,
-        delta=1e-4,
-        transition_noise=1e-3,
-        walls=True,
-        rotation=False,
-        wall_hidden=32,
-        init_displacement_std=0.5,
-        encoder="mlp",
-        hidden_dims=(256, 256),
-        channels=32,
-        conv_layers=2,
-        likelihood="gaussian",
-        pixel_var=0.01,
-        min_scale=1e-3,
-        pack_actions=False,
-        inference="prior",
-        landmark_neighbours=5,
-        landmark_hidden=32,
-        displacements="free",
-        inverse_actions=((0, 1), (2, 3)),
-        neighbour_warmup=None,
-        displacement_lr_multiplier=1.0,
-        wall_lr_multiplier=1.0,
-    ):
+        frame_shape: Sequence[int] = (8, 8),
+        num_actions: int = 5,
+        tau: int = 256,
+        state_dim: int = 2,
+        z_dim: int = 16,
+        num_neighbours: int = 5,
+        delta: float = 1e-4,
+        transition_noise: float = 1e-3,
+        walls: bool = True,
+        rotation: bool = False,
+        wall_hidden: int = 32,
+        init_displacement_std: float = 0.5,
+        encoder: str = "mlp",
+        hidden_dims: Sequence[int] = (256, 256),
+        channels: int = 32,
+        conv_layers: int = 2,
+        likelihood: str = "gaussian",
+        pixel_var: float = 0.01,
+        min_scale: float = 1e-3,
+        pack_actions: bool = False,
+        inference: str = "prior",
+        landmark_neighbours: int = 5,
+        landmark_hidden: int = 32,
+        displacements: str = "free",
+        inverse_actions: Sequence[Tuple[int, int]] = ((0, 1), (2, 3)),
+        neighbour_warmup: Optional[Tuple[int, int]] = None,
+        displacement_lr_multiplier: float = 1.0,
+        wall_lr_multiplier: float = 1.0,
+    ) -> None:
         frame_shape = tuple(frame_shape)
         if len(frame_shape) not in (2, 3):
             raise ValueError(f"frame_shape must be (H, W) or (C, H, W), got {frame_shape!r}")
@@ -452,35 +457,35 @@ class GTMSM(GTMSMTransition, GTMSMMemories, SequenceModel):
                 torch.tensor(math.log(init_displacement_std * math.sqrt(num_actions)))
             )
         if walls:
-            self.wall_net = MLP(self.state_dim, (wall_hidden,), 1, "relu")
+            self.wall_net: Optional[MLP] = MLP(self.state_dim, (wall_hidden,), 1, "relu")
             # sigma_d starts as the constant sigmoid(3) ~= 0.95: every move is scaled alike, so
             # inverse moves stay inverse (random output weights made it vary by ~7% over the
             # grid, and the states drift after every round trip)
-            nn.init.zeros_(self.wall_net[-1].weight)
-            nn.init.constant_(self.wall_net[-1].bias, 3.0)
+            nn.init.zeros_(cast(nn.Linear, self.wall_net[-1]).weight)
+            nn.init.constant_(cast(nn.Linear, self.wall_net[-1]).bias, 3.0)
         else:
             self.wall_net = None
         if inference == "landmark":
             K, S = self.landmark_neighbours, self.state_dim
             # beta_k = sigmoid(beta_net(delta_k)); output bias -9: beta ~= 1e-4 at first, so the
             # guide starts close to the prior-only one (module docstring)
-            self.landmark_beta = MLP(1, (landmark_hidden,), 1, "relu")
-            nn.init.constant_(self.landmark_beta[-1].bias, -9.0)
+            self.landmark_beta: Optional[MLP] = MLP(1, (landmark_hidden,), 1, "relu")
+            nn.init.constant_(cast(nn.Linear, self.landmark_beta[-1]).bias, -9.0)
             # log sigma_q^2 - log sigma_p^2 = NN(delta^(1:K'), sigma^2_(1:K'), sigma_p^2); its
             # output layer starts at 0 (sigma_q = sigma_p at first)
-            self.landmark_var = MLP(K * (2 + S) + S, (landmark_hidden,), S, "relu")
-            nn.init.zeros_(self.landmark_var[-1].weight)
-            nn.init.zeros_(self.landmark_var[-1].bias)
+            self.landmark_var: Optional[MLP] = MLP(K * (2 + S) + S, (landmark_hidden,), S, "relu")
+            nn.init.zeros_(cast(nn.Linear, self.landmark_var[-1]).weight)
+            nn.init.zeros_(cast(nn.Linear, self.landmark_var[-1]).bias)
         else:
             self.landmark_beta = self.landmark_var = None
         self.register_buffer("s0", torch.zeros(self.state_dim))
         self.model = ActionProgram(self, "model")
         self.guide = ActionProgram(self, "guide")
 
-    # ------------------------------------------------------------------ validation helpers
+    # ------------------------------------------------------------------ from data
 
     @classmethod
-    def for_data(cls, obs_dim, input_dim=0, **options):
+    def for_data(cls, obs_dim: int, input_dim: int = 0, **options: Any) -> "GTMSM":
         """A GTM-SM for frames of ``obs_dim`` values with ``input_dim`` one-hot actions per
         step as ``inputs=`` (``num_actions = input_dim``). Without inputs, the compatibility
         path: the actions are the last ``num_actions`` columns of ``x`` (``pack_actions=True``).
@@ -512,120 +517,23 @@ class GTMSM(GTMSMTransition, GTMSMMemories, SequenceModel):
             )
         return cls(shape, num_actions=num_actions, pack_actions=packed, **options)
 
-    def one_hot(self, actions):
-        """Int action indices ``(batch, T)`` -> float one-hot ``(batch, T, num_actions)``.
-
-        :raises ValueError: not 2-D, or an index outside ``0..num_actions-1``.
-        """
-        if actions.dtype == torch.bool or actions.dim() != 2:
-            raise ValueError(
-                f"integer actions must be indices of shape (batch, T), got "
-                f"{actions.dtype} {tuple(actions.shape)}"
-            )
-        bad = (actions < 0) | (actions >= self.num_actions)
-        if bool(bad.any()):
-            b, t = (int(i) for i in bad.nonzero()[0])
-            raise ValueError(
-                f"action index {int(actions[b, t])} at sequence {b}, step {t} is "
-                f"outside 0..{self.num_actions - 1}"
-            )
-        dtype = self.s0.dtype
-        return nn.functional.one_hot(actions.long(), self.num_actions).to(dtype)
-
-    @property
-    def tau(self):
-        """Memorisation steps (a positive int; set it with ``model.tau = ...``)."""
-        return self._tau
-
-    @tau.setter
-    def tau(self, tau):
-        if isinstance(tau, bool) or not isinstance(tau, int) or tau < 1:
-            raise ValueError(f"tau must be a positive int (memorisation steps), got {tau!r}")
-        self._tau = tau
-
-    def check_tau(self, num_steps=None, tau=None):
-        """``tau`` (the attribute when None) as an int with ``1 <= tau`` and, when
-        ``num_steps`` is given, ``tau < num_steps``.
-
-        The memory holds exactly ``tau`` entries (one per memorised step; a :class:`DND` has no
-        other capacity), so ``num_neighbours`` and the first ``K`` of ``neighbour_warmup`` must
-        not exceed it: a mixture over more neighbours than entries would silently read fewer.
-        (``landmark_neighbours`` may: the reversed memory grows from empty and its unfilled
-        slots are masked by design,
-        :meth:`~pyro_seq.models.gtmsm_parts.GTMSMMemories.landmark_merge`.)
-        Checked at construction and on every call (``tau`` may be set later, and
-        :meth:`predict` takes its own).
-
-        :raises ValueError: a bad ``tau``, ``K > tau``, or ``tau >= num_steps``.
-        :returns: ``tau``.
-        """
-        tau = self.tau if tau is None else tau
-        if isinstance(tau, bool) or not isinstance(tau, int) or tau < 1:
-            raise ValueError(f"tau must be a positive int (memorisation steps), got {tau!r}")
-        for name, k in (
-            ("num_neighbours", self.num_neighbours),
-            ("neighbour_warmup K_0", (self.neighbour_warmup or (0,))[0]),
-        ):
-            if k > tau:
-                raise ValueError(
-                    f"{name}={k} exceeds the memory: it holds tau={tau} entries "
-                    f"(one per memorised step); use {name} <= tau"
-                )
-        if num_steps is None:
-            return tau
-        if tau >= num_steps:
-            raise ValueError(
-                f"tau={tau} memorisation steps leave no prediction step in "
-                f"sequences of T={num_steps} steps; use T > tau"
-            )
-        return tau
-
-    def pad_short_batch(self, state, x, mask):
-        """A batch with no prediction step (``T <= tau``: every sequence no longer than
-        ``tau``) padded to ``tau + 1`` steps that the mask leaves out (zero frames, zero
-        actions; ``state.shared["inputs"]`` too). Such sequences contribute nothing (module
-        docstring), so such a batch, or a data-parallel shard of them, gives a bound of exactly
-        0 whose graph reaches the same parameters as any other batch, with zero gradients
-        (drivers that step only through the caller's ``T``, such as FIVO, see no site: 0 and no
-        gradient). Other batches are returned as they are.
-
-        :returns: ``(x, mask)``, ``(batch, max(T, tau + 1), D)`` and ``(batch, max(T, tau + 1))``.
-        """
-        tau = self.check_tau()
-        T = x.shape[1]
-        if T > tau:
-            return x, mask
-        pad = tau + 1 - T
-        x = nn.functional.pad(x, (0, 0, 0, pad))
-        mask = nn.functional.pad(mask, (0, pad), value=False)
-        if state.shared.get("inputs") is not None:
-            state.shared["inputs"] = nn.functional.pad(state.shared["inputs"], (0, 0, 0, pad))
-        return x, mask
-
-    def _split(self, state, x):
-        """``(frames (batch, T, F), actions (batch, T, num_actions))`` of a program's input."""
-        frames = x[..., : self.frame_dim]
-        if self.pack_actions:
-            return frames, x[..., self.frame_dim :]
-        return frames, state.shared["inputs"]
-
     # ------------------------------------------------------------------ building blocks
 
-    def encode(self, frames):
+    def encode(self, frames: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         """``q(z_t | x_t)``: ``(loc, scale)``, each ``(..., z_dim)``, from ``(..., F)``."""
         return self.encoder_head(self.encoder_body(frames))
 
-    def decode(self, z):
+    def decode(self, z: torch.Tensor) -> torch.Tensor:
         """Decoder output ``(..., F)``: pixel means (Gaussian) or logits (Bernoulli)."""
         return self.decoder(z)
 
-    def likelihood(self, params):
+    def likelihood(self, params: torch.Tensor) -> TorchDistribution:
         """``p(x_t | z_t)`` from the decoder output, event dim 1."""
         if self.likelihood_name == "bernoulli":
             return bernoulli_likelihood(params)
         return dist.Normal(params, self.pixel_scale).to_event(1)
 
-    def training_epoch(self, epoch):
+    def training_epoch(self, epoch: int) -> None:
         """Called by :func:`pyro_seq.train.fit` before each epoch (0-based): the ``K`` of
         ``neighbour_warmup`` for this epoch's updates."""
         if self.neighbour_warmup is not None:
@@ -634,31 +542,13 @@ class GTMSM(GTMSMTransition, GTMSMMemories, SequenceModel):
                 round(warmup_value(epoch, start, epochs, self.num_neighbours))
             )
 
-    def neighbours_now(self):
-        """``K`` read by :meth:`memory_prior`: the warm-up's in training mode, else
-        ``num_neighbours``."""
-        if self.training and self.training_neighbours is not None:
-            return self.training_neighbours
-        return self.num_neighbours
-
-    def memory_prior(self, s, dnd, num_neighbours=None):
-        r"""``p(z_t | s_t, m)``: the mixture of the module docstring from the ``K`` nearest
-        entries of ``dnd`` to ``key(s)``; ``s (..., batch, state_dim)`` ->
-        :class:`~pyro.distributions.MixtureSameFamily` with batch shape ``(..., batch)`` and
-        event shape ``(z_dim,)``. The mixture logits are ``-log(d_k^2 + delta)``. ``K``:
-        ``num_neighbours`` when given, else :meth:`neighbours_now`."""
-        read = dnd.read(self.key(s), num_neighbours or self.neighbours_now())
-        logits = -torch.log(read.squared_distances + self.delta)
-        components = dist.Normal(read.values[..., 0, :], read.values[..., 1, :]).to_event(1)
-        return dist.MixtureSameFamily(dist.Categorical(logits=logits), components)
-
     def _first_scale(self, tau, like):
         """``sqrt(tau + 1) r``: the first prediction step starts from ``p*(s_tau)``."""
         return like.new_tensor(self.r * math.sqrt(tau + 1))
 
     # ------------------------------------------------------------------ the step protocol
 
-    def model_init(self, state, x, mask):
+    def model_init(self, state: SequenceState, x: torch.Tensor, mask: torch.Tensor) -> None:
         frames, actions = self._split(state, x)
         tau = self.check_tau(x.shape[1])
         memory = self.memorise(frames[:, :tau], actions[:, :tau])
@@ -692,7 +582,9 @@ class GTMSM(GTMSMTransition, GTMSMMemories, SequenceModel):
         state[key] = s
         return s
 
-    def model_step(self, state, t, x, mask):
+    def model_step(  # type: ignore[override]  # time_parallel is False: t is never a slice
+        self, state: SequenceState, t: int, x: torch.Tensor, mask: torch.Tensor
+    ) -> None:
         tau = state.shared["tau"]
         if t < tau:  # memorisation: written by init
             return
@@ -705,7 +597,7 @@ class GTMSM(GTMSMTransition, GTMSMMemories, SequenceModel):
             f"x_{t + 1}", masked(self.likelihood(self.decode(z)), mask[:, t]), obs=frames[:, t]
         )
 
-    def guide_init(self, state, x, mask):
+    def guide_init(self, state: SequenceState, x: torch.Tensor, mask: torch.Tensor) -> None:
         frames, actions = self._split(state, x)
         tau = self.check_tau(x.shape[1])
         state.shared["actions"], state.shared["tau"] = actions, tau
@@ -717,7 +609,11 @@ class GTMSM(GTMSMTransition, GTMSMMemories, SequenceModel):
             )
             loc, scale = loc[:, tau:], scale[:, tau:]
             # the reversed DND read with every prediction-phase code at once: (T - tau, batch, .)
-            reads = self.read_landmarks(memory.reversed, loc.transpose(0, 1))
+            # the landmark inference writes the reversed DND (GTMSMMemory.reversed)
+            reads: Tuple[torch.Tensor, ...] = self.read_landmarks(
+                memory.reversed,  # type: ignore[arg-type]
+                loc.transpose(0, 1),
+            )
             reads = reads + (self.landmark_weights(reads[0], reads[3]),)
             state.shared["landmarks"] = list(zip(*(r.unbind(0) for r in reads)))
             state.shared["s_tau_var"] = memory.variances[:, -1]
@@ -727,7 +623,7 @@ class GTMSM(GTMSMTransition, GTMSMMemories, SequenceModel):
             state["guide_s"] = self.mean_path(actions[:, :tau])[:, -1]
         state.shared["q_loc"], state.shared["q_scale"] = loc, scale
 
-    def guide_step(self, state, t, x, mask):
+    def guide_step(self, state: SequenceState, t: int, x: torch.Tensor, mask: torch.Tensor) -> None:
         tau = state.shared["tau"]
         if t < tau:
             return
@@ -739,60 +635,3 @@ class GTMSM(GTMSMTransition, GTMSMMemories, SequenceModel):
         self._sample_position(state, "guide_s", t, mask, loc, scale)
         q = dist.Normal(state.shared_at("q_loc", t - tau), state.shared_at("q_scale", t - tau))
         pyro.sample(f"z_{t + 1}", masked(q.to_event(1), mask[:, t]))
-
-    # ------------------------------------------------------------------ prediction
-
-    @torch.no_grad()
-    def predict(self, frames, actions, tau=None, sample_states=False):
-        r"""Long-term prediction (thesis Fig. 7.2d): memorise ``frames[:, :tau]``, then generate
-        the frames of the steps ``t > tau`` from the actions only.
-
-        The states follow the noise-free transition ``E[s_t] = f(E[s_{t-1}], a_t)`` (or, with
-        ``sample_states=True``, one ancestral sample of eq. 7.3 from ``p*(s_tau)``; with
-        ``inference="landmark"`` the memorised states are the landmark network's and the start
-        is ``N(E[s_tau], Var[s_tau])``), the
-        encodings are the means of the memory prior, ``E[z_t | s_t, m] = sum_k w_k mu^(k)``, and
-        the frames are decoded from them (Gaussian: the pixel means; Bernoulli: probabilities).
-
-        :param frames: ``(batch, T, F)``.
-        :param actions: int64 ``(batch, T)`` or float ``(batch, T, num_actions)``.
-        :param int tau: memorisation steps (default ``self.tau``).
-        :returns: dict with ``frames (batch, T - tau, F)``, ``z (batch, T - tau, z_dim)``,
-            ``states (batch, T - tau, state_dim)`` and the memorised ``memory_states (batch,
-            tau, state_dim)``.
-        """
-        if not actions.is_floating_point():
-            actions = self.one_hot(actions)
-        frames = frames.to(self.s0.dtype)
-        if frames.dim() != 3 or frames.shape[-1] != self.frame_dim:
-            raise ValueError(
-                f"frames must be (batch, T, {self.frame_dim}), got {tuple(frames.shape)}"
-            )
-        if actions.shape != frames.shape[:2] + (self.num_actions,):
-            raise ValueError(
-                f"actions of shape {tuple(actions.shape)} do not match frames {tuple(frames.shape)}"
-            )
-        tau = self.check_tau(frames.shape[1], tau)
-        memory = self.memorise(frames[:, :tau], actions[:, :tau])
-        dnd, means = memory.memory, memory.means
-        s = means[:, -1]
-        if self.inference == "landmark":
-            first_scale = (memory.variances[:, -1] + self.r**2).sqrt()
-        else:
-            first_scale = self.r * math.sqrt(tau + 1)
-        states, zs, M = [], [], self.displacement_matrix()
-        for i, a in enumerate(actions[:, tau:].unbind(1)):
-            loc = self.transition_mean(s, a, M)
-            if sample_states:
-                scale = first_scale if i == 0 else self.r
-                loc = loc + scale * torch.randn_like(loc)
-            s = loc
-            prior = self.memory_prior(s, dnd, self.num_neighbours)
-            w = prior.mixture_distribution.probs
-            zs.append((w.unsqueeze(-1) * prior.component_distribution.base_dist.loc).sum(-2))
-            states.append(s)
-        z = torch.stack(zs, 1)
-        out = self.decode(z)
-        if self.likelihood_name == "bernoulli":
-            out = torch.sigmoid(out)
-        return {"frames": out, "z": z, "states": torch.stack(states, 1), "memory_states": means}

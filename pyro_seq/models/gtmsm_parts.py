@@ -1,13 +1,17 @@
 r"""Building blocks of the GTM-SM (:mod:`pyro_seq.models.gtmsm`; thesis Ch. 7, Fraccaro et
-al. 2018): its option names, the conformal displacement matrix, the memory tuple, the program
-that turns actions into inputs, and the two halves of the model that
-:class:`~pyro_seq.models.gtmsm.GTMSM` inherits:
+al. 2018): its option names, the conformal displacement matrix, the memory tuple, and the two
+halves of the model that :class:`~pyro_seq.models.gtmsm.GTMSM` inherits:
 
 * :class:`GTMSMTransition`: the state-space transition of thesis eqs. 7.3-7.4, the
   displacement matrix ``M`` in its three forms (``displacements=``), the wall network and the
   mean path of the past encoder;
-* :class:`GTMSMMemories`: the memory keys, the past encoder (thesis 7.3.3) and the landmark
-  network (thesis appendix 7.10) with its reversed DND.
+* :class:`GTMSMMemories`: the memory keys, the mixture prior read from the memory (thesis
+  7.4.1), the past encoder (thesis 7.3.3) and the landmark network (thesis appendix 7.10) with
+  its reversed DND.
+
+The actions and the memorisation length are in :mod:`pyro_seq.models.gtmsm_inputs`
+(:class:`~pyro_seq.models.gtmsm_inputs.ActionProgram`, still importable from here), the
+long-term prediction in :mod:`pyro_seq.models.gtmsm_prediction`.
 
 The equations are in the docstring of :mod:`pyro_seq.models.gtmsm`.
 """
@@ -15,10 +19,11 @@ The equations are in the docstring of :mod:`pyro_seq.models.gtmsm`.
 import math
 from typing import TYPE_CHECKING, List, NamedTuple, Optional, Tuple
 
+import pyro.distributions as dist
 import torch
 import torch.nn as nn
 
-from pyro_seq.models.base import StepProgram
+from pyro_seq.models.gtmsm_inputs import ActionProgram as ActionProgram
 from pyro_seq.nn import MLP, cat_broadcast
 from pyro_seq.nn.conv import FRAME_NETWORKS
 from pyro_seq.nn.memory import DND, nearest_earlier
@@ -84,25 +89,6 @@ class GTMSMMemory(NamedTuple):
     reversed: Optional[DND]
     means: torch.Tensor
     variances: torch.Tensor
-
-
-class ActionProgram(StepProgram):
-    """The GTM-SM's programs: int action indices ``(batch, T)`` become one-hot ``inputs``;
-    ``observed=`` is refused (missing frames in the memory are not modelled); a batch with
-    ``T <= tau`` is padded to ``tau + 1`` masked steps
-    (:meth:`~pyro_seq.models.gtmsm.GTMSM.pad_short_batch`)."""
-
-    def _validate(self, state, x, mask, observed, inputs=None):
-        owner = self._owner
-        if observed is not None:
-            raise ValueError(
-                "GTMSM does not take observed= (missing frames are not modelled: "
-                "every memorisation step writes its frame into the memory)"
-            )
-        if torch.is_tensor(inputs) and not inputs.is_floating_point() and owner.input_dim:
-            inputs = owner.one_hot(inputs)
-        x, mask = super()._validate(state, x, mask, observed, inputs)
-        return owner.pad_short_batch(state, x, mask)
 
 
 class GTMSMTransition:
@@ -250,6 +236,10 @@ class GTMSMMemories:
     landmark_beta: Optional[MLP]
     landmark_var: Optional[MLP]
     s0: torch.Tensor
+    delta: float
+    num_neighbours: int
+    training_neighbours: Optional[int]
+    training: bool
 
     if TYPE_CHECKING:  # GTMSM's and GTMSMTransition's methods that these use
 
@@ -264,6 +254,26 @@ class GTMSMMemories:
         def mean_path(
             self, actions: torch.Tensor, s_start: Optional[torch.Tensor] = None
         ) -> torch.Tensor: ...
+
+    def neighbours_now(self) -> int:
+        """``K`` read by :meth:`memory_prior`: the warm-up's in training mode, else
+        ``num_neighbours``."""
+        if self.training and self.training_neighbours is not None:
+            return self.training_neighbours
+        return self.num_neighbours
+
+    def memory_prior(
+        self, s: torch.Tensor, dnd: DND, num_neighbours: Optional[int] = None
+    ) -> dist.MixtureSameFamily:
+        r"""``p(z_t | s_t, m)``: the mixture of :mod:`pyro_seq.models.gtmsm` from the ``K`` nearest
+        entries of ``dnd`` to ``key(s)``; ``s (..., batch, state_dim)`` ->
+        :class:`~pyro.distributions.MixtureSameFamily` with batch shape ``(..., batch)`` and
+        event shape ``(z_dim,)``. The mixture logits are ``-log(d_k^2 + delta)``. ``K``:
+        ``num_neighbours`` when given, else :meth:`neighbours_now`."""
+        read = dnd.read(self.key(s), num_neighbours or self.neighbours_now())
+        logits = -torch.log(read.squared_distances + self.delta)
+        components = dist.Normal(read.values[..., 0, :], read.values[..., 1, :]).to_event(1)
+        return dist.MixtureSameFamily(dist.Categorical(logits=logits), components)
 
     def key(self, s: torch.Tensor) -> torch.Tensor:
         """Memory key of a state: ``s`` itself, or ``[s1, s2, cos s3, sin s3]`` with rotation
