@@ -14,7 +14,8 @@
    and a non-finite loss stops training with an error, so the per-site checks only add cost;
 2. evaluates the validation ELBO in nats per step (and its KL term) and, under the default
    ``lr_schedule="plateau"``, halves the rate when it has not improved for a few epochs;
-3. appends a row to ``log.csv``/``log.json``, saves ``checkpoint.pt`` (everything needed to
+3. calls ``on_epoch`` (an argument of :func:`fit`, optional), whose numbers join the epoch's
+   row; appends the row to ``log.csv``/``log.json``, saves ``checkpoint.pt`` (everything needed to
    continue exactly, the scheduler's state included) and ``best.pt`` when validation improves,
    and redraws ``loss_curve.png``;
 4. stops early after ``patience`` epochs without validation improvement.
@@ -65,10 +66,11 @@ import csv
 import functools
 import json
 import math
+import numbers
 import time
 import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING, List, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, Callable, List, Mapping, Optional, Sequence, Union
 
 import pyro
 import torch
@@ -206,6 +208,9 @@ def fit(
     config: "TrainConfig",
     out_dir: Union[str, "os.PathLike[str]"],
     resume: bool = True,
+    on_epoch: Optional[
+        Callable[[int, "ModelContract", Mapping[str, Any]], Optional[Mapping[str, float]]]
+    ] = None,
 ) -> "TrainHistory":
     """Train ``model`` with SVI; resumable, logged and checkpointed in ``out_dir``.
 
@@ -220,6 +225,18 @@ def fit(
         ``loss_curve.png``.
     :param bool resume: continue from ``out_dir/checkpoint.pt`` if it exists (a fresh start,
         and only a fresh start, initialises the model as ``config.init`` says).
+    :param on_epoch: None, or ``on_epoch(epoch, model, row) -> dict or None``, called after
+        each epoch's validation (and plateau step) and before its checkpoint, with the 0-based
+        ``epoch`` (``row["epoch"]`` is ``epoch + 1``), the model holding the weights that
+        ``checkpoint.pt`` will hold, and a copy of the epoch's log row so far. The numbers
+        it returns (``{name: int or float}``, finite; names that the row does not have yet) join
+        that row: they go into the returned history, ``log.json``/``log.csv`` and
+        ``checkpoint.pt``, so a resumed run keeps the rows of earlier calls (the hook is only
+        called for the epochs this call trains). It runs under :func:`torch.random.fork_rng`,
+        so its random draws do not change the training's. Per-epoch measurements of a
+        diagnostic, e.g. scores of the learnt states; not part of :class:`TrainConfig` (a
+        function is not a setting that a checkpoint or the CLI could carry). One process only
+        (``world_size`` 1).
 
     With ``config.world_size = N > 1`` the run is data-parallel
     (:mod:`pyro_seq.train.distributed`, :mod:`pyro_seq.train.processes`): N processes are spawned, each trains on the rows ``rank::N`` of every minibatch with the
@@ -237,7 +254,9 @@ def fit(
         from ``best.pt``; ``checkpoint.pt`` keeps the last epoch's for resuming.
     :raises ValueError: a sequence fails :func:`pyro_seq.validation.validate_sequence_list`
         (message ``"train[i]: ..."`` / ``"valid[i]: ..."``, before anything is written); or
-        ``checkpoint.pt`` was written under another kind of ``lr_schedule``.
+        ``checkpoint.pt`` was written under another kind of ``lr_schedule``; or ``on_epoch``
+        returned a value that is not a finite number, or a name the row already has.
+    :raises TypeError: ``on_epoch`` is not callable or returned neither a mapping nor None.
     :raises pyro_seq.train.CheckpointError: ``checkpoint.pt`` is truncated or corrupt (the
         message names it and says what to do).
 
@@ -252,6 +271,10 @@ def fit(
     generator seeded with ``(config.seed, epoch)``).
     """
     config.validate()
+    if on_epoch is not None and not callable(on_epoch):
+        raise TypeError(
+            f"on_epoch must be a function (epoch, model, row) or None, got {on_epoch!r}"
+        )
     if not model.trains_on_sequences:
         raise Unsupported(model.refusal("fit", "surface"))
     check_objective(model, config.objective)  # before anything is spawned or written
@@ -275,6 +298,11 @@ def fit(
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     if (launch.world_size if launch is not None else config.world_size) > 1:
+        if on_epoch is not None:
+            raise ValueError(
+                "on_epoch is supported in one process only; train with world_size=1 or "
+                "measure after fit returns"
+            )
         from pyro_seq.train.processes import fit_processes
 
         return fit_processes(
@@ -289,22 +317,61 @@ def fit(
         resume,
         SingleProcess(),
         parse_device(config.device),
+        on_epoch,
     )
 
 
-def fit_rank(model, train_sequences, valid_sequences, config, out_dir, resume, comm, device):
+def fit_rank(
+    model, train_sequences, valid_sequences, config, out_dir, resume, comm, device, on_epoch=None
+):
     """The body of :func:`fit` on one rank (``comm``: :mod:`pyro_seq.train.distributed`),
     training on ``device`` (a :class:`torch.device`, this rank's), on sequences that
-    :func:`fit` has validated."""
+    :func:`fit` has validated; ``on_epoch``: :func:`fit`'s, called on rank 0."""
     run = _Run(model, train_sequences, valid_sequences, config, out_dir, comm, device)
     run.start(resume)
     for epoch in run.progress_bar():
         row = run.train_epoch(epoch)
         improved = run.validate(epoch, row)
+        if on_epoch is not None and run.main:
+            _epoch_hook(on_epoch, epoch, model, row, device)
         run.checkpoint(epoch, row, improved)
         if run.should_stop(epoch):
             break
     return run.finish()
+
+
+def _epoch_hook(on_epoch, epoch, model, row, device):
+    """Call :func:`fit`'s ``on_epoch`` on a copy of ``row`` (torch's random streams forked) and
+    merge the finite numbers it returns into ``row``."""
+    cuda = [device.index or 0] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=cuda):
+        values = on_epoch(epoch, model, dict(row))
+    if values is None:
+        return
+    if not isinstance(values, Mapping):
+        raise TypeError(
+            f"on_epoch must return a dict of numbers or None, got {type(values).__name__} "
+            f"at epoch {epoch + 1}"
+        )
+    for key, value in values.items():
+        if key in row or not isinstance(key, str):
+            raise ValueError(
+                f"on_epoch returned the name {key!r} at epoch {epoch + 1}, which the log row "
+                "already has (or is not a string); give its value a new name"
+            )
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, numbers.Real)
+            or not math.isfinite(value)
+        ):
+            raise ValueError(
+                f"on_epoch returned {key!r}: {value!r} at epoch {epoch + 1}; return finite "
+                "numbers (int or float) only, e.g. float(tensor)"
+            )
+    row.update(
+        (key, int(value) if isinstance(value, numbers.Integral) else float(value))
+        for key, value in values.items()
+    )
 
 
 class _Validation:
