@@ -594,6 +594,7 @@ class SequenceModel(ModelContract):
             "cd": "contrastive divergence trains energy-based models; use elbo, iwae or fivo",
             "exact": "its likelihood has no closed form; use iwae or smc for a bound",
             "ais": "AIS estimates the partition functions of energy-based models; use iwae or smc",
+            "raise": "reverse AIS scores energy-based models; use iwae or smc",
             "pseudo_likelihood": "it is not energy-based; use elbo, iwae or smc",
             **{
                 method: "imputing whole frames through a Kalman smoother over encodings needs an "
