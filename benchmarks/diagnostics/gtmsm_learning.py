@@ -3,25 +3,28 @@
 The GTM-SM's long-term predictions need its states ``s_t`` to track the agent's position
 (thesis 7.4.1, Fig. 7.2c): ``M`` must learn the displacement of each action (``up = -down``,
 ``left = -right``, ``stay = 0`` up to a linear map) and the wall network where the walls are.
-This script trains :class:`pyro_seq.models.GTMSM` with ``SVI`` and ``Trace_ELBO`` on the image
-navigation training sequences (thesis sizes: 1000 sequences of 256 + 32 steps, batch 16,
-ClippedAdam with clipping at 50) and after every epoch reports, on ``--valid`` validation
-sequences, how well the memorised state means map to the true positions: the R^2 of a linear
-map with offset fitted per sequence by least squares (mean over sequences) and of one map
-pooled over all sequences, and ``M`` itself. ``--lr-m`` gives ``M`` its own learning rate (the
-thesis uses one rate, 1e-3 annealed linearly to 5e-5 over its first 50,000 updates; this is a
-diagnostic).
+This script trains :class:`pyro_seq.models.GTMSM` with :func:`pyro_seq.train.fit` (ELBO,
+ClippedAdam with clipping at 50, a constant rate) on the image navigation training sequences
+(thesis sizes: 1000 sequences of 256 + 32 steps, batch 16) and after every epoch (fit's
+``on_epoch``) reports, on ``--valid`` validation sequences, how well the memorised state means
+map to the true positions: the R^2 of a linear map with offset fitted per sequence by least
+squares (mean over sequences) and of one map pooled over all sequences, ``M`` itself and how far
+it moved in the epoch (next to fit's validation ELBO). ``--lr-m`` and ``--lr-walls`` give ``M``
+and the wall network their own learning rates (the GTM-SM's ``displacement_lr_multiplier`` and
+``wall_lr_multiplier``, as factors on ``--lr``; the thesis uses one rate, 1e-3 annealed
+linearly to 5e-5 over its first 50,000 updates; this is a diagnostic).
 
-Resumable (model and optimizer state in ``benchmarks/checkpoints/gtmsm_learning_<tag>/``),
+Resumable (fit's checkpoint and logs in ``benchmarks/checkpoints/gtmsm_learning_<tag>/``; the
+``M_i_j`` and ``r2_pooled_i`` columns of ``log.json`` are the result's ``M`` and ``r2_pooled``),
 progress with tqdm, JSON in ``benchmarks/results/gtmsm_learning_<tag>.json`` after every epoch::
 
     python benchmarks/diagnostics/gtmsm_learning.py --epochs 80 --lr-m 1e-2 --tag lrm1e-2
-    python benchmarks/diagnostics/gtmsm_learning.py --smoke  # seconds: tiny sizes, nothing recorded
+    python benchmarks/diagnostics/gtmsm_learning.py --smoke  # seconds: tiny sizes, to --smoke-dir
 """
 
 import argparse
-import json
-import math
+import dataclasses
+import re
 import sys
 import time
 from pathlib import Path
@@ -32,9 +35,13 @@ import torch
 from common import ROOT, device_info, write_result
 
 from pyro_seq.data.simulators.navigation import ACTION_MOVES, ACTIONS
+from pyro_seq.models import GTMSM
 
 #: The true displacements in grid units, columns up, down, left, right, stay on (row, column).
 TRUE_M = torch.from_numpy(ACTION_MOVES).T.float()
+
+#: The log columns of ``M``'s entries, ``M_<row>_<column>``.
+ENTRY = re.compile(r"M_(\d+)_(\d+)")
 
 
 def parse_args(argv=None):
@@ -222,133 +229,174 @@ def state_r2(model, frames, actions, positions, tau):
     return sum(per) / len(per), pooled.tolist()
 
 
+class CurriculumGTMSM(GTMSM):
+    """:class:`~pyro_seq.models.GTMSM` whose kernel ``delta`` follows :func:`delta_at` in
+    training: :func:`~pyro_seq.train.fit` calls :meth:`training_epoch` before every epoch
+    (resumed ones too), which sets ``delta`` from ``delta_start`` (None: the model's ``delta``
+    throughout) geometrically down to the model's ``delta`` over ``delta_epochs`` epochs."""
+
+    def __init__(self, delta_start=None, delta_epochs=10, **kwargs):
+        super().__init__(**kwargs)
+        self.final_delta = self.delta
+        self.delta_start, self.delta_epochs = delta_start, delta_epochs
+
+    def training_epoch(self, epoch):
+        super().training_epoch(epoch)  # K of the neighbour warm-up
+        self.delta = delta_at(epoch, self.delta_start, self.delta_epochs, self.final_delta)
+
+
+def measure_epochs(model, valid, x, a, args, earlier, steps_per_sequence):
+    """The ``on_epoch`` hook of :func:`~pyro_seq.train.fit`: after every epoch, the R^2 of
+    :func:`state_r2` on the validation sequences (frames ``x``, actions ``a`` on the model's
+    device), ``M`` (entries ``M_i_j``) and how much it moved in the epoch (``M_change``,
+    Frobenius norm), the curriculum's ``delta`` and ``K``, the loss per sequence and the wall
+    seconds since the run began (over resumed calls). ``earlier``: the rows of the calls
+    before (the checkpoint's history); after every epoch the result JSON is rewritten."""
+    rows = [dict(row) for row in earlier]
+    previous = matrix_of(rows[-1]) if rows else model.displacement_matrix().detach().cpu().clone()
+    offset, call_start = (rows[-1]["seconds_wall"] if rows else 0.0), time.time()
+
+    def on_epoch(epoch, model, row):
+        nonlocal previous
+        per_seq, pooled = state_r2(model, x, a, valid.positions, args.tau)
+        M = model.displacement_matrix().detach().cpu().clone()
+        values = {
+            "loss_per_sequence": row["train_loss_per_step"] * steps_per_sequence,
+            "r2_per_sequence": per_seq,
+            "M_change": float((M - previous).norm()),
+            "delta": model.delta,
+            "num_neighbours": model.neighbours_now(),
+            "seconds_wall": offset + time.time() - call_start,
+        }
+        values.update({f"r2_pooled_{i}": float(v) for i, v in enumerate(pooled)})
+        values.update({f"M_{i}_{j}": float(v) for (i, j), v in matrix_entries(M)})
+        previous = M
+        rows.append(dict(row, **values))
+        if not args.smoke:
+            write_result(f"gtmsm_learning_{args.tag}", result(args, rows, model))
+        return values
+
+    return on_epoch
+
+
+def matrix_entries(M):
+    """``((i, j), M[i, j])`` for every entry of a 2-D tensor."""
+    return (((i, j), M[i, j].item()) for i in range(M.shape[0]) for j in range(M.shape[1]))
+
+
+def matrix_of(row):
+    """``M`` from the entries ``M_i_j`` of a log row."""
+    index = [tuple(map(int, m.groups())) for m in map(ENTRY.fullmatch, row) if m]
+    rows, cols = (1 + max(ij[k] for ij in index) for k in (0, 1))
+    return torch.tensor([[row[f"M_{i}_{j}"] for j in range(cols)] for i in range(rows)])
+
+
+def epoch_record(row):
+    """One entry of the result's ``"epochs"``, from a log row of :func:`~pyro_seq.train.fit`
+    with the values of :func:`measure_epochs`: ``M`` and ``r2_pooled`` as lists again."""
+    pooled = sorted(k for k in row if k.startswith("r2_pooled_"))
+    return {
+        "epoch": row["epoch"],
+        "updates": row["step"],
+        "loss_per_sequence": row["loss_per_sequence"],
+        "r2_per_sequence": row["r2_per_sequence"],
+        "r2_pooled": [row[k] for k in pooled],
+        "M": matrix_of(row).tolist(),
+        "M_change": row["M_change"],
+        "delta": row["delta"],
+        "num_neighbours": row["num_neighbours"],
+        "valid_elbo_per_step": row.get("valid_elbo_per_step"),
+        "seconds": row["seconds_wall"],
+        "seconds_training_epoch": row["seconds"],
+    }
+
+
+def result(args, rows, model, oracle=None):
+    """The result JSON: settings, the epochs' records, the oracle check (after training)."""
+    payload = {"settings": vars(args), "epochs": [epoch_record(row) for row in rows]}
+    if oracle is not None:
+        payload["oracle_check"] = oracle
+    return dict(payload, device_info=device_info(next(model.parameters()).device))
+
+
 def main(argv=None):
     args = parse_args(argv)
     torch.set_num_threads(1)
-    import pyro
-    from pyro.infer import SVI, Trace_ELBO
-    from pyro.optim import ClippedAdam
-    from tqdm.auto import tqdm
-
     from pyro_seq.data.simulators import image_navigation
-    from pyro_seq.models import GTMSM
+    from pyro_seq.train import TrainConfig, fit, load_checkpoint
     from pyro_seq.validation import parse_device
 
     device = parse_device(args.device, "--device")
+    if args.lr <= 0:
+        raise SystemExit(f"--lr must be positive, got {args.lr}")
     sim = dict(cache=not args.smoke, progress=False, seed=args.seed)
     if args.repeat_rate is not None:
         sim["repeat_rate"] = args.repeat_rate
     train = image_navigation(args.train, args.tau + args.pred, split="train", **sim)
     valid = image_navigation(args.valid, args.tau + args.pred, split="valid", **sim)
-    train_actions, valid_actions = train.actions, valid.actions
-    if args.blocked_as_stay:
-        train_actions, valid_actions = blocked_as_stay(train), blocked_as_stay(valid)
-    x, a = train.frames.flatten(2).to(device), train_actions.to(device)
-    vx, va = valid.frames.flatten(2).to(device), valid_actions.to(device)
-    pyro.clear_param_store()
-    pyro.set_rng_seed(args.seed)
+    if args.blocked_as_stay:  # the same frames and positions, blocked moves as "stay"
+        train = dataclasses.replace(train, actions=blocked_as_stay(train))
+        valid = dataclasses.replace(valid, actions=blocked_as_stay(valid))
+    vx, va = valid.frames.flatten(2).to(device), valid.actions.to(device)
+    torch.manual_seed(args.seed)  # the initial weights
     small = dict(hidden_dims=(16,), z_dim=4, wall_hidden=4) if args.smoke else {}
     warmup = (
         None if args.neighbours_start is None else (args.neighbours_start, args.neighbours_epochs)
     )
-    model = GTMSM(
+    model = CurriculumGTMSM(
+        delta_start=args.delta_start,
+        delta_epochs=args.delta_epochs,
         tau=args.tau,
         init_displacement_std=args.init_displacement_std,
         walls=not args.no_walls,
         neighbour_warmup=warmup,
         displacements=args.displacements,
+        # --lr-m and --lr-walls as factors on --lr (fit's per-parameter rates)
+        displacement_lr_multiplier=args.lr_m / args.lr,
+        wall_lr_multiplier=args.lr_walls / args.lr,
         **small,
-    ).to(device)
+    )
     if args.init_inverse_pairs:  # a resumed run then loads its own M
         model.set_displacement_matrix(
             inverse_pairs(args.init_displacement_std, torch.Generator().manual_seed(args.seed))
         )
     if args.init_true_m:
         model.set_displacement_matrix(TRUE_M)
-
-    def rate(name):
-        if name in model.displacement_params:
-            return args.lr_m
-        return args.lr_walls if name.startswith("wall_net.") else args.lr
-
-    optim = ClippedAdam(lambda module, name: {"lr": rate(name), "clip_norm": 50.0})
-    svi = SVI(model.model, model.guide, optim, Trace_ELBO())
     folder = (
         Path(args.smoke_dir)
         if args.smoke
         else ROOT / "benchmarks" / "checkpoints" / f"gtmsm_learning_{args.tag}"
     )
-    folder.mkdir(parents=True, exist_ok=True)
-    path, log, start = folder / "checkpoint.pt", [], 0
-    if path.exists():
-        saved = torch.load(path, weights_only=True, map_location=device)
-        model.load_state_dict(saved["model"])
-        optim.set_state(saved["optim"])  # consumed when each parameter is first stepped
-        start, log = int(saved["epoch"]), json.loads((folder / "log.json").read_text())
-    order_gen = torch.Generator().manual_seed(args.seed)
-    for _ in range(start):  # the same shuffles as an uninterrupted run
-        torch.randperm(args.train, generator=order_gen)
-    t0 = time.time() - (log[-1]["seconds"] if log else 0.0)
-    call_start = time.time()
-    bar = tqdm(
-        range(start, args.epochs),
-        initial=start,
-        total=args.epochs,
-        desc="GTM-SM epochs",
-        disable=args.smoke,
+    path = folder / "checkpoint.pt"
+    earlier = load_checkpoint(path)["history"] if path.exists() else []
+    config = TrainConfig(
+        epochs=args.epochs,
+        batch_size=args.batch_size,
+        lr=args.lr,
+        clip_norm=50.0,
+        lr_schedule="constant",  # the thesis' annealing is not part of this diagnostic
+        patience=None,
+        time_limit=args.time_limit,
+        time_limit_counts="wall",
+        init="none",
+        seed=args.seed,
+        device=args.device,
+        num_threads=1,
+        progress=not args.smoke,
     )
-    final_delta = model.delta
-    for epoch in bar:
-        model.delta = delta_at(epoch, args.delta_start, args.delta_epochs, final_delta)
-        model.training_epoch(epoch)  # K of the warm-up
-        order = torch.randperm(args.train, generator=order_gen)
-        total, epoch_start = 0.0, time.time()
-        for i in range(0, args.train, args.batch_size):
-            idx = order[i : i + args.batch_size].to(device)
-            total += svi.step(x[idx], None, inputs=a[idx])
-        epoch_seconds = time.time() - epoch_start
-        per_seq, pooled = state_r2(model, vx, va, valid.positions, args.tau)
-        row = {
-            "epoch": epoch + 1,
-            "updates": (epoch + 1) * -(-args.train // args.batch_size),
-            "loss_per_sequence": total / args.train,
-            "r2_per_sequence": per_seq,
-            "r2_pooled": pooled,
-            "M": model.displacement_matrix().detach().tolist(),
-            "delta": model.delta,
-            "num_neighbours": model.neighbours_now(),
-            "seconds": time.time() - t0,
-            "seconds_training_epoch": epoch_seconds,
-        }
-        if not (math.isfinite(row["loss_per_sequence"]) and math.isfinite(per_seq)):
-            raise SystemExit(f"non-finite value at epoch {epoch + 1}: {row}")
-        log.append(row)
-        bar.set_postfix(r2=f"{per_seq:.3f}", loss=f"{row['loss_per_sequence']:.0f}")
-        torch.save(
-            {"model": model.state_dict(), "optim": optim.get_state(), "epoch": epoch + 1}, path
-        )
-        (folder / "log.json").write_text(json.dumps(log))
-        if not args.smoke:
-            write_result(
-                f"gtmsm_learning_{args.tag}",
-                {"settings": vars(args), "epochs": log, "device_info": device_info(device)},
-            )
-        if args.time_limit is not None and time.time() - call_start > args.time_limit:
-            break
-    model.delta = final_delta  # the oracle check and the saved model use the model's delta
+    steps = args.tau + args.pred
+    hook = measure_epochs(model, valid, vx, va, args, earlier, steps)
+    history = fit(model, train.as_sequences(), valid.as_sequences(), config, folder, on_epoch=hook)
+    # the oracle check on the last epoch's weights (fit returns the best validation epoch's)
+    model.load_state_dict(load_checkpoint(path)["model"])
+    model.delta = model.final_delta  # the oracle check uses the model's delta
     model.eval()  # and its K
-    oracle = oracle_check(model, valid, args, vx, va) if log else None
-    if not args.smoke and oracle is not None:
-        write_result(
-            f"gtmsm_learning_{args.tag}",
-            {
-                "settings": vars(args),
-                "epochs": log,
-                "oracle_check": oracle,
-                "device_info": device_info(device),
-            },
-        )
-    return log
+    oracle = oracle_check(model, valid, args, vx, va) if history else None
+    smoke_path = folder / "gtmsm_learning_smoke.json" if args.smoke else None
+    write_result(
+        f"gtmsm_learning_{args.tag}", result(args, history, model, oracle), path=smoke_path
+    )
+    return [epoch_record(row) for row in history]
 
 
 def oracle_check(model, valid, args, x, a, repeats=3):

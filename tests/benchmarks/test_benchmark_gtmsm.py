@@ -85,7 +85,12 @@ def test_gtmsm_learning_r2_is_one_for_states_that_are_an_affine_map_of_positions
     assert per_seq < 0.8
 
 
-def test_gtmsm_learning_smoke_resumes(tmp_path):
+def test_gtmsm_learning_smoke_trains_through_fit_and_resumes(tmp_path):
+    """The diagnostic trains with pyro_seq.train.fit and measures in its on_epoch hook: a first
+    call stopped by --time-limit after epoch 1, a second call resumes epoch 2, a third finds the
+    finished run and trains nothing. The result's epochs are fit's log rows: M from the M_i_j
+    columns, M_change the norm of M's change between consecutive epochs (across the resume),
+    the loss per sequence fit's loss per step times the 12 + 4 steps of a sequence."""
     pytest.importorskip("sklearn", reason="image_navigation needs the 'images' extra")
     env = dict(
         os.environ,
@@ -100,14 +105,33 @@ def test_gtmsm_learning_smoke_resumes(tmp_path):
         "--smoke-dir",
         str(tmp_path),
     ]
-    for _ in range(2):  # the second call finds the finished run and trains nothing more
+    for extra, epochs in ((["--time-limit", "1e-6"], [1]), ([], [1, 2]), ([], [1, 2])):
         proc = subprocess.run(
-            cmd, cwd=ROOT / "benchmarks", env=env, capture_output=True, text=True, timeout=600
+            cmd + extra,
+            cwd=ROOT / "benchmarks",
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
         )
         assert proc.returncode == 0, proc.stderr[-3000:]
-    log = json.loads((tmp_path / "log.json").read_text())
-    assert [r["epoch"] for r in log] == [1, 2]
-    assert all(len(r["M"]) == 2 and len(r["r2_pooled"]) == 2 for r in log)
+        result = json.loads((tmp_path / "gtmsm_learning_smoke.json").read_text())
+        assert [r["epoch"] for r in result["epochs"]] == epochs
+    log = json.loads((tmp_path / "log.json").read_text())  # fit's rows, with the hook's columns
+    rows = result["epochs"]
+    assert [r["updates"] for r in rows] == [2, 4]  # 8 sequences in batches of 4
+    for row, fit_row in zip(rows, log):
+        assert row["M"] == [[fit_row[f"M_{i}_{j}"] for j in range(5)] for i in range(2)]
+        assert row["r2_pooled"] == [fit_row["r2_pooled_0"], fit_row["r2_pooled_1"]]
+        assert row["loss_per_sequence"] == fit_row["train_loss_per_step"] * 16
+        assert row["valid_elbo_per_step"] == fit_row["valid_elbo_per_step"]
+        assert -1.0 <= row["r2_per_sequence"] <= 1.0 and row["num_neighbours"] == 5
+    moved = float((torch.tensor(rows[1]["M"]) - torch.tensor(rows[0]["M"])).norm())
+    assert rows[1]["M_change"] == pytest.approx(moved, rel=1e-5) and moved > 0
+    assert rows[0]["M_change"] > 0
+    assert rows[1]["seconds"] > rows[0]["seconds"]  # wall time over both calls
+    oracle = result["oracle_check"]
+    assert oracle["valid_sequences"] == 3 and oracle["repeats"] == 3
 
 
 def test_blocked_as_stay_makes_the_walk_exactly_linear():
