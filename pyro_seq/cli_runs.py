@@ -60,21 +60,31 @@ def parse_options(pairs: Optional[Sequence[str]]) -> Dict[str, Any]:
 def load_data(
     spec: str, splits: Sequence[str] = ("train", "valid", "test")
 ) -> Dict[str, List[torch.Tensor]]:
+    """The ``splits`` of ``--data spec`` (:func:`pyro_seq.data.load_dataset`: a name, a
+    piano-roll pickle, or a ``.npz``, ``.pt`` or ``.csv`` file); one line and exit code 1 when
+    it cannot be read or, asked for ``"train"``, holds no training sequence."""
     import pickle
 
     from pyro_seq.data import load_dataset
 
     try:
-        return load_dataset(spec, splits=splits)
+        data = load_dataset(spec, splits=splits)
     except (FileNotFoundError, ValueError, pickle.UnpicklingError) as e:  # unknown name, no
         raise SystemExit(f"pyro-seq: error: --data {spec}: {e}") from None  # file, bad N:T
     except IsADirectoryError:
         raise SystemExit(
-            f"pyro-seq: error: --data {spec} is a folder; name a data set or a "
-            "pickle file (pyro-seq train --help lists the forms)"
+            f"pyro-seq: error: --data {spec} is a folder; name a data set, a pickle file, "
+            "or a .npz, .pt or .csv file (pyro-seq train --help lists the forms)"
         ) from None
     except KeyError as e:  # a pickle without one of the splits
         raise SystemExit(f"pyro-seq: error: --data {spec}: {e.args[0]}") from None
+    if "train" in splits and not data.get("train"):
+        raise SystemExit(
+            f"pyro-seq: error: --data {spec} holds no train sequences; give the split "
+            "'train' (arrays train_0, train_1, ... of a .npz, 'train' in a CSV's split column, "
+            "the 'train' key of save_dataset)"
+        )
+    return data
 
 
 def load_weights(path: Union[str, Path]) -> Dict[str, torch.Tensor]:

@@ -188,6 +188,9 @@ def cmd_denoise(args: argparse.Namespace) -> int:
 
 
 def cmd_sample(args: argparse.Namespace) -> int:
+    """Draw ``--num`` sequences of ``--length`` steps: ``samples.pt`` (the tensor ``(num,
+    length, D)``) and a PNG per sequence (frames for videos, a piano roll for binary data,
+    curves for real values); MIDI files only for piano rolls (88 binary pitches per step)."""
     from pyro_seq.data.midi import piano_roll_to_midi
     from pyro_seq.train.plots import plot_features, plot_piano_roll, plot_video
 
@@ -205,25 +208,41 @@ def cmd_sample(args: argparse.Namespace) -> int:
         )
     x, params = to_cpu(model.generate(args.num, args.length, **kwargs))
     out = Path(args.run)
+    piano = is_piano_roll(model)
     for i in range(args.num):
         png = out / f"sample_{i}.png"
         title = f"{run['model']} sample {i}"
         if model.frame_shape is not None:  # a video: its trajectory and frames
             plot_video(side_by_side(model.frame_shape, x[i]), png, title=title)
-            print(f"wrote {png}")
-        elif model.binary_observations:  # a piano roll (MIDI when it has the 88 keys)
+        elif model.binary_observations:  # binary features drawn as a piano roll
             probs = torch.sigmoid(params[i]) if torch.is_tensor(params) else None
-            plot_piano_roll(x[i], png, probs=probs, title=title)
-            if model.obs_dim == PIANO_KEYS:
-                mid = out / f"sample_{i}.mid"
-                piano_roll_to_midi(x[i], mid, step_seconds=args.step_seconds)
-                print(f"wrote {png} and {mid}")
-            else:
-                print(f"wrote {png}")
+            plot_piano_roll(x[i], png, probs=probs, title=title, lowest_note=21 if piano else 0)
         else:  # real-valued features over time
             plot_features(x[i], png, title=title)
+        if piano:
+            mid = out / f"sample_{i}.mid"
+            piano_roll_to_midi(x[i], mid, step_seconds=args.step_seconds)
+            print(f"wrote {png} and {mid}")
+        else:
             print(f"wrote {png}")
+    tensor = out / "samples.pt"
+    torch.save(x, tensor)
+    print(f"wrote {tensor}: the samples, a tensor of shape {tuple(x.shape)} (num, length, D)")
+    if not piano:
+        kind = "binary" if model.binary_observations else "real-valued"
+        print(
+            f"no MIDI files: MIDI needs piano rolls ({PIANO_KEYS} binary pitches per step), "
+            f"these samples have {model.obs_dim} {kind} features per step"
+        )
     return 0
+
+
+def is_piano_roll(model) -> bool:
+    """Whether ``model``'s observations are piano rolls: :data:`PIANO_KEYS` binary features per
+    step that are no video frames (the only data written as MIDI)."""
+    return bool(
+        model.binary_observations and model.obs_dim == PIANO_KEYS and model.frame_shape is None
+    )
 
 
 def cmd_forecast(args: argparse.Namespace) -> int:

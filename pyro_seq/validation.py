@@ -385,7 +385,9 @@ def _validate_sequences(x, mask, obs_dim, binary, prefix_mask, observed, device=
             b, t, d = _first(bad)
             raise ValueError(
                 f"x must be binary (0/1) for a Bernoulli model, found {x[b, t, d].item()!r} at "
-                f"(batch {b}, step {t}, feature {d}); {int(bad.sum())} non-binary values in all"
+                f"(batch {b}, step {t}, feature {d}); {int(bad.sum())} non-binary values in all; "
+                'for real-valued data build the model with likelihood="gaussian" (pyro-seq '
+                "train --model-option likelihood=gaussian)"
             )
     return x, mask, seen
 

@@ -250,8 +250,8 @@ def test_missing_and_unknown_data_are_one_line(runs, tmp_path, capsys):
     assert line.startswith(f"pyro-seq: error: --data {tmp_path / 'text.pickle'}: malformed pickle")
     line = one_line_error(["evaluate", runs["dmm"], "--data", tmp_path], capsys)
     assert line == (
-        f"pyro-seq: error: --data {tmp_path} is a folder; name a data set or a "
-        "pickle file (pyro-seq train --help lists the forms)"
+        f"pyro-seq: error: --data {tmp_path} is a folder; name a data set, a pickle file, "
+        "or a .npz, .pt or .csv file (pyro-seq train --help lists the forms)"
     )
 
 

@@ -275,7 +275,8 @@ def test_cli_prints_the_validators_message_in_one_line(tmp_path, monkeypatch):
         )
     assert re.fullmatch(
         r"pyro-seq: error: data fake: " + EXPECTED_TRAIN + r"; 12 non-binary "
-        r"values in all",
+        r'values in all; for real-valued data build the model with likelihood="gaussian" '
+        r"\(pyro-seq train --model-option likelihood=gaussian\)",
         info.value.code,
     ), info.value.code
     assert not out.exists()

@@ -4,6 +4,11 @@
   Piano-midi.de), read with a restricted unpickler: :func:`load_piano_rolls`.
 * A built-in default needing no file, the music21 Bach chorales: :func:`load_chorales`
   (not the Boulanger-Lewandowski split). :func:`load_dataset` picks either by name or path.
+* Your own sequences in files: ``.npz``, ``.pt`` or long-format ``.csv``, read by
+  :func:`load_dataset` and written by :func:`save_dataset` (layouts:
+  :func:`describe_data_formats`, :mod:`pyro_seq.data.files`; CSV splits by
+  :func:`seeded_split`); in Python, a list of ``(T_i, D)`` tensors, or a
+  :class:`SequenceList` that carries per-sequence known inputs.
 * Batching ragged ``(T_i, D)`` sequences into ``(batch, T, D)`` tensors with a ``(batch, T)``
   bool mask: :func:`pad_sequences`, :func:`chunk_sequences`, :class:`SequenceLoader`
   (reproducible from ``(seed, epoch)``), and input checks: :func:`validate_sequences`.
@@ -29,6 +34,7 @@ from .batching import (
 )
 from .chorales import build_chorales, cache_dir, load_chorales, score_to_piano_roll
 from .datasets import NAMED_PICKLES, load_dataset, save_dataset
+from .files import describe_data_formats, seeded_split
 from .japanese_vowels import JAPANESE_VOWELS_DIM, load_japanese_vowels
 from .midi import midi_to_piano_roll, piano_roll_to_midi
 from .piano_roll import (
@@ -58,6 +64,7 @@ __all__ = [
     "build_chorales",
     "cache_dir",
     "chunk_sequences",
+    "describe_data_formats",
     "load_chorales",
     "load_dataset",
     "load_japanese_vowels",
@@ -72,6 +79,7 @@ __all__ = [
     "safe_loads",
     "save_dataset",
     "score_to_piano_roll",
+    "seeded_split",
     "simulate_students",
     "unpad_sequences",
     "validate_sequences",

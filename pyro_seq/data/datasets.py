@@ -8,9 +8,8 @@ from typing import Any, Dict, List, Sequence, Union
 
 import torch
 
-from pyro_seq.ops.padding import SequenceList, inputs_of
-
 from .chorales import cache_dir, load_chorales
+from .files import is_data_file, read_data_file, write_data_file
 from .japanese_vowels import load_japanese_vowels
 from .piano_roll import DEFAULT_SPLITS, load_piano_rolls
 
@@ -72,13 +71,16 @@ def load_dataset(
             a name of :data:`NAMED_PICKLES` (``"jsb"``, ``"jsb_2x"``, ``"nottingham"``,
             ``"musedata"``, ``"piano_midi"``): that file looked up in the directories of
             ``$PYRO_SEQ_DATA`` (``os.pathsep``-separated) and then the cache directory
-            (nothing is downloaded); the path of a ``.pt`` file written by :func:`save_dataset`
-            (your own data: real or binary features, with or without known inputs);
-            anything else: the path of a Boulanger-Lewandowski pickle
-            (:func:`~pyro_seq.data.load_piano_rolls`).
-        splits: which splits to return.
-        **kwargs: passed to :func:`~pyro_seq.data.load_chorales` (e.g. ``cache``, ``progress``)
-            or :func:`~pyro_seq.data.load_japanese_vowels` (e.g. ``valid_fraction``).
+            (nothing is downloaded); the path of a ``.npz``, ``.pt`` or ``.csv`` file (your own
+            data: real, binary or count features, with or without known inputs; layouts in
+            :mod:`pyro_seq.data.files`, :func:`save_dataset` writes them); anything else: the
+            path of a Boulanger-Lewandowski pickle (:func:`~pyro_seq.data.load_piano_rolls`).
+        splits: which splits to return (a split a ``.npz``, ``.pt`` or ``.csv`` file does not
+            hold comes back empty).
+        **kwargs: passed to :func:`~pyro_seq.data.load_chorales` (e.g. ``cache``, ``progress``),
+            :func:`~pyro_seq.data.load_japanese_vowels` (e.g. ``valid_fraction``) or, for a CSV
+            without a ``split`` column, :func:`~pyro_seq.data.files.seeded_split`
+            (``valid_fraction``, ``test_fraction``, ``seed``).
 
     Returns:
         ``{split: [roll_0, ...]}``, each a ``float32`` 0/1 tensor of shape ``(T_i, 88)``
@@ -89,6 +91,8 @@ def load_dataset(
     Raises:
         FileNotFoundError: a named dataset that is in none of the search directories, or a
             path that does not exist (the message says where it looked).
+        ValueError: a ``.npz``, ``.pt`` or ``.csv`` file off its layout, or with a missing
+            value (NaN, an empty cell): the package trains on complete sequences only.
     """
     key = os.fspath(name_or_path)
     env, _, count = key.partition(":")
@@ -100,12 +104,10 @@ def load_dataset(
         return load_chorales(splits, **kwargs)
     if key == "japanese_vowels":
         return load_japanese_vowels(splits, **kwargs)
+    if is_data_file(key):
+        return read_data_file(key, splits, **kwargs)
     if kwargs:
         raise TypeError(f"unexpected arguments {sorted(kwargs)} for a piano-roll pickle")
-    if key.endswith(".pt"):
-        if kwargs:
-            raise TypeError(f"unexpected arguments {sorted(kwargs)} for a .pt dataset")
-        return _load_tensor_file(key, splits)
     if key.lower() in NAMED_PICKLES and not os.path.exists(key):
         fname = NAMED_PICKLES[key.lower()]
         dirs = _search_dirs()
@@ -125,51 +127,18 @@ def load_dataset(
 
 
 def save_dataset(path: Union[str, "os.PathLike[str]"], splits: Dict[str, Sequence[torch.Tensor]]):
-    """Write data splits to a ``.pt`` file that :func:`load_dataset` (and ``pyro-seq train
-    --data PATH``) reads: your own sequences, real-valued or binary, with known inputs when a
-    split is a :class:`~pyro_seq.data.SequenceList` that carries them.
+    """Write data splits to a file that :func:`load_dataset` (and ``pyro-seq train --data
+    PATH``) reads: your own sequences, real-valued or binary, with known inputs when a split is
+    a :class:`~pyro_seq.data.SequenceList` that carries them. The format follows the suffix:
+    ``.pt``, ``.npz`` or ``.csv`` (:mod:`pyro_seq.data.files` gives each layout).
 
     Args:
-        path: a file name ending in ``.pt``.
+        path: a file name ending in ``.pt``, ``.npz`` or ``.csv``.
         splits: ``{"train": [...], "valid": [...], "test": [...]}`` (any of them), lists of
             ``(T_i, D)`` tensors (or :class:`~pyro_seq.data.SequenceList` with inputs
             ``(T_i, U)``, in every split or none).
     """
-    if not os.fspath(path).endswith(".pt"):
-        raise ValueError(f"a dataset file must end in .pt, got {os.fspath(path)!r}")
-    payload: Dict[str, Any] = {"format": "pyro_seq.dataset/1", "splits": {}, "inputs": {}}
-    for name, seqs in splits.items():
-        payload["splits"][name] = [torch.as_tensor(s).detach().cpu() for s in seqs]
-        inputs = inputs_of(seqs)
-        if inputs is not None:
-            payload["inputs"][name] = [u.detach().cpu() for u in inputs]
-    if payload["inputs"] and set(payload["inputs"]) != set(payload["splits"]):
-        raise ValueError("known inputs must be given for every split or for none")
-    torch.save(payload, path)
-
-
-def _load_tensor_file(path: str, splits: Sequence[str]):
-    """The splits of a file written by :func:`save_dataset` (read with ``weights_only=True``)."""
-    if not os.path.exists(path):
-        raise FileNotFoundError(f"no dataset file {path!r}")
-    try:
-        payload = torch.load(path, weights_only=True, map_location="cpu")
-    except Exception as e:  # truncated or not a torch file: say which and what to do
-        raise ValueError(
-            f"{path} is not a dataset written by pyro_seq.data.save_dataset "
-            f"({type(e).__name__}: {e})"
-        ) from None
-    if not (isinstance(payload, dict) and payload.get("format") == "pyro_seq.dataset/1"):
-        raise ValueError(f"{path} is not a dataset written by pyro_seq.data.save_dataset")
-    out = {}
-    for split in splits:
-        seqs = payload["splits"].get(split, [])
-        inputs = payload["inputs"].get(split)
-        for i, s in enumerate(seqs):
-            if not (torch.is_tensor(s) and s.dim() == 2 and s.is_floating_point()):
-                raise ValueError(f"{path}: {split}[{i}] is not a floating (T, D) tensor")
-        out[split] = SequenceList(seqs, inputs) if inputs is not None else list(seqs)
-    return out
+    write_data_file(path, splits)
 
 
 def _load_navigation(env: str, count: str, splits: Sequence[str], **kwargs):
