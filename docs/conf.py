@@ -35,6 +35,7 @@ extensions = [
     "sphinx.ext.viewcode",
     "myst_nb",
     "pyro_seq_docs",
+    "train_config_table",
 ]
 exclude_patterns = [
     "_build",
@@ -86,11 +87,16 @@ nb_execution_timeout = 600 if SMOKE else 7200  # seconds per cell
 nb_execution_raise_on_error = True
 nb_execution_show_tb = True
 nb_merge_streams = True
+# text/markdown cell outputs are MyST, so that a tutorial can show an admonition (the banner of
+# short-mode pages, pyro_seq/_tutorial_support.py) from a cell whose input is removed
+nb_render_markdown_format = "myst"
 
 
 def _kernel_spec():
     """A Jupyter kernel that is *this* Python (the venv that runs Sphinx, with ipykernel and
-    pyro_seq), found before any ``python3`` kernel installed elsewhere on the machine."""
+    pyro_seq), found before any ``python3`` kernel installed elsewhere on the machine; the
+    tutorials it runs write their files under ``$PYRO_SEQ_OUTPUT`` (default: a temporary
+    folder of this build)."""
     folder = Path(tempfile.mkdtemp(prefix="pyro-seq-docs-kernel-"))
     atexit.register(shutil.rmtree, folder, ignore_errors=True)
     spec = folder / "kernels" / "pyro-seq-docs"
@@ -106,6 +112,9 @@ def _kernel_spec():
                         [str(ROOT)] + [p for p in [os.environ.get("PYTHONPATH")] if p]
                     ),
                     "MPLBACKEND": "Agg",
+                    # the tutorials' figures and files: a folder of this build, removed after
+                    # it (the pages embed the figures), never a folder of the repository
+                    "PYRO_SEQ_OUTPUT": os.environ.get("PYRO_SEQ_OUTPUT") or str(folder / "output"),
                 },
             }
         )

@@ -25,45 +25,32 @@
 #    Kalman filter/smoother with the true non-linear dynamics follows the ball (Fig. 3.8).
 #
 # Run it as a script (`python tutorials/ball_tracking.py [--out DIR]`) or open it as a notebook
-# with jupytext. Figures are written as PNG to `--out`, or to `$PYRO_SEQ_TUTORIAL_OUT`, or to
-# `tutorials/_output/ball_tracking/`. `PYRO_SEQ_SMOKE=1` runs a shorter version (fewer EM
-# iterations) for continuous integration. A `metrics.json` with the numbers quoted below is
-# written next to the figures.
+# with jupytext. Figures are written as PNG to `--out`, or to `$PYRO_SEQ_OUTPUT/ball_tracking`
+# (default: a temporary folder); `SMOKE` and `OUT` come from a hidden first cell.
+# `PYRO_SEQ_SMOKE=1` runs a shorter version (fewer EM iterations) for continuous integration. A
+# `metrics.json` with the numbers quoted below is written next to the figures.
+
+# %% tags=["remove-input"]
+# Options (--out, --smoke), the output folder and, in short mode, a banner.
+from pyro_seq._tutorial_support import setup
+
+SMOKE, OUT = setup("ball_tracking", "a ball tracked by Kalman and unscented filters")
 
 # %%
-import argparse
 import json
 import math
-import os
-from pathlib import Path
 
-import matplotlib
+import matplotlib.pyplot as plt
+import torch
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import torch  # noqa: E402
+from pyro_seq.distributions.linear_gaussian_ssm import LinearGaussianSSM
+from pyro_seq.infer.lgssm_em import LGSSMParams, lgssm_em
+from pyro_seq.ops.nonlinear import unscented_kalman_smoother
+from pyro_seq.train.plots import show_inline as show
 
-from pyro_seq.distributions.linear_gaussian_ssm import LinearGaussianSSM  # noqa: E402
-from pyro_seq.infer.lgssm_em import LGSSMParams, lgssm_em  # noqa: E402
-from pyro_seq.ops.nonlinear import unscented_kalman_smoother  # noqa: E402
-
-SMOKE = os.environ.get("PYRO_SEQ_SMOKE", "0") not in ("", "0")
-_parser = argparse.ArgumentParser(description=__doc__)
-_parser.add_argument("--out", default=None, help="folder for the PNG figures")
-_args, _ = _parser.parse_known_args()
-_HERE = (
-    Path(__file__).resolve().parent if "__file__" in globals() else Path.cwd()
-)  # script or notebook
-OUT = Path(
-    _args.out or os.environ.get("PYRO_SEQ_TUTORIAL_OUT") or _HERE / "_output" / "ball_tracking"
-)
-OUT.mkdir(parents=True, exist_ok=True)
 torch.manual_seed(0)
 DT = torch.float64
 metrics = {"smoke": SMOKE}
-print(f"writing figures to {OUT} (smoke mode: {SMOKE})")
-
-from pyro_seq.train.plots import show_inline as show  # noqa: E402
 
 # %% [markdown]
 # ## The ball in vacuum (eq. 3.9)

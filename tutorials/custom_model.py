@@ -30,47 +30,38 @@
 # (no download; **not** the Boulanger-Lewandowski JSB split, so the numbers are not comparable
 # with published ones). `PYRO_SEQ_SMOKE=1` runs a short version for continuous integration (24
 # chorales, tiny networks, a few steps per objective). Figures and a `metrics.json` with every
-# number quoted below are written to `--out` (default `tutorials/_output/custom_model/`).
+# number quoted below are written to `$PYRO_SEQ_OUTPUT/custom_model` (default: a temporary
+# folder; `--out` when run as a script): `SMOKE` and `OUT` come from a hidden first cell.
+
+# %% tags=["remove-input"]
+# Options (--out, --smoke), the output folder and, in short mode, a banner.
+from pyro_seq._tutorial_support import setup
+
+SMOKE, OUT = setup("custom_model", "a new model from pyro_seq.nn, every objective")
 
 # %%
-import argparse
 import json
 import math
-import os
 import time
-from pathlib import Path
 
-import matplotlib
+import matplotlib.pyplot as plt
+import pyro
+import torch
+from pyro.infer import SVI, Trace_ELBO, TraceMeanField_ELBO
+from pyro.optim import ClippedAdam
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import pyro  # noqa: E402
-import torch  # noqa: E402
-from pyro.infer import SVI, Trace_ELBO, TraceMeanField_ELBO  # noqa: E402
-from pyro.optim import ClippedAdam  # noqa: E402
+from pyro_seq.data import SequenceLoader, build_chorales, load_dataset, pad_sequences
+from pyro_seq.data.chorales import chorale_paths
+from pyro_seq.infer import FIVO, IWAE, estimate_log_likelihood
+from pyro_seq.models import SequenceModel, make_emission, normal, shift_right, stack_params
+from pyro_seq.nn import BackwardRNN, GaussianMLP, cat_broadcast, init_output_bias
+from pyro_seq.train.objectives import ENERGY_OBJECTIVES, check_objective
+from pyro_seq.train.objectives import OBJECTIVES as REGISTERED_OBJECTIVES
+from pyro_seq.train.plots import plot_piano_roll
+from pyro_seq.train.plots import show_inline as show
 
-from pyro_seq.data import SequenceLoader, build_chorales, load_dataset, pad_sequences  # noqa: E402
-from pyro_seq.data.chorales import chorale_paths  # noqa: E402
-from pyro_seq.infer import FIVO, IWAE, estimate_log_likelihood  # noqa: E402
-from pyro_seq.models import SequenceModel, make_emission, normal, shift_right, stack_params  # noqa: E402
-from pyro_seq.nn import BackwardRNN, GaussianMLP, cat_broadcast, init_output_bias  # noqa: E402
-from pyro_seq.train.objectives import ENERGY_OBJECTIVES, check_objective  # noqa: E402
-from pyro_seq.train.objectives import OBJECTIVES as REGISTERED_OBJECTIVES  # noqa: E402
-from pyro_seq.train.plots import plot_piano_roll  # noqa: E402
-from pyro_seq.train.plots import show_inline as show  # noqa: E402
-
-SMOKE = os.environ.get("PYRO_SEQ_SMOKE", "0") not in ("", "0")
-_parser = argparse.ArgumentParser(description="a new model from pyro_seq.nn, every objective")
-_parser.add_argument("--out", default=None, help="folder for figures and metrics")
-_args, _ = _parser.parse_known_args()
-_HERE = Path(__file__).resolve().parent if "__file__" in globals() else Path.cwd()
-OUT = Path(
-    _args.out or os.environ.get("PYRO_SEQ_TUTORIAL_OUT") or _HERE / "_output" / "custom_model"
-)
-OUT.mkdir(parents=True, exist_ok=True)
 torch.set_num_threads(1)  # many small operations per step: one thread is fastest
 pyro.set_rng_seed(0)
-print(f"writing to {OUT} (smoke mode: {SMOKE})")
 
 # %% [markdown]
 # ## The model
@@ -112,7 +103,8 @@ print(f"writing to {OUT} (smoke mode: {SMOKE})")
 # A `SequenceModel` subclass writes four methods. `state` is a dict of **per-particle** tensors
 # (what an SMC algorithm resamples: here the previous latent) with a `state.shared` dict for
 # tensors common to all particles (here the projected contexts, which have a time axis). The
-# rules, from `DESIGN.md` and `pyro_seq/models/base.py`, and how this model keeps them:
+# rules, from [the design notes](../design.rst) and `pyro_seq.models.base`, and how this model
+# keeps them:
 #
 # * `init` does not sample; it precomputes what the steps read and sets $z_0$.
 # * step `t` (0-based) samples the site `z_{t+1}` and the model observes `x_{t+1}` through
@@ -416,7 +408,8 @@ for name, r in results.items():
 rows.append(f"| independent notes | {independent:.3f} | | | |")
 table = "\n".join(rows)
 print(table)
-(OUT / "results_table.md").write_text(table + "\n")
+with open(OUT / "results_table.md", "w") as fh:
+    fh.write(table + "\n")
 
 # %% [markdown]
 # ### Results of the full run
@@ -484,4 +477,5 @@ metrics = {
     "independent_notes_per_step": independent,
     "best": best,
 }
-(OUT / "metrics.json").write_text(json.dumps(metrics, indent=1))
+with open(OUT / "metrics.json", "w") as fh:
+    json.dump(metrics, fh, indent=1)

@@ -35,39 +35,34 @@
 #
 # `PYRO_SEQ_SMOKE=1` runs a short version for continuous integration. The full run trains on
 # 1000 videos for 25 epochs (about 40 minutes on one CPU core; the thesis uses 5000 videos and
-# 80 epochs on a GPU, see `benchmarks/paper/kvae_box.py`). Figures and `metrics.json` go to `--out`
-# (default `tutorials/_output/kalman_vae/`).
+# 80 epochs on a GPU, see `benchmarks/paper/kvae_box.py`). Figures and `metrics.json` go to
+# `$PYRO_SEQ_OUTPUT/kalman_vae` (default: a temporary folder; `--out` when run as a script):
+# `SMOKE` and `OUT` come from a hidden first cell.
+
+# %% tags=["remove-input"]
+# Options (--out, --smoke), the output folder and, in short mode, a banner.
+from pyro_seq._tutorial_support import setup
+
+SMOKE, OUT = setup("kalman_vae", "the Kalman VAE on bouncing-ball videos")
 
 # %%
-import argparse
 import json
 import math
-import os
 import time
-from pathlib import Path
 
-import matplotlib
+import matplotlib.pyplot as plt
+import pyro
+import torch
+from pyro.infer import SVI, Trace_ELBO
+from pyro.optim import ClippedAdam
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import pyro  # noqa: E402
-import torch  # noqa: E402
-from pyro.infer import SVI, Trace_ELBO  # noqa: E402
-from pyro.optim import ClippedAdam  # noqa: E402
+from pyro_seq.data import SequenceLoader
+from pyro_seq.data.simulators import box
+from pyro_seq.infer import FIVO
+from pyro_seq.models import KVAE
+from pyro_seq.tasks import drop_frames, pixel_error
+from pyro_seq.train.plots import plot_video, show_inline
 
-from pyro_seq.data import SequenceLoader  # noqa: E402
-from pyro_seq.data.simulators import box  # noqa: E402
-from pyro_seq.infer import FIVO  # noqa: E402
-from pyro_seq.models import KVAE  # noqa: E402
-from pyro_seq.tasks import drop_frames, pixel_error  # noqa: E402
-from pyro_seq.train.plots import plot_video, show_inline  # noqa: E402
-
-SMOKE = os.environ.get("PYRO_SEQ_SMOKE") == "1"
-parser = argparse.ArgumentParser()
-parser.add_argument("--out", default="tutorials/_output/kalman_vae")
-args, _ = parser.parse_known_args()
-OUT = Path(args.out)
-OUT.mkdir(parents=True, exist_ok=True)
 torch.set_num_threads(1)
 pyro.set_rng_seed(0)
 metrics = {"smoke": SMOKE}
@@ -81,8 +76,8 @@ metrics = {"smoke": SMOKE}
 
 # %%
 NUM_TRAIN, NUM_TEST, EPOCHS = (24, 8, 2) if SMOKE else (1000, 200, 25)
-train = box(NUM_TRAIN, split="train", progress=not SMOKE)
-test = box(NUM_TEST, split="test", progress=not SMOKE)
+train = box(NUM_TRAIN, split="train", progress=False)
+test = box(NUM_TEST, split="test", progress=False)
 print(train.frames.shape, train.positions.shape)
 plot_video(train.frames[0], OUT / "video.png", positions=train.positions[0], title="box video 0")
 show_inline(OUT / "video.png")
@@ -228,5 +223,6 @@ plt.close(fig)
 show_inline(OUT / "codes_vs_positions.png")
 
 # %%
-(OUT / "metrics.json").write_text(json.dumps(metrics, indent=1))
+with open(OUT / "metrics.json", "w") as fh:
+    json.dump(metrics, fh, indent=1)
 print(json.dumps(metrics, indent=1))

@@ -23,63 +23,54 @@
 # | `SRNN` | stochastic RNN, thesis Ch. 5 |
 # | `VRNN` | Chung et al. 2015, thesis 4.4.2 |
 # | `VAERNN` | thesis 4.4.1 |
-# | `STORN` / `VOSP` | Bayer & Osendorfer (seed 002 sec. 3.2), white or Wiener-process prior |
-# | `VRAE` | seed 002 sec. 3.1 |
-# | `RNNBaseline` | the deterministic "plain" RNN of seed 002 Table 1 (exact log-likelihood) |
+# | `STORN` / `VOSP` | Bayer & Osendorfer (2014), sec. 3.2, white or Wiener-process prior |
+# | `VRAE` | Bayer & Osendorfer (2014), sec. 3.1 |
+# | `RNNBaseline` | the deterministic "plain" RNN of Bayer & Osendorfer (2014), Table 1 (exact log-likelihood) |
 #
 # This tutorial trains each of them with `pyro.infer.SVI` under three objectives, changing only
 # `loss=`: `Trace_ELBO`, `IWAE(K)` and `FIVO(K)`. It scores every trained model on the test set
 # with the same estimator, and then imputes missing steps of a test sequence
-# (`pyro_seq.tasks.impute`, seed 002 sec. 4.3) and draws seed 002's Fig. 3.
+# (`pyro_seq.tasks.impute`, Bayer & Osendorfer (2014), sec. 4.3) and draws their Fig. 3.
 #
-# Data: JSB Chorales (`PYRO_SEQ_JSB`, or `../shared/data/polyphonic/jsb_chorales.pickle` beside
-# the checkout), else music21's built-in Bach chorales. `PYRO_SEQ_SMOKE=1` runs a short version
-# for continuous integration (few sequences, tiny networks, one epoch).
+# Data: JSB Chorales (`load_dataset("jsb")` finds `jsb_chorales.pickle` in a folder of
+# `$PYRO_SEQ_DATA`), else music21's built-in Bach chorales. `PYRO_SEQ_SMOKE=1` runs a short
+# version for continuous integration (few sequences, tiny networks, one epoch). Figures and
+# metrics go to `$PYRO_SEQ_OUTPUT/model_zoo` (default: a temporary folder; `--out` when run as a
+# script): `SMOKE` and `OUT` come from a hidden first cell.
+
+# %% tags=["remove-input"]
+# Options (--out, --smoke), the output folder and, in short mode, a banner.
+from pyro_seq._tutorial_support import setup
+
+SMOKE, OUT = setup("model_zoo", "every model x every objective on piano rolls")
 
 # %%
-import argparse
 import json
-import os
 import time
-from pathlib import Path
 
-import matplotlib
+import matplotlib.pyplot as plt
+import pyro
+import torch
+from pyro.infer import SVI, Trace_ELBO
+from pyro.optim import ClippedAdam
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import pyro  # noqa: E402
-import torch  # noqa: E402
-from pyro.infer import SVI, Trace_ELBO  # noqa: E402
-from pyro.optim import ClippedAdam  # noqa: E402
+from pyro_seq.data import SequenceLoader, load_dataset, pad_sequences
+from pyro_seq.infer import FIVO, IWAE, estimate_log_likelihood
+from pyro_seq.models import DMM, SRNN, STORN, VAERNN, VRAE, VRNN, RNNBaseline
+from pyro_seq.tasks import bits_per_element, impute
+from pyro_seq.train.plots import plot_recovery
+from pyro_seq.train.plots import show_inline as show
 
-from pyro_seq.data import SequenceLoader, load_dataset, load_piano_rolls, pad_sequences  # noqa: E402
-from pyro_seq.infer import FIVO, IWAE, estimate_log_likelihood  # noqa: E402
-from pyro_seq.models import DMM, SRNN, STORN, VAERNN, VRAE, VRNN, RNNBaseline  # noqa: E402
-from pyro_seq.tasks import bits_per_element, impute  # noqa: E402
-from pyro_seq.train.plots import plot_recovery  # noqa: E402
-
-SMOKE = os.environ.get("PYRO_SEQ_SMOKE", "0") not in ("", "0")
-_parser = argparse.ArgumentParser(description="every model x every objective on piano rolls")
-_parser.add_argument("--out", default=None, help="folder for figures and metrics")
-_args, _ = _parser.parse_known_args()
-_HERE = Path(__file__).resolve().parent if "__file__" in globals() else Path.cwd()
-OUT = Path(_args.out or os.environ.get("PYRO_SEQ_TUTORIAL_OUT") or _HERE / "_output" / "model_zoo")
-OUT.mkdir(parents=True, exist_ok=True)
 torch.set_num_threads(1)
 pyro.set_rng_seed(0)
-
-from pyro_seq.train.plots import show_inline as show  # noqa: E402
 
 # %% [markdown]
 # ## Data
 
 # %%
-_jsb = os.environ.get("PYRO_SEQ_JSB") or str(
-    _HERE.parent.parent / "shared" / "data" / "polyphonic" / "jsb_chorales.pickle"
-)
-if Path(_jsb).is_file():
-    data, data_name = load_piano_rolls(_jsb), "JSB Chorales"
-else:
+try:  # jsb_chorales.pickle in a folder of $PYRO_SEQ_DATA
+    data, data_name = load_dataset("jsb"), "JSB Chorales"
+except FileNotFoundError:
     data, data_name = load_dataset("chorales", progress=False), "music21 Bach chorales"
 if SMOKE:
     data = {k: v[:16] for k, v in data.items()}
@@ -161,7 +152,7 @@ plt.close(fig)
 show(OUT / "zoo_bounds.png")
 
 # %% [markdown]
-# ## Imputation (seed 002 sec. 4.3)
+# ## Imputation (Bayer & Osendorfer (2014), sec. 4.3)
 # Drop 8 consecutive steps of a test sequence, impute them with the best model of the grid,
 # and compare with filling them from the training-set note frequencies, in bits per element.
 
@@ -209,4 +200,5 @@ metrics = {
         "dropped_steps": drop,
     },
 }
-(OUT / "metrics.json").write_text(json.dumps(metrics, indent=1))
+with open(OUT / "metrics.json", "w") as fh:
+    json.dump(metrics, fh, indent=1)

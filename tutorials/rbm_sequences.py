@@ -21,52 +21,45 @@
 # hidden units are summed out in the free energy), and `pyro.infer.SVI` trains them with
 # `loss=ContrastiveDivergence(k)`.
 #
-# 1. A recurrent temporal RBM (seed 000, Mittelman et al.; Sutskever et al. 2009) on Bach
-#    chorales: CD-k with the gradient through the recursion r_t (BPTT, seed 000 eq. 1.16-1.27),
+# 1. A recurrent temporal RBM (Sutskever et al. 2009; Mittelman et al. 2014) on Bach
+#    chorales: CD-k with the gradient through the recursion r_t (BPTT, Mittelman et al. (2014),
+#    supplementary material, eqs. 1.16-1.27),
 #    its test log-likelihood by annealed importance sampling, and samples as piano rolls and MIDI.
-# 2. Collaborative filtering of student answers (seed 003): binary, softmax and
-#    binomial-softmax RBMs on simulated students, the capped binomial deviance per epoch (the
-#    seed's Fig. 4) against a constant, a logistic baseline and the generating model.
+# 2. Collaborative filtering of student answers (Soyer & Möllenhoff): binary, softmax and
+#    binomial-softmax RBMs on simulated students, the capped binomial deviance per epoch (their
+#    Fig. 4) against a constant, a logistic baseline and the generating model.
 #
-# `PYRO_SEQ_SMOKE=1` runs a short version for continuous integration.
+# `PYRO_SEQ_SMOKE=1` runs a short version for continuous integration. Figures, MIDI files and
+# `metrics.json` go to `$PYRO_SEQ_OUTPUT/rbm_sequences` (default: a temporary folder; `--out`
+# when run as a script): `SMOKE` and `OUT` come from a hidden first cell.
+
+# %% tags=["remove-input"]
+# Options (--out, --smoke), the output folder and, in short mode, a banner.
+from pyro_seq._tutorial_support import setup
+
+SMOKE, OUT = setup("rbm_sequences", "RTRBM on chorales and RBMs for student answers")
 
 # %%
-import argparse
 import json
-import os
-from pathlib import Path
 
-import matplotlib
+import matplotlib.pyplot as plt
+import pyro
+import torch
+from pyro.infer import SVI
+from pyro.optim import Adam
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import pyro  # noqa: E402
-import torch  # noqa: E402
-from pyro.infer import SVI  # noqa: E402
-from pyro.optim import Adam  # noqa: E402
+from pyro_seq.baselines import LogisticBaseline
+from pyro_seq.data import SequenceLoader, load_dataset, pad_sequences, simulate_students
+from pyro_seq.data.midi import piano_roll_to_midi
+from pyro_seq.infer import ContrastiveDivergence
+from pyro_seq.metrics import capped_binomial_deviance
+from pyro_seq.models import RTRBM, CollaborativeRBM
+from pyro_seq.train.plots import plot_piano_roll
+from pyro_seq.train.plots import show_inline as show
 
-from pyro_seq.baselines import LogisticBaseline  # noqa: E402
-from pyro_seq.data import SequenceLoader, load_dataset, pad_sequences, simulate_students  # noqa: E402
-from pyro_seq.data.midi import piano_roll_to_midi  # noqa: E402
-from pyro_seq.infer import ContrastiveDivergence  # noqa: E402
-from pyro_seq.metrics import capped_binomial_deviance  # noqa: E402
-from pyro_seq.models import RTRBM, CollaborativeRBM  # noqa: E402
-from pyro_seq.train.plots import plot_piano_roll  # noqa: E402
-
-SMOKE = os.environ.get("PYRO_SEQ_SMOKE", "0") not in ("", "0")
-_parser = argparse.ArgumentParser(description="RTRBM on chorales and RBMs for student answers")
-_parser.add_argument("--out", default=None, help="folder for figures and metrics")
-_args, _ = _parser.parse_known_args()
-_HERE = Path(__file__).resolve().parent if "__file__" in globals() else Path.cwd()
-OUT = Path(
-    _args.out or os.environ.get("PYRO_SEQ_TUTORIAL_OUT") or _HERE / "_output" / "rbm_sequences"
-)
-OUT.mkdir(parents=True, exist_ok=True)
 torch.set_num_threads(1)
 pyro.set_rng_seed(0)
 metrics = {}
-
-from pyro_seq.train.plots import show_inline as show  # noqa: E402
 
 # %% [markdown]
 # ## 1. An RTRBM on chorales
@@ -81,7 +74,7 @@ print(", ".join(f"{k} {len(v)}" for k, v in data.items()))
 
 # %% [markdown]
 # The model: at each step an RBM over the 88 keys whose hidden bias depends on the previous
-# step through r_{t-1} (seed 000 eq. 1.1-1.2). `model` observes the whole batch through one
+# step through r_{t-1} (Mittelman et al. (2014), eqs. 1.1-1.2). `model` observes the whole batch through one
 # `RBM` site with batch shape (sequences, steps); `guide` does nothing.
 
 # %%
@@ -129,7 +122,7 @@ metrics["rtrbm"] = {
 }
 
 # %% [markdown]
-# Samples by per-step Gibbs sampling (seed 000 sec. 1.1), as piano rolls and MIDI files.
+# Samples by per-step Gibbs sampling (Mittelman et al. (2014), sec. 1.1), as piano rolls and MIDI files.
 
 # %%
 samples, logits = rtrbm.generate(2, 16 if SMOKE else 64, gibbs_steps=20 if SMOKE else 200)
@@ -144,7 +137,7 @@ for i in range(samples.shape[0]):
     piano_roll_to_midi(samples[i], OUT / f"rtrbm_sample_{i}.mid")
 
 # %% [markdown]
-# ## 2. RBMs for student answers (seed 003)
+# ## 2. RBMs for student answers (Soyer & Möllenhoff)
 # Simulated students from a two-parameter logistic item-response model, each answering about
 # 2 % of the questions; 20 % of each student's answers are held out. Each student is its own
 # sub-RBM over the questions it answered (`SparseRBM`: nothing of size students x questions is
@@ -188,7 +181,7 @@ for visible in ("bernoulli", "softmax", "binomial_softmax"):
 metrics["cf"] = {"baselines": baselines, "curves": curves}
 
 # %% [markdown]
-# The seed's Fig. 4: test capped binomial deviance per epoch, with the baselines as lines.
+# Soyer & Möllenhoff's Fig. 4: test capped binomial deviance per epoch, with the baselines as lines.
 # On these simulated data the logistic baseline is nearly the generating model (a 2PL model
 # without the discriminations), which is hard for an RBM to beat; see `docs/benchmarks.rst`.
 
@@ -205,5 +198,5 @@ fig.tight_layout()
 fig.savefig(OUT / "cf_cbd.png", dpi=120)
 plt.close(fig)
 show(OUT / "cf_cbd.png")
-(OUT / "metrics.json").write_text(json.dumps(metrics, indent=1))
-print(f"wrote {OUT}")
+with open(OUT / "metrics.json", "w") as fh:
+    json.dump(metrics, fh, indent=1)

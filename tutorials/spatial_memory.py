@@ -40,38 +40,33 @@
 #
 # `PYRO_SEQ_SMOKE=1` runs a short version (under a minute) for continuous integration; the full
 # run uses the thesis' split, 256 memorisation and 32 prediction steps, 500 sequences and 30
-# epochs (about half an hour on one CPU core). Figures and `metrics.json` go to `--out`
-# (default `tutorials/_output/spatial_memory/`).
+# epochs (about half an hour on one CPU core). Figures and `metrics.json` go to
+# `$PYRO_SEQ_OUTPUT/spatial_memory` (default: a temporary folder; `--out` when run as a script):
+# `SMOKE` and `OUT` come from a hidden first cell.
+
+# %% tags=["remove-input"]
+# Options (--out, --smoke), the output folder and, in short mode, a banner.
+from pyro_seq._tutorial_support import setup
+
+SMOKE, OUT = setup("spatial_memory", "the GTM-SM on image navigation")
 
 # %%
-import argparse
 import json
 import math
-import os
 import time
-from pathlib import Path
 
-import matplotlib
+import matplotlib.pyplot as plt
+import pyro
+import torch
+import torch.nn as nn
+from pyro.infer import SVI, Trace_ELBO
+from pyro.optim import ClippedAdam
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import pyro  # noqa: E402
-import torch  # noqa: E402
-import torch.nn as nn  # noqa: E402
-from pyro.infer import SVI, Trace_ELBO  # noqa: E402
-from pyro.optim import ClippedAdam  # noqa: E402
+from pyro_seq.data.simulators import ACTIONS, image_navigation
+from pyro_seq.infer import FIVO
+from pyro_seq.models import GTMSM
+from pyro_seq.train.plots import show_inline
 
-from pyro_seq.data.simulators import ACTIONS, image_navigation  # noqa: E402
-from pyro_seq.infer import FIVO  # noqa: E402
-from pyro_seq.models import GTMSM  # noqa: E402
-from pyro_seq.train.plots import show_inline  # noqa: E402
-
-SMOKE = os.environ.get("PYRO_SEQ_SMOKE") == "1"
-parser = argparse.ArgumentParser()
-parser.add_argument("--out", default="tutorials/_output/spatial_memory")
-args, _ = parser.parse_known_args()
-OUT = Path(args.out)
-OUT.mkdir(parents=True, exist_ok=True)
 torch.set_num_threads(1)
 pyro.set_rng_seed(0)
 metrics = {"smoke": SMOKE}
@@ -87,8 +82,8 @@ metrics = {"smoke": SMOKE}
 # %%
 TAU, PRED = (32, 8) if SMOKE else (256, 32)
 NUM_TRAIN, NUM_TEST, EPOCHS = (16, 4, 2) if SMOKE else (500, 50, 30)
-train = image_navigation(NUM_TRAIN, TAU + PRED, split="train", progress=not SMOKE)
-test = image_navigation(NUM_TEST, TAU + (PRED if SMOKE else 256), split="test", progress=not SMOKE)
+train = image_navigation(NUM_TRAIN, TAU + PRED, split="train", progress=False)
+test = image_navigation(NUM_TEST, TAU + (PRED if SMOKE else 256), split="test", progress=False)
 print(train.frames.shape, train.actions.shape, train.positions.shape)
 counts = torch.bincount(train.actions.flatten(), minlength=5)
 print({name: int(c) for name, c in zip(ACTIONS, counts)})
@@ -189,7 +184,7 @@ assert metrics["oracle_max_error_visited"] < 1e-3
 #   and `pyro_seq.train.lr_multiplier`; `fit` applies `model.lr_multipliers` itself.
 
 # %%
-from pyro_seq.train import lr_multiplier  # noqa: E402
+from pyro_seq.train import lr_multiplier
 
 model = GTMSM(
     tau=TAU,
@@ -327,5 +322,6 @@ show_inline(OUT / "states_vs_positions.png")
 # above); the bound gains a KL term for the states.
 
 # %%
-(OUT / "metrics.json").write_text(json.dumps(metrics, indent=1))
+with open(OUT / "metrics.json", "w") as fh:
+    json.dump(metrics, fh, indent=1)
 print(json.dumps(metrics, indent=1))
