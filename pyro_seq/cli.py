@@ -1,6 +1,9 @@
-"""Command line: ``pyro-seq train | evaluate | sample | impute | denoise | forecast``.
+"""Command line: ``pyro-seq train | presets | evaluate | sample | impute | denoise | forecast``.
 
 Examples::
+
+    pyro-seq presets                             # the paper presets, published and measured
+    pyro-seq train --preset srnn_jsb2x --data jsb_chorales_2x.pickle --out runs/srnn2x
 
     pyro-seq train --model srnn --data chorales --epochs 50 --out runs/srnn
     pyro-seq impute runs/srnn --drop 8          # Bayer & Osendorfer 2014, sec. 4.3
@@ -74,6 +77,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     out_dir = Path(args.out)
     _device(args.device)  # before the data are read
+    preset = _preset_settings(args) if args.preset is not None else None  # sets model, data
     data = _load_data(args.data)
     if args.ignore_inputs:  # train a model without the data's known inputs
         data = {split: list(seqs) for split, seqs in data.items()}
@@ -85,6 +89,10 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.inference is not None:
         options["inference"] = args.inference
     config = train_config_from_args(args)
+    if preset is not None:  # the preset's values, and the flags the user typed over them
+        options = {**preset["model_options"], **options}
+        given = {k: getattr(config, k) for k in args.given_options if hasattr(config, k)}
+        config = preset["preset"].train_config(**given)
     try:
         config.validate()
     except ValueError as e:
@@ -98,6 +106,9 @@ def cmd_train(args: argparse.Namespace) -> int:
         "ignore_inputs": args.ignore_inputs,
         "train": {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(config).items()},
     }
+    if preset is not None:
+        run["preset"] = args.preset
+        run["overrides"] = _overrides(args, run)
     torch.manual_seed(config.seed)
     model = build_model(args.model, obs_dim, options, input_dim)
     from pyro_seq.train.objectives import check_objective, make_objective
@@ -139,7 +150,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     if main_rank:
         cfg_path.write_text(json.dumps(run, indent=1))
         print(
-            f"training {args.model} on {args.data}: {len(data['train'])} train / "
+            ("" if preset is None else f"preset {args.preset}: ")
+            + f"training {args.model} on {args.data}: {len(data['train'])} train / "
             f"{len(data['valid'])} valid sequences, objective {config.objective} "
             f"(K={config.num_particles})"
         )
@@ -164,6 +176,87 @@ def cmd_train(args: argparse.Namespace) -> int:
         )
         if energy:
             print(f"for the log-likelihood: pyro-seq evaluate {out_dir} --objective ais")
+    return 0
+
+
+#: ``train`` destinations that a preset run does not record as overrides: where it writes.
+_NOT_OVERRIDES = ("out", "restart", "preset")
+
+
+def _preset_settings(args: argparse.Namespace) -> dict:
+    """Apply ``--preset``: its model (unless ``--model`` was typed; another model drops the
+    preset's model options) and its data (unless ``--data`` was typed; a data file it
+    cannot find is one line naming the file). Returns the preset and its model options."""
+    from pyro_seq.presets import get_preset
+
+    try:
+        preset = get_preset(args.preset)
+    except ValueError as e:
+        raise SystemExit(f"pyro-seq: error: {e}") from None
+    if "model" not in args.given_options:
+        args.model = preset.model
+    if "data" not in args.given_options:
+        try:
+            args.data = preset.data_spec()
+        except FileNotFoundError as e:
+            raise SystemExit(f"pyro-seq: error: {e}") from None
+    same_model = args.model == preset.model
+    return {"preset": preset, "model_options": dict(preset.model_options) if same_model else {}}
+
+
+def _overrides(args: argparse.Namespace, run: dict) -> dict:
+    """The flags the user typed over a preset, by destination, with the values the run uses
+    (``config.json``'s ``overrides``)."""
+    out = {}
+    for dest in sorted(args.given_options):
+        if dest in _NOT_OVERRIDES:
+            continue
+        value = run["train"].get(dest, getattr(args, dest, None))
+        out[dest] = list(value) if isinstance(value, tuple) else value
+    return out
+
+
+def given_train_options(argv: Sequence[str]) -> set:
+    """The destinations of the ``train`` flags typed in ``argv`` (the command line after
+    ``pyro-seq``), whatever their values: a flag typed with its default value counts, a
+    default does not. Parsed again with every default suppressed."""
+    argv = list(argv)
+    parser = argparse.ArgumentParser(prog="pyro-seq train", add_help=False)
+    _add_train_arguments(parser)
+    for action in parser._actions:
+        action.default = argparse.SUPPRESS
+        action.required = False
+    start = argv.index("train") + 1 if "train" in argv else 0
+    known, _ = parser.parse_known_args(argv[start:])
+    return set(vars(known))
+
+
+def cmd_presets(args: argparse.Namespace) -> int:
+    """List the presets: a table, or with ``--json`` a JSON list of objects with the keys
+    name, model, data, metric, published, measured and source (measured read now)."""
+    from pyro_seq.presets import PRESETS
+
+    rows = [preset.summary() for preset in PRESETS.values()]
+    if args.json:
+        print(json.dumps(rows, indent=1))
+        return 0
+
+    def cell(key: str, value: object) -> str:
+        if value is None:
+            return "-"
+        if isinstance(value, float):  # published as printed, measured to 4 digits
+            return f"{value:.4g}" if key == "measured" else f"{value:g}"
+        return str(value)
+
+    keys = ("name", "model", "data", "metric", "published", "measured", "source")
+    table = [list(keys)] + [[cell(k, row[k]) for k in keys] for row in rows]
+    widths = [max(len(line[i]) for line in table) for i in range(len(keys))]
+    for line in table:
+        print("  ".join(v.ljust(w) for v, w in zip(line, widths)).rstrip())
+    print(
+        "\nmeasured: this package's number from benchmarks/results/ ('-': not measured with "
+        "these settings); train one with pyro-seq train --preset NAME --out DIR [--data PATH]"
+    )
     return 0
 
 
@@ -239,6 +332,7 @@ TRAIN_RUN_OPTIONS = {
     "--out": "the run folder, fit's out_dir",
     "--restart": "fit's resume=False: ignore the folder's checkpoint",
     "--ignore-inputs": "drops the data's known inputs before fit sees them",
+    "--preset": "a paper preset (pyro_seq.presets): model, options, settings and data",
 }
 
 
@@ -346,37 +440,17 @@ def make_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("train", help="train a model with SVI (resumes if --out has a checkpoint)")
-    p.add_argument(
-        "--model",
-        choices=model_names(),
-        default="srnn",
-        help="architecture (default srnn; what each supports: docs, API, models)",
-    )
-    p.add_argument("--data", default="chorales", help=_data_help())
-    p.add_argument("--z-dim", type=POSITIVE_INT, default=None, help="latent size")
-    p.add_argument(
-        "--inference",
-        choices=("smoothing", "filtering", "prior", "landmark"),
-        default=None,
-        help="inference network: smoothing or filtering (DMM, SRNN, VRNN; thesis Fig. "
-        "4.2), prior or landmark (GTM-SM; thesis appendix 7.10)",
-    )
-    p.add_argument(
-        "--model-option",
-        action="append",
-        metavar="KEY=VALUE",
-        help="further model constructor option (JSON value), repeatable",
-    )
-    p.add_argument("--out", required=True, help="run folder")
-    p.add_argument("--restart", action="store_true", help="ignore an existing checkpoint")
-    p.add_argument(
-        "--ignore-inputs",
-        action="store_true",
-        help="train without the known inputs (controls, actions) the data carry, "
-        "e.g. a model that takes none on the pendulum",
-    )
-    add_train_options(p)  # every TrainConfig field, in its group
+    _add_train_arguments(p)
     p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("presets", help="list the paper presets: published and measured numbers")
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="a JSON list, one object per preset (name, model, data, metric, published, "
+        "measured, source)",
+    )
+    p.set_defaults(func=cmd_presets)
 
     p = sub.add_parser("evaluate", help="bound on the test set in nats per time step")
     p.add_argument("run", help="run folder written by train")
@@ -482,6 +556,49 @@ def make_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _add_train_arguments(p: argparse.ArgumentParser) -> None:
+    """The ``train`` flags: what is trained on what (:data:`TRAIN_RUN_OPTIONS`), ``--preset``
+    and every :class:`~pyro_seq.train.TrainConfig` field (:func:`add_train_options`)."""
+    p.add_argument(
+        "--model",
+        choices=model_names(),
+        default="srnn",
+        help="architecture (default srnn; what each supports: docs, API, models)",
+    )
+    p.add_argument("--data", default="chorales", help=_data_help())
+    p.add_argument("--z-dim", type=POSITIVE_INT, default=None, help="latent size")
+    p.add_argument(
+        "--inference",
+        choices=("smoothing", "filtering", "prior", "landmark"),
+        default=None,
+        help="inference network: smoothing or filtering (DMM, SRNN, VRNN; thesis Fig. "
+        "4.2), prior or landmark (GTM-SM; thesis appendix 7.10)",
+    )
+    p.add_argument(
+        "--model-option",
+        action="append",
+        metavar="KEY=VALUE",
+        help="further model constructor option (JSON value), repeatable",
+    )
+    p.add_argument("--out", required=True, help="run folder")
+    p.add_argument("--restart", action="store_true", help="ignore an existing checkpoint")
+    p.add_argument(
+        "--ignore-inputs",
+        action="store_true",
+        help="train without the known inputs (controls, actions) the data carry, "
+        "e.g. a model that takes none on the pendulum",
+    )
+    p.add_argument(
+        "--preset",
+        default=None,
+        metavar="NAME",
+        help="a paper preset (pyro-seq presets lists them): its model, model options, "
+        "training settings and data; the flags typed here override its values (another "
+        "--model drops its model options)",
+    )
+    add_train_options(p)  # every TrainConfig field, in its group
+
+
 def _task_parser(sub, name, func, help_text):
     """The options shared by the tasks on a trained run (impute, denoise, forecast)."""
     p = sub.add_parser(name, help=help_text)
@@ -508,7 +625,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from pyro_seq.models import Unsupported
     from pyro_seq.train import CheckpointError
 
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = make_parser().parse_args(argv)
+    if args.command == "train":
+        args.given_options = given_train_options(argv)
     try:
         return args.func(args)
     except (CheckpointError, Unsupported) as e:  # one line: the file or the model, what to do
