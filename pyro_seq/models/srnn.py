@@ -35,6 +35,7 @@ import pyro.distributions as dist
 import torch
 from torch import nn
 
+from pyro_seq.distributions import PresampledValue
 from pyro_seq.models.base import (
     SequenceModel,
     Step,
@@ -47,6 +48,7 @@ from pyro_seq.models.base import (
 from pyro_seq.models.contract import example
 from pyro_seq.models.emission import make_emission, stack_params
 from pyro_seq.nn import MLP, BackwardRNN, ForwardRNN, GaussianMLP, cat_broadcast
+from pyro_seq.nn.srnn_scan import activation_derivative, srnn_guide_scan
 from pyro_seq.ops.state import SequenceState
 from pyro_seq.validation import validate_generate_args, validate_input_dim
 
@@ -205,6 +207,63 @@ class SRNN(SequenceModel):
                 state.guide_record.append("prior", z_prev, prior)
         z = pyro.sample(f"z_{t + 1}", masked(dist.Normal(loc, scale).to_event(1), mask[:, t]))
         state["guide_z"] = z
+
+    def _scannable(self) -> bool:
+        """Whether :func:`~pyro_seq.nn.srnn_guide_scan` computes what :meth:`guide_step` does:
+        its activation has a hand-written derivative and, with Res_q, the prior MLP has the
+        posterior's activation, floor and variance mode (as the constructor makes them)."""
+        post = self.posterior
+        if activation_derivative(post.activation) is None:
+            return False
+        if not self.residual:
+            return True
+        prior = self.prior
+        return (
+            type(prior.activation) is type(post.activation)
+            and prior.activation.extra_repr() == post.activation.extra_repr()
+            and prior.head.min_scale == post.head.min_scale
+            and prior.head.variance == post.head.variance
+        )
+
+    def guide_scan(self, state: SequenceState, x: torch.Tensor, mask: torch.Tensor) -> bool:
+        """Every guide step at once (the full-sequence guide under plain handlers, e.g. inside
+        ``Trace_ELBO``; see :mod:`pyro_seq.models.base`): the noise of all steps is drawn
+        first, one ``Normal.rsample`` per step as the step loop draws it, then
+        :func:`~pyro_seq.nn.srnn_guide_scan` runs the recursion of :meth:`guide_step`
+        (eq. 5.10, 5.12) as one autograd node and the sites ``z_1..z_T`` are emitted with
+        those values. With Res_q the prior at each guide ``z_{t-1}`` is recorded for the
+        time-parallel model as the step loop records it. Values equal the step loop's for the
+        same seed."""
+        if not self._scannable():
+            return False
+        post, z0 = self.posterior, state["guide_z"]
+        T = x.shape[1]
+        unit = torch.distributions.Normal(z0.new_zeros(()), z0.new_ones(()), validate_args=False)
+        eps = torch.stack([unit.rsample(z0.shape) for _ in range(T)], -2)
+        prior = None
+        if self.residual:
+            prior = (state.shared["prior_context"],) + tuple(self.prior.step_weights())
+        out = srnn_guide_scan(
+            z0,
+            eps,
+            (state.shared["posterior_context"],) + tuple(post.step_weights()),
+            prior,
+            post.activation,
+            post.head.min_scale,
+            post.head.variance,
+        )
+        loc, scale, z = out[:3]
+        zs = list(z.unbind(-2))  # the site values, also the z_{t-1} the record is keyed by
+        self._emit_steps("z", normal, (loc, scale), zs, mask, PresampledValue, "drawn")
+        if self.residual:
+            priors = list(zip(out[3].unbind(-2), out[4].unbind(-2)))
+            history = [z0] + zs[:-1]
+            if state.guide_record is not None:
+                for z_prev, p in zip(history, priors):
+                    state.guide_record.append("prior", z_prev, p)
+            cache_guide_prior(state, T - 1, history[-1], priors[-1])
+        state["guide_z"] = zs[-1]
+        return True
 
     @torch.no_grad()
     def generate(

@@ -8,6 +8,7 @@ from pyro_seq.nn.memory import DND, DNDRead, EarlierRead, nearest_earlier
 from pyro_seq.nn.mlp import MLP, ClippedLeakyReLU, cat_broadcast, layer_widths, make_activation
 from pyro_seq.nn.recurrent import BackwardRNN, ForwardRNN, reverse_padded
 from pyro_seq.nn.relu_scan import ragged_relu_rnn
+from pyro_seq.nn.srnn_scan import srnn_guide_scan
 from pyro_seq.nn.transitions import Combiner, GatedTransition
 
 __all__ = [
@@ -36,4 +37,5 @@ __all__ = [
     "nearest_earlier",
     "ragged_relu_rnn",
     "reverse_padded",
+    "srnn_guide_scan",
 ]
