@@ -1,15 +1,20 @@
-"""DMM on the original-resolution JSB Chorales, settings of Pyro's examples/dmm.py.
+"""DMM on the original-resolution JSB Chorales, with the settings of a preset.
 
-z 100, transition 200, emission 100, backward ReLU RNN 600, minibatch 20, ClippedAdam
-(lr 3e-4, betas (0.96, 0.999), clip 10, lrd 0.99996, weight decay 2.0), KL annealing from 0.2
-over the first 1000 epochs' worth of updates, Trace_ELBO. Reference: Pyro's example reaches a
-test ELBO of -6.87 nats per step after 5000 epochs (Krishnan et al. 2017 report -6.926).
+Default: the preset ``dmm_jsb_pyro`` (:mod:`pyro_seq.presets`), the settings of Pyro's
+examples/dmm.py: z 100, transition 200, emission 100, backward ReLU RNN 600, minibatch 20,
+ClippedAdam (lr 3e-4, betas (0.96, 0.999), clip 10, lrd 0.99996, weight decay 2.0), KL
+annealing from 0.2 over the first 1000 epochs' worth of updates, Trace_ELBO. Reference: Pyro's
+example reaches a test ELBO of -6.87 nats per step after 5000 epochs (Krishnan et al. 2017,
+Table 3, report -6.93). ``--preset dmm_jsb``: the residual guide Res_q with Adam 3e-3 and the
+plateau schedule (the run recorded as ``jsb_dmm_fast_lr3e-3.json``). The settings live in the
+presets only, so that ``pyro-seq train --preset NAME`` and this script cannot drift apart.
 
     python benchmarks/paper/jsb_dmm.py --time-limit 3600      # run again to resume
+    python benchmarks/paper/jsb_dmm.py --preset dmm_jsb --tag fast_lr3e-3
 
-Every training option of ``jsb_training.run`` can be changed on the command line, and
-``--residual`` gives the guide the residual parameterisation Res_q (thesis 4.8.1); a variant
-needs its own ``--tag`` (checkpoint folder and result name).
+Every training option of ``jsb_training.run`` can be changed on the command line (over the
+preset's values), and ``--residual`` gives the guide the residual parameterisation Res_q
+(thesis 4.8.1); a variant needs its own ``--tag`` (checkpoint folder and result name).
 """
 
 import argparse
@@ -18,45 +23,33 @@ import sys
 from jsb_training import run
 
 from pyro_seq.models import DMM
-from pyro_seq.train import TrainConfig
+from pyro_seq.presets import get_preset
 
-MODEL = dict(
-    z_dim=100,
-    transition_dim=200,
-    emission_dim=100,
-    rnn_dim=600,
-    inference="smoothing",
-    rnn_cell="rnn",
-)
-CONFIG = TrainConfig(
-    epochs=5000,
-    batch_size=20,
-    lr=3e-4,
-    betas=(0.96, 0.999),
-    clip_norm=10.0,
-    lrd=0.99996,
-    weight_decay=2.0,
-    kl_start=0.2,
-    kl_anneal_steps=12 * 1000,
-    patience=None,
-    valid_batch_size=80,
-    seed=0,
-    lr_schedule="constant",
-    init="none",
-)  # the settings of the recorded runs
+#: The presets this script trains; the first is the default (result ``jsb_dmm.json``).
+PRESETS = ("dmm_jsb_pyro", "dmm_jsb")
+PRESET = get_preset(PRESETS[0])
+MODEL = dict(PRESET.model_options)
+CONFIG = PRESET.train_config()  # the settings of the recorded runs
 
 if __name__ == "__main__":
     pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--preset", choices=PRESETS, default=PRESETS[0], help="the settings")
     pre.add_argument("--residual", action="store_true", help="Res_q guide (DMM(residual=True))")
     known, rest = pre.parse_known_args(sys.argv[1:])
-    model = dict(MODEL, residual=True) if known.residual else MODEL
+    preset = get_preset(known.preset)
+    if (known.preset != PRESETS[0] or known.residual) and not any(
+        a == "--tag" or a.startswith("--tag=") for a in rest
+    ):
+        raise SystemExit(f"--preset {known.preset} or --residual is a variant: give it a --tag")
+    model = dict(preset.model_options, **({"residual": True} if known.residual else {}))
     run(
         "jsb_dmm",
-        "jsb_chorales.pickle",
+        preset.data_file,
         lambda: DMM(88, **model),
         model,
-        CONFIG,
+        preset.train_config(),
         argv=rest,
-        target=-6.87,
-        reference="Pyro examples/dmm.py: test ELBO -6.87 nats/step after 5000 epochs",
+        target=preset.published,
+        reference=f"{preset.source}: test ELBO {preset.published} nats/step",
+        eval_seeds=preset.evaluation.seeds,
     )
