@@ -55,7 +55,7 @@ from pyro_seq.models.base import (
     prior_from_guide,
 )
 from pyro_seq.models.contract import example
-from pyro_seq.models.emission import make_emission, stack_params
+from pyro_seq.models.emission import check_emission_options, make_emission, stack_params
 from pyro_seq.nn import MLP, BackwardRNN, Combiner, GatedTransition, cat_broadcast, combiner_scan
 from pyro_seq.ops.state import SequenceState
 from pyro_seq.validation import validate_generate_args, validate_input_dim
@@ -141,6 +141,7 @@ class DMM(SequenceModel):
             )
         else:
             self.transition = GatedTransition(z_dim, transition_dim, min_scale)
+        check_emission_options(type(self).__name__, emission_kwargs, takes_inputs=True)
         self.emitter, self.likelihood = make_emission(
             likelihood, z_dim, [emission_dim] * 2, obs_dim, **emission_kwargs
         )

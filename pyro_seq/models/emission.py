@@ -20,7 +20,7 @@ Missing data inside sequences: :func:`masked_log_prob` scores only the observed 
     log p(x_O) = logsumexp_k [log pi_k + sum_{d in O} log N(x_d; mu_kd, s_kd^2)]  (gmm)  (2)
 """
 
-from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import pyro.distributions as dist
 import torch
@@ -86,6 +86,36 @@ class GMMHead(nn.Module):
     def forward(self, h: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         loc, scale = self.gaussian(h)
         return self.logits(h), loc, scale
+
+
+EMISSION_OPTIONS = ("num_components", "min_scale")
+INPUT_ALIASES = ("control_dim", "num_actions", "inputs", "input_size", "u_dim")
+
+
+def check_emission_options(owner: str, options: Dict[str, Any], takes_inputs: bool) -> None:
+    """Refuse keyword options a model passes on to :func:`make_emission` that it does not take.
+
+    :param str owner: the model's name, for the message.
+    :param dict options: the model's extra keyword arguments.
+    :param bool takes_inputs: whether the model takes known inputs (``input_dim``).
+    :raises TypeError: one sentence naming the unknown options and the ones the emission takes
+        (and where known inputs go when an option names them, e.g. ``control_dim``).
+    """
+    unknown = sorted(k for k in options if k not in EMISSION_OPTIONS)
+    if not unknown:
+        return
+    hint = ""
+    if any(k in INPUT_ALIASES for k in unknown):
+        hint = (
+            f"; known inputs per step are given to {owner} as input_dim"
+            if takes_inputs
+            else f"; {owner} takes no known inputs (DMM, SRNN, VRNN take input_dim, the KVAE "
+            "control_dim, the GTM-SM num_actions)"
+        )
+    raise TypeError(
+        f"{owner} got unknown option(s) {unknown}: besides its own arguments it passes only "
+        f"{', '.join(EMISSION_OPTIONS)} on to the emission (make_emission){hint}"
+    )
 
 
 def make_emission(

@@ -30,7 +30,7 @@ import torch
 
 from pyro_seq.models.base import SequenceModel, Step, shift_right
 from pyro_seq.models.contract import example
-from pyro_seq.models.emission import make_emission, stack_params
+from pyro_seq.models.emission import check_emission_options, make_emission, stack_params
 from pyro_seq.nn import ForwardRNN
 from pyro_seq.nn.recurrent import RNN_CELLS
 from pyro_seq.ops.state import SequenceState
@@ -80,6 +80,7 @@ class RNNBaseline(SequenceModel):
         self.binary_observations = likelihood == "bernoulli"
         self.d_dim = int(d_dim)
         self.deterministic = ForwardRNN(obs_dim, self.d_dim, cell=cell)
+        check_emission_options(type(self).__name__, emission_kwargs, takes_inputs=False)
         self.emitter, self.likelihood = make_emission(
             likelihood, self.d_dim, [int(hidden_dim)], obs_dim, activation, **emission_kwargs
         )

@@ -60,7 +60,7 @@ from pyro_seq.models.base import (
     shift_right,  # u_t = x_{t-1}, x_0 = 0
 )
 from pyro_seq.models.contract import example
-from pyro_seq.models.emission import make_emission, stack_params
+from pyro_seq.models.emission import check_emission_options, make_emission, stack_params
 from pyro_seq.nn import GaussianHead, cat_broadcast
 from pyro_seq.ops.state import SequenceState
 from pyro_seq.validation import positive_int, validate_generate_args
@@ -191,6 +191,7 @@ class STORN(SequenceModel):
         self.prior, self.z_dim, self.rnn_dim = prior, int(z_dim), int(rnn_dim)
         self.binary_observations = likelihood == "bernoulli"
         self.decoder = StepRNN(obs_dim + z_dim, rnn_dim, cell)
+        check_emission_options(type(self).__name__, emission_kwargs, takes_inputs=False)
         self.emitter, self.likelihood = make_emission(
             likelihood, rnn_dim, [emission_dim], obs_dim, activation, **emission_kwargs
         )

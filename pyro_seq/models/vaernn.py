@@ -38,7 +38,7 @@ import torch.nn as nn
 
 from pyro_seq.models.base import SequenceModel, Step, masked, normal, shift_right
 from pyro_seq.models.contract import example
-from pyro_seq.models.emission import make_emission, stack_params
+from pyro_seq.models.emission import check_emission_options, make_emission, stack_params
 from pyro_seq.nn import ForwardRNN, GaussianHead, cat_broadcast, make_activation
 from pyro_seq.ops.state import SequenceState
 from pyro_seq.validation import positive_int, validate_generate_args
@@ -117,6 +117,7 @@ class VAERNN(SequenceModel):
             obs_dim + self.d_dim, hidden_dim, self.z_dim, activation, min_scale, variance
         )
         emit_dim = self.z_dim + (self.d_dim if skip else 0)
+        check_emission_options(type(self).__name__, emission_kwargs, takes_inputs=False)
         self.emitter, self.likelihood = make_emission(
             likelihood, emit_dim, [hidden_dim], obs_dim, activation, **emission_kwargs
         )

@@ -47,7 +47,7 @@ import torch
 
 from pyro_seq.models.base import SequenceModel, Step, masked, normal, shift_right
 from pyro_seq.models.contract import example
-from pyro_seq.models.emission import make_emission, stack_params
+from pyro_seq.models.emission import check_emission_options, make_emission, stack_params
 from pyro_seq.models.storn import StepRNN, latent_prior
 from pyro_seq.nn import GaussianHead, cat_broadcast
 from pyro_seq.ops.state import SequenceState
@@ -107,6 +107,7 @@ class VOSP(SequenceModel):
         self.binary_observations = likelihood == "bernoulli"
         self.encoder = StepRNN(obs_dim, rnn_dim, cell)
         self.recognition = GaussianHead(rnn_dim, z_dim, min_scale, variance)
+        check_emission_options(type(self).__name__, emission_kwargs, takes_inputs=False)
         self.emitter, self.likelihood = make_emission(
             likelihood, rnn_dim + z_dim, [emission_dim], obs_dim, activation, **emission_kwargs
         )

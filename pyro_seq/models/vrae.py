@@ -45,7 +45,7 @@ import torch
 from pyro_seq.distributions.wiener import kl_diagonal_normal_wiener
 from pyro_seq.models.base import SequenceModel, Step, masked, normal
 from pyro_seq.models.contract import example
-from pyro_seq.models.emission import make_emission, stack_params
+from pyro_seq.models.emission import check_emission_options, make_emission, stack_params
 from pyro_seq.models.storn import StepRNN, latent_prior
 from pyro_seq.nn import GaussianHead, reverse_padded
 from pyro_seq.ops.state import SequenceState
@@ -116,6 +116,7 @@ class VRAE(SequenceModel):
         self.backward_encoder = StepRNN(obs_dim, encoder_dim, cell)
         self.recognition = GaussianHead(2 * encoder_dim, z_dim, min_scale, variance)
         self.decoder = StepRNN(z_dim, decoder_dim, cell)
+        check_emission_options(type(self).__name__, emission_kwargs, takes_inputs=False)
         self.emitter, self.likelihood = make_emission(
             likelihood, decoder_dim, [emission_dim], obs_dim, activation, **emission_kwargs
         )

@@ -73,7 +73,6 @@ defaults here (``cell="lstm"``, as both papers use). Departure: latent standard 
 floor; so no scale reaches 0 and no log-density becomes NaN.
 """
 
-import inspect
 from typing import Any, Optional, Sequence, Tuple
 
 import pyro
@@ -82,7 +81,7 @@ import torch.nn as nn
 
 from pyro_seq.models.base import SequenceModel, masked, normal
 from pyro_seq.models.contract import example
-from pyro_seq.models.emission import make_emission, stack_params
+from pyro_seq.models.emission import check_emission_options, make_emission, stack_params
 from pyro_seq.nn import MLP, BackwardRNN, GaussianHead, GaussianMLP, cat_broadcast
 from pyro_seq.ops.state import SequenceState
 from pyro_seq.validation import positive_int, validate_generate_args, validate_input_dim
@@ -199,13 +198,7 @@ class VRNN(SequenceModel):
             GaussianHead(hidden_dim, z_dim, min_scale, variance),
         )
         emission_args = (likelihood, feature_dim + d_dim, [hidden_dim], obs_dim, activation)
-        try:
-            inspect.signature(make_emission).bind(*emission_args, **emission_kwargs)
-        except TypeError:
-            raise TypeError(
-                f"VRNN got unexpected option(s) {sorted(emission_kwargs)}: options other than "
-                f"VRNN's own are passed to make_emission, which does not accept them"
-            ) from None
+        check_emission_options(type(self).__name__, emission_kwargs, takes_inputs=True)
         self.emitter, self.likelihood = make_emission(*emission_args, **emission_kwargs)  # p(x|z,d)
         if inference == "smoothing":
             self.encoder = BackwardRNN(obs_dim + input_dim, d_dim, cell=cell)  # a_t, [x_t, k_t]

@@ -258,3 +258,25 @@ def test_observed_elements_delegates_and_expand_keeps_the_mask(float64):
     assert w.expand((3,)) is w
     with pytest.raises(ValueError, match="event shape"):
         ObservedElements(dist.Normal(0.0, 1.0), torch.ones((), dtype=torch.bool))
+
+
+@pytest.mark.parametrize("name", ["DMM", "VRNN", "VRAE", "VOSP", "VAERNN", "STORN", "RNNBaseline"])
+def test_an_unknown_option_names_itself_and_what_the_emission_takes(name):
+    """Extra keywords go to make_emission: an unknown one is refused in one sentence that names
+    it, the two the emission takes, and input_dim when the option names known inputs."""
+    import pyro_seq.models as models
+
+    cls = getattr(models, name)
+    with pytest.raises(TypeError) as err:
+        cls(3, control_dim=2)
+    msg = str(err.value)
+    assert msg.startswith(f"{name} got unknown option(s) ['control_dim']")
+    assert "num_components, min_scale" in msg
+    if name in ("DMM", "VRNN"):
+        assert msg.endswith(f"given to {name} as input_dim")
+    else:
+        assert f"{name} takes no known inputs (DMM, SRNN, VRNN take input_dim" in msg
+    with pytest.raises(TypeError, match=r"\['colour'\]: besides") as err:
+        cls(3, colour=1)
+    assert "input_dim" not in str(err.value)
+    cls(3, likelihood="gmm", num_components=2, min_scale=1e-2)  # the two it takes pass through
