@@ -10,7 +10,19 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
-SHARED_DATA = ROOT.parent / "shared" / "data" / "polyphonic"
+
+
+def data_dirs():
+    """Folders searched for data files, in order: those of ``$PYRO_SEQ_DATA`` (``os.pathsep``
+    separated, as :func:`pyro_seq.data.load_dataset` reads it), then the development checkout's
+    shared folder."""
+    env = os.environ.get("PYRO_SEQ_DATA", "")
+    dirs = [Path(d).expanduser() for d in env.split(os.pathsep) if d]
+    return dirs + [ROOT.parent / "shared" / "data" / "polyphonic"]
+
+
+#: the default ``--data-dir`` of the scripts: the first of :func:`data_dirs` that exists
+SHARED_DATA = next((d for d in data_dirs() if d.is_dir()), data_dirs()[-1])
 
 
 def machine_info():
@@ -71,11 +83,21 @@ def write_result(name, payload, path=None):
 
 
 def data_file(name, override=None):
-    """Path of a shared data file, or exit with a clear message when absent."""
-    path = Path(override) if override else SHARED_DATA / name
-    if not path.exists():
-        raise SystemExit(f"data file {path} not found; pass --data PATH")
-    return path
+    """Path of a data file (``override``, else the first of :func:`data_dirs` holding
+    ``name``), or exit naming the file, the folders searched and how to point at it."""
+    if override:
+        path = Path(override)
+        if not path.exists():
+            raise SystemExit(f"data file {path} not found")
+        return path
+    for folder in data_dirs():
+        if (folder / name).exists():
+            return folder / name
+    searched = ", ".join(str(d) for d in data_dirs())
+    raise SystemExit(
+        f"data file {name} not found in {searched}; set PYRO_SEQ_DATA to its folder or pass "
+        "--data PATH"
+    )
 
 
 def timing_parser(description, repeats, batches_help, result_name, smoke_help, data_options):
