@@ -103,7 +103,7 @@ pyro.set_rng_seed(0)
 # A `SequenceModel` subclass writes four methods. `state` is a dict of **per-particle** tensors
 # (what an SMC algorithm resamples: here the previous latent) with a `state.shared` dict for
 # tensors common to all particles (here the projected contexts, which have a time axis). The
-# rules, from [the design notes](../design.rst) and `pyro_seq.models.base`, and how this model
+# rules, from {doc}`the design notes <../design>` and `pyro_seq.models.base`, and how this model
 # keeps them:
 #
 # * `init` does not sample; it precomputes what the steps read and sets $z_0$.

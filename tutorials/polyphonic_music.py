@@ -87,7 +87,7 @@ show(OUT / "training_example.png")
 # Fraccaro (2018), Ch. 5, experimental setup) so that it trains in minutes on a CPU.
 # `srnn.model` and `srnn.guide` are ordinary Pyro programs: the loop below is all SVI needs.
 # (Inside the ELBO the model scores all time steps at once; see
-# [the design notes](../design.rst).)
+# {doc}`the design notes <../design>`.)
 
 # %%
 sizes = (
