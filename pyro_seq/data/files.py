@@ -68,7 +68,7 @@ def describe_data_formats() -> str:
     return (
         "your own sequences as a file: .npz (read without pickles) with one (T_i, D) array per "
         "sequence named train_0, train_1, ..., valid_0, ..., test_0, ... and optional known "
-        "inputs inputs_train_0, ...; .pt written by pyro_seq.data.save_dataset; or .csv in "
+        "inputs inputs_train_0, ...; a .pt file written by pyro_seq.data.save_dataset; or .csv in "
         f"long format, one row per step with columns sequence, time, the features, optional "
         f"split (train/valid/test) and known inputs named {CSV_INPUT_PREFIX}*, split "
         f"{1 - DEFAULT_VALID_FRACTION - DEFAULT_TEST_FRACTION:g}/{DEFAULT_VALID_FRACTION:g}/"

@@ -323,7 +323,7 @@ def test_describe_data_formats_states_the_layouts_the_readers_read():
         "train_0",
         "inputs_train_0",
         ".pt",
-        "save_dataset",
+        ".pt file written by pyro_seq.data.save_dataset",
         ".csv",
         "sequence, time",
         "split",
