@@ -45,19 +45,23 @@ def activation_derivative(
 ) -> Optional[Callable[[torch.Tensor, torch.Tensor], torch.Tensor]]:
     """``(u, g) -> d act(u) / du`` for ``g = activation(u)``, as autograd computes it, for the
     hidden activations of :data:`pyro_seq.nn.mlp.ACTIVATIONS` (clipped leaky ReLU, ReLU, leaky
-    ReLU, tanh, ELU); None for any other module (:func:`srnn_guide_scan` cannot run it)."""
+    ReLU, tanh, ELU); None for any other module, or one that works in place
+    (:func:`srnn_guide_scan` cannot run it)."""
+    if getattr(activation, "inplace", False):
+        return None
     if type(activation) is ClippedLeakyReLU:
-        slope, clip = float(activation.negative_slope), float(activation.clip)
+        slope = float(activation.negative_slope)
 
         def clipped(u, g):
-            y = leaky_relu(u, slope)  # the clamp passes the gradient where -clip <= y <= clip
-            inside = (y >= -clip) & (y <= clip)
-            return torch.where(u > 0, u.new_ones(()), u.new_full((), slope)) * inside
+            # the clamp passes the gradient where -clip <= leaky_relu(u) <= clip, i.e. where it
+            # left leaky_relu(u) unchanged; the leaky ReLU's own derivative is 1 or the slope
+            inside = (g == leaky_relu(u, slope)).to(u.dtype)
+            return torch.ops.aten.leaky_relu_backward(inside, u, slope, False)
 
         return clipped
     if type(activation) is nn.LeakyReLU:
         slope = float(activation.negative_slope)
-        return lambda u, g: torch.where(u > 0, u.new_ones(()), u.new_full((), slope))
+        return lambda u, g: torch.ops.aten.leaky_relu_backward(torch.ones_like(u), u, slope, False)
     if type(activation) is nn.ReLU:
         return lambda u, g: (g > 0).to(u.dtype)
     if type(activation) is nn.Tanh:
@@ -83,24 +87,29 @@ def _scale_derivative(raw, min_scale, variance):
 
 
 class _SRNNGuideScan(torch.autograd.Function):
+    # Internally time-major: the per-step slices of the (T, B, .) buffers are contiguous, so
+    # the products of a step write into them directly and nothing is stacked along dim 1.
     @staticmethod
     def forward(ctx, z0, eps, cq, wzq, whq, bhq, cp, wzp, whp, bhp, act, d_act, min_scale, var):
         residual = cp is not None
         B, T, Z = eps.shape
         Hq = cq.shape[-1]
-        if residual:  # both first layers read z_{t-1}: one product per step
-            w_z = torch.cat([wzq, wzp])  # (H, Z), H = Hq + Hp
-            context = torch.cat([cq, cp], -1).unbind(1)
+        H = Hq + (cp.shape[-1] if residual else 0)
+        # u_t = c_t + W_z z_{t-1}, both first layers at once; the buffer starts as the contexts
+        u = cq.new_empty(T, B, H)
+        u[..., :Hq] = cq.transpose(0, 1)
+        if residual:
+            u[..., Hq:] = cp.transpose(0, 1)
+            w_z = torch.cat([wzq, wzp])  # (H, Z)
             w_lp_t, b_lp = whp[:Z].t(), bhp[:Z]
         else:
-            w_z, context = wzq, cq.unbind(1)
+            w_z = wzq
         w_z_t, whq_t = w_z.t(), whq.t()
         eps_steps = eps.unbind(1)
-        us, gs, outs, locs, scales, m_ps, zs = [], [], [], [], [], [], []
+        gs, outs, locs, scales, m_ps, zs = [], [], [], [], [], []
         z_prev = z0
         for t in range(T):
-            # the arithmetic of GaussianMLP.forward with step_weights(), in the same order
-            u_t = torch.mm(z_prev, w_z_t) + context[t]
+            u_t = u[t].addmm_(z_prev, w_z_t)
             g_t = act(u_t)
             o_t = torch.addmm(bhq, g_t[:, :Hq], whq_t)  # [m^q_t, r^q_t]
             loc_t = o_t[:, :Z]
@@ -111,13 +120,16 @@ class _SRNNGuideScan(torch.autograd.Function):
             scale_t = _scale(o_t[:, Z:], min_scale, var)
             # the same operations as Normal(loc, scale).rsample(): loc + eps * scale
             z_t = loc_t + eps_steps[t] * scale_t
-            for store, v in ((us, u_t), (gs, g_t), (outs, o_t), (locs, loc_t), (scales, scale_t)):
-                store.append(v)
+            gs.append(g_t)
+            outs.append(o_t)
+            locs.append(loc_t)
+            scales.append(scale_t)
             zs.append(z_t)
             z_prev = z_t
-        u, g, out = torch.stack(us, 1), torch.stack(gs, 1), torch.stack(outs, 1)
+        g = torch.stack(gs)  # (T, B, H)
         loc, scale, z = torch.stack(locs, 1), torch.stack(scales, 1), torch.stack(zs, 1)
-        raw_q = out[..., Z:]
+        z_prev = torch.stack([z0] + zs[:-1])  # (T, B, Z)
+        out = torch.stack(outs)  # (T, B, 2Z)
         ctx.residual, ctx.d_act, ctx.min_scale, ctx.var, ctx.Hq = (
             residual,
             d_act,
@@ -126,70 +138,85 @@ class _SRNNGuideScan(torch.autograd.Function):
             Hq,
         )
         if not residual:
-            ctx.save_for_backward(z0, eps, w_z, whq, u, g, raw_q, z, None, None)
+            ctx.save_for_backward(eps, w_z, whq, u, g, out, z_prev, None, None)
             return loc, scale, z
-        raw_p = torch.addmm(bhp[Z:], g[..., Hq:].reshape(B * T, -1), whp[Z:].t()).view(B, T, Z)
-        prior_loc = torch.stack(m_ps, 1)
-        prior_scale = _scale(raw_p, min_scale, var)
-        ctx.save_for_backward(z0, eps, w_z, whq, u, g, raw_q, z, whp, raw_p)
-        return loc, scale, z, prior_loc, prior_scale
+        g_p = g[..., Hq:].view(T * B, H - Hq)
+        raw_p = torch.addmm(bhp[Z:], g_p, whp[Z:].t()).view(T, B, Z)
+        prior_scale = _scale(raw_p, min_scale, var).transpose(0, 1).contiguous()
+        ctx.save_for_backward(eps, w_z, whq, u, g, out, z_prev, whp, raw_p)
+        return loc, scale, z, torch.stack(m_ps, 1), prior_scale
 
     @staticmethod
     @once_differentiable
     def backward(ctx, g_loc, g_scale, g_z, g_ploc=None, g_pscale=None):
-        z0, eps, w_z, whq, u, g, raw_q, z, whp, raw_p = ctx.saved_tensors
-        residual, min_scale, var, Hq = ctx.residual, ctx.min_scale, ctx.var, ctx.Hq
-        B, T, Z = eps.shape
-        zero = torch.zeros_like(z)
+        eps, w_z, whq, u, g, out, z_prev, whp, raw_p = ctx.saved_tensors
+        residual, min_scale, var, Hq, d_act = (
+            ctx.residual,
+            ctx.min_scale,
+            ctx.var,
+            ctx.Hq,
+            ctx.d_act,
+        )
+        T, B, H = u.shape
+        Z = eps.shape[-1]
+        TB = T * B
+        # time-major views of the output gradients; None for outputs that got no gradient
         g_loc, g_scale, g_z, g_ploc, g_pscale = (
-            zero if v is None else v for v in (g_loc, g_scale, g_z, g_ploc, g_pscale)
-        )  # outputs that got no gradient
-        flat = lambda v: v.reshape(B * T, -1)  # noqa: E731
+            None if v is None else v.transpose(0, 1)
+            for v in (g_loc, g_scale, g_z, g_ploc, g_pscale)
+        )
+        zero = z_prev.new_zeros(())
+        g_z = zero if g_z is None else g_z
+        eps_t = eps.transpose(0, 1)
         # everything that does not depend on the gradient carried through z_t, all steps at once
-        k = eps * _scale_derivative(raw_q, min_scale, var)  # d z_t / d r^q_t
-        f_loc = g_loc + g_z
-        f_rq = (g_scale + g_z * eps) * _scale_derivative(raw_q, min_scale, var)
-        f_oq = torch.cat([f_loc, f_rq], -1)
-        f_g = f_oq @ whq  # (B, T, Hq): d L / d g^q without the carried part
+        s_q = _scale_derivative(out[..., Z:], min_scale, var)  # d scale_t / d r^q_t
+        k = eps_t * s_q  # d z_t / d r^q_t
+        f_loc = g_z if g_loc is None else g_loc + g_z
+        f_rq = g_z * k if g_scale is None else (g_scale + g_z * eps_t) * s_q
+        d_oq = torch.cat([f_loc.expand(T, B, Z), f_rq.expand(T, B, Z)], -1)  # (T, B, 2Z)
+        d_u = u.new_empty(T, B, H)  # first d L / d g without the carried part, then d L / d u
+        d_u_flat = d_u.view(TB, H)
+        torch.mm(d_oq.view(TB, 2 * Z), whq, out=d_u_flat[:, :Hq])
         if residual:
-            f_mp = f_loc + g_ploc
-            d_rp = g_pscale * _scale_derivative(raw_p, min_scale, var)
-            f_op = torch.cat([f_mp, d_rp], -1)
-            f_g = torch.cat([f_g, f_op @ whp], -1)  # (B, T, H)
+            f_mp = f_loc if g_ploc is None else f_loc + g_ploc
+            if g_pscale is None:
+                d_rp = zero.expand(T, B, Z)
+            else:
+                d_rp = g_pscale * _scale_derivative(raw_p, min_scale, var)
+            d_op = torch.cat([f_mp.expand(T, B, Z), d_rp.expand(T, B, Z)], -1)
+            torch.mm(d_op.view(TB, 2 * Z), whp, out=d_u_flat[:, Hq:])
             # the Jacobian of [loc_t, r^q_t] with respect to g_t = [g^q_t, g^p_t]
-            jac = torch.cat([whq, torch.cat([whp[:Z], whp.new_zeros(Z, whp.shape[1])])], 1)
+            jac = torch.cat([whq, torch.cat([whp[:Z], whp.new_zeros(Z, H - Hq)])], 1)
         else:
             jac = whq
-        d_g = ctx.d_act(u, g)  # (B, T, H)
-        f_steps, d_g_steps, k_steps = f_g.unbind(1), d_g.unbind(1), k.unbind(1)
-        d_us, carries = [None] * T, [None] * T
-        carry = None  # d L / d z_t through step t + 1
-        e = z0.new_empty(B, 2 * Z)
+        # e[t] = [c_t, c_t * k_t], c_t = d L / d z_t through step t + 1 (zero at the last step)
+        e = u.new_empty(T, B, 2 * Z)
+        e[-1] = 0
         for t in range(T - 1, -1, -1):
-            if carry is None:
-                d_u_t = f_steps[t] * d_g_steps[t]
-            else:
-                e[:, :Z] = carry
-                torch.mul(carry, k_steps[t], out=e[:, Z:])
-                d_u_t = torch.addmm(f_steps[t], e, jac).mul_(d_g_steps[t])
-            carries[t] = carry if carry is not None else zero[:, 0]
-            d_us[t] = d_u_t
-            carry = d_u_t @ w_z
-        d_u, c = torch.stack(d_us, 1), torch.stack(carries, 1)
-        d_oq = torch.cat([f_loc + c, f_rq + c * k], -1)
-        d_whq = flat(d_oq).t() @ flat(g[..., :Hq])
-        d_bhq = flat(d_oq).sum(0)
-        z_prev = torch.cat([z0.unsqueeze(1), z[:, :-1]], 1)
-        d_w_z = flat(d_u).t() @ flat(z_prev)  # (H, Z)
+            d_u_t = d_u[t]
+            if t < T - 1:
+                d_u_t.addmm_(e[t], jac)
+            d_u_t.mul_(d_act(u[t], g[t]))
+            if t > 0:
+                c = torch.mm(d_u_t, w_z, out=e[t - 1, :, :Z])
+                torch.mul(c, k[t - 1], out=e[t - 1, :, Z:])
+        d_z0 = d_u[0] @ w_z
+        d_oq += e  # d [m^q_t, r^q_t] = the fixed part + [c_t, c_t * k_t]
+        g_flat, d_oq = g.view(TB, H), d_oq.view(TB, 2 * Z)
+        d_whq = d_oq.t() @ g_flat[:, :Hq]
+        d_bhq = d_oq.sum(0)
+        d_w_z = d_u_flat.t() @ z_prev.view(TB, Z)  # (H, Z)
         needs = ctx.needs_input_grad
-        d_cq = d_u[..., :Hq] if needs[2] else None
+        d_c = d_u.transpose(0, 1)
+        d_cq = d_c[..., :Hq] if needs[2] else None
         if not residual:
-            return (carry, None, d_cq, d_w_z, d_whq, d_bhq) + (None,) * 8
-        d_op = torch.cat([f_mp + c, d_rp], -1)
-        d_whp = flat(d_op).t() @ flat(g[..., Hq:])
-        d_bhp = flat(d_op).sum(0)
-        d_cp = d_u[..., Hq:] if needs[6] else None
-        grads = (carry, None, d_cq, d_w_z[:Hq], d_whq, d_bhq, d_cp, d_w_z[Hq:], d_whp, d_bhp)
+            return (d_z0, None, d_cq, d_w_z, d_whq, d_bhq) + (None,) * 8
+        d_op[..., :Z] += e[..., :Z]  # d m^p_t = the fixed part + c_t
+        d_op = d_op.view(TB, 2 * Z)
+        d_whp = d_op.t() @ g_flat[:, Hq:]
+        d_bhp = d_op.sum(0)
+        d_cp = d_c[..., Hq:] if needs[6] else None
+        grads = (d_z0, None, d_cq, d_w_z[:Hq], d_whq, d_bhq, d_cp, d_w_z[Hq:], d_whp, d_bhp)
         return grads + (None,) * 4
 
 
@@ -248,6 +275,8 @@ def srnn_guide_scan(
             f"{tuple(eps.shape)} and z0 {tuple(z0.shape)}"
         )
     B, T, Z = eps.shape
+    if T == 0:
+        raise ValueError("srnn_guide_scan: eps has no steps (T = 0); pass at least one step")
     if activation is None:
         activation = ClippedLeakyReLU()
     d_act = activation_derivative(activation)

@@ -85,6 +85,23 @@ def test_values_and_gradients_equal_the_gaussian_mlp_loop(residual, activation, 
         assert torch.allclose(g, w, rtol=1e-10, atol=1e-12)
 
 
+@pytest.mark.parametrize("used", [(2,), (4,), (0, 3)])
+def test_gradients_when_some_outputs_are_unused(used):
+    """Outputs that get no gradient (None in the backward pass) count as zero."""
+    post, prior, a, d, z0, eps = _inputs(seed=5)
+    params = [z0, a, d] + list(post.parameters()) + list(prior.parameters())
+    grads = []
+    for run in (_loop, _fused):
+        outputs = run(post, prior, a, d, z0, eps, True)
+        loss = sum(outputs[i].square().sum() for i in used)
+        grads.append(torch.autograd.grad(loss, params, allow_unused=True))
+    for g, w in zip(*grads):
+        if w is None:
+            assert g is None or not g.any()
+        else:
+            assert torch.allclose(g, w, rtol=1e-10, atol=1e-12)
+
+
 def test_the_hidden_units_visit_every_piece_of_the_activation():
     """The inputs above exercise the clipped leaky ReLU's four pieces (else the gradient tests
     would not test its derivative)."""
@@ -124,6 +141,8 @@ def test_errors_name_the_argument():
         srnn_guide_scan(z0, eps, q, (q[0][:, :2],) + q[1:])
     with pytest.raises(ValueError, match="activation"):
         srnn_guide_scan(z0, eps, q, activation=nn.Sigmoid())
+    with pytest.raises(ValueError, match="no steps"):
+        srnn_guide_scan(z0, eps[:, :0], (q[0][:, :0],) + q[1:])
     with pytest.raises(ValueError, match="variance"):
         srnn_guide_scan(z0, eps, q, variance="exp")
 
