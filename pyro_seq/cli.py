@@ -303,6 +303,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 def _data_help() -> str:
     """``--data``'s help, from the names :func:`pyro_seq.data.load_dataset` knows."""
     from pyro_seq.data.datasets import NAMED_PICKLES, NAVIGATION, SIMULATED
+    from pyro_seq.data.files import describe_data_formats
 
     pickles = ", ".join(f"{name} ({file})" for name, file in NAMED_PICKLES.items())
     return (
@@ -314,9 +315,7 @@ def _data_help() -> str:
         "sequences; the pendulum's torques are known inputs); the GTM-SM's image "
         f"navigation: {', '.join(NAVIGATION)} (NAME:N or NAME:N:T: N training sequences of "
         "T steps; the actions are known inputs); the path of a Boulanger-Lewandowski "
-        "piano-roll pickle (e.g. jsb_chorales.pickle); or the path of a .pt file written by "
-        "pyro_seq.data.save_dataset (your own real or binary sequences, with or without "
-        "known inputs)"
+        "piano-roll pickle (e.g. jsb_chorales.pickle); or " + describe_data_formats()
     )
 
 

@@ -203,7 +203,8 @@ def build_chorales(
         earlier roll are skipped.
     """
     from music21 import converter
-    from tqdm.auto import tqdm
+
+    from pyro_seq.progress import progress_bar as tqdm
 
     paths = chorale_paths() if paths is None else sorted((Path(p) for p in paths), key=_corpus_name)
     rolls: Dict[str, List[torch.Tensor]] = {s: [] for s in DEFAULT_SPLITS}

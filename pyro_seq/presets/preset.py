@@ -37,7 +37,7 @@ __all__ = [
 #: from an installed wheel, where every preset's ``measured`` is None).
 RESULTS_DIR = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
 
-#: How a preset's number is measured: a bound or log-likelihood estimator of ``pyro-seq
+#: The ways a preset's number is measured, each a bound or log-likelihood estimator of ``pyro-seq
 #: evaluate --objective`` (``elbo``, ``iwae``, ``smc``, ``ais``), or a task's error
 #: (``impute``: frames imputed by :func:`pyro_seq.tasks.impute` or the KVAE's own imputation;
 #: ``predict``: the GTM-SM's long-term prediction, :meth:`~pyro_seq.models.GTMSM.predict`).
@@ -83,7 +83,7 @@ class ResultKey:
     weight: Optional[KeyPath] = None
 
     def read(self, results_dir: Union[str, "os.PathLike[str]", None] = None) -> Optional[dict]:
-        """The JSON object of :attr:`file` (None when the file is absent or not JSON)."""
+        """The JSON object of ``file`` (None when the file is absent or not JSON)."""
         path = Path(RESULTS_DIR if results_dir is None else results_dir) / self.file
         try:
             payload = json.loads(path.read_text())
@@ -256,7 +256,7 @@ class Preset:
 
     def measured(self, results_dir: Union[str, "os.PathLike[str]", None] = None) -> Optional[float]:
         """The number this package measured with the preset, read from its result file(s) now:
-        the value at :attr:`ResultKey.key`, or for several parts their mean weighted by
+        the value at its ``key`` (:class:`ResultKey`), or for several parts their mean weighted by
         :attr:`ResultKey.weight` (e.g. per-step log-likelihoods of disjoint test slices,
         pooled over their steps). None when not measured, or a file or key is absent."""
         values, weights = [], []

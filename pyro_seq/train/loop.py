@@ -75,11 +75,11 @@ from typing import TYPE_CHECKING, Any, Callable, List, Mapping, Optional, Sequen
 import pyro
 import torch
 from pyro.infer import SVI
-from tqdm.auto import tqdm
 
 from pyro_seq.data.batching import SequenceLoader
 from pyro_seq.models.contract import Unsupported
 from pyro_seq.ops.padding import inputs_of
+from pyro_seq.progress import progress_bar
 from pyro_seq.train.checkpoint import (
     load_checkpoint,
     load_weights,
@@ -220,7 +220,11 @@ def fit(
         actions) for a model with ``input_dim = U``, which every update passes as ``inputs=``.
     :param list valid_sequences: tensors ``(T_i, D)``, with inputs as the training data (may be
         empty: no early stopping).
-    :param TrainConfig config: settings.
+    :param TrainConfig config: settings. Its defaults train at a constant KL weight of 1 (no
+        KL annealing; ``pyro-seq train`` anneals from 0.2 over 1000 updates by default, and the
+        tuned SRNN runs of the benchmarks page used that annealing): see
+        :class:`~pyro_seq.train.TrainConfig` for every field and ``pyro-seq presets`` for the
+        published configurations.
     :param out_dir: folder for ``checkpoint.pt``, ``best.pt``, ``log.csv``, ``log.json``,
         ``loss_curve.png``.
     :param bool resume: continue from ``out_dir/checkpoint.pt`` if it exists (a fresh start,
@@ -536,7 +540,7 @@ class _Run:
         config = self.config
         self.started = time.time()
         last = self.start_epoch if self._out_of_patience() else config.epochs
-        self.bar = tqdm(
+        self.bar = progress_bar(
             range(self.start_epoch, last),
             initial=self.start_epoch,
             total=config.epochs,

@@ -230,7 +230,7 @@ def _concat(parts: Sequence[Dict[str, np.ndarray]]) -> Dict[str, np.ndarray]:
 
 
 def _generate(name, params, num_steps, seed, split, start, stop, num_workers, progress):
-    from tqdm.auto import tqdm
+    from pyro_seq.progress import progress_bar as tqdm
 
     n = stop - start
     chunk = max(8, -(-n // (8 * max(num_workers, 1))))

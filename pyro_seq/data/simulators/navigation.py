@@ -432,7 +432,7 @@ def image_navigation(
         ImportError: scikit-learn or Pillow missing (``pip install pyro-seq[images]``).
         ValueError: a bad count, seed, split or parameter.
     """
-    from tqdm.auto import tqdm
+    from pyro_seq.progress import progress_bar as tqdm
 
     if split not in SPLITS:
         raise ValueError(f"unknown split {split!r}; expected one of {list(SPLITS)}")
