@@ -46,7 +46,7 @@ from pyro_seq.models.base import (
     shift_right,
 )
 from pyro_seq.models.contract import example
-from pyro_seq.models.emission import make_emission, stack_params
+from pyro_seq.models.emission import check_emission_options, make_emission, stack_params
 from pyro_seq.nn import MLP, BackwardRNN, ForwardRNN, GaussianMLP, cat_broadcast
 from pyro_seq.nn.srnn_scan import activation_derivative, srnn_guide_scan
 from pyro_seq.ops.state import SequenceState
@@ -111,6 +111,7 @@ class SRNN(SequenceModel):
         self.z_dim, self.inference, self.residual = z_dim, inference, residual
         self.deterministic = ForwardRNN(obs_dim + input_dim, d_dim, cell="gru")
         self.prior = GaussianMLP(z_dim, d_dim, hidden_dim, z_dim, activation, min_scale, variance)
+        check_emission_options(type(self).__name__, emission_kwargs, takes_inputs=True)
         self.emitter, self.likelihood = make_emission(
             likelihood, z_dim + d_dim, [hidden_dim], obs_dim, activation, **emission_kwargs
         )

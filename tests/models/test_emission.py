@@ -260,7 +260,9 @@ def test_observed_elements_delegates_and_expand_keeps_the_mask(float64):
         ObservedElements(dist.Normal(0.0, 1.0), torch.ones((), dtype=torch.bool))
 
 
-@pytest.mark.parametrize("name", ["DMM", "VRNN", "VRAE", "VOSP", "VAERNN", "STORN", "RNNBaseline"])
+@pytest.mark.parametrize(
+    "name", ["DMM", "SRNN", "VRNN", "VRAE", "VOSP", "VAERNN", "STORN", "RNNBaseline"]
+)
 def test_an_unknown_option_names_itself_and_what_the_emission_takes(name):
     """Extra keywords go to make_emission: an unknown one is refused in one sentence that names
     it, the two the emission takes, and input_dim when the option names known inputs."""
@@ -272,7 +274,7 @@ def test_an_unknown_option_names_itself_and_what_the_emission_takes(name):
     msg = str(err.value)
     assert msg.startswith(f"{name} got unknown option(s) ['control_dim']")
     assert "num_components, min_scale" in msg
-    if name in ("DMM", "VRNN"):
+    if name in ("DMM", "SRNN", "VRNN"):
         assert msg.endswith(f"given to {name} as input_dim")
     else:
         assert f"{name} takes no known inputs (DMM, SRNN, VRNN take input_dim" in msg
