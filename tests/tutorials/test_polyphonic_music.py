@@ -3,7 +3,7 @@
 from pyro_seq.data import midi_to_piano_roll
 from tests.tutorials import tutorial_output_fixture
 
-tutorial_output = tutorial_output_fixture("polyphonic_music", unset=("PYRO_SEQ_JSB",))
+tutorial_output = tutorial_output_fixture("polyphonic_music", unset=("PYRO_SEQ_DATA",))
 
 
 def test_outputs_exist(tutorial_output):
