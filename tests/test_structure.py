@@ -19,15 +19,8 @@ MAX_LINES = 800
 # none left (issue 24 split the last ones)
 LONG_MODULES: set = set()
 
-# to be split (issue 24): (importing module, imported module, private name)
-PRIVATE_IMPORTS = {
-    ("pyro_seq.baselines.logistic", "pyro_seq.data.students", "_check_index_pair"),
-    ("pyro_seq.data.simulators.navigation", "pyro_seq.data.simulators.core", "_cache_directory"),
-    ("pyro_seq.data.simulators.navigation", "pyro_seq.data.simulators.core", "_cached_sizes"),
-    ("pyro_seq.data.simulators.navigation", "pyro_seq.data.simulators.core", "_read_cache"),
-    ("pyro_seq.data.simulators.navigation", "pyro_seq.data.simulators.core", "_write_cache"),
-    ("pyro_seq.infer.fivo", "pyro_seq.infer.iwae", "_reduce_site"),
-}
+# none left (issue 24 made the shared helpers public)
+PRIVATE_IMPORTS: set = set()
 
 
 def _module_name(path: Path) -> str:

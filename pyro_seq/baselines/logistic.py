@@ -44,7 +44,7 @@ from typing import List, Optional, Tuple
 import torch
 from torch import nn
 
-from pyro_seq.data.students import _check_index_pair
+from pyro_seq.data.students import check_index_pair
 
 __all__ = ["ConstantBaseline", "LogisticBaseline"]
 
@@ -64,7 +64,7 @@ def _check_indices(
             f"student and question must be 1-D tensors of the same length, got shapes "
             f"{tuple(student.shape)} and {tuple(question.shape)}"
         )
-    return _check_index_pair(student, question, num_students, num_questions)
+    return check_index_pair(student, question, num_students, num_questions)
 
 
 class LogisticBaseline(nn.Module):

@@ -168,7 +168,7 @@ class StudentResponses:
         Returns:
             float64 tensor of that shape: the floor model's predictions.
         """
-        student, question = _check_index_pair(
+        student, question = check_index_pair(
             student, question, self.num_students, self.num_questions
         )
         a = self.discrimination[question]
@@ -236,7 +236,10 @@ def _check_int(name: str, value, low: int) -> int:
     return int(value)
 
 
-def _check_index_pair(student, question, num_students: int, num_questions: int):
+def check_index_pair(student, question, num_students: int, num_questions: int):
+    """``(student, question)`` as integer index tensors, checked against the table's sizes:
+    a ValueError names the argument with a floating, complex or bool dtype or an index outside
+    ``[0, n)``."""
     student, question = torch.as_tensor(student), torch.as_tensor(question)
     for name, idx, n in (("student", student, num_students), ("question", question, num_questions)):
         if idx.dtype.is_floating_point or idx.dtype.is_complex or idx.dtype == torch.bool:

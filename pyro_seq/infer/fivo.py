@@ -64,7 +64,7 @@ from pyro.poutine.messenger import Messenger
 from pyro.poutine.util import site_is_subsample
 from pyro.util import check_site_shape, warn_if_nan
 
-from pyro_seq.infer.iwae import _reduce_site
+from pyro_seq.infer.iwae import reduce_site
 from pyro_seq.infer.log_z_bound import LogZBound
 from pyro_seq.infer.protocol import program_device, require_step_program
 from pyro_seq.ops.resampling import (
@@ -280,7 +280,7 @@ class FIVO(LogZBound):
         if rank == 2 and lp.dim() <= 2:  # already (K or 1, B or 1), (B,) or a scalar
             lp = lp.expand(K, B)
         else:
-            lp = _reduce_site(lp, rank, keep)  # (K or 1, 1, ..., B or 1)
+            lp = reduce_site(lp, rank, keep)  # (K or 1, 1, ..., B or 1)
             lp = lp.reshape(lp.shape[0], lp.shape[-1]).expand(K, B)
         return lp if divide_scale == 1.0 else lp / divide_scale
 

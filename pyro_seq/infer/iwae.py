@@ -189,7 +189,7 @@ def plate_scale(frames):
     return scale
 
 
-def _reduce_site(tensor, rank, keep_dims):
+def reduce_site(tensor, rank, keep_dims):
     """Sum ``tensor`` (a site's batch-shaped log prob) over every dim not in ``keep_dims``.
 
     ``tensor`` is left-padded to ``rank`` dims; negative dims in ``keep_dims`` are kept (with
@@ -237,14 +237,14 @@ def site_log_weights(
                 f"latent model site {name!r} has no guide site; importance weights need the "
                 "guide to propose every latent variable"
             )
-        lp = _reduce_site(site["log_prob"], rank, keep_dims) / divide_scale
+        lp = reduce_site(site["log_prob"], rank, keep_dims) / divide_scale
         for p in ("weight", "model"):
             if p in out:
                 out[p] = out[p] + lp
     for site in guide_trace.nodes.values():
         if site["type"] != "sample":
             continue
-        lq = _reduce_site(site["log_prob"], rank, keep_dims) / divide_scale
+        lq = reduce_site(site["log_prob"], rank, keep_dims) / divide_scale
         for p in ("guide",):
             if p in out:
                 out[p] = out[p] + lq
@@ -255,7 +255,7 @@ def site_log_weights(
             mask = site["mask"]
             if mask is not None and mask is not True:
                 lu = torch.where(mask, lu, lu.new_zeros(()))  # mask=False sites: zeros
-            out["score"] = out["score"] + _reduce_site(lu, rank, keep_dims)
+            out["score"] = out["score"] + reduce_site(lu, rank, keep_dims)
     return tuple(out[p] for p in parts)
 
 

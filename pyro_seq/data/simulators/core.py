@@ -313,7 +313,9 @@ def validate_videos(
 _CacheArg = Union[bool, str, "os.PathLike[str]"]
 
 
-def _cache_directory(cache: _CacheArg) -> Optional[Path]:
+def cache_directory(cache: _CacheArg) -> Optional[Path]:
+    """The folder of the simulators' cache files: None for ``cache=False``, the package's
+    cache folder's ``simulators/`` for ``True``, else the given path."""
     if cache is False or cache is None:
         return None
     if cache is True:
@@ -321,7 +323,7 @@ def _cache_directory(cache: _CacheArg) -> Optional[Path]:
     return Path(cache).expanduser()
 
 
-def _read_cache(
+def read_cache(
     path: Path, config: Dict[str, Any], check, names: Sequence[str] = _ARRAYS
 ) -> Optional[Dict[str, np.ndarray]]:
     """The arrays ``names`` of a cache file, or None (with a warning) if it is unreadable, was
@@ -344,7 +346,9 @@ def _read_cache(
     return arrays
 
 
-def _write_cache(path: Path, arrays: Dict[str, np.ndarray], config: Dict[str, Any]) -> None:
+def write_cache(path: Path, arrays: Dict[str, np.ndarray], config: Dict[str, Any]) -> None:
+    """Write ``arrays`` and their generating ``config`` to the ``.npz`` file ``path``
+    atomically (a temporary file renamed into place)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
     try:
@@ -361,7 +365,9 @@ def _write_cache(path: Path, arrays: Dict[str, np.ndarray], config: Dict[str, An
         raise
 
 
-def _cached_sizes(directory: Path, stem: str) -> List[int]:
+def cached_sizes(directory: Path, stem: str) -> List[int]:
+    """The training-set sizes ``N`` of the cache files ``<stem>-N<N>.npz`` in ``directory``,
+    sorted (empty when the folder does not exist)."""
     pattern = re.compile(re.escape(stem) + r"-N(\d+)\.npz")
     if not directory.is_dir():
         return []
@@ -436,12 +442,12 @@ def simulate(
             arrays, count, num_steps, params.frame_size, len(env.state_names), with_controls
         )
 
-    directory = _cache_directory(cache)
+    directory = cache_directory(cache)
     arrays = None
     if directory is not None:
-        sizes = _cached_sizes(directory, stem)
+        sizes = cached_sizes(directory, stem)
         for size in [s for s in sizes if s >= n] + [s for s in reversed(sizes) if s < n]:
-            found = _read_cache(
+            found = read_cache(
                 directory / f"{stem}-N{size}.npz",
                 config,
                 lambda a, size=size: check(a, min(size, n)),
@@ -457,7 +463,7 @@ def simulate(
         if problem is not None:  # a simulator bug, not bad luck: say so
             raise RuntimeError(f"simulated {name} videos failed validation: {problem}")
         if directory is not None:
-            _write_cache(directory / f"{stem}-N{n}.npz", arrays, config)
+            write_cache(directory / f"{stem}-N{n}.npz", arrays, config)
     assert arrays is not None  # found in the cache, or generated above (n >= 1)
     arrays = {k: v[:n] for k, v in arrays.items()}
     return SimulatedVideos(

@@ -57,7 +57,7 @@ import torch
 
 from ...ops.padding import SequenceList
 from ...validation import positive_int
-from .core import SPLITS, _cache_directory, _cached_sizes, _read_cache, _write_cache
+from .core import SPLITS, cache_directory, cached_sizes, read_cache, write_cache
 
 __all__ = [
     "ACTIONS",
@@ -469,12 +469,12 @@ def image_navigation(
     def check(arrays, count=n):
         return validate_navigation(arrays, count, num_steps, params)
 
-    directory = _cache_directory(cache)
+    directory = cache_directory(cache)
     arrays = None
     if directory is not None:
-        sizes = _cached_sizes(directory, stem)
+        sizes = cached_sizes(directory, stem)
         for size in [s for s in sizes if s >= n] + [s for s in reversed(sizes) if s < n]:
-            found = _read_cache(
+            found = read_cache(
                 directory / f"{stem}-N{size}.npz",
                 config,
                 lambda a, size=size: check(a, min(size, n)),
@@ -505,7 +505,7 @@ def image_navigation(
         if problem is not None:
             raise RuntimeError(f"simulated image_navigation sequences failed validation: {problem}")
         if directory is not None:
-            _write_cache(directory / f"{stem}-N{n}.npz", arrays, config)
+            write_cache(directory / f"{stem}-N{n}.npz", arrays, config)
     assert arrays is not None  # found in the cache, or generated above (n >= 1)
     arrays = {k: v[:n] for k, v in arrays.items()}
     return NavigationVideos(
