@@ -1,20 +1,51 @@
-"""The JSB training scripts (``benchmarks/paper/jsb_dmm.py``, ``jsb_srnn.py``) take their
-settings from the presets (:mod:`pyro_seq.presets`), so that the docs' tables, the scripts and
-``pyro-seq train --preset`` cannot drift apart."""
+"""The benchmark scripts of the paper tables take their settings from the presets
+(:mod:`pyro_seq.presets`), so that the docs' tables, the scripts and ``pyro-seq train --preset``
+cannot drift apart: each script's recorded runs train exactly its presets' model options and
+training configuration, a flag that changes a preset's value is recorded as an override, and
+the scripts hold no training settings of their own."""
 
+import json
+import pickle
 import re
+import shlex
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import torch
 
-from pyro_seq.presets import get_preset
+from pyro_seq.presets import PRESETS, get_preset
 
 PAPER = Path(__file__).resolve().parents[2] / "benchmarks" / "paper"
-sys.path[:0] = [str(PAPER), str(PAPER.parent)]
+DIAGNOSTICS = PAPER.parent / "diagnostics"
+sys.path[:0] = [str(PAPER), str(DIAGNOSTICS), str(PAPER.parent)]
 
 import jsb_dmm  # noqa: E402
 import jsb_srnn  # noqa: E402
+import zoo_jsb  # noqa: E402
+
+CONVERTED = [jsb_dmm, jsb_srnn, zoo_jsb]
+
+
+def _script_argv(preset, script):
+    """The options of ``preset.script`` (the command that measured it) for ``script``."""
+    words = shlex.split(preset.script.split(",")[0].split("(")[0])
+    assert words[0] == f"benchmarks/{script}", preset.script
+    return words[1:]
+
+
+def _write_piano_rolls(path, lengths=((6, 5, 7, 6), (5, 6), (8, 6))):
+    """A tiny Boulanger-Lewandowski pickle (MIDI note tuples per step)."""
+    g = torch.Generator().manual_seed(0)
+    splits = {
+        split: [
+            [tuple(int(k) for k in torch.randint(40, 80, (3,), generator=g)) for _ in range(T)]
+            for T in sizes
+        ]
+        for split, sizes in zip(("train", "valid", "test"), lengths)
+    }
+    path.write_bytes(pickle.dumps(splits))
 
 
 @pytest.mark.parametrize("script", [jsb_dmm, jsb_srnn])
@@ -24,6 +55,102 @@ def test_the_scripts_train_with_the_presets_settings(script):
     assert script.MODEL == dict(default.model_options)
     assert script.CONFIG == default.train_config()
     assert default.result and default.result[0].file == f"{Path(script.__file__).stem}.json"
-    # no settings of its own: no TrainConfig or model sizes written in the script
+
+
+@pytest.mark.parametrize("script", CONVERTED, ids=lambda m: m.__name__)
+def test_the_scripts_hold_no_training_settings_of_their_own(script):
     source = Path(script.__file__).read_text()
-    assert "TrainConfig(" not in source and not re.search(r"\b(z_dim|lr)=", source)
+    assert "TrainConfig(" not in source and not re.search(r"\blr=", source)
+    if script in (jsb_dmm, jsb_srnn):
+        assert not re.search(r"\bz_dim=", source)
+
+
+def test_zoo_cells_of_the_presets_train_the_presets_settings():
+    defaults = zoo_jsb.parse_args([])
+    assert set(zoo_jsb.CELL_PRESETS.values()) == {
+        name for name, p in PRESETS.items() if p.script.startswith("benchmarks/paper/zoo_jsb.py")
+    }
+    for cell, name in zoo_jsb.CELL_PRESETS.items():
+        preset = get_preset(name)
+        model, objective = cell.split("/")
+        assert preset.model == model and preset.train["objective"] == objective
+        for part in preset.result:  # the number lives in this cell of a zoo result file
+            assert part.file.startswith("zoo_jsb") and part.key[:2] == ("cells", cell)
+        for args in (defaults, zoo_jsb.parse_args(_script_argv(preset, "paper/zoo_jsb.py"))):
+            cell_set = zoo_jsb.cell_settings(model, objective, args)
+            assert cell_set["preset"] == name and cell_set["overrides"] == {}
+            assert cell_set["model_options"] == dict(preset.model_options)
+            assert cell_set["config"] == preset.train_config()
+            assert cell_set["evaluation"] == {
+                "eval": preset.evaluation.objective,
+                "eval_particles": preset.evaluation.particles,
+            }
+    # the preset's command runs its cell: --models and --objectives name it
+    argv = _script_argv(get_preset("vrnn_jsb_fivo"), "paper/zoo_jsb.py")
+    args = zoo_jsb.parse_args(argv)
+    assert (args.models, args.objectives, args.budget) == (["vrnn"], ["fivo"], 600.0)
+
+
+def test_zoo_cells_without_a_preset_take_the_shared_settings():
+    shared = get_preset(zoo_jsb.SHARED_PRESET)
+    cell_set = zoo_jsb.cell_settings("dmm", "iwae", zoo_jsb.parse_args([]))
+    assert cell_set["preset"] is None and cell_set["overrides"] == {}
+    assert cell_set["model_options"] == {}  # the model's default sizes
+    expected = shared.train_config(objective="iwae", time_limit=zoo_jsb.DEFAULT_BUDGET)
+    assert cell_set["config"] == expected
+    assert expected.num_particles == 4 and expected.batch_size == 16
+
+
+def test_zoo_flags_that_change_a_presets_value_are_overrides():
+    preset = get_preset("storn_jsb")
+    assert preset.train["time_limit"] == 900.0 and preset.train["num_particles"] == 4
+    # --particles 4 and --eval iwae equal the preset's values: no overrides
+    argv = ["--budget", "20", "--particles", "4", "--eval", "iwae", "--eval-particles", "8"]
+    cell_set = zoo_jsb.cell_settings("storn", "elbo", zoo_jsb.parse_args([*argv, "--small"]))
+    assert cell_set["overrides"] == {
+        "budget": 20.0,
+        "eval_particles": 8,
+        "model_options": zoo_jsb.SMALL["storn"],
+    }
+    assert cell_set["config"] == preset.train_config(time_limit=20.0)
+    assert cell_set["evaluation"] == {"eval": "iwae", "eval_particles": 8}
+    assert cell_set["model_options"] == zoo_jsb.SMALL["storn"]
+
+
+def test_zoo_smoke_trains_each_cell_with_its_recorded_settings(tmp_path, monkeypatch):
+    """Two preset cells end to end on tiny data: fit receives each preset's training
+    configuration with the typed overrides, and the result records them."""
+    data = tmp_path / "jsb_chorales.pickle"
+    _write_piano_rolls(data)
+    written, configs = {}, {}
+    real_fit = zoo_jsb.fit
+
+    def fit(model, train, valid, config, out):
+        configs[Path(out).name] = config
+        return real_fit(model, train, valid, config, out)
+
+    monkeypatch.setattr(zoo_jsb, "ROOT", tmp_path)
+    monkeypatch.setattr(zoo_jsb, "fit", fit)
+    monkeypatch.setattr(
+        zoo_jsb, "write_result", lambda name, payload: written.update({name: payload})
+    )
+    argv = ["--models", "vrnn", "--objectives", "fivo", "elbo", "--small", "--epochs", "1"]
+    argv += ["--eval-particles", "2", "--forecast-sequences", "1", "--forecast-samples", "2"]
+    zoo_jsb.main([*argv, "--data", str(data), "--tag", "smoke"])
+    cells = written["zoo_jsb_smoke"]["cells"]
+    for objective in ("fivo", "elbo"):
+        cell = cells[f"vrnn/{objective}"]
+        preset = get_preset(f"vrnn_jsb_{objective}")
+        assert cell["preset"] == preset.name and cell["epochs"] == 1
+        assert cell["overrides"] == {
+            "epochs": 1,
+            "eval_particles": 2,
+            "model_options": zoo_jsb.SMALL["vrnn"],
+        }
+        assert cell["model_options"] == zoo_jsb.SMALL["vrnn"]  # the preset's are {}
+        assert cell["estimator"] == "IWAE(2)"
+        expected = replace(preset.train_config(epochs=1), num_threads=1)
+        assert cell["train"] == json.loads(json.dumps(expected.__dict__))
+        # a fresh cell: the whole budget is left; the run's own threads and no progress bar
+        given = configs[f"vrnn_{objective}"]
+        assert given == replace(expected, progress=False)
