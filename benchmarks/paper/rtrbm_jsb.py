@@ -13,6 +13,14 @@ scores the same weights and sequences by reverse AIS on the same path (RAISE, Bu
 Salakhutdinov 2015), a stochastic lower bound on the annealing model's log-likelihood: the gap
 between the two is the honest error bar of the headline number.
 
+The settings are those of the preset ``rtrbm_jsb`` (:mod:`pyro_seq.presets`; 150 hidden units,
+CD-15, Adam 0.01, batch 16, 200 epochs, AIS with 100 chains and 1000 temperatures), so that the
+docs' table, this script and ``pyro-seq train --preset rtrbm_jsb`` cannot drift apart; the
+SRTRBM and the built-in chorales take the same settings. A flag that changes a preset's value
+(``--hidden``, ``--cd-steps``, ``--epochs``, ``--batch-size``, ``--lr``, ``--ais-chains``,
+``--ais-betas``) is an override, recorded in each run's ``overrides`` with the other model
+(``srtrbm``) or data set (``chorales``).
+
 The SRTRBM groups the 88 keys into the octaves of the piano (Mittelman et al.'s structure as
 block masks, :meth:`pyro_seq.models.SRTRBM.block_masks`): each group of ``--hidden // groups``
 hidden units sees one octave, and ``U`` links each group with itself and its neighbours.
@@ -29,6 +37,7 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import asdict
 from pathlib import Path
 
@@ -40,11 +49,25 @@ from common import RESULTS, ROOT, SHARED_DATA, write_result  # noqa: E402
 from tqdm.auto import tqdm  # noqa: E402
 
 from pyro_seq.data import load_dataset  # noqa: E402
-from pyro_seq.models import RTRBM, SRTRBM  # noqa: E402
-from pyro_seq.train import TrainConfig, evaluate_bound, fit, load_weights  # noqa: E402
+from pyro_seq.models import SRTRBM  # noqa: E402
+from pyro_seq.presets import get_preset  # noqa: E402
+from pyro_seq.train import evaluate_bound, fit, load_weights  # noqa: E402
 
-DATASETS = {"jsb": "jsb_chorales.pickle", "chorales": None}
-TARGET = -6.35
+#: The preset of the recorded runs: its model options, training configuration, evaluation and
+#: data (the SRTRBM and the chorales take the same settings; the chorales are an override).
+PRESET = get_preset("rtrbm_jsb")
+DATASETS = {"jsb": PRESET.data_file, "chorales": None}
+TARGET = PRESET.published
+#: flag -> (where the preset holds its value, the name there)
+PRESET_FLAGS = {
+    "hidden": ("model_options", "num_hidden"),
+    "cd_steps": ("train", "cd_steps"),
+    "epochs": ("train", "epochs"),
+    "batch_size": ("train", "batch_size"),
+    "lr": ("train", "lr"),
+    "ais_chains": ("evaluation", "particles"),
+    "ais_betas": ("evaluation", "betas"),
+}
 
 
 def octave_masks(num_hidden, num_visible=88):
@@ -55,9 +78,24 @@ def octave_masks(num_hidden, num_visible=88):
     return SRTRBM.block_masks(groups, per_group, edges), per_group * len(groups)
 
 
+def settings(args):
+    """The preset's values with the typed flags over them: ``(values, overrides)``, both flag
+    destination -> value (``overrides``: the flags that changed a preset's value)."""
+    values, overrides = {}, {}
+    for flag, (where, key) in PRESET_FLAGS.items():
+        source = getattr(PRESET, where)
+        preset_value = source[key] if isinstance(source, Mapping) else getattr(source, key)
+        typed = getattr(args, flag)
+        values[flag] = preset_value if typed is None else typed
+        if typed is not None and typed != preset_value:
+            overrides[flag] = typed
+    return values, overrides
+
+
 def build(name, hidden):
+    """The preset's model with ``hidden`` hidden units, or the octave-structured SRTRBM."""
     if name == "rtrbm":
-        return RTRBM(88, num_hidden=hidden)
+        return PRESET.build(88, num_hidden=hidden)
     (W_mask, U_mask), H = octave_masks(hidden)
     return SRTRBM(88, H, W_mask, U_mask)
 
@@ -67,13 +105,14 @@ def main(argv=None):
     p.add_argument("--datasets", nargs="+", choices=list(DATASETS), default=list(DATASETS))
     p.add_argument("--models", nargs="+", choices=("rtrbm", "srtrbm"), default=["rtrbm", "srtrbm"])
     p.add_argument("--data-dir", default=str(SHARED_DATA))
-    p.add_argument("--hidden", type=int, default=150)
-    p.add_argument("--cd-steps", type=int, default=15)
-    p.add_argument("--epochs", type=int, default=200)
-    p.add_argument("--batch-size", type=int, default=16)
-    p.add_argument("--lr", type=float, default=0.01)
-    p.add_argument("--ais-chains", type=int, default=100)
-    p.add_argument("--ais-betas", type=int, default=1000)
+    preset_help = f"(default: the preset {PRESET.name}'s; another value is an override)"
+    p.add_argument("--hidden", type=int, default=None, help=f"hidden units {preset_help}")
+    p.add_argument("--cd-steps", type=int, default=None, help=f"Gibbs sweeps {preset_help}")
+    p.add_argument("--epochs", type=int, default=None, help=f"epochs {preset_help}")
+    p.add_argument("--batch-size", type=int, default=None, help=f"minibatch {preset_help}")
+    p.add_argument("--lr", type=float, default=None, help=f"Adam's rate {preset_help}")
+    p.add_argument("--ais-chains", type=int, default=None, help=f"AIS chains {preset_help}")
+    p.add_argument("--ais-betas", type=int, default=None, help=f"temperatures {preset_help}")
     p.add_argument(
         "--estimators",
         nargs="+",
@@ -108,7 +147,14 @@ def main(argv=None):
     name = "rtrbm_jsb" + (f"_{args.tag}" if args.tag else "")
     path = RESULTS / f"{name}.json"
     result = json.loads(path.read_text()) if path.exists() else {}
-    result.update(benchmark=name, target=TARGET, settings=vars(args), runs=result.get("runs", {}))
+    values, overrides = settings(args)
+    result.update(
+        benchmark=name,
+        target=TARGET,
+        preset=PRESET.name,
+        settings=dict(vars(args), **values),
+        runs=result.get("runs", {}),
+    )
     started = time.time()
     for data_name in args.datasets:
         if DATASETS[data_name] is None:
@@ -130,14 +176,13 @@ def main(argv=None):
                 folder = "rtrbm_jsb" + (f"_{args.weights_from}" if args.weights_from else "")
             out = ROOT / "benchmarks" / "checkpoints" / folder / f"{data_name}_{model_name}"
             torch.manual_seed(0)
-            model = build(model_name, args.hidden)
-            config = TrainConfig(
-                epochs=args.epochs,
-                batch_size=args.batch_size,
-                objective="cd",
-                cd_steps=args.cd_steps,
-                lr=args.lr,
-                seed=0,
+            model = build(model_name, values["hidden"])
+            config = PRESET.train_config(
+                **{
+                    PRESET_FLAGS[f][1]: v
+                    for f, v in values.items()
+                    if PRESET_FLAGS[f][0] == "train"
+                },
                 time_limit=remaining,
                 num_threads=args.threads,
                 progress=True,
@@ -167,8 +212,8 @@ def main(argv=None):
                     test_seqs,
                     batch_size=8,
                     method=estimator,
-                    num_particles=args.ais_chains,
-                    num_betas=args.ais_betas,
+                    num_particles=values["ais_chains"],
+                    num_betas=values["ais_betas"],
                 )
                 scores[estimator]["seconds"] = time.perf_counter() - t0
             test = scores[args.estimators[0]]
@@ -197,6 +242,12 @@ def main(argv=None):
                 "train_seconds": sum(r["seconds"] for r in history),
                 "stop_reason": history.stop_reason,
                 "num_hidden": model.num_hidden,
+                "preset": PRESET.name,
+                "overrides": dict(
+                    overrides,
+                    **({"model": model_name} if model_name != PRESET.model else {}),
+                    **({"dataset": data_name} if DATASETS[data_name] != PRESET.data_file else {}),
+                ),
                 "train": {
                     k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(config).items()
                 },

@@ -4,6 +4,7 @@ cannot drift apart: each script's recorded runs train exactly its presets' model
 training configuration, a flag that changes a preset's value is recorded as an override, and
 the scripts hold no training settings of their own."""
 
+import argparse
 import json
 import pickle
 import re
@@ -23,9 +24,11 @@ sys.path[:0] = [str(PAPER), str(DIAGNOSTICS), str(PAPER.parent)]
 
 import jsb_dmm  # noqa: E402
 import jsb_srnn  # noqa: E402
+import rtrbm_jsb  # noqa: E402
 import zoo_jsb  # noqa: E402
 
-CONVERTED = [jsb_dmm, jsb_srnn, zoo_jsb]
+CONVERTED = [jsb_dmm, jsb_srnn, zoo_jsb, rtrbm_jsb]
+RESULTS = PAPER.parent / "results"
 
 
 def _script_argv(preset, script):
@@ -154,3 +157,76 @@ def test_zoo_smoke_trains_each_cell_with_its_recorded_settings(tmp_path, monkeyp
         # a fresh cell: the whole budget is left; the run's own threads and no progress bar
         given = configs[f"vrnn_{objective}"]
         assert given == replace(expected, progress=False)
+
+
+def test_rtrbm_preset_is_the_recorded_training_configuration():
+    """The RTRBM of rtrbm_jsb_full_*.json was trained on 2026-11-26 before
+    plateau_restore_best existed (the halved rate went on from the last weights); its result
+    records every other field of the training configuration."""
+    preset = get_preset("rtrbm_jsb")
+    config = preset.train_config()
+    for part in preset.result:
+        payload = json.loads((RESULTS / part.file).read_text())
+        recorded = payload["runs"]["jsb"]["rtrbm"]["train"]
+        assert "plateau_restore_best" not in recorded and config.plateau_restore_best is False
+        for key, value in recorded.items():
+            if key in ("time_limit", "num_threads", "extra", "init"):
+                continue  # run options; "srnn" and "bias" both only set an RBM's visible bias
+            assert getattr(config, key) == (tuple(value) if isinstance(value, list) else value), key
+        assert payload["runs"]["jsb"]["rtrbm"]["num_hidden"] == preset.model_options["num_hidden"]
+        settings = payload["settings"]
+        assert (settings["ais_chains"], settings["ais_betas"]) == (
+            preset.evaluation.particles,
+            preset.evaluation.betas,
+        )
+
+
+def test_rtrbm_flags_default_to_the_preset_and_typed_values_are_overrides():
+    p = rtrbm_jsb.PRESET
+    values, overrides = rtrbm_jsb.settings(argparse_namespace(rtrbm_jsb))
+    assert overrides == {}
+    assert values == {
+        "hidden": p.model_options["num_hidden"],
+        "cd_steps": p.train["cd_steps"],
+        "epochs": p.train["epochs"],
+        "batch_size": p.train["batch_size"],
+        "lr": p.train["lr"],
+        "ais_chains": p.evaluation.particles,
+        "ais_betas": p.evaluation.betas,
+    }
+    typed = argparse_namespace(rtrbm_jsb, hidden=16, lr=p.train["lr"], ais_betas=50)
+    assert rtrbm_jsb.settings(typed)[1] == {"hidden": 16, "ais_betas": 50}  # lr: the preset's
+
+
+def argparse_namespace(script, **typed):
+    """The flags of ``script.settings`` as parsed with nothing typed but ``typed``."""
+    return argparse.Namespace(**dict(dict.fromkeys(script.PRESET_FLAGS), **typed))
+
+
+def test_rtrbm_smoke_trains_with_the_preset_and_records_the_overrides(tmp_path, monkeypatch):
+    _write_piano_rolls(tmp_path / "jsb_chorales.pickle")
+    written, configs = {}, {}
+    real_fit = rtrbm_jsb.fit
+
+    def fit(model, train, valid, config, out):
+        configs[Path(out).name] = (model, config)
+        return real_fit(model, train, valid, config, out)
+
+    monkeypatch.setattr(rtrbm_jsb, "ROOT", tmp_path)
+    monkeypatch.setattr(rtrbm_jsb, "RESULTS", tmp_path)
+    monkeypatch.setattr(rtrbm_jsb, "fit", fit)
+    monkeypatch.setattr(rtrbm_jsb, "write_result", lambda n, r: written.update({n: r}))
+    argv = ["--datasets", "jsb", "--models", "rtrbm", "srtrbm", "--hidden", "16", "--epochs", "1"]
+    argv += ["--ais-chains", "2", "--ais-betas", "3", "--data-dir", str(tmp_path), "--tag", "s"]
+    rtrbm_jsb.main([*argv, "--lr", "0.01"])  # the preset's rate: no override
+    preset = rtrbm_jsb.PRESET
+    runs = written["rtrbm_jsb_s"]["runs"]["jsb"]
+    expected = {"hidden": 16, "epochs": 1, "ais_chains": 2, "ais_betas": 3}
+    assert runs["rtrbm"]["overrides"] == expected
+    assert runs["srtrbm"]["overrides"] == dict(expected, model="srtrbm")
+    for name in ("rtrbm", "srtrbm"):
+        model, config = configs[f"jsb_{name}"]
+        assert runs[name]["preset"] == preset.name
+        assert config == preset.train_config(epochs=1, num_threads=1, progress=True)
+    assert configs["jsb_rtrbm"][0].num_hidden == 16
+    assert type(configs["jsb_rtrbm"][0]).__name__ == "RTRBM"
