@@ -4,7 +4,14 @@ The tuned SRNN recipe (``jsb_srnn.py``: Adam 1e-3 constant for 50 epochs, then /
 epoch, 90 epochs) was tuned on JSB-2x; on other polyphonic data its validation bound peaked at a
 third of the schedule and then fell while the rate was still constant. This script trains the
 same SRNN (GRU 300, z 100, MLPs 500, smoothing + Res_q; batch 16, KL annealing from 0.2 over
-1000 updates, clip 10) with one configuration for every dataset:
+1000 updates, clip 10) with one configuration for every dataset. The model and the shared
+settings are those of the preset ``srnn_jsb2x`` (:mod:`pyro_seq.presets`), the ``recipe``
+those of ``srnn_jsb2x_recipe``, so that the docs' tables, this script and ``pyro-seq train
+--preset`` cannot drift apart; each variant below changes the named fields of the preset's
+configuration (:data:`VARIANT_CHANGES`). A flag that changes a preset's value (``--epochs``,
+``--eval-seeds``, ``--d-dim``, ``--z-dim``, ``--hidden-dim``, a data set other than JSB-2x) is
+an override, recorded in each run's ``overrides`` beside its ``preset`` and
+``variant_changes``:
 
 * ``defaults``: the defaults of :class:`pyro_seq.train.TrainConfig` (plateau schedule on the
   validation ELBO, factor 0.5, patience 3, the best weights restored at each reduction; early
@@ -24,7 +31,7 @@ same SRNN (GRU 300, z 100, MLPs 500, smoothing + Res_q; batch 16, KL annealing f
 Datasets: JSB Chorales at the original resolution (``jsb_chorales.pickle``), at double
 resolution (``jsb_chorales_2x.pickle``, the recipe's) and the built-in music21 chorales
 (``load_dataset("chorales")``). For each run it reports the best validation ELBO, its epoch, the
-test ELBO of the best weights (mean over ``--eval-seeds`` seeds), the training time to the best
+test ELBO of the best weights (mean over the preset's 4 evaluation seeds), the training time to the best
 validation epoch and in total (seconds of the training updates, validation excluded), and why
 training stopped. Results accumulate in ``benchmarks/results/train_defaults[_<tag>].json``.
 
@@ -54,58 +61,55 @@ from tqdm.auto import tqdm  # noqa: E402
 
 from pyro_seq.data import load_dataset  # noqa: E402
 from pyro_seq.models import SRNN  # noqa: E402
-from pyro_seq.train import TrainConfig, evaluate_bound, fit, load_weights  # noqa: E402
+from pyro_seq.presets import get_preset  # noqa: E402
+from pyro_seq.train import evaluate_bound, fit, load_weights  # noqa: E402
 
-DATASETS = {"jsb": "jsb_chorales.pickle", "jsb_2x": "jsb_chorales_2x.pickle", "chorales": None}
-MODEL = dict(d_dim=300, z_dim=100, hidden_dim=500, inference="smoothing", residual=True)
-COMMON = dict(
-    epochs=90,
-    batch_size=16,
-    lr=1e-3,
-    clip_norm=10.0,
-    kl_start=0.2,
-    kl_anneal_steps=1000,
-    valid_batch_size=80,
-    seed=0,
-)
-VARIANTS = {
+#: The presets the runs take their settings from: the SRNN at the thesis's sizes with the shared
+#: settings and the training defaults (``srnn_jsb2x``, measured as the ``restore`` run on
+#: JSB-2x), and the tuned recipe (``srnn_jsb2x_recipe``, ``jsb_srnn.py``'s).
+PRESET = get_preset("srnn_jsb2x")
+RECIPE = get_preset("srnn_jsb2x_recipe")
+DATASETS = {
+    "jsb": "jsb_chorales.pickle",
+    "jsb_2x": PRESET.data_file,
+    "chorales": None,
+}
+MODEL = dict(PRESET.model_options)
+#: What each variant changes in the preset's training configuration (the subject of this
+#: diagnostic, not a setting of the recorded runs: those are the presets').
+VARIANT_CHANGES = {
     # nothing but the settings shared by every dataset: schedule, stopping, init are defaults
     # (since 2026-11-26 those of "restore" below, results under "restore"; before that those of
     # "candidate", results under "candidate")
-    "defaults": TrainConfig(**COMMON),
+    "defaults": {},
     # the defaults before 2026-11-26 (recorded as "defaults" in train_defaults_full*.json until
     # then): SRNN initialisation, schedule and early stopping waiting for the end of annealing
-    "srnn_init_wait": TrainConfig(**COMMON, init="srnn", schedule_during_annealing=False),
+    "srnn_init_wait": dict(init="srnn", schedule_during_annealing=False),
     # what the measurements of train_defaults_full*.json point to: the output bias only (the SRNN
     # weights fit the 229 JSB chorales faster and generalise worse), and the plateau schedule
     # and early stopping active from epoch 1 (waiting for beta = 1 kept the full rate through
     # 67 annealing epochs, over-fitting)
-    "candidate": TrainConfig(
-        **COMMON, init="bias", schedule_during_annealing=True, plateau_restore_best=False
-    ),
+    "candidate": dict(init="bias", schedule_during_annealing=True, plateau_restore_best=False),
     # the same without any initialisation: on JSB the output-bias start fitted the training set
     # faster (epoch 10: 6.99 against the recipe's 8.95 nats/step) and over-fitted more
-    "candidate_noinit": TrainConfig(
-        **COMMON, init="none", schedule_during_annealing=True, plateau_restore_best=False
+    "candidate_noinit": dict(
+        init="none", schedule_during_annealing=True, plateau_restore_best=False
     ),
     # the defaults with the plateau schedule halving after 2 epochs without improvement instead
     # of 4: on JSB the defaults over-fitted in the 4 epochs before each halving (epochs 47-50)
-    "plateau1": TrainConfig(**COMMON, plateau_patience=1, plateau_restore_best=False),
+    "plateau1": dict(plateau_patience=1, plateau_restore_best=False),
     # "candidate", and when the plateau schedule halves the rate the weights of the best
     # validation epoch come back (TrainConfig.plateau_restore_best): the lower rate continues
     # from the best point, not from the over-fitted epochs that triggered the halving (the
     # defaults since 2026-11-26)
-    "restore": TrainConfig(**COMMON, plateau_restore_best=True),
-    # benchmarks/paper/jsb_srnn.py, tuned on JSB-2x
-    "recipe": TrainConfig(
-        **COMMON,
-        lr_schedule="exponential",
-        lr_decay_after=50,
-        lr_decay_factor=1.15,
-        patience=None,
-        init="none",
-    ),
+    "restore": dict(plateau_restore_best=True),
 }
+#: The training configuration of each variant: the preset's with the variant's changes;
+#: ``recipe``: the recipe preset's (benchmarks/paper/jsb_srnn.py, tuned on JSB-2x).
+VARIANTS = {name: PRESET.train_config(**changes) for name, changes in VARIANT_CHANGES.items()}
+VARIANTS["recipe"] = RECIPE.train_config()
+#: The preset of each variant's settings.
+VARIANT_PRESETS = dict(dict.fromkeys(VARIANTS, PRESET.name), recipe=RECIPE.name)
 
 
 def load(name, data_dir):
@@ -144,6 +148,24 @@ def summarise(history, stop_reason, test_runs, seconds_this_call):
     }
 
 
+def overrides_of(args):
+    """The typed flags that change a preset's value (``epochs``, ``eval_seeds``, and the SRNN
+    sizes as ``model_options``), with the values used."""
+    overrides = {}
+    if args.epochs is not None and args.epochs != PRESET.train["epochs"]:
+        overrides["epochs"] = args.epochs
+    if args.eval_seeds is not None and args.eval_seeds != PRESET.evaluation.seeds:
+        overrides["eval_seeds"] = args.eval_seeds
+    sizes = {
+        k: getattr(args, k)
+        for k in ("d_dim", "z_dim", "hidden_dim")
+        if getattr(args, k) is not None and getattr(args, k) != MODEL[k]
+    }
+    if sizes:
+        overrides["model_options"] = sizes
+    return overrides
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--datasets", nargs="+", choices=list(DATASETS), default=list(DATASETS))
@@ -153,7 +175,9 @@ def main(argv=None):
         default=str(SHARED_DATA),
         help="folder of jsb_chorales.pickle and jsb_chorales_2x.pickle",
     )
-    parser.add_argument("--epochs", type=int, default=COMMON["epochs"], help="maximum epochs")
+    parser.add_argument(
+        "--epochs", type=int, default=None, help="maximum epochs (default: the preset's, 90)"
+    )
     parser.add_argument(
         "--time-limit",
         type=float,
@@ -161,17 +185,28 @@ def main(argv=None):
         help="seconds for this invocation over all runs (run again to resume)",
     )
     parser.add_argument("--threads", type=int, default=None, help="torch threads")
-    parser.add_argument("--eval-seeds", type=int, default=8, help="test ELBO evaluation seeds")
-    parser.add_argument("--d-dim", type=int, default=MODEL["d_dim"])
-    parser.add_argument("--z-dim", type=int, default=MODEL["z_dim"])
-    parser.add_argument("--hidden-dim", type=int, default=MODEL["hidden_dim"])
+    parser.add_argument(
+        "--eval-seeds",
+        type=int,
+        default=None,
+        help=f"test ELBO evaluation seeds (default: the preset's, {PRESET.evaluation.seeds})",
+    )
+    for flag in ("d_dim", "z_dim", "hidden_dim"):
+        parser.add_argument(
+            "--" + flag.replace("_", "-"),
+            type=int,
+            default=None,
+            help=f"SRNN size (default: the preset's, {MODEL[flag]})",
+        )
     parser.add_argument("--tag", default="", help="suffix of the result and checkpoint names")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     name = "train_defaults" + (f"_{args.tag}" if args.tag else "")
-    model_settings = dict(MODEL, d_dim=args.d_dim, z_dim=args.z_dim, hidden_dim=args.hidden_dim)
+    overrides = overrides_of(args)
+    model_settings = dict(MODEL, **overrides.get("model_options", {}))
+    eval_seeds = overrides.get("eval_seeds", PRESET.evaluation.seeds)
     previous = RESULTS / f"{name}.json"
     result = json.loads(previous.read_text()) if previous.exists() else {}
     result.update(benchmark=name, model=model_settings, runs=result.get("runs", {}))
@@ -192,7 +227,7 @@ def main(argv=None):
                 break
         config = replace(
             VARIANTS[variant],
-            epochs=args.epochs,
+            **({"epochs": overrides["epochs"]} if "epochs" in overrides else {}),
             time_limit=remaining,
             num_threads=args.threads,
             progress=not args.quiet,
@@ -207,13 +242,19 @@ def main(argv=None):
         model.load_state_dict(load_weights(out / "best.pt"))  # fit restored them; explicit here
         model.eval()
         test_runs = []
-        for seed in range(max(1, args.eval_seeds)):
+        for seed in range(max(1, eval_seeds)):
             torch.manual_seed(seed)
             test_runs.append(evaluate_bound(model, data["test"], batch_size=16))
         summary = summarise(history, history.stop_reason, test_runs, seconds)
         summary.update(
             data=DATASETS[data_name] or "load_dataset('chorales')",
             train={k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(config).items()},
+            preset=VARIANT_PRESETS[variant],
+            variant_changes=VARIANT_CHANGES.get(variant, {}),
+            overrides=dict(
+                overrides,
+                **({"dataset": data_name} if DATASETS[data_name] != PRESET.data_file else {}),
+            ),
         )
         result["runs"].setdefault(data_name, {})[variant] = summary
         outer.write(

@@ -25,9 +25,10 @@ sys.path[:0] = [str(PAPER), str(DIAGNOSTICS), str(PAPER.parent)]
 import jsb_dmm  # noqa: E402
 import jsb_srnn  # noqa: E402
 import rtrbm_jsb  # noqa: E402
+import train_defaults  # noqa: E402
 import zoo_jsb  # noqa: E402
 
-CONVERTED = [jsb_dmm, jsb_srnn, zoo_jsb, rtrbm_jsb]
+CONVERTED = [jsb_dmm, jsb_srnn, zoo_jsb, rtrbm_jsb, train_defaults]
 RESULTS = PAPER.parent / "results"
 
 
@@ -230,3 +231,62 @@ def test_rtrbm_smoke_trains_with_the_preset_and_records_the_overrides(tmp_path, 
         assert config == preset.train_config(epochs=1, num_threads=1, progress=True)
     assert configs["jsb_rtrbm"][0].num_hidden == 16
     assert type(configs["jsb_rtrbm"][0]).__name__ == "RTRBM"
+
+
+def test_train_defaults_runs_are_the_presets_and_their_recorded_configurations():
+    """The recorded restore run on JSB-2x (the srnn_jsb2x preset's number) and the recipe run
+    (train_defaults_full.json) have exactly their preset's configuration, as the script builds
+    them, and were scored with the preset's evaluation seeds (4; the script's default was 8)."""
+    td = train_defaults
+    assert (
+        td.VARIANTS["restore"] == td.VARIANTS["defaults"] == get_preset("srnn_jsb2x").train_config()
+    )
+    assert td.VARIANTS["recipe"] == get_preset("srnn_jsb2x_recipe").train_config()
+    for file, data, variant in (
+        ("train_defaults_s20r2x.json", "jsb_2x", "restore"),
+        ("train_defaults_full.json", "jsb", "recipe"),
+        ("train_defaults_full.json", "jsb", "candidate"),
+    ):
+        payload = json.loads((RESULTS / file).read_text())
+        run = payload["runs"][data][variant]
+        config = td.VARIANTS[variant]
+        for key, value in run["train"].items():
+            if key in ("time_limit", "num_threads", "progress", "extra"):
+                continue  # run options
+            if key == "plateau_restore_best" and "plateau_restore_best" not in run["train"]:
+                continue
+            assert getattr(config, key) == (tuple(value) if isinstance(value, list) else value), (
+                variant,
+                key,
+            )
+        assert payload["model"] == td.MODEL
+        assert len(run["test_elbo_per_seed"]) == td.PRESET.evaluation.seeds
+
+
+def test_train_defaults_smoke_records_the_preset_and_the_typed_overrides(tmp_path, monkeypatch):
+    _write_piano_rolls(tmp_path / "jsb_chorales_2x.pickle")
+    written, configs = {}, {}
+    real_fit = train_defaults.fit
+
+    def fit(model, train, valid, config, out):
+        configs[Path(out).name] = (model, config)
+        return real_fit(model, train, valid, config, out)
+
+    monkeypatch.setattr(train_defaults, "ROOT", tmp_path)
+    monkeypatch.setattr(train_defaults, "RESULTS", tmp_path)
+    monkeypatch.setattr(train_defaults, "fit", fit)
+    monkeypatch.setattr(train_defaults, "write_result", lambda n, r: written.update({n: r}))
+    argv = ["--datasets", "jsb_2x", "--variants", "restore", "candidate", "--epochs", "1"]
+    argv += ["--d-dim", "8", "--z-dim", "4", "--hidden-dim", "500", "--eval-seeds", "1"]
+    train_defaults.main([*argv, "--data-dir", str(tmp_path), "--tag", "s", "--quiet"])
+    runs = written["train_defaults_s"]["runs"]["jsb_2x"]
+    preset = get_preset("srnn_jsb2x")
+    expected = {"epochs": 1, "eval_seeds": 1, "model_options": {"d_dim": 8, "z_dim": 4}}
+    for variant, changes in (("restore", {}), ("candidate", {"plateau_restore_best": False})):
+        assert runs[variant]["preset"] == "srnn_jsb2x"
+        assert runs[variant]["overrides"] == expected  # hidden_dim 500: the preset's
+        assert runs[variant]["variant_changes"] == train_defaults.VARIANT_CHANGES[variant]
+        model, config = configs[f"jsb_2x_{variant}"]
+        assert config == preset.train_config(epochs=1, progress=False, **changes)
+        assert model.z_dim == 4 and model.deterministic.rnn.hidden_size == 8
+        assert len(runs[variant]["test_elbo_per_seed"]) == 1
