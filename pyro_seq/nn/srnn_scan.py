@@ -9,7 +9,7 @@ The inference network of Fraccaro et al. (2016, eq. 5.10-5.12; thesis Ch. 5) sam
     loc_t = m^q_t + m^p_t,   scale_t = s(r^q_t),   z_t = loc_t + scale_t * eps_t
 
 with the projected contexts ``c^q_t = W^q_c a_t + b^q`` and ``c^p_t = W^p_c d_t + b^p``
-(:meth:`GaussianMLP.project_context`), ``s(r) = min_scale + softplus(r)`` or
+(:meth:`~pyro_seq.nn.heads.GaussianMLP.project_context`), ``s(r) = min_scale + softplus(r)`` or
 ``min_scale + exp(r / 2)`` (the two variance modes of :class:`~pyro_seq.nn.GaussianHead`).
 Without Res_q (``residual=False``) the prior terms are absent and ``loc_t = m^q_t``. The prior's
 ``(m^p_t, s(r^p_t))`` at the guide's own ``z_{t-1}`` is returned as well: the model reuses it
@@ -257,8 +257,8 @@ def srnn_guide_scan(
     :param z0: ``(B, Z)`` the state before step 1 (zeros in the SRNN).
     :param eps: ``(B, T, Z)`` standard-normal noise (no gradient).
     :param posterior: ``(c^q, W^q_z, W^q_h, b^q_h)``: the projected context ``(B, T, Hq)``
-        (:meth:`GaussianMLP.project_context` of ``a_{1:T}``) and the weights of
-        :meth:`GaussianMLP.step_weights`, ``(Hq, Z)``, ``(2Z, Hq)``, ``(2Z,)``.
+        (:meth:`~pyro_seq.nn.heads.GaussianMLP.project_context` of ``a_{1:T}``) and the weights of
+        :meth:`~pyro_seq.nn.heads.GaussianMLP.step_weights`, ``(Hq, Z)``, ``(2Z, Hq)``, ``(2Z,)``.
     :param prior: the same for the prior MLP on ``d_{1:T}`` (Res_q, eq. 5.12), or None for
         ``loc_t = m^q_t`` (no prior terms).
     :param activation: the hidden activation module of both MLPs (one that
