@@ -55,4 +55,14 @@ def test_pendulum_benchmark_smoke(tmp_path):
     assert set(result["results"]) == {"kvae_mlp", "kvae_cnn", "dmm"}
     for r in result["results"].values():
         assert math.isfinite(r["test_elbo"]) and math.isfinite(r["test_iwae64"])
+        assert r["input_dim"] == 1  # the torques reach every model through fit
     assert set(result["kvae_above_dmm"]) == {"kvae_mlp", "kvae_cnn"}
+    assert result["results"]["kvae_mlp"]["preset"] == "kvae_pendulum"
+    assert result["results"]["dmm"]["preset"] == "dmm_pendulum"
+
+
+def test_pendulum_benchmark_dmm_without_inputs(tmp_path):
+    out = tmp_path / "pendulum.json"
+    run("kvae_pendulum.py", "--models", "dmm", "--no-dmm-inputs", "--smoke-out", str(out))
+    result = json.loads(out.read_text())
+    assert result["results"]["dmm"]["input_dim"] == 0 and result["kvae_above_dmm"] == {}
