@@ -58,7 +58,12 @@ read per element; write it as ``mask[..., None].expand(..., T, D)``.
 depth O(log T), Sarkka & Garcia-Fernandez 2021, see :mod:`pyro_seq.ops.kalman_parallel`) or
 ``"auto"`` (parallel when ``T >= PARALLEL_THRESHOLD``, except on CPU with state dimension
 ``S >= PARALLEL_MAX_STATE_CPU``, where the scan's extra O(S^3) work outweighs its shorter
-depth and the sequential form is faster). Both agree to rounding.
+depth and the sequential form is faster). Both agree to rounding. ``"auto"`` first tries
+the steady-state path of :mod:`pyro_seq.ops.kalman_steady` (time-invariant parameters shared
+by the batch, no mask, no autograd, ``T >= PARALLEL_THRESHOLD``): the Riccati recursion on
+the Cholesky factor of the joint predictive covariance of (x_t, z_t) until its fixed point,
+then the means in blocks with one block-Toeplitz product per level; it falls back to the
+forms above where a filtered covariance is singular or no steady state is reached.
 
 Numerics
 --------
@@ -113,7 +118,7 @@ This module holds the public API and chooses between the two forms; the work is 
 :mod:`~pyro_seq.ops.lgssm` (parameter bundle, argument checks, the prepared model),
 :mod:`~pyro_seq.ops.kalman_steps` (per-step formulas shared by both forms),
 :mod:`~pyro_seq.ops.kalman_sequential` (loops over time), :mod:`~pyro_seq.ops.kalman_parallel`
-(associative scans) and :mod:`~pyro_seq.ops.linalg` (batched linear algebra). ``COV_TOL_EPS``
+(associative scans), :mod:`~pyro_seq.ops.kalman_steady` (the steady-state path of ``"auto"``) and :mod:`~pyro_seq.ops.linalg` (batched linear algebra). ``COV_TOL_EPS``
 and ``covariance_problem`` (defined in :mod:`~pyro_seq.ops.lgssm`) are importable from here.
 
 Argument checks
@@ -157,6 +162,7 @@ from pyro_seq.ops.kalman_sequential import (
     covariance_pass,
     mean_pass,
 )
+from pyro_seq.ops.kalman_steady import steady_applicable, steady_filter, steady_smoother
 from pyro_seq.ops.kalman_steps import (
     a_sigma,
     backward_coefficients,
@@ -330,6 +336,10 @@ def _filter(mdl: PreparedLGSSM, method: str, steady_state_tol: float = 0.0):
     unexpanded, ``ASig`` the products A_{t+1} Sigma_t of the sequential pass (None otherwise)
     and ``steady_from`` as in :func:`covariance_pass` (T for the parallel form)."""
     ASig, steady_from = None, mdl.T
+    if method == "auto" and steady_applicable(mdl, steady_state_tol, PARALLEL_THRESHOLD):
+        fast = steady_filter(mdl, steady_state_tol)
+        if fast is not None:
+            return KalmanFilterResult(*fast[:5]), fast[5], fast[6]
     if _resolve_method(method, mdl) == "parallel":
         pcovs, covs, L, K = covariance_scan(mdl)
         F, g = mean_coefficients(mdl, K)
@@ -365,6 +375,17 @@ def _smooth(
     if T == 1:
         empty = f.covs[..., :0, :, :]
         return f.means, f.covs, empty, empty
+    if (
+        method == "auto"
+        and ASig is not None
+        and steady_from is not None
+        and steady_from < T
+        and steady_applicable(mdl, steady_state_tol, PARALLEL_THRESHOLD)
+    ):
+        fast = steady_smoother(mdl, f, ASig, steady_from, steady_state_tol)
+        if fast is not None:
+            return fast
+        ASig = None  # the general smoother below recomputes A Sigma_t for all t
     parallel = _resolve_method(method, mdl) == "parallel"
     J, h, Pc = smoother_coefficients(mdl, f, ASig, backward_covs=parallel, steady_from=steady_from)
     mT, PT = f.means[..., -1, :], f.covs[..., -1, :, :]

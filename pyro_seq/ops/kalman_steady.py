@@ -1,0 +1,299 @@
+r"""The Kalman filter and RTS smoother for time-invariant parameters shared by a batch of
+sequences, with the steady state of the Riccati recursion (thesis Sec. 3.4.1; used by
+:func:`pyro_seq.ops.kalman.kalman_filter` and ``kalman_smoother`` with ``method="auto"``).
+
+With A, Q, C, R constant in time and shared by the batch, no mask and no autograd, the
+covariance recursion does not depend on the data and reaches its fixed point after a few
+dozen steps (see Numerics in :mod:`pyro_seq.ops.kalman`); from then on the gain K, the
+innovation factor L and the mean coefficient F = A - K C A are single matrices. The work
+is then
+
+* :func:`joint_covariance_pass`: the Riccati recursion until the steady state, three kernels
+  per step: the joint predictive covariance of (x_t, z_t),
+  G_t = [[C P C^T + R, C P], [P C^T, P]] (P = Sigma_{t|t-1}), has the Cholesky factor
+  [[L, 0], [W^T, Lc]] with L L^T the innovation covariance (eq. 3.12),
+  W = L^{-1} C P and Lc Lc^T = P - W^T W = Sigma_t (Schur complement), and the next
+  G_{t+1} = N N^T + [[C Q C^T + R, C Q], [Q C^T, Q]] with N = [C A; A] Lc;
+* :func:`constant_recursion`: the means y_t = y_{t-1} F^T + g_t with constant F in blocks
+  (a block-Toeplitz product per level, O(log T) levels), and the same for the backward
+  recursion of the smoother;
+* the log-likelihood terms (eq. 3.12) with one triangular solve for the steady stretch.
+
+Everything after the steady state is computed once and repeated, so the covariance-side
+cost does not grow with T and the data-side cost is a few large matrix products.
+"""
+
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from pyro_seq.ops.kalman_sequential import backward_covariance_pass
+from pyro_seq.ops.lgssm import PreparedLGSSM
+from pyro_seq.ops.linalg import repeat_last, tri_solve_lower_transposed
+
+__all__ = [
+    "constant_recursion",
+    "joint_covariance_pass",
+    "steady_applicable",
+    "steady_filter",
+    "steady_smoother",
+    "steady_smoother_means",
+]
+
+#: Steps between two steady-state tests (as in :mod:`~pyro_seq.ops.kalman_sequential`).
+_CHECK_EVERY = 4
+
+#: Sequences at most this long are handled by a plain loop in :func:`constant_recursion`.
+_LOOP_MAX = 16
+
+_LOG_2PI = 1.8378770664093453
+
+
+def steady_applicable(mdl: PreparedLGSSM, steady_state_tol: float, min_steps: int = 32) -> bool:
+    """Whether the steady-state filter applies: A, Q, C, R constant in time (so no mask),
+    parameters shared by the batch, ``steady_state_tol > 0``, ``T >= min_steps`` and no
+    parameter that needs a gradient."""
+    params = (mdl.init_loc, mdl.init_cov, mdl.A, mdl.Q, mdl.C, mdl.R, mdl.b)
+    if steady_state_tol <= 0 or mdl.T < min_steps or mdl.mask is not None:
+        return False
+    if any(p.shape[-3] != 1 for p in (mdl.A, mdl.Q, mdl.C, mdl.R)):
+        return False
+    if mdl.param_batch_shape.numel() != 1:
+        return False
+    if torch.is_grad_enabled() and any(
+        p is not None and p.requires_grad for p in params + (mdl.x,)
+    ):
+        return False
+    return True
+
+
+def joint_covariance_pass(mdl: PreparedLGSSM, steady_state_tol: float):
+    """Riccati recursion on the Cholesky factor of the joint predictive covariance of
+    (x_t, z_t) (module docstring), until the steady state.
+
+    :returns: None if a Cholesky factorisation fails (a singular filtered covariance: the
+        caller falls back to the general pass), else ``(pcovs, covs, L, K, steady_from)``
+        with the u = min(steady_from + 1, T) distinct entries ``(u, S, S)``, ``(u, S, S)``,
+        ``(u, D, D)``, ``(u, S, D)``; entries t >= ``steady_from`` repeat entry
+        ``steady_from`` (``steady_from = T`` when the fixed point was not reached).
+    """
+    T, S, D = mdl.T, mdl.S, mdl.D
+    A, Q = mdl.A.reshape(S, S), mdl.Q.reshape(S, S)
+    C, R = mdl.C.reshape(D, S), mdl.R.reshape(D, D)
+    P0 = mdl.init_cov.reshape(S, S)
+    CA, CQ = C @ A, C @ Q
+    N0 = torch.cat([CA, A], 0)  # (D + S, S)
+    QJ = torch.cat([torch.cat([CQ @ C.mT + R, CQ], 1), torch.cat([CQ.mT, Q], 1)], 0)
+    M0 = torch.cat([C, torch.eye(S, dtype=A.dtype, device=A.device)], 0)
+    G0 = M0 @ (P0 @ M0.mT)
+    G0[:D, :D] += R
+    mm, addmm, cholesky_ex = torch.mm, torch.addmm, torch.linalg.cholesky_ex
+    Lt, it = cholesky_ex(G0)
+    Gs, Ls, infos = [G0], [Lt], [it]
+    settled, steady_from = 0, T
+    tol = steady_state_tol * torch.finfo(A.dtype).eps
+    for t in range(1, T):
+        N = mm(N0, Lt[D:, D:])
+        Gt = addmm(QJ, N, N.mT)
+        Lt, it = cholesky_ex(Gt)
+        Gs.append(Gt)
+        Ls.append(Lt)
+        infos.append(it)
+        if t % _CHECK_EVERY == 0:
+            diff = float(torch.sub(Gt, Gs[t - 1]).abs_().max())
+            settled = settled + 1 if diff <= tol * float(Gt.abs().max()) else 0
+            if settled == 2:
+                steady_from = t
+                break
+    G, Lf, info = torch.stack(Gs), torch.stack(Ls), torch.stack(infos)
+    if bool((info != 0).any()):
+        return None
+    L, Wt, Lc = Lf[:, :D, :D], Lf[:, D:, :D], Lf[:, D:, D:]
+    covs = Lc @ Lc.mT
+    covs = 0.5 * (covs + covs.mT)
+    Pu = G[:, D:, D:]
+    pcovs = Pu + Pu.mT
+    pcovs *= 0.5
+    pcovs[0] = P0
+    K = tri_solve_lower_transposed(L, Wt.mT).mT  # P C^T (L L^T)^{-1} = W^T L^{-1}
+    return pcovs, covs, L, K, steady_from
+
+
+def constant_recursion(F: Tensor, g: Tensor, y0: Optional[Tensor] = None, block: int = 8) -> Tensor:
+    """All y_t = y_{t-1} F^T + g_t (t = 1..T, y_0 = ``y0`` or 0) for a constant F, in row
+    form: F ``(S, S)``, g ``(n, T, S)``, y0 ``(n, S)`` -> ``(n, T, S)``.
+
+    In blocks of k = ``block`` steps: the block-local solutions (zero start) are one product
+    with the block-Toeplitz matrix of the powers F^0..F^{k-1}; the states at the block ends
+    follow the same recursion with F^k (solved recursively, so O(log_k T) levels), and each
+    block adds its start state times F^1..F^k. Differentiable; a plain loop for short T.
+    """
+    n, T, S = g.shape
+    if y0 is not None:
+        g = torch.cat([torch.addmm(g[:, 0], y0, F.mT).unsqueeze(1), g[:, 1:]], 1)
+    if T <= _LOOP_MAX:
+        FT = F.mT
+        y = g[:, 0]
+        out = [y]
+        for t in range(1, T):
+            y = torch.addmm(g[:, t], y, FT)
+            out.append(y)
+        return torch.stack(out, 1)
+    k = block
+    nb = -(-T // k)
+    if nb * k != T:
+        g = torch.cat([g, g.new_zeros((n, nb * k - T, S))], 1)
+    # powers F^0 .. F^k
+    pw = [torch.eye(S, dtype=F.dtype, device=F.device), F]
+    for _ in range(k - 1):
+        pw.append(pw[-1] @ F)
+    PT = torch.stack(pw, 0).mT  # (k + 1, S, S): (F^j)^T
+    # block-Toeplitz Mr[(i, a), (j, b)] = (F^{j-i})^T[a, b] for j >= i, else 0
+    Pz = torch.cat([PT[:k], torch.zeros_like(PT[:1])], 0)
+    ar = torch.arange(k, device=F.device)
+    idx = ar.unsqueeze(0) - ar.unsqueeze(1)  # [i, j] = j - i
+    idx = torch.where(idx >= 0, idx, torch.full_like(idx, k))
+    Mr = Pz[idx].permute(0, 2, 1, 3).reshape(k * S, k * S)
+    local = (g.reshape(n * nb, k * S) @ Mr).reshape(n, nb, k, S)
+    if nb > 1:
+        ends = constant_recursion(pw[k], local[:, :-1, -1], None, block)  # (n, nb - 1, S)
+        Pw = PT[1:].permute(1, 0, 2).reshape(S, k * S)  # [a, (j, b)] = (F^{j+1})^T[a, b]
+        corr = (ends.reshape(n * (nb - 1), S) @ Pw).reshape(n, nb - 1, k, S)
+        if local.requires_grad:  # the recursion above saved views of local
+            local = torch.cat([local[:, :1], local[:, 1:] + corr], 1)
+        else:
+            local[:, 1:] += corr
+    return local.reshape(n, nb * k, S)[:, :T]
+
+
+def _time_varying_then_constant(F: Tensor, g: Tensor, u: int) -> Tensor:
+    """y_t = y_{t-1} F_t^T + g_t with F_t = F[min(t, u - 1)] (F_0 unused, y_0 = g_0):
+    F ``(u, S, S)``, g ``(n, T, S)``. A loop over the first u steps, then
+    :func:`constant_recursion`."""
+    n, T, S = g.shape
+    FT = F.mT
+    y = g[:, 0]
+    out = [y.unsqueeze(1)]
+    for t in range(1, min(u, T)):
+        y = torch.addmm(g[:, t], y, FT[t])
+        out.append(y.unsqueeze(1))
+    if u < T:
+        out.append(constant_recursion(F[u - 1], g[:, u:], y))
+    return torch.cat(out, 1)
+
+
+def _apply_split(M: Tensor, v: Tensor, u: int) -> Tensor:
+    """v_t M_t^T for M_t = M[min(t, u - 1)]: M ``(u, p, q)``, v ``(n, T, q)`` contiguous ->
+    ``(n, T, p)``; one matrix product for all t, then the first u steps replaced."""
+    out = v @ M[-1].mT
+    u = min(u, v.shape[1])
+    out[:, :u] = (M[:u] @ v[:, :u].permute(1, 2, 0)).permute(2, 0, 1)
+    return out
+
+
+def steady_filter(mdl: PreparedLGSSM, steady_state_tol: float):
+    """The filter of :func:`pyro_seq.ops.kalman.kalman_filter` on the steady-state path.
+
+    :returns: None where :func:`joint_covariance_pass` fails or no steady state is reached
+        (the caller then runs the general path), else
+        ``(means, covs, pmeans, pcovs, log_likelihoods, ASig, steady_from)`` with the
+        shapes of :class:`~pyro_seq.ops.kalman.KalmanFilterResult` (covariances with the
+        parameters' batch dims of size 1) and ``ASig (u, S, S)`` the distinct products
+        A Sigma_t, t < u = steady_from + 1.
+    """
+    res = joint_covariance_pass(mdl, steady_state_tol)
+    if res is None or res[-1] >= mdl.T:
+        return None
+    pcovs, covs, L, K, steady_from = res
+    T, S, D = mdl.T, mdl.S, mdl.D
+    u = steady_from + 1
+    A, C = mdl.A.reshape(S, S), mdl.C.reshape(D, S)
+    xb = mdl.x.shape[:-2]
+    x = mdl.x.reshape(-1, T, D).contiguous()
+    n = x.shape[0]
+    # mu_t = F_t mu_{t-1} + g_t, F_t = A - K_t C A, g_t = K_t x_t + (I - K_t C) b_t,
+    # with b_1 = mu_{1|0} and mu_0 = 0 (F_0 unused)
+    F = A - K @ (C @ A)
+    g = _apply_split(K, x, u)
+    b0 = mdl.init_loc.reshape(1, S)
+    g[:, 0] += b0 - (b0 @ C.mT) @ K[0].mT
+    b = None
+    if mdl.b is not None:
+        b = mdl.b.reshape(-1, S).expand(T, S).contiguous()
+        IKC = torch.eye(S, dtype=A.dtype, device=A.device) - K @ C
+        g[:, 1:] += _apply_split(IKC, b.unsqueeze(0), u)[:, 1:]
+    means = _time_varying_then_constant(F, g, u)
+    pmeans = torch.empty_like(means)
+    pmeans[:, 0] = b0
+    pmeans[:, 1:] = (means.reshape(-1, S) @ A.mT).reshape(n, T, S)[:, :-1]
+    if b is not None:
+        pmeans[:, 1:] += b[1:]
+    # eq. 3.12: r_t = x_t - C mu_{t|t-1}, v_t = L_t^{-1} r_t
+    r = torch.addmm(x.reshape(-1, D), pmeans.reshape(-1, S), C.mT, alpha=-1.0).reshape(n, T, D)
+    eye = torch.eye(D, dtype=A.dtype, device=A.device)
+    Linv = torch.linalg.solve_triangular(L, eye, upper=False)
+    v = _apply_split(Linv, r, u)
+    hld = repeat_last(L.diagonal(dim1=-2, dim2=-1).log().sum(-1), T, 0)
+    sq = v.pow(2).reshape(-1, D).mv(torch.ones(D, dtype=A.dtype, device=A.device))
+    ll = sq.reshape(n, T).mul_(-0.5).sub_(hld + 0.5 * _LOG_2PI * D)
+    ones = (1,) * len(xb)
+    ASig = (covs @ A.mT).mT
+    return (
+        means.reshape(xb + (T, S)),
+        repeat_last(covs, T, 0).reshape(ones + (T, S, S)),
+        pmeans.reshape(xb + (T, S)),
+        repeat_last(pcovs, T, 0).reshape(ones + (T, S, S)),
+        ll.reshape(xb + (T,)),
+        ASig,
+        steady_from,
+    )
+
+
+def steady_smoother_means(J: Tensor, h: Tensor, zT: Tensor, repeat_from: int) -> Tensor:
+    """Backward recursion z_t = J_t z_{t+1} + h_t from z_T for J_t constant for
+    t >= ``repeat_from``: J ``(T-1, S, S)``, h ``(n, T-1, S)``, zT ``(n, S)`` ->
+    ``(n, T, S)``. :func:`constant_recursion` (reversed in time) on the constant stretch,
+    then a loop down to t = 0."""
+    n, T1, S = h.shape
+    tail = h[:, repeat_from:].flip(1)  # t = T-2 .. repeat_from
+    z_tail = constant_recursion(J[-1], tail, zT).flip(1) if tail.shape[1] else tail
+    z = z_tail[:, 0] if tail.shape[1] else zT
+    JT = J.mT
+    out = [z_tail, zT.unsqueeze(1)] if tail.shape[1] else [zT.unsqueeze(1)]
+    head = []
+    for t in range(repeat_from - 1, -1, -1):
+        z = torch.addmm(h[:, t], z, JT[t])
+        head.append(z.unsqueeze(1))
+    return torch.cat(head[::-1] + out, 1)
+
+
+def steady_smoother(mdl: PreparedLGSSM, filtered, ASig: Tensor, steady_from: int, tol: float):
+    """The RTS smoother of :func:`pyro_seq.ops.kalman.kalman_smoother` after
+    :func:`steady_filter` (``filtered`` its first five outputs, ``ASig`` and ``steady_from``
+    its last two): J_t = Sigma_t A^T Sigma_{t+1|t}^{-1} for the distinct t <= steady_from
+    (one Cholesky solve), the backward means by :func:`steady_smoother_means`, the
+    covariances by :func:`~pyro_seq.ops.kalman_sequential.backward_covariance_pass` and the
+    cross covariances Sigma_{t+1|T} J_t^T with one product for the constant stretch.
+
+    :returns: None where some Sigma_{t+1|t} is singular to working precision (the caller
+        runs the general smoother), else ``(means, covs, cross_covs, gains)``.
+    """
+    means, covs, pmeans, pcovs = filtered[:4]
+    T, S = mdl.T, mdl.S
+    u = min(steady_from + 1, T - 1)
+    ones = covs.shape[:-3]
+    ASu = ASig[:u]
+    Lp, info = torch.linalg.cholesky_ex(pcovs.reshape(T, S, S)[1 : u + 1])
+    if bool((info != 0).any()):
+        return None
+    J = torch.cholesky_solve(ASu, Lp).mT  # (u, S, S)
+    xb = means.shape[:-2]
+    mu, pm = means.reshape(-1, T, S), pmeans.reshape(-1, T, S)
+    h = mu[:, :-1] - _apply_split(J, pm[:, 1:], u)
+    sm = steady_smoother_means(J, h, mu[:, -1], u - 1)
+    J_full = repeat_last(J, T - 1, 0).reshape(ones + (T - 1, S, S))
+    scovs = backward_covariance_pass(J_full, covs, ASu.reshape(ones + (u, S, S)), u - 1, tol)
+    sc = scovs.reshape(T, S, S)[1:]
+    cross = torch.cat([sc[:u] @ J.mT, (sc[u:].reshape(-1, S) @ J[-1].mT).reshape(-1, S, S)], 0)
+    return sm.reshape(xb + (T, S)), scovs, cross.reshape(ones + (T - 1, S, S)), J_full
