@@ -5,22 +5,27 @@ model on the polyphonic-music data sets with the ELBO, IWAE and FIVO bounds at N
 and evaluate every trained model with the same estimator; the bounds are ordered FIVO > IWAE >
 ELBO. Their VRNN proposes from the past and the current frame only (a filtering proposal). This
 script repeats the comparison with the SRNN on the original-resolution JSB Chorales
-(``../shared/data/polyphonic/jsb_chorales.pickle``):
+(``../shared/data/polyphonic/jsb_chorales.pickle``), with the settings of the presets
+``srnn_jsb_bounds_elbo``, ``srnn_jsb_bounds_iwae`` and ``srnn_jsb_bounds_fivo``
+(:mod:`pyro_seq.presets`; :data:`PRESETS`), which differ only in the objective:
 
-* model: ``--size`` ``medium`` (default: GRU 128, z 32, MLPs of 128), ``full`` (the thesis'
-  Ch. 5 sizes: GRU 300, z 100, MLPs of 500) or ``small`` (64/16/64, a smoke test), and
-  ``--inference`` ``filtering`` (default, the proposal family of the FIVO paper) or
-  ``smoothing``; Res_q always;
-* each objective is trained by :func:`pyro_seq.train.fit` with ``TrainConfig(objective=...,
-  num_particles=4)`` and otherwise identical settings (no KL annealing by default, so that only
-  the objective differs; the ELBO averages its 4 samples, drawn in one vectorized pass), into
-  its own checkpoint folder ``benchmarks/checkpoints/<result name>/<objective>``;
+* model: the presets' (GRU 128, z 32, MLPs of 128, the filtering proposal of the FIVO paper,
+  Res_q); ``--size full`` (the thesis' Ch. 5 sizes of the preset ``srnn_jsb2x``: GRU 300,
+  z 100, MLPs of 500) or ``small`` (64/16/64, a smoke test) and ``--inference smoothing``
+  change it;
+* each objective is trained by :func:`pyro_seq.train.fit` with its preset's training
+  configuration (K = 4, no KL annealing, so that only the objective differs; the ELBO averages
+  its 4 samples, drawn in one vectorized pass), into its own checkpoint folder
+  ``benchmarks/checkpoints/<result name>/<objective>``. A flag that changes a preset's value
+  (``--epochs``, ``--particles``, ``--kl-anneal-steps``, ``--size``, ``--inference``,
+  ``--eval-particles``, ``--eval-seeds``) is an override, recorded in the result's
+  ``overrides`` with the ``presets``;
 * the objectives take turns, ``--round-epochs`` epochs each, so that at any stopping point
   they have had the same number of epochs (to within one round); ``--time-limit`` bounds the
   training time of one invocation (checked after each complete round) and running the same
   command again resumes every objective from its checkpoint;
-* every trained model is evaluated on the test set with
-  ``evaluate_bound(model, test, method="smc", num_particles=64)`` (FIVO's particle filter, ESS
+* every trained model is evaluated on the test set by the presets' evaluation,
+  ``evaluate_bound(model, test, method="smc", num_particles=64)`` with 5 seeds (FIVO's particle filter, ESS
   resampling, systematic scheme), both at the weights with the best validation ELBO and at the
   last weights; evaluations are cached next to the checkpoints until the run changes;
 * the cost of one training step of FIVO vs IWAE (and the K-sample ELBO) is measured on the
@@ -57,32 +62,26 @@ from common import ROOT, data_file, write_result  # noqa: E402
 from pyro_seq.data import load_piano_rolls  # noqa: E402
 from pyro_seq.data.batching import SequenceLoader  # noqa: E402
 from pyro_seq.models import SRNN  # noqa: E402
-from pyro_seq.train import TrainConfig, evaluate_bound, fit, load_checkpoint, make_objective  # noqa: E402
+from pyro_seq.presets import get_preset  # noqa: E402
+from pyro_seq.train import evaluate_bound, fit, load_checkpoint, make_objective  # noqa: E402
 
 NAME = "bounds_jsb"
-DATA = "jsb_chorales.pickle"
 OBJECTIVES = ("elbo", "iwae", "fivo")
+#: The preset of each objective's run (result ``bounds_jsb.json``); they differ only in the
+#: objective, so the shared settings are read from one of them (:data:`PRESET`).
+PRESETS = {objective: f"srnn_jsb_bounds_{objective}" for objective in OBJECTIVES}
+PRESET = get_preset(PRESETS["fivo"])
+DATA = PRESET.data_file
+SIZE_KEYS = ("d_dim", "z_dim", "hidden_dim")
+#: ``--size``: the presets' sizes, the thesis's (those of the preset srnn_jsb2x) or tiny ones.
 SIZES = {
-    "full": dict(d_dim=300, z_dim=100, hidden_dim=500),
-    "medium": dict(d_dim=128, z_dim=32, hidden_dim=128),
+    "full": {k: get_preset("srnn_jsb2x").model_options[k] for k in SIZE_KEYS},
+    "medium": {k: PRESET.model_options[k] for k in SIZE_KEYS},
     "small": dict(d_dim=64, z_dim=16, hidden_dim=64),
 }
-DEFAULT_SIZE, DEFAULT_INFERENCE = "medium", "filtering"
-CONFIG = TrainConfig(
-    epochs=500,
-    batch_size=16,
-    num_particles=4,
-    lr=1e-3,
-    clip_norm=10.0,
-    kl_start=1.0,
-    kl_anneal_steps=0,
-    patience=None,
-    valid_batch_size=80,
-    seed=0,
-    lr_schedule="constant",
-    init="none",
-    monitor="elbo",
-)  # the settings of the recorded runs
+DEFAULT_SIZE, DEFAULT_INFERENCE = "medium", PRESET.model_options["inference"]
+#: ``--kl-anneal-steps N > 0`` anneals the KL weight from this value to 1 over N updates.
+KL_START = 0.2
 REFERENCE = (
     "Maddison et al. 2017, Filtering variational objectives, Table 1: with N = 4 the "
     "test bounds are ordered FIVO > IWAE > ELBO"
@@ -103,7 +102,7 @@ def parse_args(argv=None):
         "--epochs",
         type=int,
         default=None,
-        help=f"maximum epochs in total per objective (default {CONFIG.epochs})",
+        help=f"maximum epochs in total per objective (presets: {PRESET.train['epochs']})",
     )
     p.add_argument(
         "--time-limit",
@@ -118,32 +117,43 @@ def parse_args(argv=None):
         default=10,
         help="epochs each objective trains in its turn (default 10)",
     )
-    p.add_argument("--particles", type=int, default=4, help="K of every training objective")
+    p.add_argument(
+        "--particles",
+        type=int,
+        default=None,
+        help=f"K of every training objective (presets: {PRESET.train['num_particles']})",
+    )
     p.add_argument(
         "--size",
         choices=sorted(SIZES),
-        default=DEFAULT_SIZE,
-        help=f"SRNN sizes {SIZES} (default {DEFAULT_SIZE}; small is a smoke test)",
+        default=None,
+        help=f"SRNN sizes {SIZES} (presets: {DEFAULT_SIZE}; small is a smoke test)",
     )
     p.add_argument(
         "--inference",
         choices=("filtering", "smoothing"),
-        default=DEFAULT_INFERENCE,
-        help=f"SRNN inference network (default {DEFAULT_INFERENCE})",
+        default=None,
+        help=f"SRNN inference network (presets: {DEFAULT_INFERENCE})",
     )
     p.add_argument(
         "--kl-anneal-steps",
         type=int,
-        default=0,
-        help="KL annealing from 0.2 over this many updates (0: none, the default)",
+        default=None,
+        help=f"KL annealing from {KL_START} over this many updates (0: none, the presets')",
     )
-    p.add_argument("--eval-particles", type=int, default=64, help="K of the FIVO test estimator")
+    p.add_argument(
+        "--eval-particles",
+        type=int,
+        default=None,
+        help=f"K of the FIVO test estimator (presets: {PRESET.evaluation.particles})",
+    )
     p.add_argument("--eval-batch-size", type=int, default=16)
     p.add_argument(
         "--eval-seeds",
         type=int,
-        default=5,
-        help="evaluations per weights (seeds 1234, 1235, ...); the mean is reported",
+        default=None,
+        help="evaluations per weights (seeds 1234, 1235, ...); the mean is reported "
+        f"(presets: {PRESET.evaluation.seeds})",
     )
     p.add_argument(
         "--cost-steps",
@@ -166,22 +176,58 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
-def build_model(settings, seed):
+def build_model(options, seed):
     torch.manual_seed(seed)
-    return SRNN(88, **settings)
+    return SRNN(88, **options)
 
 
-def train_config(args, objective):
-    return replace(
-        CONFIG,
-        objective=objective,
-        num_particles=args.particles,
-        epochs=args.epochs if args.epochs is not None else CONFIG.epochs,
-        num_threads=args.threads,
-        kl_start=0.2 if args.kl_anneal_steps > 0 else 1.0,
-        kl_anneal_steps=args.kl_anneal_steps,
-        progress=not args.quiet,
-    )
+def settings(args):
+    """The settings of a run: the presets' model options, each objective's
+    :class:`~pyro_seq.train.TrainConfig` (its preset's, with this invocation's threads and
+    progress bar; ``train``: the shared one), and the evaluation (``eval_particles``,
+    ``eval_seeds``), with the flags that change a preset's value applied and listed in
+    ``overrides`` (flag destination -> the value used; ``model_options``: the options
+    changed), the ``size`` of :data:`SIZES` and the result's ``name``."""
+    options = dict(PRESET.model_options)
+    typed = dict(SIZES[args.size]) if args.size is not None else {}
+    if args.inference is not None:
+        typed["inference"] = args.inference
+    overrides = {}
+    changed = {k: v for k, v in typed.items() if options[k] != v}
+    if changed:
+        overrides["model_options"] = changed
+        options.update(changed)
+    base = PRESET.train_config()
+    train = {}
+    for flag, field in (("epochs", "epochs"), ("particles", "num_particles")):
+        value = getattr(args, flag)
+        if value is not None and value != getattr(base, field):
+            overrides[flag] = train[field] = value
+    steps = args.kl_anneal_steps
+    if steps is not None and steps != base.kl_anneal_steps:
+        overrides["kl_anneal_steps"] = steps
+        train.update(kl_start=KL_START if steps > 0 else 1.0, kl_anneal_steps=steps)
+    evaluation = {
+        "eval_particles": PRESET.evaluation.particles,
+        "eval_seeds": PRESET.evaluation.seeds,
+    }
+    for flag in evaluation:
+        value = getattr(args, flag)
+        if value is not None and value != evaluation[flag]:
+            overrides[flag] = evaluation[flag] = value
+    run = dict(num_threads=args.threads, progress=not args.quiet)
+    configs = {o: replace(get_preset(PRESETS[o]).train_config(**train), **run) for o in OBJECTIVES}
+    size = next(k for k, v in SIZES.items() if all(options[n] == v[n] for n in SIZE_KEYS))
+    default = options == dict(PRESET.model_options)
+    return {
+        "name": NAME if default else f"{NAME}_{size}_{options['inference']}",
+        "size": size,
+        "model_options": options,
+        "configs": configs,
+        "train": replace(PRESET.train_config(**train), **run),
+        "evaluation": evaluation,
+        "overrides": overrides,
+    }
 
 
 def _jsonable(config):
@@ -193,41 +239,45 @@ def epochs_done(folder):
     return len(json.loads(log.read_text())) if log.exists() else 0
 
 
-def train_in_turns(args, settings, data, out_root):
-    """Train every objective in turn, ``--round-epochs`` at a time, resuming from checkpoints."""
+def train_in_turns(args, run, data, out_root):
+    """Train every objective in turn, ``--round-epochs`` at a time, resuming from checkpoints
+    (``run``: :func:`settings`)."""
     started = time.time()
+    configs = run["configs"]
     while True:
-        configs = {o: train_config(args, o) for o in args.objectives}
         todo = [o for o in args.objectives if epochs_done(out_root / o) < configs[o].epochs]
         if not todo:
             return
         for objective in todo:
             folder = out_root / objective
-            config = configs[objective]
-            config.epochs = min(config.epochs, epochs_done(folder) + args.round_epochs)
+            epochs = min(configs[objective].epochs, epochs_done(folder) + args.round_epochs)
+            config = replace(configs[objective], epochs=epochs)
             print(
                 f"== {objective} (K={config.num_particles}) to epoch {config.epochs} in {folder}",
                 flush=True,
             )
-            fit(build_model(settings, config.seed), data["train"], data["valid"], config, folder)
+            model = build_model(run["model_options"], config.seed)
+            fit(model, data["train"], data["valid"], config, folder)
         if args.time_limit is not None and time.time() - started > args.time_limit:
             print(f"time limit of {args.time_limit:.0f} s reached; run again to resume", flush=True)
             return
 
 
 # ------------------------------------------------------------------ evaluation (cached)
-def evaluate(model, folder, test, args):
+def evaluate(model, folder, test, args, evaluation):
     """FIVO K=64 test bounds at the best-validation and at the last weights of one run: the
-    mean over ``--eval-seeds`` evaluations (seeds 1234, 1235, ...) and its standard error."""
+    mean over ``eval_seeds`` evaluations (seeds 1234, 1235, ...) and its standard error
+    (``evaluation``: that of :func:`settings`)."""
+    particles, seeds = evaluation["eval_particles"], evaluation["eval_seeds"]
     history = json.loads((folder / "log.json").read_text())
     key = {
         "epochs_completed": len(history),
-        "num_particles": args.eval_particles,
+        "num_particles": particles,
         "batch_size": args.eval_batch_size,
         "num_test_sequences": len(test),
-        "eval_seeds": args.eval_seeds,
+        "eval_seeds": seeds,
     }
-    cache = folder / f"eval_smc{args.eval_particles}.json"
+    cache = folder / f"eval_smc{particles}.json"
     if cache.exists():
         cached = json.loads(cache.read_text())
         if cached.get("key") == key:
@@ -241,7 +291,7 @@ def evaluate(model, folder, test, args):
         model.load_state_dict(state_dict)
         started = time.process_time()
         runs = []
-        for i in range(max(1, args.eval_seeds)):
+        for i in range(max(1, seeds)):
             torch.manual_seed(1234 + i)
             runs.append(
                 evaluate_bound(
@@ -249,7 +299,7 @@ def evaluate(model, folder, test, args):
                     test,
                     batch_size=args.eval_batch_size,
                     method="smc",
-                    num_particles=args.eval_particles,
+                    num_particles=particles,
                 )
             )
         per_seed = [ev["per_step"] for ev in runs]
@@ -296,18 +346,18 @@ def ordering(results, key):
 
 
 # ------------------------------------------------------------------ step cost
-def step_cost(model_settings, train, args):
+def step_cost(model_settings, train, args, config):
     """CPU and wall time of one ``loss_and_grads`` per objective on the same minibatches.
 
     One fresh model (seeded), the first ``--cost-steps`` minibatches of epoch 0 of the training
     loader, every objective on every minibatch in rotating order (after one warm-up step each),
     the same random seed per minibatch for every objective; Pyro validation off, as in ``fit``.
     """
-    model = build_model(model_settings, CONFIG.seed)
-    loader = SequenceLoader(train, CONFIG.batch_size, shuffle=True, seed=CONFIG.seed)
+    model = build_model(model_settings, config.seed)
+    loader = SequenceLoader(train, config.batch_size, shuffle=True, seed=config.seed)
     batches = [b for _, b in zip(range(args.cost_steps + 1), loader.batches(0))]
     names = ("iwae", "fivo", "elbo")
-    losses = {n: make_objective(n, args.particles) for n in names}
+    losses = {n: make_objective(n, config.num_particles) for n in names}
     cpu = {n: [] for n in names}
     wall = {n: [] for n in names}
     pyro.clear_param_store()
@@ -339,8 +389,8 @@ def step_cost(model_settings, train, args):
     return {
         "what": "one loss_and_grads (forward + backward) per minibatch; same model, minibatches "
         "and seeds for every objective; objectives interleaved",
-        "num_particles": args.particles,
-        "batch_size": CONFIG.batch_size,
+        "num_particles": config.num_particles,
+        "batch_size": config.batch_size,
         "minibatch_steps": [int(m.shape[1]) for _, m in batches[1:]],
         "objectives": med,
         "fivo_over_iwae_cpu": ratio_cpu,
@@ -354,9 +404,8 @@ def step_cost(model_settings, train, args):
 def main(argv=None):
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
-    settings = dict(SIZES[args.size], inference=args.inference, residual=True)
-    default = (args.size, args.inference) == (DEFAULT_SIZE, DEFAULT_INFERENCE)
-    name = NAME if default else f"{NAME}_{args.size}_{args.inference}"
+    run = settings(args)
+    model_options, evaluation, name = run["model_options"], run["evaluation"], run["name"]
     out_root = Path(args.out) if args.out else ROOT / "benchmarks" / "checkpoints" / name
     data = load_piano_rolls(data_file(DATA, args.data))
 
@@ -366,7 +415,7 @@ def main(argv=None):
         previous = json.loads(result_path.read_text())
 
     if not args.cost_only and not args.eval_only:
-        train_in_turns(args, settings, data, out_root)
+        train_in_turns(args, run, data, out_root)
 
     results = {}
     if not args.cost_only:
@@ -374,10 +423,12 @@ def main(argv=None):
             folder = out_root / objective
             if not (folder / "checkpoint.pt").exists():
                 continue
-            evaluation, history = evaluate(build_model(settings, 0), folder, data["test"], args)
-            results[objective] = summarize(objective, folder, evaluation, history)
+            model = build_model(model_options, 0)
+            scores, history = evaluate(model, folder, data["test"], args, evaluation)
+            results[objective] = summarize(objective, folder, scores, history)
             print(
-                f"{objective}: FIVO K={args.eval_particles} test bound (mean of {args.eval_seeds} seeds) "
+                f"{objective}: FIVO K={evaluation['eval_particles']} test bound (mean of "
+                f"{evaluation['eval_seeds']} seeds) "
                 f"{results[objective]['test_fivo_per_step_best_valid_elbo']:.4f} nats/step "
                 f"(best valid ELBO weights), {results[objective]['test_fivo_per_step_last']:.4f} "
                 f"(last) after {results[objective]['epochs_completed']} epochs, "
@@ -389,7 +440,7 @@ def main(argv=None):
 
     cost = previous.get("step_cost")
     if not args.no_cost:
-        cost = step_cost(settings, data["train"], args)
+        cost = step_cost(model_options, data["train"], args, run["train"])
         print(
             f"step cost: FIVO/IWAE = {cost['fivo_over_iwae_cpu']:.2f} (CPU), "
             f"{cost['fivo_over_iwae_wall']:.2f} (wall); IWAE "
@@ -403,11 +454,11 @@ def main(argv=None):
         "benchmark": name,
         "data": DATA,
         "reference": REFERENCE,
-        "smoke": args.size == "small",
+        "smoke": run["size"] == "small",
         "note": (
             "--size small: a quick end-to-end check of the script, not the benchmark"
-            if args.size == "small"
-            else f"{args.size} SRNN, {args.inference} inference"
+            if run["size"] == "small"
+            else f"{run['size']} SRNN, {model_options['inference']} inference"
         ),
         "expected_ordering": "fivo > iwae > elbo",
         "ordering_reproduced_best_valid_elbo": ordering(
@@ -421,20 +472,22 @@ def main(argv=None):
         "estimator": {
             "function": "pyro_seq.train.evaluate_bound",
             "method": "smc",
-            "num_particles": args.eval_particles,
+            "num_particles": evaluation["eval_particles"],
             "resample": "ess",
             "resampling": "systematic",
             "batch_size": args.eval_batch_size,
-            "seeds": list(range(1234, 1234 + max(1, args.eval_seeds))),
+            "seeds": list(range(1234, 1234 + max(1, evaluation["eval_seeds"]))),
             "reported": "mean over the seeds (per_seed and stderr per objective)",
         },
         "objectives": results,
         "step_cost": cost,
-        "model": dict(settings, obs_dim=88),
+        "model": dict(model_options, obs_dim=88),
         "train": dict(
-            _jsonable(train_config(args, None)),
+            _jsonable(run["train"]),
             objective="one run per objective: " + ", ".join(OBJECTIVES),
         ),
+        "presets": PRESETS,
+        "overrides": run["overrides"],
     }
     write_result(name, payload)
     return payload

@@ -22,13 +22,14 @@ PAPER = Path(__file__).resolve().parents[2] / "benchmarks" / "paper"
 DIAGNOSTICS = PAPER.parent / "diagnostics"
 sys.path[:0] = [str(PAPER), str(DIAGNOSTICS), str(PAPER.parent)]
 
+import bounds_jsb  # noqa: E402
 import jsb_dmm  # noqa: E402
 import jsb_srnn  # noqa: E402
 import rtrbm_jsb  # noqa: E402
 import train_defaults  # noqa: E402
 import zoo_jsb  # noqa: E402
 
-CONVERTED = [jsb_dmm, jsb_srnn, zoo_jsb, rtrbm_jsb, train_defaults]
+CONVERTED = [jsb_dmm, jsb_srnn, zoo_jsb, rtrbm_jsb, train_defaults, bounds_jsb]
 RESULTS = PAPER.parent / "results"
 
 
@@ -67,6 +68,8 @@ def test_the_scripts_hold_no_training_settings_of_their_own(script):
     assert "TrainConfig(" not in source and not re.search(r"\blr=", source)
     if script in (jsb_dmm, jsb_srnn):
         assert not re.search(r"\bz_dim=", source)
+    if script is bounds_jsb:  # the only sizes of its own: the smoke test's
+        assert len(re.findall(r"\bz_dim=", source)) == 1 and "z_dim=16" in source
 
 
 def test_zoo_cells_of_the_presets_train_the_presets_settings():
@@ -290,3 +293,126 @@ def test_train_defaults_smoke_records_the_preset_and_the_typed_overrides(tmp_pat
         assert config == preset.train_config(epochs=1, progress=False, **changes)
         assert model.z_dim == 4 and model.deterministic.rnn.hidden_size == 8
         assert len(runs[variant]["test_elbo_per_seed"]) == 1
+
+
+def _bounds_settings(*argv):
+    return bounds_jsb.settings(bounds_jsb.parse_args(list(argv)))
+
+
+def test_bounds_presets_differ_only_in_the_objective():
+    shared = bounds_jsb.PRESET
+    assert set(bounds_jsb.PRESETS.values()) == {
+        name for name, p in PRESETS.items() if p.script.startswith("benchmarks/paper/bounds_jsb")
+    }
+    for objective, name in bounds_jsb.PRESETS.items():
+        preset = get_preset(name)
+        assert preset.train["objective"] == objective and preset.model == "srnn"
+        assert preset.train_config() == shared.train_config(objective=objective)
+        assert preset.model_options == shared.model_options
+        assert (preset.evaluation, preset.data) == (shared.evaluation, shared.data)
+        (part,) = preset.result  # this objective's number in bounds_jsb.json
+        assert part.file == "bounds_jsb.json" and part.key[-1] == objective
+    assert bounds_jsb.SIZES["medium"] == {k: shared.model_options[k] for k in bounds_jsb.SIZE_KEYS}
+
+
+SIZES = ("d_dim", "z_dim", "hidden_dim")
+
+
+@pytest.mark.parametrize(
+    "file, argv, changed",
+    [
+        ("bounds_jsb.json", _script_argv(bounds_jsb.PRESET, "paper/bounds_jsb.py"), ()),
+        ("bounds_jsb_full_filtering.json", ["--size", "full", "--cost-only"], SIZES),
+        (
+            "bounds_jsb_full_smoothing.json",
+            ["--size", "full", "--inference", "smoothing"],
+            (*SIZES, "inference"),
+        ),
+    ],
+)
+def test_bounds_recorded_runs_are_the_presets_settings(file, argv, changed):
+    """Each recorded file's model, training configuration and estimator are what the script
+    builds from the presets with its command: the presets' own for bounds_jsb.json, the
+    thesis's sizes (and smoothing) as model overrides for the full-size step costs."""
+    payload = json.loads((RESULTS / file).read_text())
+    run = _bounds_settings(*argv)
+    assert run["name"] == Path(file).stem
+    assert payload["model"] == dict(run["model_options"], obs_dim=88)
+    overrides = {k: payload["model"][k] for k in changed}
+    assert run["overrides"] == ({"model_options": overrides} if changed else {})
+    for key, value in payload["train"].items():  # fields added since keep their defaults
+        if key in ("objective", "extra"):
+            continue  # one run per objective; extra was always {} and is gone
+        assert getattr(run["train"], key) == (tuple(value) if isinstance(value, list) else value)
+    for objective, config in run["configs"].items():
+        preset = get_preset(bounds_jsb.PRESETS[objective])
+        assert config == preset.train_config(num_threads=1, progress=True)
+    estimator = payload["estimator"]
+    assert estimator["method"] == bounds_jsb.PRESET.evaluation.objective
+    assert estimator["num_particles"] == run["evaluation"]["eval_particles"]
+    assert len(estimator["seeds"]) == run["evaluation"]["eval_seeds"]
+
+
+def test_bounds_flags_default_to_the_presets_and_typed_values_are_overrides():
+    preset = bounds_jsb.PRESET
+    same = ["--particles", "4", "--size", "medium", "--inference", "filtering", "--epochs", "500"]
+    same += ["--kl-anneal-steps", "0", "--eval-particles", "64", "--eval-seeds", "5"]
+    assert _bounds_settings(*same)["overrides"] == {}  # typed, but the presets' values
+    run = _bounds_settings("--particles", "8", "--kl-anneal-steps", "100", "--eval-seeds", "2")
+    assert run["overrides"] == {"particles": 8, "kl_anneal_steps": 100, "eval_seeds": 2}
+    assert run["configs"]["iwae"] == get_preset("srnn_jsb_bounds_iwae").train_config(
+        num_particles=8, kl_start=0.2, kl_anneal_steps=100, num_threads=1, progress=True
+    )
+    assert run["evaluation"] == {"eval_particles": preset.evaluation.particles, "eval_seeds": 2}
+    assert run["name"] == "bounds_jsb"  # the presets' model: the recorded result's name
+    small = _bounds_settings("--size", "small")
+    assert small["name"] == "bounds_jsb_small_filtering"
+    assert small["overrides"] == {"model_options": bounds_jsb.SIZES["small"]}
+
+
+def test_bounds_smoke_trains_each_objective_with_its_preset(tmp_path, monkeypatch):
+    """A tiny run end to end: fit receives each objective's preset configuration with the
+    typed overrides (in rounds of one epoch), and the result records presets and overrides."""
+    data = tmp_path / "jsb_chorales.pickle"
+    _write_piano_rolls(data)
+    written, calls = {}, []
+    real_fit = bounds_jsb.fit
+
+    def fit(model, train, valid, config, out):
+        calls.append((Path(out).name, config, model))
+        return real_fit(model, train, valid, config, out)
+
+    monkeypatch.setattr(bounds_jsb, "ROOT", tmp_path)
+    monkeypatch.setattr(bounds_jsb, "fit", fit)
+    monkeypatch.setattr(bounds_jsb, "write_result", lambda n, r: written.update({n: r}))
+    argv = ["--size", "small", "--epochs", "2", "--round-epochs", "1", "--particles", "4"]
+    argv += ["--eval-particles", "2", "--eval-seeds", "1", "--no-cost", "--quiet"]
+    bounds_jsb.main([*argv, "--data", str(data), "--out", str(tmp_path / "ck")])
+    payload = written["bounds_jsb_small_filtering"]
+    overrides = {
+        "model_options": bounds_jsb.SIZES["small"],
+        "epochs": 2,
+        "eval_particles": 2,
+        "eval_seeds": 1,
+    }
+    assert payload["overrides"] == overrides and payload["presets"] == bounds_jsb.PRESETS
+    assert payload["smoke"] is True
+    # the objectives take turns: all three to epoch 1, then all three to epoch 2
+    assert [(name, config.epochs) for name, config, _ in calls] == [
+        (o, e) for e in (1, 2) for o in bounds_jsb.OBJECTIVES
+    ]
+    for name, config, model in calls:
+        preset = get_preset(bounds_jsb.PRESETS[name])
+        expected = preset.train_config(epochs=2, num_threads=1, progress=False)
+        assert config == replace(expected, epochs=config.epochs)
+        assert model.z_dim == 16 and model.deterministic.rnn.hidden_size == 64
+    shared = bounds_jsb.PRESET.train_config(epochs=2, num_threads=1, progress=False)
+    recorded = dict(
+        json.loads(json.dumps(shared.__dict__)), objective=payload["train"]["objective"]
+    )
+    assert payload["train"] == recorded and recorded["num_particles"] == 4
+    assert payload["estimator"]["num_particles"] == 2 and payload["estimator"]["seeds"] == [1234]
+    for objective in bounds_jsb.OBJECTIVES:
+        result = payload["objectives"][objective]
+        assert result["epochs_completed"] == 2
+        assert len(result["evaluation"]["best_valid_elbo"]["per_seed"]) == 1
