@@ -5,7 +5,8 @@
   sequential and parallel-in-time (the public API), built from :mod:`~pyro_seq.ops.lgssm`
   (parameter bundle, argument checks, the prepared model), :mod:`~pyro_seq.ops.kalman_steps`
   (per-step formulas), :mod:`~pyro_seq.ops.kalman_sequential` (loops over time) and
-  :mod:`~pyro_seq.ops.kalman_parallel` (associative scans).
+  :mod:`~pyro_seq.ops.kalman_parallel` (associative scans) and :mod:`~pyro_seq.ops.kalman_steady`
+  (the steady-state fast path of ``method="auto"`` for time-invariant, unmasked models).
 * :mod:`~pyro_seq.ops.linalg`: batched linear algebra (symmetrisation, products with the data
   batch folded into columns, Cholesky with jitter, solves with singular PSD matrices).
 * :mod:`~pyro_seq.ops.nonlinear`: extended and unscented Kalman filters and smoothers.
