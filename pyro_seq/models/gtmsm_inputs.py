@@ -7,7 +7,7 @@ the model and the guide run.
 :class:`~pyro_seq.models.gtmsm.GTMSM` inherits :class:`GTMSMInputs`.
 """
 
-from typing import Optional, Tuple
+from typing import Optional, Tuple, Union, cast
 
 import torch
 import torch.nn as nn
@@ -15,7 +15,10 @@ import torch.nn as nn
 from pyro_seq.models.base import StepProgram
 from pyro_seq.ops.state import SequenceState
 
-__all__ = ["ActionProgram", "GTMSMInputs"]
+__all__ = ["ActionProgram", "GTMSMInputs", "NEIGHBOUR_WARMUP_EPOCHS"]
+
+#: Epochs of the default neighbour warm-up (``neighbour_warmup="all"``: ``(tau, 20)``).
+NEIGHBOUR_WARMUP_EPOCHS = 20
 
 
 class ActionProgram(StepProgram):
@@ -46,7 +49,7 @@ class GTMSMInputs:
     frame_dim: int
     pack_actions: bool
     num_neighbours: int
-    neighbour_warmup: Optional[Tuple[int, int]]
+    neighbour_warmup: Union[str, Tuple[int, int], None]
     s0: torch.Tensor
     _tau: int
 
@@ -81,6 +84,14 @@ class GTMSMInputs:
             raise ValueError(f"tau must be a positive int (memorisation steps), got {tau!r}")
         self._tau = tau
 
+    def neighbour_schedule(self) -> Optional[Tuple[int, int]]:
+        """``(K_0, epochs)`` of the neighbour warm-up now: ``neighbour_warmup`` as given, or for
+        ``"all"`` ``(tau, NEIGHBOUR_WARMUP_EPOCHS)`` with the current ``tau`` (every memorised
+        entry at first); None: no warm-up."""
+        if self.neighbour_warmup == "all":
+            return (self.tau, NEIGHBOUR_WARMUP_EPOCHS)
+        return cast(Optional[Tuple[int, int]], self.neighbour_warmup)
+
     def check_tau(self, num_steps: Optional[int] = None, tau: Optional[int] = None) -> int:
         """``tau`` (the attribute when None) as an int with ``1 <= tau`` and, when
         ``num_steps`` is given, ``tau < num_steps``.
@@ -102,7 +113,7 @@ class GTMSMInputs:
             raise ValueError(f"tau must be a positive int (memorisation steps), got {tau!r}")
         for name, k in (
             ("num_neighbours", self.num_neighbours),
-            ("neighbour_warmup K_0", (self.neighbour_warmup or (0,))[0]),
+            ("neighbour_warmup K_0", (self.neighbour_schedule() or (0, 0))[0]),
         ):
             if k > tau:
                 raise ValueError(

@@ -238,7 +238,7 @@ class GTMSMMemories:
     s0: torch.Tensor
     delta: float
     num_neighbours: int
-    training_neighbours: Optional[int]
+    warmup_epoch: int
     training: bool
 
     if TYPE_CHECKING:  # GTMSM's and GTMSMTransition's methods that these use
@@ -246,6 +246,8 @@ class GTMSMMemories:
         def encode(self, frames: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]: ...
 
         def displacement_matrix(self) -> torch.Tensor: ...
+
+        def neighbour_schedule(self) -> Optional[Tuple[int, int]]: ...
 
         def transition_mean(
             self, s_prev: torch.Tensor, a: torch.Tensor, M: Optional[torch.Tensor] = None
@@ -256,10 +258,13 @@ class GTMSMMemories:
         ) -> torch.Tensor: ...
 
     def neighbours_now(self) -> int:
-        """``K`` read by :meth:`memory_prior`: the warm-up's in training mode, else
-        ``num_neighbours``."""
-        if self.training and self.training_neighbours is not None:
-            return self.training_neighbours
+        """``K`` read by :meth:`memory_prior`: in training mode the warm-up's ``K`` of the
+        epoch last given to :meth:`~pyro_seq.models.gtmsm.GTMSM.training_epoch` (0 before
+        any), else ``num_neighbours``."""
+        schedule = self.neighbour_schedule()
+        if self.training and schedule is not None:
+            start, epochs = schedule
+            return int(round(warmup_value(self.warmup_epoch, start, epochs, self.num_neighbours)))
         return self.num_neighbours
 
     def memory_prior(

@@ -74,7 +74,8 @@ def test_gtmsm_learning_r2_is_one_for_states_that_are_an_affine_map_of_positions
     actions = torch.randint(0, 5, (6, 40), generator=g)
     positions = 4 + torch.from_numpy(ACTION_MOVES)[actions].cumsum(1)
     frames = torch.rand(6, 40, 64, generator=g, dtype=torch.float64)
-    m = GTMSM(tau=40, walls=False, transition_noise=1e-6).double()
+    # a free M (the thesis): the second M below breaks the default inverse pairs on purpose
+    m = GTMSM(tau=40, walls=False, transition_noise=1e-6, displacements="free").double()
     with torch.no_grad():
         m.M.copy_(torch.tensor([[-1.0, 1, 0, 0, 0], [0, 0, -1, 1, 0]]))
     per_seq, pooled = gtmsm_learning.state_r2(m, frames, actions, positions, 40)

@@ -28,8 +28,14 @@ def _clear():
     pyro.clear_param_store()
 
 
+#: the thesis's literal settings (the defaults are the learning aids of the module docstring)
+THESIS = dict(displacements="free", neighbour_warmup=None, wall_lr_multiplier=1.0)
+
+
 def small(**kw):
+    """A small GTM-SM with the thesis's settings (``THESIS``), ``kw`` over them."""
     opts = dict(
+        THESIS,
         frame_shape=(2, 2),
         tau=3,
         num_neighbours=3,
@@ -121,7 +127,7 @@ def perfect_memory_model(tau):
     m = GTMSM(frame_shape=(8, 8), z_dim=64, tau=tau, walls=False, hidden_dims=(4,)).double()
     m.encoder_body, m.encoder_head, m.decoder = nn.Identity(), IdentityEncoder(0.05), nn.Identity()
     with torch.no_grad():
-        m.M.copy_(TRUE_M)
+        m.set_displacement_matrix(TRUE_M)  # the default inverse pairs hold it
     return m
 
 
@@ -170,6 +176,7 @@ def test_perfect_memory_and_known_M_predict_the_stored_frames():
     # the model's own sites agree: at the true states the mixture prior is centred there
     s = true_s[tau : tau + 1].expand(2, 2).contiguous()
     dnd, _ = m.write_memory(frames[:, :tau], nn.functional.one_hot(actions[:, :tau], 5).double())
+    m.eval()  # num_neighbours, as predict reads (training mode reads the warm-up's K = tau)
     prior = m.memory_prior(s, dnd)
     assert torch.allclose(prior.mean, out["z"][:, 0], atol=1e-12)
 
@@ -705,7 +712,7 @@ def exact_match_landmark_model(tau):
     ).double()
     m.encoder_body, m.encoder_head, m.decoder = nn.Identity(), IdentityEncoder(0.05), nn.Identity()
     with torch.no_grad():
-        m.M.copy_(TRUE_M)
+        m.set_displacement_matrix(TRUE_M)
     set_linear(m.landmark_beta[0], [[-1000.0]], [1.0])
     set_linear(m.landmark_beta[2], [[60.0]], [-30.0])
     return m
@@ -940,7 +947,7 @@ def test_neighbour_warmup_reads_K0_entries_in_training_then_num_neighbours():
     plain.training_epoch(0)
     plain.num_neighbours = 3  # without a warm-up, training reads the attribute
     assert plain.memory_prior(s, dnd).mixture_distribution.logits.shape[-1] == 3
-    for bad in ((0, 3), (5,), 5, (5, 0)):
+    for bad in ((0, 3), (5,), 5, (5, 0), "some"):
         with pytest.raises(ValueError, match="neighbour_warmup"):
             small(neighbour_warmup=bad)
 
@@ -973,3 +980,41 @@ def test_lr_multipliers_of_M_and_of_the_wall_network(displacements, names):
     for option in ("displacement_lr_multiplier", "wall_lr_multiplier"):
         with pytest.raises(ValueError, match=option):
             small(**{option: -1.0})
+
+
+def test_defaults_are_the_learning_aids_and_the_thesis_settings_stay_reachable():
+    """GTMSM()'s defaults: inverse pairs of displacements, every memory entry at first (tau,
+    then down to num_neighbours over 20 epochs) and the wall network at 10x the rate; the
+    thesis's free M, fixed K and single rate by options."""
+    torch.manual_seed(0)
+    m = GTMSM(frame_shape=(2, 2), tau=8, num_neighbours=2, z_dim=2, hidden_dims=(5,))
+    assert m.displacements == "inverse_pairs" and m.neighbour_warmup == "all"
+    assert m.lr_multipliers == {"wall_net": 10.0}
+    assert torch.equal(m.displacement_matrix()[:, 1], -m.displacement_matrix()[:, 0])
+    dnd = DND(2)
+    g = torch.Generator().manual_seed(0)
+    dnd.write(torch.randn(1, 8, 2, generator=g), torch.rand(1, 8, 2, 2, generator=g) + 0.1)
+    s = torch.zeros(1, 2)
+    m.train()
+    ks = []
+    for epoch in range(22):
+        m.training_epoch(epoch)
+        ks.append(m.memory_prior(s, dnd).mixture_distribution.logits.shape[-1])
+    assert ks == [round(8 * (2 / 8) ** (e / 20)) for e in range(20)] + [2, 2]
+    assert ks[0] == 8 and ks[10] == 4  # all tau entries, then geometrically down to K
+    m.tau = 6  # "all" follows tau: a smaller memory is read whole at epoch 0
+    m.training_epoch(0)
+    assert m.neighbour_schedule() == (6, 20) and m.neighbours_now() == 6
+    m.eval()
+    assert m.neighbours_now() == 2
+    thesis = GTMSM(frame_shape=(2, 2), tau=8, num_neighbours=2, z_dim=2, **THESIS)
+    assert isinstance(thesis.M, nn.Parameter) and thesis.neighbour_schedule() is None
+    assert thesis.lr_multipliers == {}
+    thesis.training_epoch(0)
+    assert thesis.neighbours_now() == 2
+
+
+def test_default_inverse_pairs_need_four_actions_or_the_free_M():
+    with pytest.raises(ValueError, match="inverse_actions .* displacements='free'"):
+        GTMSM(num_actions=3)
+    assert GTMSM(num_actions=3, displacements="free").M.shape == (2, 3)
