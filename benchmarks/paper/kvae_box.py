@@ -1,10 +1,11 @@
 """KVAE on the bouncing-ball videos: training, then the imputation curves of thesis Fig. 6.3.
 
-1. Train a KVAE (paper architecture: a_t in R^2, z_t in R^4, K = 3, conv encoder / sub-pixel
-   decoder, appendix 6.8 tricks: reconstruction weight 0.3, dynamics network frozen for the
-   first epochs, uniform initial mixture weights, Adam 0.007 with decay 0.85 every 20 epochs,
-   gradient clipping 150) with :func:`pyro_seq.train.fit` (resumable from its checkpoints in
-   ``benchmarks/checkpoints/<tag>``, tqdm progress).
+1. Train a KVAE with the settings of the preset ``kvae_box`` (:mod:`pyro_seq.presets`: paper
+   architecture, a_t in R^2, z_t in R^4, K = 3, conv encoder / sub-pixel decoder; appendix 6.8
+   tricks: reconstruction weight 0.3, dynamics network frozen for the first epochs, uniform
+   initial mixture weights, Adam 0.007 with decay 0.85 every 20 epochs, gradient clipping 150;
+   1000 training videos, 20 epochs) with :func:`pyro_seq.train.fit` (resumable from its
+   checkpoints in ``benchmarks/checkpoints/<tag>``, tqdm progress).
 2. On the test videos, for every drop probability p in {0.1, ..., 0.9} (the first 4 frames
    always observed, as the KVAE code's random masks) and for the "missing in the middle" scheme
    (only the first and last 4 frames observed): impute the missing frames by generation,
@@ -21,10 +22,15 @@
 
 JSON in ``benchmarks/results/kvae_<tag>.json``, figures next to it. The thesis trains on 5000
 videos for 80 epochs (55 s an epoch on a Titan X); on this 2-core CPU an epoch of 5000 videos
-takes about 6 minutes, so ``--train`` and ``--epochs`` choose a smaller budget, stated in the
-JSON. Usage::
+takes about 6 minutes, so the preset chooses a smaller budget. The data default to the preset's
+(``box:1000``: 1000 training videos and ``N // 5`` of ``--train`` N for validation and test). A
+flag that changes a preset's value (``--env``, ``--train``, ``--valid``, ``--test``,
+``--epochs``, ``--batch-size``, ``--lr``, ``--warmup-epochs``, ``--channels``, ``--seed``,
+``--time-limit``, and the sizes ``--smoke`` sets) is an override, recorded in the JSON's
+``overrides`` with the ``preset``. Usage::
 
-    python benchmarks/paper/kvae_box.py --train 1000 --epochs 30 --tag box_1000
+    python benchmarks/paper/kvae_box.py --train 1000 --valid 100 --test 500 \
+        --baseline-epochs 6 --tag box_1000                  # the recorded run
     python benchmarks/paper/kvae_box.py --smoke      # seconds: tiny sizes, nothing recorded
 """
 
@@ -32,6 +38,7 @@ import argparse
 import json
 import sys
 import time
+from dataclasses import asdict, replace
 from pathlib import Path
 
 sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common.py
@@ -39,6 +46,28 @@ sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # benchmarks/: com
 import torch
 from common import RESULTS, ROOT, device_info, write_result
 
+from pyro_seq.presets import get_preset
+
+PRESET = get_preset("kvae_box")
+#: The preset's data ``"env:N"``: N training videos, ``N // 5`` (at least 1) for validation and
+#: test each, as :func:`pyro_seq.data.load_dataset` reads it.
+ENV, _, COUNT = PRESET.data.partition(":")
+#: ``--smoke``: tiny sizes (overrides of the preset's values).
+SMOKE = dict(train=16, valid=1, test=8, epochs=1, channels=4, batch_size=8, warmup_epochs=0)
+#: Flags that change a preset value -> (where: "data", "model" or "train", the field).
+PRESET_FLAGS = {
+    "env": ("data", "env"),
+    "train": ("data", "train"),
+    "valid": ("data", "valid"),
+    "test": ("data", "test"),
+    "channels": ("model", "channels"),
+    "warmup_epochs": ("model", "dynamics_warmup_epochs"),
+    "epochs": ("train", "epochs"),
+    "batch_size": ("train", "batch_size"),
+    "lr": ("train", "lr"),
+    "seed": ("train", "seed"),
+    "time_limit": ("train", "time_limit"),
+}
 PROBS = [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9]
 METHODS = ("generation", "filtering", "smoothing")
 BASELINE = "ae_rnn"
@@ -47,23 +76,30 @@ BASELINES = (BASELINE, "vaernn")
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--env", default="box")
-    p.add_argument("--train", type=int, default=5000, help="training videos (thesis 5000)")
-    p.add_argument("--test", type=int, default=1000, help="test videos (thesis 1000)")
-    p.add_argument("--epochs", type=int, default=80)
+    p.add_argument("--env", default=None, help=f"simulated videos (preset: {ENV})")
+    p.add_argument(
+        "--train", type=int, default=None, help=f"training videos (preset {COUNT}; thesis 5000)"
+    )
+    p.add_argument(
+        "--valid", type=int, default=None, help="validation videos (default: --train // 5)"
+    )
+    p.add_argument(
+        "--test", type=int, default=None, help="test videos (default: --train // 5; thesis 1000)"
+    )
+    p.add_argument("--epochs", type=int, default=None, help="KVAE epochs (preset: 20)")
     p.add_argument(
         "--baseline-epochs",
         type=int,
         default=None,
-        help="epochs of the AE-RNN and VAE-RNN baselines (default: --epochs); a "
+        help="epochs of the AE-RNN and VAE-RNN baselines (default: the KVAE's); a "
         "later call with more resumes them",
     )
-    p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--lr", type=float, default=0.007)
-    p.add_argument("--warmup-epochs", type=int, default=5)
-    p.add_argument("--channels", type=int, default=32)
+    p.add_argument("--batch-size", type=int, default=None)
+    p.add_argument("--lr", type=float, default=None)
+    p.add_argument("--warmup-epochs", type=int, default=None, help="dynamics_warmup_epochs")
+    p.add_argument("--channels", type=int, default=None)
     p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=None, help="of the data and every model")
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (named in the JSON)")
     p.add_argument(
         "--time-limit",
@@ -76,12 +112,61 @@ def parse_args(argv=None):
     p.add_argument("--smoke-dir", default="/tmp/kvae_smoke", help="where --smoke writes")
     args = p.parse_args(argv)
     if args.smoke:
-        args.train, args.test, args.epochs, args.channels = 16, 8, 1, 4
-        args.batch_size, args.warmup_epochs = 8, 0
-    if args.baseline_epochs is None:
-        args.baseline_epochs = args.epochs
-    args.tag = args.tag or (f"{args.env}_smoke" if args.smoke else f"{args.env}_{args.train}")
+        vars(args).update(SMOKE)
     return args
+
+
+def settings(args):
+    """The settings of a run: the preset's data sizes (``env``, ``train``, ``valid``,
+    ``test``), model options and :class:`~pyro_seq.train.TrainConfig` (with this run's
+    threads, device and progress bar), with the flags that change a preset's value applied
+    and listed in ``overrides`` (flag destination -> the value used); then the settings the
+    script fills in from them (``baseline_epochs``, ``tag``)."""
+    count = int(COUNT)
+    values = {
+        "data": {
+            "env": ENV,
+            "train": count,
+            "valid": max(1, count // 5),
+            "test": max(1, count // 5),
+        },
+        "model": dict(PRESET.model_options),
+        "train": asdict(PRESET.train_config()),
+    }
+    overrides = {}
+    for flag, (where, field) in PRESET_FLAGS.items():
+        value = getattr(args, flag)
+        if value is not None and value != values[where].get(field):
+            overrides[flag] = values[where][field] = value
+    data = values["data"]
+    for split in ("valid", "test"):  # the rule of "env:N" for the --train typed
+        if "train" in overrides and split not in overrides:
+            data[split] = max(1, data["train"] // 5)
+    typed = {PRESET_FLAGS[f][1]: v for f, v in overrides.items() if PRESET_FLAGS[f][0] == "train"}
+    config = replace(
+        PRESET.train_config(**typed),
+        num_threads=args.threads,
+        progress=not args.smoke,
+        device=args.device,
+    )
+    baseline_epochs = config.epochs if args.baseline_epochs is None else args.baseline_epochs
+    tag = args.tag or (f"{data['env']}_smoke" if args.smoke else f"{data['env']}_{data['train']}")
+    return {
+        "preset": PRESET.name,
+        "data": data,
+        "model_options": values["model"],
+        "config": config,
+        "overrides": overrides,
+        "baseline_epochs": baseline_epochs,
+        "tag": tag,
+    }
+
+
+def used_settings(args, run):
+    """The flags as parsed, with the values used where one was not typed (the preset's)."""
+    places = {"data": run["data"], "model": run["model_options"], "train": asdict(run["config"])}
+    used = {flag: places[where][field] for flag, (where, field) in PRESET_FLAGS.items()}
+    return dict(vars(args), **used, baseline_epochs=run["baseline_epochs"], tag=run["tag"])
 
 
 def make_masks(num, T, generator):
@@ -142,14 +227,16 @@ def imputation_errors(model, baseline, vaernn, videos, generator, batch=100):
     return out
 
 
-def train_baseline(train, args, out_dir, image_shape):
-    """The AE-RNN for ``args.epochs`` epochs, resumable from ``out_dir / "ae_rnn.pt"``."""
+def train_baseline(train, args, run, out_dir, image_shape):
+    """The AE-RNN for ``run["baseline_epochs"]`` epochs (minibatches, seed and channels those of
+    the KVAE in ``run``: :func:`settings`), resumable from ``out_dir / "ae_rnn.pt"``."""
     from tqdm.auto import tqdm
 
     from pyro_seq.baselines import AERNN
 
-    torch.manual_seed(args.seed)
-    model = AERNN(image_shape, channels=args.channels).to(args.device)
+    config, epochs = run["config"], run["baseline_epochs"]
+    torch.manual_seed(config.seed)
+    model = AERNN(image_shape, channels=run["model_options"]["channels"]).to(args.device)
     optim = torch.optim.Adam(model.parameters(), lr=1e-3)
     path, start, history = out_dir / "ae_rnn.pt", 0, []
     if path.exists():
@@ -159,23 +246,24 @@ def train_baseline(train, args, out_dir, image_shape):
         start, history = int(state["epoch"]), [float(v) for v in state["history"]]
     x = train.frames.flatten(2).to(args.device)
     t0 = time.time()
+    batch = config.batch_size
     for epoch in tqdm(
-        range(start, args.baseline_epochs),
+        range(start, epochs),
         initial=start,
-        total=args.baseline_epochs,
+        total=epochs,
         desc="AE-RNN epochs",
         disable=args.smoke,
     ):
-        g = torch.Generator().manual_seed(args.seed * 1000 + epoch)
+        g = torch.Generator().manual_seed(config.seed * 1000 + epoch)
         order = torch.randperm(len(x), generator=g).to(x.device)
         total = 0.0
-        for i in range(0, len(x), args.batch_size):
-            loss = model.loss(x[order[i : i + args.batch_size]])
+        for i in range(0, len(x), batch):
+            loss = model.loss(x[order[i : i + batch]])
             optim.zero_grad()
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 150.0)
             optim.step()
-            total += float(loss.detach()) * len(order[i : i + args.batch_size])
+            total += float(loss.detach()) * len(order[i : i + batch])
         history.append(total / len(x))
         out_dir.mkdir(parents=True, exist_ok=True)
         torch.save(
@@ -191,20 +279,22 @@ def train_baseline(train, args, out_dir, image_shape):
     return model, history, time.time() - t0
 
 
-def train_vaernn(train, valid, args, out_dir):
-    """The package's VAE-RNN on the flattened frames, by :func:`pyro_seq.train.fit` (resumable)."""
+def train_vaernn(train, valid, args, run, out_dir):
+    """The package's VAE-RNN on the flattened frames, by :func:`pyro_seq.train.fit` (resumable;
+    epochs, minibatches and seed from ``run``: :func:`settings`)."""
     from pyro_seq.models import VAERNN
     from pyro_seq.train import TrainConfig, fit
 
-    torch.manual_seed(args.seed)
+    kvae = run["config"]
+    torch.manual_seed(kvae.seed)
     model = VAERNN(train.frames[0, 0].numel(), d_dim=50, z_dim=8, hidden_dim=128)
     config = TrainConfig(
-        epochs=args.baseline_epochs,
-        batch_size=args.batch_size,
+        epochs=run["baseline_epochs"],
+        batch_size=kvae.batch_size,
         lr=1e-3,
         patience=None,
         device=args.device,
-        seed=args.seed,
+        seed=kvae.seed,
         num_threads=args.threads,
         progress=not args.smoke,
         valid_batch_size=100,
@@ -283,41 +373,26 @@ def main(argv=None):
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
     from pyro_seq.data.simulators import simulate
-    from pyro_seq.models import KVAE
-    from pyro_seq.train import TrainConfig, evaluate_bound, fit
+    from pyro_seq.train import evaluate_bound, fit
     from pyro_seq.validation import parse_device
 
     device = parse_device(args.device, "--device")
+    run = settings(args)
+    config, sizes, tag = run["config"], run["data"], run["tag"]
     t0 = time.time()
     cache = False if args.smoke else True
     sim = dict(cache=cache, progress=not args.smoke, num_workers=1 if args.smoke else None)
-    train = simulate(args.env, args.train, split="train", seed=args.seed, **sim)
-    valid = simulate(args.env, max(1, args.test // 5), split="valid", seed=args.seed, **sim)
-    test = simulate(args.env, args.test, split="test", seed=args.seed, **sim)
+    videos = {
+        split: simulate(sizes["env"], sizes[split], split=split, seed=config.seed, **sim)
+        for split in ("train", "valid", "test")
+    }
+    train, valid, test = videos["train"], videos["valid"], videos["test"]
     sim_seconds = time.time() - t0
     H, W = train.frames.shape[-2:]
-    torch.manual_seed(args.seed)
-    model = KVAE((H, W), channels=args.channels, dynamics_warmup_epochs=args.warmup_epochs)
-    decay_every = 20
-    config = TrainConfig(
-        epochs=args.epochs,
-        batch_size=args.batch_size,
-        lr=args.lr,
-        clip_norm=150.0,
-        lr_schedule="exponential",
-        lr_decay_after=1,
-        lr_decay_factor=(1 / 0.85) ** (1 / decay_every),
-        patience=None,
-        init="none",
-        seed=args.seed,
-        num_threads=args.threads,
-        progress=not args.smoke,
-        valid_batch_size=100,
-        device=args.device,
-        time_limit=args.time_limit,
-    )
+    torch.manual_seed(config.seed)
+    model = PRESET.build(H * W, 0, image_shape=[H, W], **run["model_options"])
     smoke_dir = Path(args.smoke_dir)
-    out_dir = smoke_dir / "run" if args.smoke else ROOT / "benchmarks" / "checkpoints" / args.tag
+    out_dir = smoke_dir / "run" if args.smoke else ROOT / "benchmarks" / "checkpoints" / tag
     t1 = time.time()
     history = fit(model, train.as_sequences(), valid.as_sequences(), config, out_dir)
     train_seconds = time.time() - t1
@@ -327,12 +402,12 @@ def main(argv=None):
         f"test ELBO {test_elbo['per_step']:.3f} nats per frame "
         f"({test_elbo['per_step'] * test.frames.shape[1]:.2f} per sequence)"
     )
-    baseline, baseline_history, baseline_seconds = train_baseline(train, args, out_dir, (H, W))
-    vaernn, vaernn_seconds = train_vaernn(train, valid, args, out_dir)
+    baseline, baseline_history, baseline_seconds = train_baseline(train, args, run, out_dir, (H, W))
+    vaernn, vaernn_seconds = train_vaernn(train, valid, args, run, out_dir)
     t2 = time.time()
     with torch.no_grad():
         errors = imputation_errors(
-            model, baseline, vaernn, test, torch.Generator().manual_seed(args.seed)
+            model, baseline, vaernn, test, torch.Generator().manual_seed(config.seed)
         )
     impute_seconds = time.time() - t2
     ordered = all(
@@ -345,8 +420,8 @@ def main(argv=None):
     below_vaernn = all(errors[f"p={p}"]["smoothing"] < errors[f"p={p}"]["vaernn"] for p in PROBS)
     epochs = [r for r in history if "seconds" in r] if isinstance(history, list) else []
     payload = {
-        "env": args.env,
-        "settings": vars(args),
+        "env": sizes["env"],
+        "settings": used_settings(args, run),
         "test_elbo_per_frame": test_elbo["per_step"],
         "test_elbo_per_sequence": test_elbo["per_step"] * test.frames.shape[1],
         "imputation_pixel_error": errors,
@@ -365,13 +440,16 @@ def main(argv=None):
         "epochs_trained": len(epochs),
         "device_info": device_info(device),
         "thesis": "Fig. 6.3a: smoothing < filtering < generation at every p (curves, no table)",
+        "preset": run["preset"],
+        "overrides": run["overrides"],
+        "data": sizes,
+        "model_options": run["model_options"],
+        "train": {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(config).items()},
     }
-    prefix = smoke_dir / "fig" if args.smoke else RESULTS / f"kvae_{args.tag}"
+    prefix = smoke_dir / "fig" if args.smoke else RESULTS / f"kvae_{tag}"
     with torch.no_grad():
-        figures(model, test, errors, str(prefix), args.env)
-    write_result(
-        f"kvae_{args.tag}", payload, path=smoke_dir / "result.json" if args.smoke else None
-    )
+        figures(model, test, errors, str(prefix), sizes["env"])
+    write_result(f"kvae_{tag}", payload, path=smoke_dir / "result.json" if args.smoke else None)
     print(
         json.dumps(
             {
