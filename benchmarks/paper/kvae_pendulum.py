@@ -19,6 +19,8 @@ seconds. The recorded comparison with the torques as inputs of both (``docs/benc
 
     python benchmarks/paper/kvae_pendulum.py --epochs 300 --models kvae_mlp,dmm \
         --tag kvae_pendulum_inputs
+    python benchmarks/paper/kvae_pendulum.py --epochs 300 --models kvae_mlp \
+        --reconstruction-weight 0.3 --tag kvae_pendulum_inputs_w03
 
 Earlier runs (own SVI loop, DMM without the torques): ``--reconstruction-weight 0.3 --tag
 kvae_pendulum_300`` and ``--reconstruction-weight 1 --tag kvae_pendulum_300_w1``.

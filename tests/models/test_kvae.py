@@ -425,6 +425,22 @@ def test_generated_codes_follow_the_lgssm_prior():
     assert ((emp - dense.cov_xx).abs() < 5 * se).all()
 
 
+def test_default_training_objective_is_the_reported_elbo():
+    """With the default reconstruction weight the training-mode model is the eval-mode one:
+    the same log joint on the same guide sample (the thesis's 0.3 scales log p(x | a))."""
+    torch.manual_seed(9)
+    x = (torch.rand(2, 4, 64) < 0.3).double()
+    for kw, equal in (({}, True), ({"reconstruction_weight": 0.3}, False)):
+        m = small_kvae(**kw)
+        guide = poutine.trace(m.guide).get_trace(x)
+        joint = {}
+        for mode in (True, False):
+            m.train(mode)
+            trace = poutine.trace(poutine.replay(m.model, trace=guide)).get_trace(x)
+            joint[mode] = trace.log_prob_sum().item()
+        assert (abs(joint[True] - joint[False]) <= 1e-9 * abs(joint[False])) is equal
+
+
 def test_likelihood_estimates_run_in_eval_mode_and_restore_it():
     """estimate_log_likelihood scores with weight 1 on log p(x|a) (eval mode) whatever the mode."""
     from pyro_seq.infer import estimate_log_likelihood
