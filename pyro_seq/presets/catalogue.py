@@ -474,7 +474,6 @@ _PRESETS = [
         "tested on 100 of 256 + 256 steps (image_navigation: 200 and 200 of 256 + 32).",
     ),
     Preset(
-    Preset(
         name="gtmsm_navigation_thesis",
         model="gtmsm",
         model_options=dict(displacements="free", neighbour_warmup=None, wall_lr_multiplier=1.0),
@@ -501,6 +500,7 @@ _PRESETS = [
         "positions (benchmarks/diagnostics/gtmsm_learning.py); gtmsm_navigation adds the "
         "three learning aids that did.",
     ),
+    Preset(
         name="rtrbm_jsb",
         model="rtrbm",
         model_options=dict(num_hidden=150),
