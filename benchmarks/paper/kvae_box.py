@@ -23,7 +23,8 @@
 JSON in ``benchmarks/results/kvae_<tag>.json``, figures next to it. The thesis trains on 5000
 videos for 80 epochs (55 s an epoch on a Titan X); on this 2-core CPU an epoch of 5000 videos
 takes about 6 minutes, so the preset chooses a smaller budget. The data default to the preset's
-(``box:1000``: 1000 training videos and ``N // 5`` of ``--train`` N for validation and test). A
+(``box:1000``: 1000 training videos and ``N // 5`` of ``--train`` N for validation and test;
+with ``--test`` typed, a fifth of it for validation, as the recorded runs chose). A
 flag that changes a preset's value (``--env``, ``--train``, ``--valid``, ``--test``,
 ``--epochs``, ``--batch-size``, ``--lr``, ``--warmup-epochs``, ``--channels``, ``--seed``,
 ``--time-limit``, and the sizes ``--smoke`` sets) is an override, recorded in the JSON's
@@ -81,7 +82,10 @@ def parse_args(argv=None):
         "--train", type=int, default=None, help=f"training videos (preset {COUNT}; thesis 5000)"
     )
     p.add_argument(
-        "--valid", type=int, default=None, help="validation videos (default: --train // 5)"
+        "--valid",
+        type=int,
+        default=None,
+        help="validation videos (default: --test // 5 when --test is typed, else --train // 5)",
     )
     p.add_argument(
         "--test", type=int, default=None, help="test videos (default: --train // 5; thesis 1000)"
@@ -139,9 +143,13 @@ def settings(args):
         if value is not None and value != values[where].get(field):
             overrides[flag] = values[where][field] = value
     data = values["data"]
-    for split in ("valid", "test"):  # the rule of "env:N" for the --train typed
-        if "train" in overrides and split not in overrides:
-            data[split] = max(1, data["train"] // 5)
+    typed = {flag for flag in ("train", "valid", "test") if getattr(args, flag) is not None}
+    # untyped sizes follow the typed ones: a fifth of --train ("env:N"), for validation a
+    # fifth of --test when typed (as the recorded runs chose)
+    if "test" not in typed and "train" in typed:
+        data["test"] = max(1, data["train"] // 5)
+    if "valid" not in typed and typed:
+        data["valid"] = max(1, data["test" if "test" in typed else "train"] // 5)
     typed = {PRESET_FLAGS[f][1]: v for f, v in overrides.items() if PRESET_FLAGS[f][0] == "train"}
     config = replace(
         PRESET.train_config(**typed),

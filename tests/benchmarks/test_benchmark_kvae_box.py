@@ -91,6 +91,17 @@ def test_flags_default_to_the_preset_and_typed_values_are_overrides():
     assert run["config"] == replace(expected, num_threads=1, progress=True, device="cpu")
     assert run["model_options"] == dict(PRESET.model_options, dynamics_warmup_epochs=2)
     assert run["tag"] == "box_500"
+    # the commands of the other recorded runs: a fifth of --test validates, as then
+    for file in ("kvae_box_gravity_500.json", "kvae_box_5000_cuda.json"):
+        settings = json.loads((RESULTS / file).read_text())["settings"]
+        typed = ["--env", settings["env"], "--train", str(settings["train"])]
+        data = _settings(*typed, "--test", str(settings["test"]))["data"]
+        assert data == {
+            "env": settings["env"],
+            "train": settings["train"],
+            "valid": settings["test"] // 5,
+            "test": settings["test"],
+        }
 
 
 def test_smoke_run_trains_the_presets_configuration_and_records_the_overrides(
