@@ -34,7 +34,7 @@ sys.path.insert(0, str(DOCS / "_ext"))
 import pyro_seq_docs  # noqa: E402
 import train_config_table  # noqa: E402
 
-BUILD_DEPS = ("sphinx", "furo", "myst_nb", "jupytext", "ipykernel")
+BUILD_DEPS = ("sphinx", "furo", "myst_nb", "jupytext", "ipykernel", "ipywidgets")
 
 
 def test_every_public_symbol_has_a_docstring():
