@@ -65,6 +65,22 @@ from pyro_seq.cli_types import PROBABILITY as PROBABILITY
 from pyro_seq.cli_types import PROBABILITY_BELOW_ONE as PROBABILITY_BELOW_ONE
 from pyro_seq.cli_types import SEED as SEED
 
+#: ``evaluate --objective``: the bounds of sequence models and the energy-based models'
+#: estimators (``pyro_seq.train.evaluate.ENERGY_METHODS``, not imported here so that the
+#: command line starts without Pyro; a test checks the two agree)
+EVALUATE_OBJECTIVES = (
+    "elbo",
+    "iwae",
+    "smc",
+    "exact",
+    "ais",
+    "reverse_ais",
+    "raise",
+    "pseudo_likelihood",
+)
+#: the annealed estimators, which run ``--particles`` chains (default ``AIS_CHAINS``)
+ANNEALED = ("ais", "reverse_ais", "raise")
+
 if TYPE_CHECKING:  # the training package is imported when a command needs it
     from pyro_seq.train.config import TrainConfig
 
@@ -269,10 +285,10 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     model.require(args.objective, "method")
     particles = args.particles
     if particles is None:  # one sample for the bounds, AIS_CHAINS chains for AIS
-        particles = AIS_CHAINS if args.objective == "ais" else 1
-    elif args.objective == "ais" and particles < 2:
+        particles = AIS_CHAINS if args.objective in ANNEALED else 1
+    elif args.objective in ANNEALED and particles < 2:
         raise SystemExit(
-            f"pyro-seq: error: --particles {particles} with --objective ais: AIS "
+            f"pyro-seq: error: --particles {particles} with --objective {args.objective}: AIS "
             "needs at least 2 chains (for its standard error); leave --particles "
             f"out for {AIS_CHAINS}"
         )
@@ -457,14 +473,20 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--split", default="test", choices=("train", "valid", "test"))
     p.add_argument(
         "--objective",
-        choices=("elbo", "iwae", "smc", "ais", "exact", "pseudo_likelihood"),
+        choices=EVALUATE_OBJECTIVES,
         default=None,
         help="estimator: ELBO, IWAE or SMC (FIVO) bound; for an RTRBM the "
         "log-likelihood by AIS (--particles chains, --betas temperatures; "
-        "default) or exact enumeration (small models), or the pseudo-likelihood",
+        "default; a stochastic upper bound), by reverse AIS from the model's draws "
+        "(reverse_ais, a lower bound with exact draws) or from the data (raise, a lower "
+        "bound on the annealing model), or exact enumeration (small models), or the "
+        "pseudo-likelihood",
     )
     p.add_argument(
-        "--betas", type=AT_LEAST_TWO, default=1000, help="AIS temperatures (--objective ais)"
+        "--betas",
+        type=AT_LEAST_TWO,
+        default=1000,
+        help="AIS temperatures (ais, reverse_ais, raise)",
     )
     p.add_argument(
         "--particles",

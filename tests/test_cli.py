@@ -516,3 +516,15 @@ def test_add_train_options_takes_a_scripts_settings_as_defaults():
         parser.parse_args(["--betas", "0.9", "0.99", "--patience", "3", "--quiet"]), script
     )
     assert changed == dataclasses.replace(script, betas=(0.9, 0.99), patience=3, progress=False)
+
+
+def test_evaluate_objectives_are_every_models_evaluation_methods():
+    """The CLI lists its estimators without importing Pyro; they must be exactly the bounds of
+    sequence models and the energy-based estimators that evaluate_bound runs."""
+    from pyro_seq.cli import ANNEALED, EVALUATE_OBJECTIVES
+    from pyro_seq.models import MODELS
+    from pyro_seq.train.evaluate import ENERGY_METHODS
+
+    declared = {m for cls in MODELS.values() for m in cls.evaluation_methods}
+    assert set(EVALUATE_OBJECTIVES) == {"elbo", "iwae", "smc"} | set(ENERGY_METHODS) == declared
+    assert set(ANNEALED) == {"ais", "reverse_ais", "raise"} <= declared

@@ -4,7 +4,8 @@ machines)."""
 
 from pyro_seq.distributions.linear_gaussian_ssm import LGSSMForecast, LinearGaussianSSM
 from pyro_seq.distributions.mixture import DiagonalNormalMixture
-from pyro_seq.distributions.rbm import RBM, AISResult, EnergyBasedDistribution
+from pyro_seq.distributions.rbm import RBM, EnergyBasedDistribution
+from pyro_seq.distributions.rbm_annealing import AISResult
 from pyro_seq.distributions.scored_value import PresampledValue, ScoredValue
 from pyro_seq.distributions.sparse_rbm import SparseRBM
 from pyro_seq.distributions.wiener import (

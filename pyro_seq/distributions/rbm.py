@@ -49,12 +49,13 @@ configurations and is offered for small ``H``.
 ``log_prob`` is **unnormalised**: it returns :math:`-F(v)`, which is all that contrastive
 divergence (:class:`pyro_seq.infer.ContrastiveDivergence`) needs. The normaliser is
 :meth:`RBM.log_partition` (exact, by enumeration, for small ``H`` or ``V``) or
-:meth:`RBM.ais_log_partition` (annealed importance sampling, Salakhutdinov & Murray 2008).
+:meth:`~pyro_seq.distributions.rbm_annealing.RBMAnnealing.ais_log_partition` (annealed importance
+sampling, Salakhutdinov & Murray 2008; :mod:`~pyro_seq.distributions.rbm_annealing`).
 """
 
 import itertools
 import math
-from typing import Any, NamedTuple, Optional, Sequence, Union
+from typing import Any, Optional
 
 import torch
 import torch.nn.functional as F
@@ -62,24 +63,12 @@ from pyro.distributions.torch_distribution import TorchDistribution
 from torch.distributions import constraints
 from torch.types import _size
 
-__all__ = ["AISResult", "EnergyBasedDistribution", "RBM", "VISIBLE_TYPES", "VisibleUnits"]
+from pyro_seq.distributions.rbm_annealing import RBMAnnealing
+
+__all__ = ["EnergyBasedDistribution", "RBM", "VISIBLE_TYPES", "VisibleUnits"]
 
 VISIBLE_TYPES = ("bernoulli", "softmax", "binomial_softmax")
 MAX_ENUMERATION = 2**20
-
-
-class AISResult(NamedTuple):
-    """Result of :meth:`RBM.ais_log_partition`.
-
-    ``log_partition`` (batch shape): :math:`\\log \\hat Z`, the log of the mean importance
-    weight (an unbiased estimate of :math:`Z` itself; its log is biased low by Jensen);
-    ``stderr``: the delta-method standard error of ``log_partition``,
-    :math:`\\mathrm{sd}(w) / (\\sqrt{n}\\, \\bar w)`; ``log_weights``: ``(num_chains, *batch)``.
-    """
-
-    log_partition: torch.Tensor
-    stderr: torch.Tensor
-    log_weights: torch.Tensor
 
 
 class EnergyBasedDistribution(TorchDistribution):
@@ -179,7 +168,7 @@ class _RBMSupport(constraints.Constraint):
         return ok.all(-1)
 
 
-class RBM(EnergyBasedDistribution):
+class RBM(RBMAnnealing, EnergyBasedDistribution):
     r"""An RBM over its visible units, with an unnormalised ``log_prob`` (module docstring).
 
     :param torch.Tensor W: ``(H, V)`` for Bernoulli visibles, ``(H, V, K)`` for softmax and
@@ -618,158 +607,6 @@ class RBM(EnergyBasedDistribution):
         absent = self._unit_log_normaliser(a)
         per_unit = torch.where(observed, present, absent)
         return torch.logsumexp((h * self.hidden_bias).sum(-1) + per_unit.sum(-1), 0)
-
-    def _annealing_path(self, num_betas, betas, base_visible_bias, num_chains):
-        """The schedule ``betas`` and the base model's visible bias ``c0`` of AIS and RAISE,
-        checked: an increasing schedule from 0 to 1, ``num_chains >= 2``, ``c0`` shaped like the
-        visible bias."""
-        dtype, device = self.visible_bias.dtype, self.visible_bias.device
-        if betas is None:
-            if not isinstance(num_betas, int) or num_betas < 2:
-                raise ValueError(f"num_betas must be an int >= 2, got {num_betas!r}")
-            betas = torch.linspace(0.0, 1.0, num_betas, dtype=dtype, device=device)
-        else:
-            betas = torch.as_tensor(betas, dtype=dtype, device=device)
-            if (
-                betas.dim() != 1
-                or betas.numel() < 2
-                or float(betas[0]) != 0.0
-                or float(betas[-1]) != 1.0
-                or bool((betas[1:] < betas[:-1]).any())
-            ):
-                raise ValueError("betas must be a 1-D non-decreasing schedule from 0 to 1")
-        if not isinstance(num_chains, int) or num_chains < 2:
-            raise ValueError(
-                f"num_chains must be an int >= 2 (for a standard error), got {num_chains!r}"
-            )
-        c0 = (
-            torch.zeros_like(self.visible_bias)
-            if base_visible_bias is None
-            else torch.as_tensor(base_visible_bias, dtype=dtype, device=device)
-        )
-        if c0.shape[-len(self.event_shape) :] != self.event_shape:
-            raise ValueError(f"base_visible_bias must end in {tuple(self.event_shape)}")
-        return betas, c0
-
-    def _log_f_difference(self, v, beta, beta_prev, c0):
-        r""":math:`\log f_\beta(v) - \log f_{\beta'}(v)` and the hidden input :math:`b + W v`."""
-        x = self.hidden_input(v)
-        # the weights (1 - beta) + beta = 1 keep the base measure log m(v) out of the difference
-        visible = self._sum_units(
-            self._unit_log_potential(v, self.visible_bias) - self._unit_log_potential(v, c0)
-        )
-        hidden = (F.softplus(beta * x) - F.softplus(beta_prev * x)).sum(-1)
-        return (beta - beta_prev) * visible + hidden, x
-
-    def _annealed_gibbs(self, x, beta, c0):
-        r"""One block-Gibbs transition :math:`v \to h \to v'` that leaves :math:`p_\beta`
-        invariant (and is reversible for it), from the hidden input ``x`` of :math:`v`."""
-        h = torch.bernoulli(torch.sigmoid(beta * x))
-        return self._sample_units((1 - beta) * c0 + beta * self.visible_input(h))
-
-    def _log_base_partition(self, c0):
-        r""":math:`\log Z_0 = H \log 2 + \sum_i \log \sum_{v_i} m(v_i) e^{v_i \cdot c_{0,i}}`."""
-        return self.num_hidden * math.log(2.0) + self._sum_units(
-            self._unit_log_normaliser(c0.expand(self.batch_shape + self.event_shape))
-        )
-
-    @staticmethod
-    def _annealing_result(log_base, log_w, num_chains):
-        log_mean_w = torch.logsumexp(log_w, 0) - math.log(num_chains)
-        w = torch.exp(log_w - log_w.max(0).values)
-        stderr = w.std(0) / (math.sqrt(num_chains) * w.mean(0))
-        return AISResult(log_base + log_mean_w, stderr, log_w)
-
-    @torch.no_grad()
-    def ais_log_partition(
-        self,
-        num_chains: int = 100,
-        num_betas: int = 1000,
-        betas: Optional[Union[torch.Tensor, Sequence[float]]] = None,
-        base_visible_bias: Optional[torch.Tensor] = None,
-    ) -> AISResult:
-        r"""Annealed importance sampling estimate of :math:`\log Z` (Salakhutdinov & Murray 2008).
-
-        The intermediate distributions are the RBMs with joint energy
-        :math:`-E_\beta(v, h) = (1 - \beta)\, c_0^\top v + \beta (c^\top v + b^\top h + h^\top W
-        v)`: at :math:`\beta = 0` the independent "base-rate" model with visible bias :math:`c_0`
-        (``base_visible_bias``, zeros by default) and :math:`Z_0 = 2^H \prod_i \sum_{v_i} m(v_i)
-        e^{v_i \cdot c_{0,i}}`; at :math:`\beta = 1` this RBM. Each chain starts with an exact
-        draw from the base model and takes one block-Gibbs transition at each intermediate
-        :math:`\beta_k`; its log-weight is :math:`\sum_k \log f_{\beta_k}(v_k) - \log
-        f_{\beta_{k-1}}(v_k)` with :math:`\log f_\beta(v) = (1-\beta) c_0^\top v + \beta c^\top v +
-        \log m(v) + \sum_j \operatorname{softplus}(\beta (b_j + W_j v))`.
-
-        :param int num_chains: independent annealing runs.
-        :param int num_betas: size of the uniform grid :math:`0 = \beta_0 < \dots < \beta_K = 1`
-            (ignored when ``betas`` is given).
-        :param torch.Tensor betas: an increasing schedule from 0 to 1 (e.g. the 14 500 values of
-            Salakhutdinov & Murray: 0-0.5 by 1e-3, 0.5-0.9 by 1e-4, 0.9-1 by 1e-4).
-        :param torch.Tensor base_visible_bias: :math:`c_0`, shaped like ``visible_bias`` (the
-            data's base rates make a better start; :meth:`base_rate_bias`).
-        :returns: :class:`AISResult`; :math:`\hat Z = Z_0 \cdot \mathrm{mean}(w)` is unbiased, so
-            :math:`-F(v) - \log \hat Z` is a stochastic *upper* bound on :math:`\log p(v)`
-            (:meth:`raise_log_prob` gives the lower one).
-        """
-        path, c0 = self._annealing_path(num_betas, betas, base_visible_bias, num_chains)
-        shape = torch.Size([num_chains]) + self.batch_shape
-        v = self._sample_units(c0.expand(shape + self.event_shape))
-        log_w = v.new_zeros(shape)
-        for k in range(1, path.numel()):
-            step, x = self._log_f_difference(v, path[k], path[k - 1], c0)
-            log_w = log_w + step
-            if k < path.numel() - 1:
-                v = self._annealed_gibbs(x, path[k], c0)
-        return self._annealing_result(self._log_base_partition(c0), log_w, num_chains)
-
-    @torch.no_grad()
-    def raise_log_prob(
-        self,
-        value: torch.Tensor,
-        num_chains: int = 100,
-        num_betas: int = 1000,
-        betas: Optional[Union[torch.Tensor, Sequence[float]]] = None,
-        base_visible_bias: Optional[torch.Tensor] = None,
-    ) -> AISResult:
-        r"""Reverse annealed importance sampling (RAISE; Burda, Grosse & Salakhutdinov 2015,
-        sec. 3): a stochastic lower bound on the log-likelihood of the annealing model, which
-        tends to :math:`\log p(v)` as the schedule refines.
-
-        The annealing model draws :math:`v_0` from the base model and applies the block-Gibbs
-        transitions :math:`T_1, \dots, T_K` of the AIS path (:meth:`ais_log_partition`; each
-        :math:`T_k` reversible for :math:`p_{\beta_k}`). Its marginal :math:`p_{\mathrm{ann}}(v)`
-        tends to :math:`p(v)` as the schedule refines. Started at the data, :math:`v_K = v`, the
-        reversed chain :math:`v_{k-1} \sim T_k(\cdot \mid v_k)` gives the unbiased weight
-
-        .. math:: w = \frac{f_K(v)}{Z_0} \prod_{k=0}^{K-1} \frac{f_k(v_k)}{f_{k+1}(v_k)},
-            \qquad \mathbb{E}[w] = p_{\mathrm{ann}}(v),
-
-        so :math:`\log \mathrm{mean}(w) \le \log p_{\mathrm{ann}}(v)` in expectation (Jensen).
-        :math:`p_{\mathrm{ann}}` is a proper distribution, so this estimate cannot be inflated
-        by an underestimated partition function, the failure of AIS
-        (:meth:`ais_log_partition` errs the other way); on a coarse schedule it measures the
-        annealing model, not this RBM. Agreement of the two on the same path is the check.
-
-        :param torch.Tensor value: ``batch_shape + event_shape`` (or broadcastable to it).
-        :param num_chains, num_betas, betas, base_visible_bias: as :meth:`ais_log_partition`.
-        :returns: :class:`AISResult` whose ``log_partition`` holds the estimate of
-            :math:`\log p(v)` (shape of the broadcast batch), ``stderr`` its delta-method
-            standard error and ``log_weights`` the :math:`\log w`, ``(num_chains, *batch)``.
-        """
-        path, c0 = self._annealing_path(num_betas, betas, base_visible_bias, num_chains)
-        value = self._masked_value(torch.as_tensor(value, dtype=self.visible_bias.dtype))
-        batch = torch.broadcast_shapes(
-            value.shape[: value.dim() - len(self.event_shape)], self.batch_shape
-        )
-        v = value.expand(torch.Size([num_chains]) + batch + self.event_shape)
-        log_w = -self.free_energy(v)
-        x = self.hidden_input(v)
-        for k in range(path.numel() - 1, 0, -1):  # v_{k-1} ~ T_k(. | v_k), weight f_{k-1}/f_k
-            v = self._annealed_gibbs(x, path[k], c0)
-            step, x = self._log_f_difference(v, path[k], path[k - 1], c0)
-            log_w = log_w - step
-        log_w = log_w - self._log_base_partition(c0)  # the weight w of the formula above
-        return self._annealing_result(0.0, log_w, num_chains)
 
     def base_rate_bias(self, data: torch.Tensor, eps: float = 1e-3) -> torch.Tensor:
         r"""Visible bias :math:`c_0` of the independent model that matches the data's marginals.

@@ -595,6 +595,7 @@ class SequenceModel(ModelContract):
             "exact": "its likelihood has no closed form; use iwae or smc for a bound",
             "ais": "AIS estimates the partition functions of energy-based models; use iwae or smc",
             "raise": "reverse AIS scores energy-based models; use iwae or smc",
+            "reverse_ais": "reverse AIS scores energy-based models; use iwae or smc",
             "pseudo_likelihood": "it is not energy-based; use elbo, iwae or smc",
             **{
                 method: "imputing whole frames through a Kalman smoother over encodings needs an "

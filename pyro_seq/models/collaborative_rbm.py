@@ -68,7 +68,16 @@ class CollaborativeRBM(EnergyBasedModel):
             **{
                 f"method:{m}": "it is evaluated by predicting held-out answers "
                 "(CollaborativeRBM.predict, benchmarks/paper/cf_students.py)"
-                for m in ("elbo", "iwae", "smc", "ais", "raise", "exact", "pseudo_likelihood")
+                for m in (
+                    "elbo",
+                    "iwae",
+                    "smc",
+                    "ais",
+                    "reverse_ais",
+                    "raise",
+                    "exact",
+                    "pseudo_likelihood",
+                )
             },
         )
     )

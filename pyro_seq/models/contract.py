@@ -250,7 +250,7 @@ class EnergyBasedModel(ModelContract):
     guide is empty, and :class:`~pyro_seq.infer.ContrastiveDivergence` trains it.
 
     Sequence models of this kind define ``log_likelihood(x, mask, method, num_chains,
-    num_betas)`` (methods ``"exact"``, ``"ais"``, ``"raise"``) and ``pseudo_log_likelihood(x, mask)``, and
+    num_betas)`` (methods ``"exact"``, ``"ais"``, ``"reverse_ais"``, ``"raise"``) and ``pseudo_log_likelihood(x, mask)``, and
     ``init_visible_bias(train_sequences)`` (the RBM analogue of an output bias).
     """
 
@@ -258,7 +258,13 @@ class EnergyBasedModel(ModelContract):
     binary_observations = True
     objectives: Tuple[str, ...] = ("cd",)
     #: the first is the default
-    evaluation_methods: Tuple[str, ...] = ("ais", "raise", "exact", "pseudo_likelihood")
+    evaluation_methods: Tuple[str, ...] = (
+        "ais",
+        "reverse_ais",
+        "raise",
+        "exact",
+        "pseudo_likelihood",
+    )
     unsupported: Mapping[str, str] = MappingProxyType(
         {
             "elbo": "it is energy-based (no latent sites, an unnormalised likelihood); use objective cd",
@@ -267,7 +273,7 @@ class EnergyBasedModel(ModelContract):
             "fivo": "it is energy-based (no latent sites); use objective cd",
             **{
                 f"method:{m}": "it is energy-based (an unnormalised likelihood, no guide); evaluate "
-                "it with ais, raise, exact or pseudo_likelihood"
+                "it with ais, reverse_ais, raise, exact or pseudo_likelihood"
                 for m in ("elbo", "iwae", "smc")
             },
         }

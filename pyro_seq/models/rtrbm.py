@@ -48,6 +48,9 @@ from pyro_seq.validation import (
 
 __all__ = ["RTRBM", "SRTRBM", "SequenceLogLikelihood"]
 
+#: the estimators of :meth:`RTRBM.log_likelihood`
+_LIKELIHOOD_METHODS = ("exact", "ais", "reverse_ais", "raise")
+
 
 class SequenceLogLikelihood(NamedTuple):
     """Per-sequence :math:`\\log p(v_{1:T})` ``(batch,)``, its standard error ``(batch,)`` (zeros
@@ -209,15 +212,24 @@ class RTRBM(EnergyBasedModel):
         betas: Optional[torch.Tensor] = None,
         base_visible_bias: Optional[torch.Tensor] = None,
         steps_per_chunk: Optional[int] = None,
+        gibbs_steps: int = 1000,
     ) -> "SequenceLogLikelihood":
         r"""Per-sequence :math:`\log p(v_{1:T}) = \sum_t [-F_t(v_t) - \log Z_t]`.
 
-        :param str method: ``"exact"`` (enumeration; small ``H`` or ``V``), ``"ais"`` (each
-            :math:`\log Z_t` by :meth:`RBM.ais_log_partition`: :math:`\hat Z_t` is unbiased, so
-            the estimate is a stochastic upper bound) or ``"raise"`` (each :math:`\log p(v_t
-            \mid r_{t-1})` by reverse AIS, :meth:`RBM.raise_log_prob`, on the same annealing
-            path: a stochastic lower bound on the annealing model's log-likelihood, which tends
-            to the RTRBM's; Burda, Grosse & Salakhutdinov 2015). Their gap is the error bar.
+        :param str method: how each step's :math:`\log Z_t` or :math:`\log p(v_t \mid
+            r_{t-1})` is obtained, on one annealing path
+            (:mod:`~pyro_seq.distributions.rbm_annealing`):
+
+            * ``"exact"``: enumeration (small ``H`` or ``V``);
+            * ``"ais"``: forward AIS; :math:`\hat Z_t` is unbiased, so the log-likelihood is a
+              stochastic upper bound;
+            * ``"reverse_ais"``: reverse AIS from ``num_chains`` draws of each step's RBM
+              (``gibbs_steps`` block-Gibbs sweeps from a uniform start); with exact draws a
+              stochastic lower bound, so that with ``"ais"`` it sandwiches the log-likelihood
+              (bidirectional Monte Carlo, Grosse, Ghahramani & Adams 2015);
+            * ``"raise"``: reverse AIS from the data (Burda, Grosse & Salakhutdinov 2015), a
+              stochastic lower bound on the annealing model's log-likelihood, which tends to
+              the RTRBM's as the schedule refines.
         :param int num_chains: AIS chains.
         :param int num_betas: AIS temperatures (``betas`` overrides the uniform grid).
         :param base_visible_bias: AIS base model's visible bias ``(V,)``; default ``c``, the
@@ -225,10 +237,11 @@ class RTRBM(EnergyBasedModel):
             logits), a closer start than the uniform model for piano rolls.
         :param int steps_per_chunk: AIS memory bound: at most this many (sequence, step) RBMs at
             once (all at once by default).
+        :param int gibbs_steps: sweeps of the chains whose final states start reverse AIS.
         :returns: :class:`SequenceLogLikelihood`.
         """
-        if method not in ("exact", "ais", "raise"):
-            raise ValueError(f"method must be 'exact', 'ais' or 'raise', got {method!r}")
+        if method not in _LIKELIHOOD_METHODS:
+            raise ValueError(f"method must be one of {_LIKELIHOOD_METHODS}, got {method!r}")
         x, mask = self._check(x, mask)
         W, _ = self.weights()
         biases, _ = self.hidden_biases(x)
@@ -248,6 +261,10 @@ class RTRBM(EnergyBasedModel):
                 part = RBM(W, self.c, flat_bias[start : start + chunk])
                 if method == "ais":
                     est = part.ais_log_partition(num_chains, num_betas, betas, base_visible_bias)
+                elif method == "reverse_ais":
+                    start_v = torch.rand((num_chains,) + flat_x[start : start + chunk].shape) < 0.5
+                    draws = part.gibbs(start_v.to(W.dtype), k=gibbs_steps)
+                    est = part.reverse_ais_log_partition(draws, num_betas, betas, base_visible_bias)
                 else:  # log p(v_t | r_{t-1}) itself: stored as unnorm - log_z below
                     value = flat_x[start : start + chunk]
                     est = part.raise_log_prob(

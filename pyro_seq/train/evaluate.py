@@ -68,7 +68,7 @@ def model_device(model):
     return module_device(model) or torch.device("cpu")
 
 
-ENERGY_METHODS = ("exact", "ais", "raise", "pseudo_likelihood")
+ENERGY_METHODS = ("exact", "ais", "reverse_ais", "raise", "pseudo_likelihood")
 
 
 def _evaluate_energy_based(model, batches, method, num_particles, num_betas):
@@ -88,7 +88,11 @@ def _evaluate_energy_based(model, batches, method, num_particles, num_betas):
             variance += float((est.stderr**2).sum())
         steps += int(mask.sum())
     result = {"total": total, "num_steps": steps, "per_step": total / steps}
-    if method in ("ais", "raise"):  # independent per-sequence estimates: their variances add
+    if method in (
+        "ais",
+        "reverse_ais",
+        "raise",
+    ):  # independent per-sequence estimates: their variances add
         result["stderr_per_step"] = math.sqrt(variance) / steps
         result["num_betas"] = num_betas
         result["num_particles"] = chains  # the chains actually run
@@ -114,8 +118,10 @@ def evaluate_bound(
         the KL term), ``"iwae"`` or ``"smc"`` (see :func:`pyro_seq.infer.estimate_log_likelihood`).
         Energy-based models (``model.energy_based``, e.g. RTRBM) take ``"exact"``, ``"ais"``
         (``num_particles`` AIS chains, 100 when 1, ``num_betas`` temperatures; adds
-        ``stderr_per_step``; a stochastic upper bound), ``"raise"`` (reverse AIS on the same
-        path, a stochastic lower bound on the annealing model's log-likelihood) or
+        ``stderr_per_step``; a stochastic upper bound), ``"reverse_ais"`` (reverse AIS from
+        Gibbs draws of each step's RBM: with exact draws a stochastic lower bound), ``"raise"``
+        (reverse AIS from the data, a stochastic lower bound on the annealing model's
+        log-likelihood) or
         ``"pseudo_likelihood"`` (a monitor, not a bound).
     :returns: dict with ``total``, ``num_steps``, ``per_step``, ``kl_per_step`` (ELBO only),
         ``method``, ``num_particles`` and ``num_sequences``.
