@@ -116,9 +116,10 @@ def main(argv=None):
     p.add_argument(
         "--estimators",
         nargs="+",
-        choices=("ais", "raise"),
+        choices=("ais", "reverse_ais", "raise"),
         default=["ais"],
-        help="test-set estimators on the same weights (ais: upper, raise: lower)",
+        help="test-set estimators on the same weights (ais: from above; reverse_ais: from "
+        "below with exact draws; raise: the annealing model from below)",
     )
     p.add_argument("--time-limit", type=float, default=None, help="seconds for this invocation")
     p.add_argument("--eval-only", action="store_true", help="score the saved best weights only")
