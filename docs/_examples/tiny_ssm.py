@@ -4,8 +4,7 @@ tests/docs/test_design_example.py)."""
 import pyro
 import torch.nn as nn
 
-from pyro_seq.models.base import SequenceModel, normal
-from pyro_seq.models.emission import make_emission
+from pyro_seq.models import SequenceModel, make_emission, normal
 from pyro_seq.nn import MLP, ForwardRNN, GaussianHead, cat_broadcast
 
 
