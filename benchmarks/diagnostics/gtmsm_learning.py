@@ -12,13 +12,18 @@ squares (mean over sequences) and of one map pooled over all sequences, ``M`` it
 it moved in the epoch (next to fit's validation ELBO). ``--lr-m`` and ``--lr-walls`` give ``M``
 and the wall network their own learning rates (the GTM-SM's ``displacement_lr_multiplier`` and
 ``wall_lr_multiplier``, as factors on ``--lr``; the thesis uses one rate, 1e-3 annealed
-linearly to 5e-5 over its first 50,000 updates; this is a diagnostic).
+linearly to 5e-5 over its first 50,000 updates; this is a diagnostic). ``--preset NAME``
+(``gtmsm_navigation``, ``gtmsm_navigation_thesis``) takes the model options and the
+training configuration, its plateau schedule included, from that preset instead (typed flags
+change them).
 
 Resumable (fit's checkpoint and logs in ``benchmarks/checkpoints/gtmsm_learning_<tag>/``; the
 ``M_i_j`` and ``r2_pooled_i`` columns of ``log.json`` are the result's ``M`` and ``r2_pooled``),
 progress with tqdm, JSON in ``benchmarks/results/gtmsm_learning_<tag>.json`` after every epoch::
 
     python benchmarks/diagnostics/gtmsm_learning.py --epochs 80 --lr-m 1e-2 --tag lrm1e-2
+    python benchmarks/diagnostics/gtmsm_learning.py --preset gtmsm_navigation --seed 1 \
+        --tag preset_seed1 --time-limit 4200   # the preset's model and training, seed 1
     python benchmarks/diagnostics/gtmsm_learning.py --smoke  # seconds: tiny sizes, to --smoke-dir
 """
 
@@ -36,6 +41,7 @@ from common import ROOT, device_info, write_result
 
 from pyro_seq.data.simulators.navigation import ACTION_MOVES, ACTIONS
 from pyro_seq.models import GTMSM
+from pyro_seq.presets import PRESETS, get_preset
 
 #: The true displacements in grid units, columns up, down, left, right, stay on (row, column).
 TRUE_M = torch.from_numpy(ACTION_MOVES).T.float()
@@ -44,8 +50,38 @@ TRUE_M = torch.from_numpy(ACTION_MOVES).T.float()
 ENTRY = re.compile(r"M_(\d+)_(\d+)")
 
 
+#: The presets of the GTM-SM that ``--preset`` can take its settings from.
+GTMSM_PRESETS = tuple(name for name, preset in PRESETS.items() if preset.model == "gtmsm")
+
+
+def preset_defaults(name):
+    """The flag defaults that give the settings of preset ``name``: its model options
+    (``displacements``, ``neighbour_warmup`` as ``--neighbours-start``/``--neighbours-epochs``,
+    the rate factors as ``--lr-m``/``--lr-walls`` on its rate) and its training's epochs, batch
+    size, rate and seed. Rates are resolved after parsing, as factors on the (typed) ``--lr``."""
+    preset = get_preset(name)
+    options, train = preset.model_options, preset.train
+    warmup = options.get("neighbour_warmup", "all")
+    return {
+        "displacements": options.get("displacements", "inverse_pairs"),
+        "neighbours_start": None if warmup is None else (warmup[0] if warmup != "all" else -1),
+        "neighbours_epochs": 20 if warmup in (None, "all") else warmup[1],
+        "epochs": train["epochs"],
+        "batch_size": train["batch_size"],
+        "lr": train["lr"],
+        "seed": train.get("seed", 0),
+    }
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument(
+        "--preset",
+        default=None,
+        choices=GTMSM_PRESETS,
+        help="take the model options and training configuration (its schedule included) "
+        "from this preset; typed flags change them",
+    )
     p.add_argument("--train", type=int, default=1000)
     p.add_argument("--valid", type=int, default=20)
     p.add_argument("--tau", type=int, default=256)
@@ -143,7 +179,19 @@ def parse_args(argv=None):
     p.add_argument("--tag", default=None)
     p.add_argument("--smoke", action="store_true", help="tiny sizes, results to --smoke-dir")
     p.add_argument("--smoke-dir", default="/tmp/gtmsm_learning_smoke", help="where --smoke writes")
+    preset = p.parse_known_args(argv)[0].preset
+    if preset is not None:
+        p.set_defaults(**preset_defaults(preset))
     args = p.parse_args(argv)
+    if preset is not None:  # the preset's rate factors on --lr, unless typed
+        options = get_preset(preset).model_options
+        factors = (
+            ("lr_m", "displacement_lr_multiplier", 1.0),
+            ("lr_walls", "wall_lr_multiplier", 10.0),
+        )
+        for flag, option, default in factors:  # the defaults: the GTM-SM's
+            if getattr(args, flag) is None:
+                setattr(args, flag, args.lr * options.get(option, default))
     if args.smoke:
         args.train, args.valid, args.tau, args.pred, args.epochs, args.batch_size = (
             8,
@@ -153,6 +201,8 @@ def parse_args(argv=None):
             2,
             4,
         )
+    if args.neighbours_start == -1 or (args.smoke and args.neighbours_start):
+        args.neighbours_start = args.tau  # the preset's "all" (or a smoke run's whole memory)
     args.lr_m = args.lr if args.lr_m is None else args.lr_m
     walls_lr = "" if args.lr_walls is None else f"_lrw{args.lr_walls:g}"
     args.lr_walls = args.lr if args.lr_walls is None else args.lr_walls
@@ -168,7 +218,8 @@ def parse_args(argv=None):
     )
     init += "" if args.repeat_rate is None else f"_repeat{args.repeat_rate:g}"
     init += "" if args.displacements == "free" else f"_{args.displacements}"
-    args.tag = args.tag or ("smoke" if args.smoke else f"lrm{args.lr_m:g}{walls_lr}{init}")
+    tag = f"{args.preset}_seed{args.seed}" if args.preset else f"lrm{args.lr_m:g}{walls_lr}{init}"
+    args.tag = args.tag or ("smoke" if args.smoke else tag)
     return args
 
 
@@ -319,11 +370,40 @@ def result(args, rows, model, oracle=None):
     return dict(payload, device_info=device_info(next(model.parameters()).device))
 
 
+def train_config(args):
+    """The :class:`~pyro_seq.train.TrainConfig`: with ``--preset``, the preset's (its plateau
+    schedule included) with ``--epochs``, ``--batch-size``, ``--lr`` and ``--seed``; else
+    ClippedAdam at a constant ``--lr``, clipping at 50 (the diagnostic's own). Both stop at
+    ``--time-limit`` seconds of wall time and use one thread."""
+    from pyro_seq.train import TrainConfig
+
+    run = dict(
+        epochs=args.epochs,
+        batch_size=args.batch_size,
+        lr=args.lr,
+        time_limit=args.time_limit,
+        time_limit_counts="wall",
+        seed=args.seed,
+        device=args.device,
+        num_threads=1,
+        progress=not args.smoke,
+    )
+    if args.preset is not None:
+        return get_preset(args.preset).train_config(**run)
+    return TrainConfig(
+        clip_norm=50.0,
+        lr_schedule="constant",  # the thesis' annealing is not part of this diagnostic
+        patience=None,
+        init="none",
+        **run,
+    )
+
+
 def main(argv=None):
     args = parse_args(argv)
     torch.set_num_threads(1)
     from pyro_seq.data.simulators import image_navigation
-    from pyro_seq.train import TrainConfig, fit, load_checkpoint
+    from pyro_seq.train import fit, load_checkpoint
     from pyro_seq.validation import parse_device
 
     device = parse_device(args.device, "--device")
@@ -369,21 +449,7 @@ def main(argv=None):
     )
     path = folder / "checkpoint.pt"
     earlier = load_checkpoint(path)["history"] if path.exists() else []
-    config = TrainConfig(
-        epochs=args.epochs,
-        batch_size=args.batch_size,
-        lr=args.lr,
-        clip_norm=50.0,
-        lr_schedule="constant",  # the thesis' annealing is not part of this diagnostic
-        patience=None,
-        time_limit=args.time_limit,
-        time_limit_counts="wall",
-        init="none",
-        seed=args.seed,
-        device=args.device,
-        num_threads=1,
-        progress=not args.smoke,
-    )
+    config = train_config(args)
     steps = args.tau + args.pred
     hook = measure_epochs(model, valid, vx, va, args, earlier, steps)
     history = fit(model, train.as_sequences(), valid.as_sequences(), config, folder, on_epoch=hook)

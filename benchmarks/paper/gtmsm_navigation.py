@@ -3,19 +3,32 @@ against SRNN and VRNN baselines.
 
 1. Data: :func:`pyro_seq.data.simulators.image_navigation` (cached): the flattened 8x8 frames,
    with the one-hot actions as known inputs ``u_t`` (``as_sequences()``, a
-   :class:`~pyro_seq.data.SequenceList`). Training sequences have ``tau + pred`` steps (thesis:
-   256 + 32), test sequences ``tau + test_pred`` (256 + 256).
+   :class:`~pyro_seq.data.SequenceList`). Training sequences have ``tau + pred`` steps (the
+   preset's data: 1000 of 256 + 32), a fifth of ``--test`` validates, test sequences have
+   ``tau + test_pred`` steps (100 of 256 + 256).
 2. Models, each trained with :func:`pyro_seq.train.fit`, which passes the actions as
    ``inputs=`` (resumable: ``benchmarks/checkpoints/gtmsm_<tag>/<model>/checkpoint.pt``, tqdm
    progress):
 
-   * ``gtmsm``: :class:`pyro_seq.models.GTMSM` (thesis 7.7.1: 16-d codes, r = 1e-3, 5
-     neighbours, Adam 1e-3), actions as inputs;
+   * ``gtmsm``: :class:`pyro_seq.models.GTMSM` with the settings of the preset
+     ``gtmsm_navigation`` (:mod:`pyro_seq.presets`; thesis 7.7.1: 16-d codes, r = 1e-3, 5
+     neighbours, Adam 1e-3, plus the learning aids: inverse pairs of displacements, all 256
+     memories as neighbours at first, down to 5 by epoch 20, the wall network at 10x the rate;
+     40 epochs, batch 16, clipping at 50, the plateau schedule), actions as inputs. A flag
+     that changes a preset's value (``--train``, ``--tau``, ``--pred``, ``--epochs``,
+     ``--batch-size``, ``--lr``, ``--seed``, the ``--gtmsm-*`` options; ``--gtmsm-true-m``
+     and ``--smoke``'s sizes) is an override, recorded in the JSON's ``overrides`` and in
+     each GTM-SM evaluation with the ``preset`` and the model options used. The thesis's
+     literal settings are the preset ``gtmsm_navigation_thesis`` (``--gtmsm-displacements
+     free --gtmsm-neighbour-warmup none --gtmsm-wall-lr 1``);
    * ``srnn``, ``vrnn``: :class:`~pyro_seq.models.SRNN` / :class:`~pyro_seq.models.VRNN` with a
      Gaussian likelihood on the frames and the actions as known inputs (``input_dim=5``: the
      SRNN's deterministic layer and the VRNN's recurrence read ``u_t``); they have no memory
-     besides their RNN state. (Until 2026-11-27 the baselines saw the actions packed into their
-     observations, 69 features per step, scored as observations; ``--packed`` reproduces that.)
+     besides their RNN state. No preset covers them: their sizes (128 units, z 16) and epochs
+     (``--baseline-epochs``, 50) are the script's own; they train with the GTM-SM's training
+     configuration otherwise. (Until 2026-11-27 the baselines saw the actions packed into
+     their observations, 69 features per step, scored as observations; ``--packed``
+     reproduces that.)
 
 3. Prediction on the test sequences: the frames after ``tau`` are hidden, the actions kept.
    GTM-SM: :meth:`~pyro_seq.models.GTMSM.predict` (noise-free states, the prior mean of the
@@ -29,22 +42,26 @@ JSON in ``benchmarks/results/gtmsm_<tag>.json`` (settings, machine, per-step err
 histories); the finished evaluations are kept in ``<checkpoints>/evaluations.json`` so that a
 rerun skips them. Several GTM-SM settings can share one tag's baselines (``--gtmsm-variant``);
 each call may train a subset (``--models``), and the calls merge their evaluations. The run of
-the docs (2026-11-26/27, one thread per process)::
+the docs (2026-11-26/27, one thread per process; the third is the preset's, whose recorded
+command types its values)::
 
-    python benchmarks/paper/gtmsm_navigation.py --models srnn --tag nav_1000            # 50 epochs
-    python benchmarks/paper/gtmsm_navigation.py --models vrnn --baseline-epochs 30 --tag nav_1000
+    python benchmarks/paper/gtmsm_navigation.py --models srnn --tag nav_1000_inputs  # 50 epochs
+    python benchmarks/paper/gtmsm_navigation.py --models vrnn --baseline-epochs 30 \
+        --tag nav_1000_inputs
     python benchmarks/paper/gtmsm_navigation.py --models gtmsm --gtmsm-variant learned \
-        --gtmsm-displacements inverse_pairs --gtmsm-wall-lr 10 \
-        --gtmsm-neighbour-warmup 256 20 --epochs 40 --tag nav_1000
+        --tag nav_1000_inputs
     python benchmarks/paper/gtmsm_navigation.py --models gtmsm --gtmsm-variant true_m \
-        --gtmsm-true-m --gtmsm-wall-lr 10 --gtmsm-neighbour-warmup 256 10 --epochs 30 --tag nav_1000
+        --gtmsm-true-m --gtmsm-displacements free --gtmsm-neighbour-warmup 256 10 --epochs 30 \
+        --tag nav_1000_inputs
     python benchmarks/paper/gtmsm_navigation.py --smoke      # seconds: tiny sizes, nothing recorded
 """
 
 import argparse
+import inspect
 import json
 import sys
 import time
+from dataclasses import asdict, replace
 from pathlib import Path
 
 sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common.py
@@ -52,25 +69,88 @@ sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # benchmarks/: com
 import torch
 from common import ROOT, write_result
 
+from pyro_seq.data.simulators.navigation import NAVIGATION_SIZES, image_navigation
+from pyro_seq.models import GTMSM
+from pyro_seq.presets import get_preset
+
+PRESET = get_preset("gtmsm_navigation")
 MODELS = ("gtmsm", "srnn", "vrnn")
+#: Steps per sequence of the preset's data (``image_navigation``'s default: tau + 32).
+PRESET_STEPS = inspect.signature(image_navigation).parameters["num_steps"].default
+#: The baselines' own epochs (no preset covers them; the recorded SRNN's).
+BASELINE_EPOCHS = 50
+#: The GTM-SM's constructor defaults, the preset's values where it states none.
+GTMSM_DEFAULTS = {
+    name: par.default
+    for name, par in inspect.signature(GTMSM.__init__).parameters.items()
+    if par.default is not inspect.Parameter.empty
+}
+#: Flags that change a preset value -> (where: "data", "model" or "train", the field).
+PRESET_FLAGS = {
+    "train": ("data", "train"),
+    "tau": ("model", "tau"),
+    "pred": ("data", "pred"),
+    "gtmsm_displacements": ("model", "displacements"),
+    "gtmsm_neighbour_warmup": ("model", "neighbour_warmup"),
+    "gtmsm_displacement_lr": ("model", "displacement_lr_multiplier"),
+    "gtmsm_wall_lr": ("model", "wall_lr_multiplier"),
+    "epochs": ("train", "epochs"),
+    "batch_size": ("train", "batch_size"),
+    "lr": ("train", "lr"),
+    "seed": ("train", "seed"),
+}
+#: ``--smoke``: tiny sizes (overrides of the preset's values where they are its).
+SMOKE = dict(
+    train=8,
+    test=2,
+    tau=12,
+    pred=4,
+    test_pred=6,
+    epochs=1,
+    baseline_epochs=1,
+    batch_size=4,
+    particles=2,
+    gtmsm_neighbour_warmup=[12, 20],
+)
+#: ``--smoke``: the GTM-SM's tiny layers (recorded as the override ``smoke_sizes``).
+SMOKE_SIZES = dict(hidden_dims=[16], z_dim=4, wall_hidden=4)
+
+
+def warmup_flag(words):
+    """``--gtmsm-neighbour-warmup``'s words: ``[K0, EPOCHS]``, ``"all"`` or ``"none"`` (no
+    warm-up: :func:`settings` passes None)."""
+    if words in (["all"], ["none"]):
+        return words[0]
+    try:
+        k0, epochs = (int(w) for w in words)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"--gtmsm-neighbour-warmup takes K0 EPOCHS (two ints), 'all' or 'none', got {words}"
+        ) from None
+    return [k0, epochs]
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--train", type=int, default=1000)
-    p.add_argument("--test", type=int, default=100)
-    p.add_argument("--tau", type=int, default=256, help="memorisation steps (thesis 256)")
-    p.add_argument("--pred", type=int, default=32, help="prediction steps in training (32)")
+    p.add_argument(
+        "--train",
+        type=int,
+        default=None,
+        help=f"training sequences (preset: {NAVIGATION_SIZES['train']})",
+    )
+    p.add_argument("--test", type=int, default=100, help="test sequences (a fifth validate)")
+    p.add_argument("--tau", type=int, default=None, help="memorisation steps (preset, thesis 256)")
+    p.add_argument("--pred", type=int, default=None, help="prediction steps in training (32)")
     p.add_argument("--test-pred", type=int, default=256, help="prediction steps in testing (256)")
-    p.add_argument("--epochs", type=int, default=50)
+    p.add_argument("--epochs", type=int, default=None, help="GTM-SM epochs (preset: 40)")
     p.add_argument(
         "--baseline-epochs",
         type=int,
-        default=None,
-        help="epochs of the SRNN and VRNN baselines (default: --epochs)",
+        default=BASELINE_EPOCHS,
+        help="epochs of the SRNN and VRNN baselines (their own setting)",
     )
-    p.add_argument("--batch-size", type=int, default=16)
-    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--batch-size", type=int, default=None, help="every model's (preset: 16)")
+    p.add_argument("--lr", type=float, default=None, help="every model's (preset: 1e-3)")
     p.add_argument("--particles", type=int, default=32, help="K of the baselines' imputation")
     p.add_argument(
         "--baseline-method",
@@ -82,29 +162,30 @@ def parse_args(argv=None):
     p.add_argument("--models", default=",".join(MODELS))
     p.add_argument(
         "--gtmsm-displacements",
-        default="free",
+        default=None,
         choices=("free", "conformal", "inverse_pairs"),
-        help="GTMSM(displacements=...) (free: the thesis)",
+        help="GTMSM(displacements=...) (preset: inverse_pairs; the thesis: free)",
     )
     p.add_argument(
         "--gtmsm-neighbour-warmup",
-        type=int,
-        nargs=2,
+        nargs="+",
         default=None,
-        metavar=("K0", "EPOCHS"),
-        help="GTMSM(neighbour_warmup=(K0, EPOCHS))",
+        metavar="K0 EPOCHS",
+        help="GTMSM(neighbour_warmup=(K0, EPOCHS)), 'all' or 'none' (preset: 256 20; the "
+        "thesis: none)",
     )
     p.add_argument(
         "--gtmsm-displacement-lr",
         type=float,
-        default=1.0,
-        help="GTMSM(displacement_lr_multiplier=...): rate factor of M",
+        default=None,
+        help="GTMSM(displacement_lr_multiplier=...): rate factor of M (preset: 1)",
     )
     p.add_argument(
         "--gtmsm-wall-lr",
         type=float,
-        default=1.0,
-        help="GTMSM(wall_lr_multiplier=...): rate factor of the wall network",
+        default=None,
+        help="GTMSM(wall_lr_multiplier=...): rate factor of the wall network (preset: 10; "
+        "the thesis: 1)",
     )
     p.add_argument(
         "--gtmsm-true-m",
@@ -125,16 +206,18 @@ def parse_args(argv=None):
         "(baselines score them as observations) instead of known inputs",
     )
     p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=None, help="of the data and every model (0)")
     p.add_argument("--tag", default=None)
     p.add_argument("--smoke", action="store_true", help="tiny sizes, results to --smoke-dir")
     p.add_argument("--smoke-dir", default="/tmp/gtmsm_smoke", help="where --smoke writes")
     args = p.parse_args(argv)
+    if args.gtmsm_neighbour_warmup is not None:
+        try:
+            args.gtmsm_neighbour_warmup = warmup_flag(args.gtmsm_neighbour_warmup)
+        except argparse.ArgumentTypeError as e:
+            p.error(str(e))
     if args.smoke:
-        args.train, args.test, args.tau, args.pred, args.test_pred = 8, 2, 12, 4, 6
-        args.epochs, args.batch_size, args.particles = 1, 4, 2
-    if args.baseline_epochs is None:
-        args.baseline_epochs = args.epochs
+        vars(args).update(SMOKE)
     args.models = [m for m in args.models.split(",") if m]
     unknown = set(args.models) - set(MODELS)
     if unknown:
@@ -145,25 +228,79 @@ def parse_args(argv=None):
         args.models = [
             m if m.startswith("gtmsm") else f"{m}_{args.baseline_method}" for m in args.models
         ]
-    args.tag = args.tag or ("smoke" if args.smoke else f"nav_{args.train}")
     return args
 
 
-def build(name, args):
-    from pyro_seq.models import GTMSM, SRNN, VRNN
+def settings(args):
+    """The settings of a run: the preset's data (``train`` sequences of ``tau + pred``
+    steps), GTM-SM options (the preset's, else the GTM-SM's defaults) and
+    :class:`~pyro_seq.train.TrainConfig` (with this run's threads and progress bar), with the
+    flags that change a preset's value applied and listed in ``overrides`` (flag destination
+    -> the value used; ``--gtmsm-true-m`` and ``--smoke``'s layer sizes too); then the
+    script's own: the baselines' epochs and the ``tag``."""
+    options = dict(PRESET.model_options)
+    values = {
+        "data": {"train": NAVIGATION_SIZES["train"], "pred": PRESET_STEPS - GTMSM_DEFAULTS["tau"]},
+        "model": {
+            field: options.get(field, GTMSM_DEFAULTS[field])
+            for where, field in PRESET_FLAGS.values()
+            if where == "model"
+        },
+        "train": asdict(PRESET.train_config()),
+    }
+    overrides = {}
+    for flag, (where, field) in PRESET_FLAGS.items():
+        value = getattr(args, flag)
+        if value is None:
+            continue  # not typed: the preset's
+        if value == "none":  # --gtmsm-neighbour-warmup none: no warm-up
+            value = None
+        if value != values[where][field]:
+            overrides[flag] = values[where][field] = value
+    model = dict(options, **values["model"])
+    if args.gtmsm_true_m:
+        overrides["gtmsm_true_m"] = True
+        model["displacement_lr_multiplier"] = 0.0  # M stays at the true displacements
+    if args.smoke:
+        overrides["smoke_sizes"] = SMOKE_SIZES
+        model.update(SMOKE_SIZES)
+    typed = {PRESET_FLAGS[f][1]: v for f, v in overrides.items() if f in PRESET_FLAGS}
+    typed = {field: v for field, v in typed.items() if field in values["train"]}
+    config = replace(
+        PRESET.train_config(**typed),
+        num_threads=args.threads,
+        progress=not args.smoke,
+    )
+    data = values["data"]
+    tag = args.tag or ("smoke" if args.smoke else f"nav_{data['train']}")
+    return {
+        "preset": PRESET.name,
+        "data": data,
+        "model_options": model,
+        "config": config,
+        "overrides": overrides,
+        "baseline_epochs": args.baseline_epochs,
+        "tag": tag,
+    }
+
+
+def used_settings(args, run):
+    """The flags as parsed, with the values used where one was not typed (the preset's)."""
+    places = {"data": run["data"], "model": run["model_options"], "train": asdict(run["config"])}
+    used = {flag: places[where][field] for flag, (where, field) in PRESET_FLAGS.items()}
+    return dict(vars(args), **used, tag=run["tag"])
+
+
+def build(name, args, run):
+    """The model ``name``: the GTM-SM of ``run`` (:func:`settings`: the preset's options with
+    the overrides, ``M`` set to the true displacements with ``--gtmsm-true-m``), or an SRNN or
+    VRNN baseline with its own sizes (d, z, hidden 128; no preset covers them), the actions as
+    known inputs (``--packed``: in the observations)."""
+    from pyro_seq.models import SRNN, VRNN
 
     if name.startswith("gtmsm"):
-        small = dict(hidden_dims=(16,), z_dim=4, wall_hidden=4) if args.smoke else {}
-        warmup = None if args.gtmsm_neighbour_warmup is None else tuple(args.gtmsm_neighbour_warmup)
-        model = GTMSM(
-            tau=args.tau,
-            pack_actions=args.packed,
-            displacements=args.gtmsm_displacements,
-            neighbour_warmup=warmup,
-            wall_lr_multiplier=args.gtmsm_wall_lr,
-            displacement_lr_multiplier=0.0 if args.gtmsm_true_m else args.gtmsm_displacement_lr,
-            **small,
-        )
+        obs_dim, input_dim = (64 + 5, 0) if args.packed else (64, 5)
+        model = PRESET.build(obs_dim, input_dim, **run["model_options"])
         if args.gtmsm_true_m:
             from pyro_seq.data.simulators.navigation import ACTION_MOVES
 
@@ -334,9 +471,10 @@ def save_evaluations(path, done):
 
 def main(argv=None):
     args = parse_args(argv)
+    run = settings(args)
+    vars(args).update(used_settings(args, run))  # args.tau, args.seed, ...: the values used
     torch.set_num_threads(args.threads)
-    from pyro_seq.data.simulators import image_navigation
-    from pyro_seq.train import TrainConfig, fit
+    from pyro_seq.train import fit
 
     t0 = time.time()
     sim = dict(cache=not args.smoke, progress=not args.smoke, seed=args.seed)
@@ -358,19 +496,11 @@ def main(argv=None):
             results[name] = done[name]
             continue
         torch.manual_seed(args.seed)
-        model = build(name, args)
-        epochs = args.epochs if name.startswith("gtmsm") else args.baseline_epochs
-        config = TrainConfig(
-            epochs=epochs,
-            batch_size=args.batch_size,
-            lr=args.lr,
-            clip_norm=50.0,
-            lr_schedule="plateau",
-            patience=None,
-            seed=args.seed,
-            progress=not args.smoke,
-            init="none",
-        )
+        model = build(name, args, run)
+        gtmsm = name.startswith("gtmsm")
+        # the baselines: the GTM-SM's training configuration with their own epochs
+        config = run["config"] if gtmsm else replace(run["config"], epochs=args.baseline_epochs)
+        epochs = config.epochs
         start = time.time()
         folder = ckpt / name.removesuffix("_iterative")  # one trained model, two predictions
         history = fit(
@@ -392,8 +522,12 @@ def main(argv=None):
             "train_seconds_this_call": seconds,
             "epochs": epochs,
             "gtmsm_options": {k: v for k, v in vars(args).items() if k.startswith("gtmsm_")}
-            if name.startswith("gtmsm")
+            if gtmsm
             else None,
+            "preset": run["preset"] if gtmsm else None,  # the baselines have none
+            "overrides": run["overrides"] if gtmsm else None,
+            "model_options": run["model_options"] if gtmsm else None,
+            "train": asdict(config),
             "example_frames": frames[0].tolist(),
             "history": [dict(row) for row in history],
         }
@@ -409,7 +543,7 @@ def main(argv=None):
     analysis = {}
     gtmsm = [m for m in args.models if m.startswith("gtmsm")]
     if gtmsm:  # kept with the evaluation, so that every variant's states stay in the JSON
-        analysis = analyse_gtmsm(args, test, ckpt / gtmsm[0], build(gtmsm[0], args))
+        analysis = analyse_gtmsm(args, test, ckpt / gtmsm[0], build(gtmsm[0], args, run))
         done[gtmsm[0]].setdefault("example_frames", analysis.pop("example_frames"))
         done[gtmsm[0]]["states"] = analysis
         done = save_evaluations(done_path, done)
@@ -429,6 +563,8 @@ def main(argv=None):
     }
     payload = {
         "settings": {k: v for k, v in vars(args).items()},
+        "preset": run["preset"],
+        "overrides": run["overrides"],
         "simulation_seconds": sim_seconds,
         "results": results,
         "gtmsm_states": states,

@@ -3,14 +3,19 @@ per prediction step for every model, and a rerun resumes (skips what was evaluat
 
 import json
 import os
+import shlex
 import subprocess
 import sys
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import pytest
 import torch
 
+from pyro_seq.presets import get_preset
+
 ROOT = Path(__file__).resolve().parents[2]
+PRESET = get_preset("gtmsm_navigation")
 
 
 def run(*args):
@@ -52,10 +57,100 @@ def test_gtmsm_navigation_benchmark_smoke(tmp_path):
     assert len(states["r2_memorisation"]) == 2 and len(states["r2_prediction"]) == 2
     assert len(states["position_error_per_step"]) == 6
     assert torch.tensor(states["M"]).shape == (2, 5)
+    # the GTM-SM trained the preset's configuration with --smoke's sizes, recorded as overrides
+    smoke = {"train": 8, "tau": 12, "pred": 4, "epochs": 1, "batch_size": 4}
+    smoke.update(gtmsm_neighbour_warmup=[12, 20], smoke_sizes=result["overrides"]["smoke_sizes"])
+    assert result["preset"] == "gtmsm_navigation" and result["overrides"] == smoke
+    gtmsm = result["results"]["gtmsm"]
+    assert gtmsm["preset"] == "gtmsm_navigation" and gtmsm["overrides"] == smoke
+    expected = replace(PRESET.train_config(epochs=1, batch_size=4), num_threads=1, progress=False)
+    assert gtmsm["train"] == json.loads(json.dumps(asdict(expected)))
+    assert gtmsm["model_options"] == dict(
+        PRESET.model_options,
+        tau=12,
+        neighbour_warmup=[12, 20],
+        displacement_lr_multiplier=1.0,
+        **smoke["smoke_sizes"],
+    )
+    for name in ("srnn", "vrnn"):  # the same training, their own epochs; no preset
+        assert result["results"][name]["train"] == gtmsm["train"]
+        assert result["results"][name]["preset"] is None
     for figure in ("error", "states", "frames"):
         assert (tmp_path / f"gtmsm_smoke_{figure}.png").stat().st_size > 0
     out = run("--smoke-dir", str(tmp_path))
     assert out.count("evaluated before, skipped") == 3
+
+
+def _navigation_script():
+    sys.path[:0] = [str(ROOT / "benchmarks" / "paper"), str(ROOT / "benchmarks")]
+    import gtmsm_navigation
+
+    return gtmsm_navigation
+
+
+def test_gtmsm_navigation_defaults_and_the_recorded_command_are_the_preset():
+    """The script's defaults and the preset's recorded command give the preset's model
+    options and TrainConfig with no overrides, the model ``pyro-seq train --preset`` builds
+    for 8x8 frames with 5 actions as inputs, and the settings of the recorded GTM-SM in
+    gtmsm_nav_1000_inputs.json (options, 40 epochs, 1000 sequences of 256 + 32 steps)."""
+    nav = _navigation_script()
+    command = shlex.split(PRESET.script)
+    assert command[0] == "benchmarks/paper/gtmsm_navigation.py"
+    preset_model = PRESET.build(64, 5)
+    recorded = json.loads((ROOT / "benchmarks" / "results" / PRESET.result[0].file).read_text())
+    learned = recorded["results"]["gtmsm_learned"]
+    for argv in ([], command[1:]):
+        args = nav.parse_args(argv)
+        run = nav.settings(args)
+        assert run["preset"] == PRESET.name and run["overrides"] == {}
+        assert run["config"] == replace(PRESET.train_config(), num_threads=1, progress=True)
+        assert run["data"] == {"train": 1000, "pred": 32}
+        model = nav.build("gtmsm", args, run)
+        for attr in ("tau", "neighbour_warmup", "displacements", "num_neighbours", "z_dim"):
+            assert getattr(model, attr) == getattr(preset_model, attr), attr
+        assert model.lr_multipliers == preset_model.lr_multipliers
+        assert {k: v.shape for k, v in model.state_dict().items()} == {
+            k: v.shape for k, v in preset_model.state_dict().items()
+        }
+        used = nav.used_settings(args, run)
+        assert {k: used[k] for k in learned["gtmsm_options"]} == {
+            **learned["gtmsm_options"],
+            "gtmsm_variant": used["gtmsm_variant"],
+        }
+        assert used["epochs"] == learned["epochs"] == len(learned["history"]) == 40
+        for key in ("train", "tau", "pred", "batch_size", "lr", "seed"):
+            assert used[key] == recorded["settings"][key], key
+    assert nav.parse_args(command[1:]).models == ["gtmsm_learned"]
+
+
+def test_gtmsm_navigation_typed_flags_are_overrides():
+    """Flags that change a preset value are recorded; the thesis's literal settings typed as
+    flags give the model options of the preset gtmsm_navigation_thesis; the baselines keep
+    their own epochs."""
+    nav = _navigation_script()
+    thesis = get_preset("gtmsm_navigation_thesis")
+    argv = ["--gtmsm-displacements", "free", "--gtmsm-neighbour-warmup", "none"]
+    argv += ["--gtmsm-wall-lr", "1", "--epochs", "3", "--lr", "2e-3", "--seed", "1"]
+    args = nav.parse_args(argv)
+    run = nav.settings(args)
+    assert run["overrides"] == {
+        "gtmsm_displacements": "free",
+        "gtmsm_neighbour_warmup": None,
+        "gtmsm_wall_lr": 1.0,
+        "epochs": 3,
+        "lr": 2e-3,
+        "seed": 1,
+    }
+    options = {k: run["model_options"][k] for k in thesis.model_options}
+    assert options == dict(thesis.model_options)
+    expected = PRESET.train_config(epochs=3, lr=2e-3, seed=1)
+    assert run["config"] == replace(expected, num_threads=1, progress=True)
+    assert run["baseline_epochs"] == nav.BASELINE_EPOCHS == 50
+    true_m = nav.settings(nav.parse_args(["--gtmsm-true-m", "--gtmsm-neighbour-warmup", "9", "4"]))
+    assert true_m["overrides"] == {"gtmsm_true_m": True, "gtmsm_neighbour_warmup": [9, 4]}
+    assert true_m["model_options"]["displacement_lr_multiplier"] == 0.0
+    with pytest.raises(SystemExit):
+        nav.parse_args(["--gtmsm-neighbour-warmup", "9"])
 
 
 def test_gtmsm_learning_r2_is_one_for_states_that_are_an_affine_map_of_positions():
@@ -133,6 +228,37 @@ def test_gtmsm_learning_smoke_trains_through_fit_and_resumes(tmp_path):
     assert rows[1]["seconds"] > rows[0]["seconds"]  # wall time over both calls
     oracle = result["oracle_check"]
     assert oracle["valid_sequences"] == 3 and oracle["repeats"] == 3
+
+
+def test_gtmsm_learning_preset_option_gives_the_presets_settings():
+    """gtmsm_learning --preset: the model options (inverse pairs, K from 256 down to 5 over 20
+    epochs, the walls at 10x the rate) and the preset's TrainConfig, plateau schedule included;
+    typed flags win; the thesis preset gives a free M, no warm-up and one rate."""
+    sys.path.insert(0, str(ROOT / "benchmarks" / "diagnostics"))
+    import gtmsm_learning
+
+    args = gtmsm_learning.parse_args(["--preset", "gtmsm_navigation", "--seed", "2"])
+    assert (args.displacements, args.neighbours_start, args.neighbours_epochs) == (
+        "inverse_pairs",
+        256,
+        20,
+    )
+    assert args.lr_walls == pytest.approx(10 * args.lr) and args.lr_m == args.lr == 1e-3
+    assert (args.train, args.tau, args.pred, args.tag) == (1000, 256, 32, "gtmsm_navigation_seed2")
+    config = gtmsm_learning.train_config(args)
+    assert config == PRESET.train_config(
+        seed=2, time_limit_counts="wall", device="cpu", num_threads=1, progress=True
+    )
+    assert config.lr_schedule == "plateau" and config.epochs == 40 and config.batch_size == 16
+    typed = gtmsm_learning.parse_args(["--preset", "gtmsm_navigation", "--lr", "2e-3"])
+    assert typed.lr_walls == pytest.approx(2e-2)
+    typed = gtmsm_learning.parse_args(["--preset", "gtmsm_navigation", "--lr-walls", "5e-3"])
+    assert typed.lr_walls == 5e-3
+    thesis = gtmsm_learning.parse_args(["--preset", "gtmsm_navigation_thesis"])
+    assert (thesis.displacements, thesis.neighbours_start, thesis.lr_walls) == ("free", None, 1e-3)
+    plain = gtmsm_learning.parse_args([])  # without --preset: the diagnostic's own settings
+    assert gtmsm_learning.train_config(plain).lr_schedule == "constant"
+    assert (plain.displacements, plain.neighbours_start, plain.lr_walls) == ("free", None, 1e-3)
 
 
 def test_blocked_as_stay_makes_the_walk_exactly_linear():

@@ -24,6 +24,7 @@ DIAGNOSTICS = PAPER.parent / "diagnostics"
 sys.path[:0] = [str(PAPER), str(DIAGNOSTICS), str(PAPER.parent)]
 
 import bounds_jsb  # noqa: E402
+import gtmsm_navigation  # noqa: E402
 import jsb_dmm  # noqa: E402
 import jsb_srnn  # noqa: E402
 import kvae_box  # noqa: E402
@@ -31,7 +32,16 @@ import rtrbm_jsb  # noqa: E402
 import train_defaults  # noqa: E402
 import zoo_jsb  # noqa: E402
 
-CONVERTED = [jsb_dmm, jsb_srnn, zoo_jsb, rtrbm_jsb, train_defaults, bounds_jsb, kvae_box]
+CONVERTED = [
+    jsb_dmm,
+    jsb_srnn,
+    zoo_jsb,
+    rtrbm_jsb,
+    train_defaults,
+    bounds_jsb,
+    kvae_box,
+    gtmsm_navigation,
+]
 #: The functions that train a script's baselines, which have no preset (the AE-RNN is no
 #: model of the package): their settings are their own.
 BASELINES = {kvae_box: ("train_baseline", "train_vaernn")}
@@ -90,6 +100,10 @@ def test_the_scripts_hold_no_training_settings_of_their_own(script):
         assert "KVAE(" not in source and "clip_norm=" not in source
         assert re.findall(r"\bchannels=\d+", source) == ["channels=4"]  # --smoke's size
         assert "TrainConfig(" in Path(script.__file__).read_text()  # the baselines' only
+    if script is gtmsm_navigation:  # the GTM-SM is the preset's, built by it
+        assert "clip_norm=" not in source and "lr_schedule=" not in source
+        assert "PRESET.build(" in source and not re.search(r"_multiplier=\d", source)
+        assert re.findall(r"\bepochs=\d+", source) == ["epochs=1"]  # --smoke's
     if script is bounds_jsb:  # the only sizes of its own: the smoke test's
         assert len(re.findall(r"\bz_dim=", source)) == 1 and "z_dim=16" in source
 
