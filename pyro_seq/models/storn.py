@@ -36,6 +36,16 @@ summary of :math:`x_{1:t-1}`) to an MLP and has no generating RNN; STORN makes `
 ``h_t`` (through ``z_t``) and ``z_{t-1}`` (Wiener prior) are per-particle state: FIVO
 resamples them.
 
+**Time-parallel runs.** The recognition RNN reads ``x`` only, so ``q(z_t | x_{1:t})`` does
+not depend on earlier samples: the full-sequence guide draws every ``z_t`` at once
+(:func:`draw_recognition`, under plain handlers such as ``Trace_ELBO``); with every ``z_t``
+fixed (the model replayed against the guide) the generating RNN's inputs
+:math:`[x_{t-1}, z_t]` are known and it runs once over the sequence
+(:meth:`StepRNN.sequence`), and both priors are scored in one batch (the Wiener factor
+:math:`\mathcal{N}(z_t; z_{t-1}, I)` at the stacked history :math:`z_{0:T-1}`). Particle methods
+(FIVO) and any handler that may change sample values run the step loop, the reference path;
+``time_parallel = False`` (on the class or an instance) forces it for model and guide.
+
 **Defaults.** The paper selects sizes by random search (its supplementary does not give
 them); the defaults here are those of the package's SRNN music setting (RNN 300, z 100, emission
 MLP with one hidden layer of 500). The paper's RNN is the simple recurrent net of eq. (2),
@@ -44,12 +54,13 @@ dropout is not implemented), ``cell="gru"`` a GRU. The prior defaults to the Wie
 (sec. 4: "For priors, we use a Wiener process").
 """
 
-from typing import Any, Callable, Tuple
+from typing import Any, Callable, List, Optional, Tuple, cast
 
 import pyro
 import torch
 import torch.nn as nn
 from pyro.distributions.torch_distribution import TorchDistribution
+from torch.autograd.function import once_differentiable
 
 from pyro_seq.distributions.wiener import wiener_transition
 from pyro_seq.models.base import (
@@ -65,7 +76,15 @@ from pyro_seq.nn import GaussianHead, cat_broadcast
 from pyro_seq.ops.state import SequenceState
 from pyro_seq.validation import positive_int, validate_generate_args
 
-__all__ = ["PRIORS", "CELLS", "STORN", "StepRNN", "latent_prior", "white_noise"]
+__all__ = [
+    "PRIORS",
+    "CELLS",
+    "STORN",
+    "StepRNN",
+    "draw_recognition",
+    "latent_prior",
+    "white_noise",
+]
 
 PRIORS = ("white", "wiener")
 CELLS = ("tanh", "gru")
@@ -86,6 +105,89 @@ def latent_prior(prior: str) -> Callable[[torch.Tensor], TorchDistribution]:
     raise ValueError(f"prior must be one of {PRIORS}, got {prior!r}")
 
 
+def draw_recognition(model: SequenceModel, state: SequenceState, mask: torch.Tensor) -> bool:
+    r"""Every guide site ``z_1..z_T`` at once from the per-step Gaussians
+    :math:`q(z_t | x) = \mathcal{N}(\mu_t, \mathrm{diag}\, \sigma_t^2)` that ``guide_init``
+    left in ``state.shared["q_loc"]``, ``["q_scale"]`` ``(batch, T, Z)``: the
+    :meth:`~pyro_seq.models.base.SequenceModel.guide_scan` of STORN, VOSP and VRAE, whose
+    recognition models do not read earlier samples (Bayer & Osendorfer (2014), sec. 3.1-3.2).
+
+    The noise is drawn as the step loop draws it, one ``(batch, Z)`` standard normal per step
+    in step order, and ``z_t = mu_t + eps_t sigma_t`` as ``Normal.rsample`` forms it, so the
+    values equal the step loop's for the same seed; the sites carry log-densities computed in
+    one batch (:meth:`~pyro_seq.models.base.SequenceModel.sample_presampled`). Returns False
+    (the step loop runs) when ``model.time_parallel`` is off.
+    """
+    if not model.time_parallel:
+        return False
+    loc, scale = state.shared["q_loc"], state.shared["q_scale"]
+    step_shape = loc.shape[:-2] + loc.shape[-1:]
+    eps = torch.stack([loc.new_empty(step_shape).normal_() for _ in range(loc.shape[-2])], -2)
+    model.sample_presampled("z", normal, (loc, scale), loc + eps * scale, mask)
+    return True
+
+
+def _packing(lengths: torch.Tensor, T: int) -> Tuple[torch.Tensor, List[int], torch.Tensor]:
+    """Time-major packing of a ragged batch: ``(order, counts, index)``, the permutation that
+    sorts the rows by decreasing length, the number of rows still running at each step, and
+    the flat position ``b * T + t`` of every packed row (step-major, then sorted rank)."""
+    order = torch.argsort(lengths, descending=True, stable=True)
+    sorted_len = lengths[order]
+    active = torch.arange(int(sorted_len[0]), device=lengths.device).unsqueeze(-1) < sorted_len
+    t_idx, rank = active.nonzero(as_tuple=True)
+    return order, active.sum(-1).tolist(), order[rank] * T + t_idx
+
+
+class _RaggedTanhRNN(torch.autograd.Function):
+    """Eq. (2) over the real steps of a ragged batch, forward and hand-written backward."""
+
+    @staticmethod
+    def forward(ctx, u, h0, w_ih, w_hh, bias, lengths):
+        N, T, _ = u.shape
+        order, counts, index = _packing(lengths, T)
+        up = u.reshape(N * T, -1).index_select(0, index)  # (R, I) packed real rows
+        out = torch.addmm(bias, up, w_ih.t())  # W_ih u_t + b for every real step at once
+        h, w_hh_t, start = h0.index_select(0, order), w_hh.t(), 0
+        for n in counts:  # rows still running are a prefix of the sorted batch
+            rows = out[start : start + n]
+            h = rows.addmm_(h[:n], w_hh_t).tanh_()
+            start += n
+        ctx.save_for_backward(up, h0, w_ih, w_hh, out, order, index)
+        ctx.counts, ctx.shape = counts, (N, T)
+        padded = out.new_zeros(N * T, w_hh.shape[0])
+        return padded.index_copy_(0, index, out).view(N, T, -1)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_out):
+        up, h0, w_ih, w_hh, out, order, index = ctx.saved_tensors
+        counts, (N, T) = ctx.counts, ctx.shape
+        H = out.shape[1]
+        dpre = grad_out.reshape(N * T, H).index_select(0, index)  # becomes dL/d(pre-tanh)
+        offsets = [0]
+        for n in counts:
+            offsets.append(offsets[-1] + n)
+        dh = None
+        for t in range(len(counts) - 1, -1, -1):  # per step only the recurrent product
+            rows, h = dpre[offsets[t] : offsets[t + 1]], out[offsets[t] : offsets[t + 1]]
+            if dh is not None:
+                rows[: dh.shape[0]] += dh
+            rows.mul_(1 - h * h)
+            dh = rows @ w_hh
+        h0s = h0.index_select(0, order)
+        hprev = torch.cat(
+            [h0s[: counts[0]]]
+            + [out[offsets[t - 1] : offsets[t - 1] + counts[t]] for t in range(1, len(counts))]
+        )
+        d_u = d_h0 = None
+        if ctx.needs_input_grad[0]:
+            d_u = dpre.new_zeros(N * T, up.shape[1]).index_copy_(0, index, dpre @ w_ih)
+            d_u = d_u.view(N, T, -1)
+        if ctx.needs_input_grad[1]:
+            d_h0 = torch.empty_like(h0s).index_copy_(0, order, dh)  # step 0 runs every row
+        return d_u, d_h0, dpre.t() @ up, dpre.t() @ hprev, dpre.sum(0), None
+
+
 class StepRNN(nn.Module):
     r"""A recurrent cell :math:`h_t = f(h_{t-1}, u_t)` run one step at a time or over a sequence.
 
@@ -96,7 +198,8 @@ class StepRNN(nn.Module):
     inputs are known).
 
     Shapes: ``step(u (..., I), h (..., H)) -> (..., H)``;
-    ``sequence(u (..., T, I), h0 (..., H)) -> (..., T, H)``; leading dims broadcast.
+    ``sequence(u (..., T, I), h0 (..., H), lengths (..., )) -> (..., T, H)``; leading dims
+    broadcast.
     """
 
     def __init__(self, input_dim: int, hidden_dim: int, cell: str = "tanh") -> None:
@@ -124,12 +227,35 @@ class StepRNN(nn.Module):
         )
         return out.reshape(shape + (self.hidden_dim,))
 
-    def sequence(self, u: torch.Tensor, h0: torch.Tensor) -> torch.Tensor:
+    def sequence(
+        self, u: torch.Tensor, h0: torch.Tensor, lengths: Optional[torch.Tensor] = None
+    ) -> torch.Tensor:
+        """Every step at once from ``h0``; with ``lengths`` (each >= 1, broadcast against the
+        leading dims) the outputs at and after a sequence's length are not computed: zero
+        (``"tanh"`` on CPU) or the recursion continued over the padding (otherwise); the real
+        steps are those of :meth:`step`.
+
+        ``"tanh"`` on CPU runs only the real steps, with a hand-written backward pass: per step
+        one ``(n_t, H) x (H, H)`` product (the recurrent gradient), the weight gradients one
+        product over all real steps (instead of two small products and an accumulation per
+        step). ``"gru"``, and ``"tanh"`` on other devices (cuDNN), run torch's RNN over the
+        padded batch.
+        """
         shape = torch.broadcast_shapes(u.shape[:-2], h0.shape[:-1])
         T = u.shape[-2]
         inputs = u.expand(shape + u.shape[-2:]).reshape(-1, T, u.shape[-1])
-        init = h0.expand(shape + h0.shape[-1:]).reshape(1, -1, h0.shape[-1]).contiguous()
-        out, _ = self.rnn(inputs, init)
+        init = h0.expand(shape + h0.shape[-1:]).reshape(-1, h0.shape[-1])
+        r = self.rnn
+        if self.cell == "tanh" and u.device.type == "cpu":
+            if lengths is None:
+                n = torch.full((inputs.shape[0],), T, dtype=torch.long, device=u.device)
+            else:
+                n = lengths.long().expand(shape).reshape(-1)
+            names = ("weight_ih_l0", "weight_hh_l0", "bias_ih_l0", "bias_hh_l0")
+            w_ih, w_hh, b_ih, b_hh = (cast(torch.Tensor, getattr(r, name)) for name in names)
+            out = _RaggedTanhRNN.apply(inputs, init, w_ih, w_hh, b_ih + b_hh, n)
+        else:
+            out, _ = r(inputs, init.unsqueeze(0).contiguous())
         return out.reshape(shape + (T, self.hidden_dim))
 
 
@@ -210,7 +336,7 @@ class STORN(SequenceModel):
         z = self.sample_latent(state, "z", t, self.prior_dist, (state["z"],), mask)
         inputs = cat_broadcast([state.shared_at("u", t), z])
         if isinstance(t, slice):  # every z_t known (replayed): the RNN runs once over all steps
-            h = self.decoder.sequence(inputs, state["h"])
+            h = self.decoder.sequence(inputs, state["h"], mask.sum(-1))
         else:
             h = self.decoder.step(inputs, state["h"])
         self.observe(state, t, x, mask, h)
@@ -218,8 +344,13 @@ class STORN(SequenceModel):
 
     # recognition model q(z_t | x_{1:t})
     def guide_init(self, state: SequenceState, x: torch.Tensor, mask: torch.Tensor) -> None:
-        a = self.encoder.sequence(x, x.new_zeros(x.shape[0], self.rnn_dim))  # causal: padding
-        state.shared["q_loc"], state.shared["q_scale"] = self.recognition(a)  # never leaks back
+        a = self.encoder.sequence(x, x.new_zeros(x.shape[0], self.rnn_dim), mask.sum(-1))
+        state.shared["q_loc"], state.shared["q_scale"] = self.recognition(a)
+
+    def guide_scan(self, state: SequenceState, x: torch.Tensor, mask: torch.Tensor) -> bool:
+        """All guide steps at once (:func:`draw_recognition`): ``q(z_t | x_{1:t})`` does not
+        read earlier samples."""
+        return draw_recognition(self, state, mask)
 
     def guide_step(self, state: SequenceState, t: int, x: torch.Tensor, mask: torch.Tensor) -> None:
         loc, scale = state.shared_at("q_loc", t), state.shared_at("q_scale", t)

@@ -28,7 +28,9 @@ As a :class:`~pyro_seq.models.base.SequenceModel`: the RNN depends on ``x`` only
 the only per-particle state is ``z_{t-1}`` (Wiener prior), which FIVO resamples. Step ``t``
 has the latent site ``z_{t+1}`` (prior :math:`p(z_t|z_{t-1})`, guide :math:`q(z_t|x_{1:t})`)
 and the observation ``x_{t+1}``; every Pyro ELBO (and IWAE, FIVO) estimates the bound from
-these sites; time-parallel scoring runs the emission MLP once over all steps.
+these sites; time-parallel scoring runs the emission MLP once over all steps, and since
+``q(z_t | x_{1:t})`` reads ``h_t`` only, the full-sequence guide draws every ``z_t`` at once
+(:func:`~pyro_seq.models.storn.draw_recognition`).
 
 **Generation** (:meth:`VOSP.generate`): the model is a one step predictor, so sampling runs the
 recognition RNN on the model's own samples: ``z_t ~ p(z_t | z_{t-1})``,
@@ -40,7 +42,7 @@ the defaults are those of :class:`~pyro_seq.models.storn.STORN` with ``z_dim=8``
 the Wiener prior with a step-wise independent ``q`` is explained there).
 """
 
-from typing import Any, Tuple
+from typing import Any, Optional, Tuple
 
 import pyro
 import torch
@@ -48,7 +50,7 @@ import torch
 from pyro_seq.models.base import SequenceModel, Step, masked, normal, shift_right
 from pyro_seq.models.contract import example
 from pyro_seq.models.emission import check_emission_options, make_emission, stack_params
-from pyro_seq.models.storn import StepRNN, latent_prior
+from pyro_seq.models.storn import StepRNN, draw_recognition, latent_prior
 from pyro_seq.nn import GaussianHead, cat_broadcast
 from pyro_seq.ops.state import SequenceState
 from pyro_seq.validation import positive_int, validate_generate_args
@@ -112,16 +114,21 @@ class VOSP(SequenceModel):
             likelihood, rnn_dim + z_dim, [emission_dim], obs_dim, activation, **emission_kwargs
         )
 
-    def recognition_states(self, x: torch.Tensor) -> torch.Tensor:
+    def recognition_states(
+        self, x: torch.Tensor, mask: Optional[torch.Tensor] = None
+    ) -> torch.Tensor:
         """``h_{1:T}`` of the recognition RNN, ``h_t = f(h_{t-1}, x_t)``, ``h_0 = 0``:
-        ``(batch, T, rnn_dim)``. Causal, so padding never leaks into real steps."""
-        return self.encoder.sequence(x, x.new_zeros(x.shape[0], self.rnn_dim))
+        ``(batch, T, rnn_dim)``. Causal, so padding never leaks into real steps; with the
+        prefix ``mask`` ``(batch, T)`` the padded steps are not computed
+        (:meth:`~pyro_seq.models.storn.StepRNN.sequence`)."""
+        lengths = None if mask is None else mask.sum(-1)
+        return self.encoder.sequence(x, x.new_zeros(x.shape[0], self.rnn_dim), lengths)
 
     # generative model: z_t ~ p(z_t | z_{t-1}), x_t ~ p(x_t | h_{t-1}, z_t)
     def model_init(self, state: SequenceState, x: torch.Tensor, mask: torch.Tensor) -> None:
         h = state.shared.get("h")  # set by guide_init (same state, FIVO) or the guide's run
         if h is None:
-            h = state.shared["h"] = self.recognition_states(x)
+            h = state.shared["h"] = self.recognition_states(x, mask)
         state.shared["h_prev"] = shift_right(h)  # h_{0:T-1}
         state["z"] = x.new_zeros(x.shape[0], self.z_dim)
 
@@ -134,8 +141,13 @@ class VOSP(SequenceModel):
 
     # recognition model q(z_t | x_{1:t}) = N(mu(h_t), sigma^2(h_t))
     def guide_init(self, state: SequenceState, x: torch.Tensor, mask: torch.Tensor) -> None:
-        h = state.shared["h"] = self.recognition_states(x)
+        h = state.shared["h"] = self.recognition_states(x, mask)
         state.shared["q_loc"], state.shared["q_scale"] = self.recognition(h)
+
+    def guide_scan(self, state: SequenceState, x: torch.Tensor, mask: torch.Tensor) -> bool:
+        """All guide steps at once (:func:`~pyro_seq.models.storn.draw_recognition`):
+        ``q(z_t | x_{1:t})`` reads ``h_t`` only, never earlier samples."""
+        return draw_recognition(self, state, mask)
 
     def guide_step(self, state: SequenceState, t: int, x: torch.Tensor, mask: torch.Tensor) -> None:
         loc, scale = state.shared_at("q_loc", t), state.shared_at("q_scale", t)

@@ -26,7 +26,10 @@ Bound: the display of sec. 3.1 (Eq. (6) with time indices),
 
 As a :class:`~pyro_seq.models.base.SequenceModel` the guide's ``init`` runs the bidirectional
 encoder once (``state.shared``), its steps sample ``z_t``; the model's steps run the decoder
-(``h_t`` and ``z_{t-1}`` per particle, so FIVO resamples them). Pyro's ELBOs estimate
+(``h_t`` and ``z_{t-1}`` per particle, so FIVO resamples them). No ``q(z_t | x)`` reads an
+earlier sample, so the full-sequence guide draws every ``z_t`` at once
+(:func:`~pyro_seq.models.storn.draw_recognition`), and with every ``z_t`` fixed the decoder
+runs once over the sequence. Pyro's ELBOs estimate
 :math:`\mathcal{L}_{\mathrm{VRAE}}` from the per-step sites; the KL term in closed form
 (sec. 3.3, via :math:`g_W`) is :meth:`VRAE.kl_divergence`.
 
@@ -46,7 +49,7 @@ from pyro_seq.distributions.wiener import kl_diagonal_normal_wiener
 from pyro_seq.models.base import SequenceModel, Step, masked, normal
 from pyro_seq.models.contract import example
 from pyro_seq.models.emission import check_emission_options, make_emission, stack_params
-from pyro_seq.models.storn import StepRNN, latent_prior
+from pyro_seq.models.storn import StepRNN, draw_recognition, latent_prior
 from pyro_seq.nn import GaussianHead, reverse_padded
 from pyro_seq.ops.state import SequenceState
 from pyro_seq.validation import (
@@ -131,7 +134,7 @@ class VRAE(SequenceModel):
     ) -> None:
         z = self.sample_latent(state, "z", t, self.prior_dist, (state["z"],), mask)
         if isinstance(t, slice):  # every z_t known (replayed): the decoder runs once
-            h = self.decoder.sequence(z, state["h"])
+            h = self.decoder.sequence(z, state["h"], mask.sum(-1))
         else:
             h = self.decoder.step(z, state["h"])
         self.observe(state, t, x, mask, h)
@@ -143,15 +146,20 @@ class VRAE(SequenceModel):
     ) -> Tuple[torch.Tensor, torch.Tensor]:
         """``(loc, scale)`` of :math:`q(z_t | x_{1:T})` for every step, ``(batch, T, z_dim)``."""
         zeros = x.new_zeros(x.shape[0], self.encoder_dim)
-        forward = self.forward_encoder.sequence(x, zeros)
         lengths = mask.sum(-1)
+        forward = self.forward_encoder.sequence(x, zeros, lengths)
         backward = reverse_padded(
-            self.backward_encoder.sequence(reverse_padded(x, lengths), zeros), lengths
+            self.backward_encoder.sequence(reverse_padded(x, lengths), zeros, lengths), lengths
         )  # starts at each sequence's own last step
         return self.recognition(torch.cat([forward, backward], dim=-1))
 
     def guide_init(self, state: SequenceState, x: torch.Tensor, mask: torch.Tensor) -> None:
         state.shared["q_loc"], state.shared["q_scale"] = self.recognition_params(x, mask)
+
+    def guide_scan(self, state: SequenceState, x: torch.Tensor, mask: torch.Tensor) -> bool:
+        """All guide steps at once (:func:`~pyro_seq.models.storn.draw_recognition`): every
+        ``q(z_t | x_{1:T})`` is fixed by the encoder, none reads earlier samples."""
+        return draw_recognition(self, state, mask)
 
     def guide_step(self, state: SequenceState, t: int, x: torch.Tensor, mask: torch.Tensor) -> None:
         loc, scale = state.shared_at("q_loc", t), state.shared_at("q_scale", t)
