@@ -174,17 +174,22 @@ class _RaggedTanhRNN(torch.autograd.Function):
                 rows[: dh.shape[0]] += dh
             rows.mul_(1 - h * h)
             dh = rows @ w_hh
+        d_u = d_h0 = None
+        if ctx.needs_input_grad[1]:  # rows of length 0 (no real step) get no gradient
+            d_h0 = torch.zeros_like(h0)
+            if dh is not None:
+                d_h0.index_copy_(0, order[: dh.shape[0]], dh)
+        if not counts:
+            d_w = torch.zeros_like(w_hh)
+            return None, d_h0, torch.zeros_like(w_ih), d_w, w_hh.new_zeros(w_hh.shape[0]), None
         h0s = h0.index_select(0, order)
         hprev = torch.cat(
             [h0s[: counts[0]]]
             + [out[offsets[t - 1] : offsets[t - 1] + counts[t]] for t in range(1, len(counts))]
         )
-        d_u = d_h0 = None
         if ctx.needs_input_grad[0]:
             d_u = dpre.new_zeros(N * T, up.shape[1]).index_copy_(0, index, dpre @ w_ih)
             d_u = d_u.view(N, T, -1)
-        if ctx.needs_input_grad[1]:
-            d_h0 = torch.empty_like(h0s).index_copy_(0, order, dh)  # step 0 runs every row
         return d_u, d_h0, dpre.t() @ up, dpre.t() @ hprev, dpre.sum(0), None
 
 

@@ -69,6 +69,22 @@ def test_tanh_sequence_equals_torch_rnn_on_real_steps(lead):
     assert torch.allclose(r.sequence(u, h0), ref, rtol=0, atol=1e-14)  # no lengths: all steps
 
 
+def test_tanh_sequence_rows_without_real_steps():
+    """A row of length 0 gives zeros and no gradient; the other rows are unaffected."""
+    torch.manual_seed(2)
+    r = StepRNN(3, 4, "tanh")
+    u = torch.randn(3, 5, 3, requires_grad=True)
+    h0 = torch.randn(3, 4, requires_grad=True)
+    out = r.sequence(u, h0, torch.tensor([5, 0, 2]))
+    ref = r.sequence(u[[0, 2]], h0[[0, 2]], torch.tensor([5, 2]))
+    assert torch.equal(out[1], torch.zeros(5, 4)) and torch.equal(out[[0, 2]], ref)
+    du, dh0 = torch.autograd.grad(out.sum(), [u, h0])
+    assert torch.equal(du[1], torch.zeros(5, 3)) and torch.equal(dh0[1], torch.zeros(4))
+    none = r.sequence(u, h0, torch.zeros(3, dtype=torch.long))
+    assert torch.equal(none, torch.zeros(3, 5, 4))
+    assert torch.equal(torch.autograd.grad(none.sum(), h0)[0], torch.zeros(3, 4))
+
+
 def test_tanh_sequence_gradcheck():
     torch.manual_seed(1)
     r = StepRNN(3, 4, "tanh")
