@@ -8,6 +8,8 @@ the package sits here, behind a public function, so that such a release breaks o
 * the handler stack (``pyro.poutine.runtime._PYRO_STACK``): :func:`active_messengers`, and the
   hand-kept list of handler types that never change a sample value,
   :data:`VALUE_PRESERVING_MESSENGERS` with :func:`preserves_sample_values`;
+* the name of the vectorised particle plate that Pyro's ELBOs add,
+  :data:`PARTICLE_PLATE_NAME` with :func:`is_particle_plate`;
 * plate subsample sites (Pyro's ``_Subsample`` distribution): :func:`is_subsample`;
 * the class-level default of ``validate_args`` (``Distribution._validate_args``):
   :func:`default_validate_args`;
@@ -44,11 +46,13 @@ from pyro.poutine.trace_messenger import TraceMessenger
 from pyro.poutine.util import site_is_subsample
 
 __all__ = [
+    "PARTICLE_PLATE_NAME",
     "VALUE_PRESERVING_MESSENGERS",
     "active_messengers",
     "copy_validate_args",
     "default_validate_args",
     "gaussian_hmm_factors",
+    "is_particle_plate",
     "is_reparameterized",
     "is_subsample",
     "masked_distribution_mask",
@@ -83,6 +87,22 @@ def preserves_sample_values(messenger):
     :data:`VALUE_PRESERVING_MESSENGERS`, or one that declares ``preserves_sample_values = True``."""
     return isinstance(messenger, VALUE_PRESERVING_MESSENGERS) or bool(
         getattr(messenger, "preserves_sample_values", False)
+    )
+
+
+#: The name of the plate over vectorised particles that Pyro's ELBOs (``Trace_ELBO`` and the
+#: others with ``vectorize_particles=True``) enter around model and guide
+#: (:func:`vectorized_num_particles`); not a public constant of Pyro.
+PARTICLE_PLATE_NAME = "num_particles_vectorized"
+
+
+def is_particle_plate(messenger):
+    """True when ``messenger`` is the vectorised particle plate a Pyro ELBO entered
+    (:data:`PARTICLE_PLATE_NAME`, with a batch dim allocated)."""
+    return (
+        isinstance(messenger, IndepMessenger)
+        and messenger.name == PARTICLE_PLATE_NAME
+        and messenger.dim is not None
     )
 
 

@@ -228,6 +228,20 @@ def test_vectorized_num_particles_adds_the_particle_plate():
     ]
 
 
+def test_is_particle_plate_recognises_the_elbos_plate_only():
+    seen = []
+
+    def model():
+        seen.append([fence.is_particle_plate(m) for m in fence.active_messengers()])
+        with pyro.plate(fence.PARTICLE_PLATE_NAME + "_not", 2, dim=-1):
+            seen.append([fence.is_particle_plate(m) for m in fence.active_messengers()])
+
+    fence.vectorized_num_particles(_elbo(), model)()
+    assert seen == [[True], [True, False]]  # the ELBO's plate, not another plate
+    model()
+    assert seen[2:] == [[], [False]]
+
+
 class _AddsScoreFunction(dist.Normal):
     """Reparameterised, but its own score_parts adds a score-function term (as Rejector)."""
 

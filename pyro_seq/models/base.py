@@ -64,9 +64,13 @@ Scanned guides: a model may also define :meth:`SequenceModel.guide_scan`, which 
 guide step at once after ``guide_init`` (the DMM's combiner recursion as one autograd node,
 :func:`pyro_seq.nn.combiner_scan`). The full-sequence guide uses it only when the handlers
 around it cannot change its sample values or add batch dimensions (:func:`plain_guide_stack`:
-inside ``Trace_ELBO`` and the trainer; not under a replay, a condition or a particle plate) and
-emits the same per-step sites (:meth:`SequenceModel.sample_presampled`); the step loop serves
-everything else, so particle methods never see the difference.
+inside ``Trace_ELBO`` and the trainer; not under a replay or a condition) and emits the same
+per-step sites (:meth:`SequenceModel.sample_presampled`); the step loop serves everything else,
+so particle methods never see the difference. A model whose scan takes leading particle
+dimensions sets ``guide_scan_particles = True``: it then also runs under the one vectorised
+particle plate of a Pyro ELBO (``num_particles > 1, vectorize_particles=True``, and
+:class:`~pyro_seq.infer.IWAE`), drawing noise of shape ``(K, batch, Z)`` per step as the step
+loop does under that plate (:func:`~pyro_seq.models.handlers.guide_scan_particles`).
 
 ``m.model`` and ``m.guide`` are :class:`StepProgram` objects: calling them runs the whole
 sequence (``init`` then ``step`` for every ``t`` inside ``pyro.markov``, the batch inside
@@ -78,7 +82,7 @@ apart.
 
 import functools
 from types import MappingProxyType
-from typing import Any, Callable, Dict, FrozenSet, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, FrozenSet, List, Mapping, Optional, Sequence, Tuple, Union
 
 import pyro
 import pyro.distributions as dist
@@ -89,9 +93,14 @@ from torch import nn
 from pyro_seq.distributions.scored_value import PresampledValue, ScoredValue
 from pyro_seq.models.contract import ModelContract
 from pyro_seq.models.emission import ObservedElements
+from pyro_seq.models.handlers import (
+    guide_scan_particles,
+    plain_guide_stack,  # noqa: F401  (re-exported: the docstrings here name it)
+    replayed_latents,
+    sole_replay,
+)
 from pyro_seq.nn.init import bernoulli_output_layer, init_output_bias, init_weights
 from pyro_seq.ops.state import SequenceState
-from pyro_seq.pyro_internals import active_messengers, preserves_sample_values
 from pyro_seq.validation import (
     module_device,
     positive_int,
@@ -109,66 +118,6 @@ def _observed_emission(fn, element_mask):
     """``fn`` scored on the observed elements of its value only
     (:class:`pyro_seq.models.emission.ObservedElements`)."""
     return ObservedElements(fn, element_mask)
-
-
-def _sole_replay():
-    """The one :class:`~pyro.poutine.replay_messenger.ReplayMessenger` on the handler stack
-    (with a trace) when every other active handler is known not to change sample values
-    (:func:`pyro_seq.pyro_internals.preserves_sample_values`); otherwise None."""
-    from pyro.poutine.replay_messenger import ReplayMessenger
-
-    replay = None
-    for messenger in active_messengers():
-        if isinstance(messenger, ReplayMessenger):
-            if replay is not None:
-                return None
-            replay = messenger
-        elif not preserves_sample_values(messenger):
-            return None
-    if replay is None or replay.trace is None:
-        return None
-    return replay
-
-
-def plain_guide_stack(plate: Optional[pyro.plate]) -> bool:
-    """True when the handlers around a full guide run leave its sample values to the guide and
-    its batch shape to ``plate``: every active messenger is known not to change sample values
-    (as for :func:`_sole_replay`; no replay, condition, enumeration, ...) and the only plate is
-    ``plate`` (no particle plate). Then a guide may draw all its steps ahead
-    (:meth:`SequenceModel.guide_scan`)."""
-    from pyro.poutine.indep_messenger import IndepMessenger
-    from pyro.poutine.replay_messenger import ReplayMessenger
-
-    for messenger in active_messengers():
-        if isinstance(messenger, IndepMessenger):
-            if messenger is not plate:
-                return False
-        elif isinstance(messenger, ReplayMessenger) or not preserves_sample_values(messenger):
-            return False
-    return True
-
-
-def replayed_latents(
-    names: Sequence[str], num_steps: int
-) -> Optional[Dict[str, List[torch.Tensor]]]:
-    """Values of the latent sites ``{name}_1..{name}_T`` fixed by an enclosing replay, or None.
-
-    Returns a dict ``name -> list of T tensors`` when exactly one
-    :class:`~pyro.poutine.replay_messenger.ReplayMessenger` on the handler stack holds every
-    site and every other active handler is known not to change sample values (messengers may
-    declare ``preserves_sample_values = True``); otherwise None.
-    """
-    replay = _sole_replay()
-    if replay is None:
-        return None
-    nodes = replay.trace.nodes
-    values = {}
-    for name in names:
-        sites = [nodes.get(f"{name}_{t + 1}") for t in range(num_steps)]
-        if any(site is None or site["type"] != "sample" or site["is_observed"] for site in sites):
-            return None
-        values[name] = [site["value"] for site in sites]
-    return values
 
 
 def _same_tensor(a, b):
@@ -260,7 +209,7 @@ class GuideRecord:
 def replayed_guide_record(owner, inputs):
     """The :class:`GuideRecord` of ``owner``'s guide in the trace an enclosing replay holds
     (its ``_RETURN`` node), when :meth:`GuideRecord.matches` holds; otherwise None."""
-    replay = _sole_replay()
+    replay = sole_replay()
     if replay is None:
         return None
     node = replay.trace.nodes.get("_RETURN")
@@ -565,14 +514,17 @@ class StepProgram:
 
     def _scanned_guide(self, state, x, mask):
         """Whether the guide ran every step at once (:meth:`SequenceModel.guide_scan`): only a
-        model that defines it, only under :func:`plain_guide_stack`, only if it accepts."""
+        model that defines it, only under :func:`plain_guide_stack` (or one particle plate
+        for a model with ``guide_scan_particles``), only if it accepts."""
         owner = self._owner
-        return (
-            self.role == "guide"
-            and type(owner).guide_scan is not SequenceModel.guide_scan
-            and plain_guide_stack(self._plate)
-            and owner.guide_scan(state, x, mask)
-        )
+        if self.role != "guide" or type(owner).guide_scan is SequenceModel.guide_scan:
+            return False
+        particles = guide_scan_particles(self._plate, owner.guide_scan_particles)
+        if particles is None:
+            return False
+        if particles:
+            return owner.guide_scan(state, x, mask, particles=particles)
+        return owner.guide_scan(state, x, mask)
 
 
 class SequenceModel(ModelContract):
@@ -649,6 +601,8 @@ class SequenceModel(ModelContract):
     #: submodules they depend on (see "Sharing with the guide" in the module docstring)
     shared_with_guide = ()
     shared_with_guide_modules = ()
+    #: :meth:`guide_scan` takes a leading particle shape (``particles=``; module docstring)
+    guide_scan_particles = False
 
     def sample_latent(
         self,
@@ -707,11 +661,19 @@ class SequenceModel(ModelContract):
             if value is not values[i]:
                 raise RuntimeError(f"site {name}_{i + 1} did not take its {what} value")
 
-    def guide_scan(self, state: SequenceState, x: torch.Tensor, mask: torch.Tensor) -> bool:
+    def guide_scan(
+        self,
+        state: SequenceState,
+        x: torch.Tensor,
+        mask: torch.Tensor,
+        particles: Tuple[int, ...] = (),
+    ) -> bool:
         """Optionally run every guide step at once, after ``guide_init``: return True when done
         (all latent sites emitted, e.g. by :meth:`sample_presampled`, and ``state`` as the step
         loop leaves it), False to let the step loop run. Called only for a full-sequence guide
-        run under :func:`plain_guide_stack`; the default does nothing."""
+        run under :func:`plain_guide_stack`, or, with ``guide_scan_particles = True``, under
+        one particle plate: then ``particles`` is ``(K, 1, ..., 1)``, the leading shape of every
+        draw (``(*particles, batch, Z)`` per step). The default does nothing."""
         return False
 
     def observe(

@@ -109,6 +109,7 @@ class DMM(SequenceModel):
     """
 
     time_parallel = True
+    guide_scan_particles = True
     module_name = "dmm"
     small_example = example(z_dim=2, transition_dim=4, emission_dim=4, rnn_dim=4)
 
@@ -210,33 +211,48 @@ class DMM(SequenceModel):
         z = pyro.sample(f"z_{t + 1}", masked(dist.Normal(loc, scale).to_event(1), mask[:, t]))
         state["guide_z"] = z
 
-    def guide_scan(self, state: SequenceState, x: torch.Tensor, mask: torch.Tensor) -> bool:
+    def guide_scan(
+        self,
+        state: SequenceState,
+        x: torch.Tensor,
+        mask: torch.Tensor,
+        particles: Tuple[int, ...] = (),
+    ) -> bool:
         """Every guide step at once (the full-sequence guide under plain handlers, e.g. inside
         ``Trace_ELBO``): the noise of all steps is drawn first, then
         :func:`~pyro_seq.nn.combiner_scan.combiner_scan` runs the combiner recursion of
         :meth:`guide_step` as one autograd node and the sites ``z_1..z_T`` are emitted with those
         values. The values equal the step loop's for the same seed (the noise is drawn in the
-        same order and shapes). Res_q (``residual=True``) keeps the step loop."""
+        same order and shapes). Under a particle plate (``particles = (K, 1, ..., 1)``) the
+        scan runs on ``K * batch`` rows (``z_0`` and ``a`` repeated per particle). Res_q
+        (``residual=True``) keeps the step loop."""
         if self.residual:
             return False
         a = state.shared["a"]
         z0 = state["guide_z"]
+        lead = particles + z0.shape[:-1]  # (*particles, batch): each step's draw, as the loop's
         # one standard-normal draw per step, as each step's Normal.rsample() makes: the same
         # random stream, hence the same values as the step loop for the same seed
-        eps = torch.stack([a.new_empty(z0.shape).normal_() for _ in range(a.shape[-2])], -2)
+        eps = torch.stack(
+            [a.new_empty(lead + z0.shape[-1:]).normal_() for _ in range(a.shape[-2])], -2
+        )
+        if particles:  # K * batch rows
+            z0 = z0.expand(lead + z0.shape[-1:]).reshape(-1, z0.shape[-1])
+            a = a.expand(particles + a.shape).reshape((-1,) + a.shape[-2:])
         c = self.combiner
         loc, scale, z = combiner_scan(
             z0,
             a,
-            eps,
+            eps.reshape((-1,) + eps.shape[-2:]),
             c.z_to_hidden.weight,
             c.z_to_hidden.bias,
             state.shared["combiner_w"],
             state.shared["combiner_b"],
             c.min_scale,
         )
+        loc, scale, z = (v.reshape(eps.shape) for v in (loc, scale, z))
         self.sample_presampled("z", normal, (loc, scale), z, mask)
-        state["guide_z"] = z[:, -1]
+        state["guide_z"] = z[..., -1, :]
         return True
 
     @torch.no_grad()

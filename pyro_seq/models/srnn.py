@@ -80,6 +80,7 @@ class SRNN(SequenceModel):
     """
 
     time_parallel = True
+    guide_scan_particles = True
     weight_init_schemes = ("srnn", "normal")  #: the SRNN authors' initialisation (pyro_seq.nn.init)
     module_name = "srnn"
     small_example = example(d_dim=4, z_dim=2, hidden_dim=4)
@@ -226,7 +227,13 @@ class SRNN(SequenceModel):
             and prior.head.variance == post.head.variance
         )
 
-    def guide_scan(self, state: SequenceState, x: torch.Tensor, mask: torch.Tensor) -> bool:
+    def guide_scan(
+        self,
+        state: SequenceState,
+        x: torch.Tensor,
+        mask: torch.Tensor,
+        particles: Tuple[int, ...] = (),
+    ) -> bool:
         """Every guide step at once (the full-sequence guide under plain handlers, e.g. inside
         ``Trace_ELBO``; see :mod:`pyro_seq.models.base`): the noise of all steps is drawn
         first, one ``Normal.rsample`` per step as the step loop draws it, then
@@ -234,25 +241,34 @@ class SRNN(SequenceModel):
         (eq. 5.10, 5.12) as one autograd node and the sites ``z_1..z_T`` are emitted with
         those values. With Res_q the prior at each guide ``z_{t-1}`` is recorded for the
         time-parallel model as the step loop records it. Values equal the step loop's for the
-        same seed."""
+        same seed. Under a particle plate (``particles = (K, 1, ..., 1)``) the scan runs on
+        ``K * batch`` rows (``z_0`` and the contexts repeated per particle)."""
         if not self._scannable():
             return False
         post, z0 = self.posterior, state["guide_z"]
         T = x.shape[1]
+        lead = particles + z0.shape[:-1]  # (*particles, batch): each step's draw, as the loop's
         unit = torch.distributions.Normal(z0.new_zeros(()), z0.new_ones(()), validate_args=False)
-        eps = torch.stack([unit.rsample(z0.shape) for _ in range(T)], -2)
+        eps = torch.stack([unit.rsample(lead + z0.shape[-1:]) for _ in range(T)], -2)
+
+        def rows(v):  # (..., F) per batch row -> (K * batch, ..., F)
+            if not particles:
+                return v
+            return v.expand(particles + v.shape).reshape((-1,) + v.shape[1:])
+
         prior = None
         if self.residual:
-            prior = (state.shared["prior_context"],) + tuple(self.prior.step_weights())
+            prior = (rows(state.shared["prior_context"]),) + tuple(self.prior.step_weights())
         out = srnn_guide_scan(
-            z0,
-            eps,
-            (state.shared["posterior_context"],) + tuple(post.step_weights()),
+            rows(z0),
+            eps.reshape((-1,) + eps.shape[-2:]),
+            (rows(state.shared["posterior_context"]),) + tuple(post.step_weights()),
             prior,
             post.activation,
             post.head.min_scale,
             post.head.variance,
         )
+        out = tuple(v.reshape(lead + v.shape[1:]) for v in out)
         loc, scale, z = out[:3]
         zs = list(z.unbind(-2))  # the site values, also the z_{t-1} the record is keyed by
         self._emit_steps("z", normal, (loc, scale), zs, mask, PresampledValue, "drawn")

@@ -105,7 +105,12 @@ def latent_prior(prior: str) -> Callable[[torch.Tensor], TorchDistribution]:
     raise ValueError(f"prior must be one of {PRIORS}, got {prior!r}")
 
 
-def draw_recognition(model: SequenceModel, state: SequenceState, mask: torch.Tensor) -> bool:
+def draw_recognition(
+    model: SequenceModel,
+    state: SequenceState,
+    mask: torch.Tensor,
+    particles: Tuple[int, ...] = (),
+) -> bool:
     r"""Every guide site ``z_1..z_T`` at once from the per-step Gaussians
     :math:`q(z_t | x) = \mathcal{N}(\mu_t, \mathrm{diag}\, \sigma_t^2)` that ``guide_init``
     left in ``state.shared["q_loc"]``, ``["q_scale"]`` ``(batch, T, Z)``: the
@@ -115,12 +120,16 @@ def draw_recognition(model: SequenceModel, state: SequenceState, mask: torch.Ten
     The noise is drawn as the step loop draws it, one ``(batch, Z)`` standard normal per step
     in step order, and ``z_t = mu_t + eps_t sigma_t`` as ``Normal.rsample`` forms it, so the
     values equal the step loop's for the same seed; the sites carry log-densities computed in
-    one batch (:meth:`~pyro_seq.models.base.SequenceModel.sample_presampled`). Returns False
-    (the step loop runs) when ``model.time_parallel`` is off.
+    one batch (:meth:`~pyro_seq.models.base.SequenceModel.sample_presampled`). Under a
+    vectorised particle plate (``particles = (K, 1, ..., 1)``) each step's draw is
+    ``(*particles, batch, Z)``, as the step loop draws it there, and the sites have that batch
+    shape. Returns False (the step loop runs) when ``model.time_parallel`` is off.
     """
     if not model.time_parallel:
         return False
     loc, scale = state.shared["q_loc"], state.shared["q_scale"]
+    if particles:  # the per-step Gaussians as the particle plate expands them
+        loc, scale = loc.expand(*particles, *loc.shape), scale.expand(*particles, *scale.shape)
     step_shape = loc.shape[:-2] + loc.shape[-1:]
     eps = torch.stack([loc.new_empty(step_shape).normal_() for _ in range(loc.shape[-2])], -2)
     model.sample_presampled("z", normal, (loc, scale), loc + eps * scale, mask)
@@ -298,6 +307,7 @@ class STORN(SequenceModel):
     """
 
     time_parallel = True
+    guide_scan_particles = True
     module_name = "storn"
     small_example = example(z_dim=2, rnn_dim=4, emission_dim=4)
 
@@ -352,10 +362,16 @@ class STORN(SequenceModel):
         a = self.encoder.sequence(x, x.new_zeros(x.shape[0], self.rnn_dim), mask.sum(-1))
         state.shared["q_loc"], state.shared["q_scale"] = self.recognition(a)
 
-    def guide_scan(self, state: SequenceState, x: torch.Tensor, mask: torch.Tensor) -> bool:
+    def guide_scan(
+        self,
+        state: SequenceState,
+        x: torch.Tensor,
+        mask: torch.Tensor,
+        particles: Tuple[int, ...] = (),
+    ) -> bool:
         """All guide steps at once (:func:`draw_recognition`): ``q(z_t | x_{1:t})`` does not
         read earlier samples."""
-        return draw_recognition(self, state, mask)
+        return draw_recognition(self, state, mask, particles)
 
     def guide_step(self, state: SequenceState, t: int, x: torch.Tensor, mask: torch.Tensor) -> None:
         loc, scale = state.shared_at("q_loc", t), state.shared_at("q_scale", t)

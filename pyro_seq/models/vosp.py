@@ -82,6 +82,7 @@ class VOSP(SequenceModel):
     """
 
     time_parallel = True
+    guide_scan_particles = True
     module_name = "vosp"
     small_example = example(z_dim=2, rnn_dim=4, emission_dim=4)
     shared_with_guide = ("h",)
@@ -144,10 +145,16 @@ class VOSP(SequenceModel):
         h = state.shared["h"] = self.recognition_states(x, mask)
         state.shared["q_loc"], state.shared["q_scale"] = self.recognition(h)
 
-    def guide_scan(self, state: SequenceState, x: torch.Tensor, mask: torch.Tensor) -> bool:
+    def guide_scan(
+        self,
+        state: SequenceState,
+        x: torch.Tensor,
+        mask: torch.Tensor,
+        particles: Tuple[int, ...] = (),
+    ) -> bool:
         """All guide steps at once (:func:`~pyro_seq.models.storn.draw_recognition`):
         ``q(z_t | x_{1:t})`` reads ``h_t`` only, never earlier samples."""
-        return draw_recognition(self, state, mask)
+        return draw_recognition(self, state, mask, particles)
 
     def guide_step(self, state: SequenceState, t: int, x: torch.Tensor, mask: torch.Tensor) -> None:
         loc, scale = state.shared_at("q_loc", t), state.shared_at("q_scale", t)

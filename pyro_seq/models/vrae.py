@@ -85,6 +85,7 @@ class VRAE(SequenceModel):
     """
 
     time_parallel = True
+    guide_scan_particles = True
     module_name = "vrae"
     small_example = example(z_dim=2, encoder_dim=4, decoder_dim=4, emission_dim=4)
 
@@ -156,10 +157,16 @@ class VRAE(SequenceModel):
     def guide_init(self, state: SequenceState, x: torch.Tensor, mask: torch.Tensor) -> None:
         state.shared["q_loc"], state.shared["q_scale"] = self.recognition_params(x, mask)
 
-    def guide_scan(self, state: SequenceState, x: torch.Tensor, mask: torch.Tensor) -> bool:
+    def guide_scan(
+        self,
+        state: SequenceState,
+        x: torch.Tensor,
+        mask: torch.Tensor,
+        particles: Tuple[int, ...] = (),
+    ) -> bool:
         """All guide steps at once (:func:`~pyro_seq.models.storn.draw_recognition`): every
         ``q(z_t | x_{1:T})`` is fixed by the encoder, none reads earlier samples."""
-        return draw_recognition(self, state, mask)
+        return draw_recognition(self, state, mask, particles)
 
     def guide_step(self, state: SequenceState, t: int, x: torch.Tensor, mask: torch.Tensor) -> None:
         loc, scale = state.shared_at("q_loc", t), state.shared_at("q_scale", t)
