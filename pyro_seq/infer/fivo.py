@@ -399,19 +399,16 @@ class FIVO(LogZBound):
                     do = mask[:, t + 1]  # never resample after a sequence's last step
                     if self.resample == "ess":
                         do = do & (effective_sample_size(log_w, dim=0) < self.ess_threshold * K)
-                if not do.any():
-                    continue
+                    if not do.any():
+                        continue
+                    ancestors = resample(log_w, self.resampling, generator=self.generator)
+                    if not do.all():  # sequences that do not resample keep their particles
+                        ancestors = torch.where(do, ancestors, identity)
+                    log_w = log_w.masked_fill(do, 0.0)
                 self._prepare_state(state, B)
-                ancestors = resample(log_w, self.resampling, generator=self.generator)
-                state.resample(torch.where(do, ancestors, identity))
-                log_w = log_w.masked_fill(do, 0.0)
+                state.resample(ancestors)  # differentiable in the state, ancestors fixed
                 resampled[t] = do
-        log_z = self._combine(incs, resampled, x, K, B)
-        num_resamples = torch.zeros(B, dtype=torch.long, device=x.device)
-        for do in resampled:
-            if do is not None:
-                num_resamples += do.long()
-        self.last_num_resamples = num_resamples
+        log_z, self.last_num_resamples = self._combine(incs, resampled, x, K, B)
         return log_z, (1.0 if layout is None else layout[2])
 
     @staticmethod
@@ -421,24 +418,26 @@ class FIVO(LogZBound):
 
         :param list incs: per step, the ``(K, B)`` log weights (None: no site, zero).
         :param list resampled: per step, ``(B,)`` bool (resampled after the step) or None.
+        :returns: ``(log_z, num_resamples)``, both ``(B,)`` (the second a long tensor).
         """
+        num_resamples = torch.zeros(B, dtype=torch.long, device=x.device)
         if not incs:  # no time step
-            return x.new_zeros(B)
+            return x.new_zeros(B), num_resamples
         zeros = x.new_zeros(K, B)
         inc = torch.stack([zeros if v is None else v for v in incs])  # (T, K, B)
-        events = [(t, do) for t, do in enumerate(resampled) if do is not None]
-        if not events:
-            return log_mean_exp(inc.sum(0), dim=0)
-        # epoch[t, b]: number of resampling events of sequence b before step t
-        after = torch.zeros(len(incs), B, dtype=torch.long, device=x.device)
-        for t, do in events:
-            after[t] = do.long()
+        if all(do is None for do in resampled):
+            return log_mean_exp(inc.sum(0), dim=0), num_resamples
+        # after[t, b]: sequence b resampled after step t; epoch[t, b]: events before step t
+        never = torch.zeros(B, dtype=torch.bool, device=x.device)
+        after = torch.stack([never if do is None else do for do in resampled]).long()
+        num_resamples = after.sum(0)
         epoch = torch.cumsum(after, 0) - after
-        sums = inc.new_zeros(len(events) + 1, K, B).scatter_add(
+        num_epochs = sum(do is not None for do in resampled) + 1
+        sums = inc.new_zeros(num_epochs, K, B).scatter_add(
             0, epoch.unsqueeze(1).expand(inc.shape), inc
         )  # (epochs, K, B)
         # epochs that a sequence never reaches are all zero: log-mean-exp 0 adds nothing
-        return log_mean_exp(sums, dim=1).sum(0)
+        return log_mean_exp(sums, dim=1).sum(0), num_resamples
 
     def _batch_scale(self, sites):
         """Subsampling factor ``N / B`` of the batch plate (the plate at dim -1)."""

@@ -53,6 +53,8 @@ __all__ = [
     "RESAMPLE_CRITERIA",
     "RESAMPLING_SCHEMES",
     "check_resampling_args",
+    "check_weights",
+    "draw_ancestors",
     "effective_sample_size",
     "log_mean_exp",
     "normalize_log_weights",
@@ -182,24 +184,49 @@ def resample(log_weights, resampling=DEFAULT_RESAMPLING, generator=None, *, sche
         lw = log_weights.detach()
         K = lw.shape[0]
         batch_shape = lw.shape[1:]
-        flat = lw.reshape(K, -1).to(torch.float64)  # (K, B)
-        B = flat.shape[1]
-        if torch.isneginf(flat).all(0).any() or torch.isnan(flat).any():
-            raise ValueError("resample: every batch element needs a finite log-weight and no NaN")
-        probs = torch.softmax(flat, dim=0)  # (K, B)
-        if resampling == "multinomial":
-            anc = torch.multinomial(probs.T, K, replacement=True, generator=generator).T
-        else:
-            if resampling == "systematic":
-                u0 = torch.rand(1, B, dtype=torch.float64, device=flat.device, generator=generator)
-            else:
-                u0 = torch.rand(K, B, dtype=torch.float64, device=flat.device, generator=generator)
-            k = torch.arange(K, dtype=torch.float64, device=flat.device).unsqueeze(-1)
-            u = (k + u0) / K  # (K, B), sorted in [0, 1)
-            cdf = torch.cumsum(probs, dim=0)
-            cdf = cdf / cdf[-1:]  # exact 1 at the end despite rounding
-            # The ancestor of u is the smallest k with cdf[k] > u: zero-weight particles, whose
-            # cdf equals their predecessor's, are never chosen.
-            anc = torch.searchsorted(cdf.T.contiguous(), u.T.contiguous(), right=True).T
-            anc = anc.clamp_(max=K - 1)
+        probs = torch.softmax(lw.reshape(K, -1).to(torch.float64), dim=0)  # (K, B)
+        check_weights(probs)
+        anc = draw_ancestors(probs, resampling, generator)
         return anc.reshape((K,) + tuple(batch_shape)).contiguous()
+
+
+def check_weights(probs):
+    """Refuse normalized weights ``(K, B)`` with a NaN: ``softmax`` gives NaN for a column of
+    log-weights that is all ``-inf``, has a ``+inf`` or has a NaN (nothing to resample from).
+
+    :raises ValueError: naming the log-weights.
+    """
+    if torch.isnan(probs).any():
+        raise ValueError(
+            "resample: every batch element needs a finite log-weight and no NaN; check the "
+            "log_weights passed (a column that is all -inf, +inf or NaN cannot be resampled)"
+        )
+
+
+def draw_ancestors(probs, resampling=DEFAULT_RESAMPLING, generator=None):
+    """The draw of :func:`resample` from normalized weights (no argument checks).
+
+    Callers that also need the normalized weights (e.g. for :func:`effective_sample_size` as
+    ``1 / sum_k p_k^2``) compute ``softmax`` once and pass it here; the random draws are those
+    of :func:`resample` for the same generator state.
+
+    :param torch.Tensor probs: ``(K, B)`` float64 weights summing to one along dim 0.
+    :param str resampling: ``"multinomial"``, ``"stratified"`` or ``"systematic"``.
+    :param torch.Generator generator: optional random generator.
+    :returns: ``(K, B)`` long ancestors (sorted along dim 0 for stratified and systematic).
+    """
+    K, B = probs.shape
+    if resampling == "multinomial":
+        return torch.multinomial(probs.T, K, replacement=True, generator=generator).T
+    if resampling == "systematic":
+        u0 = torch.rand(1, B, dtype=probs.dtype, device=probs.device, generator=generator)
+    else:
+        u0 = torch.rand(K, B, dtype=probs.dtype, device=probs.device, generator=generator)
+    k = torch.arange(K, dtype=probs.dtype, device=probs.device).unsqueeze(-1)
+    u = (k + u0) / K  # (K, B), sorted in [0, 1)
+    cdf = torch.cumsum(probs, dim=0)
+    cdf = cdf / cdf[-1:]  # exact 1 at the end despite rounding
+    # The ancestor of u is the smallest k with cdf[k] > u: zero-weight particles, whose cdf
+    # equals their predecessor's, are never chosen.
+    anc = torch.searchsorted(cdf.T.contiguous(), u.T.contiguous(), right=True).T
+    return anc.clamp_(max=K - 1)
