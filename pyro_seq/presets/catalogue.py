@@ -471,7 +471,14 @@ _PRESETS = [
         "displacements, all 256 memories as neighbours at first (down to 5 by epoch 20) and "
         "the wall network at 10x the rate (the GTM-SM's defaults, stated here so that the "
         "preset keeps them). The recorded run validated on 20 sequences and "
-        "tested on 100 of 256 + 256 steps (image_navigation: 200 and 200 of 256 + 32).",
+        "tested on 100 of 256 + 256 steps (image_navigation: 200 and 200 of 256 + 32). "
+        "The states do not become positional on every seed: trained from a random start "
+        "with these settings (benchmarks/diagnostics/gtmsm_learning.py --preset "
+        "gtmsm_navigation), the pooled R^2 of a linear map from the memorised states to the "
+        "true positions on 20 validation sequences after 40 epochs was 0.958 and 0.943 (row, "
+        "column) with seed 0, 0.856 and 0.912 with seed 1, and 0.247 and 0.255 with seed 2, "
+        "whose states never became positional while the plateau schedule halved the rate "
+        "from epoch 12 on (gtmsm_learning_preset_seed0/1/2.json).",
     ),
     Preset(
         name="gtmsm_navigation_thesis",
