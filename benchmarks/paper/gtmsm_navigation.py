@@ -264,8 +264,11 @@ def settings(args):
     if args.smoke:
         overrides["smoke_sizes"] = SMOKE_SIZES
         model.update(SMOKE_SIZES)
-    typed = {PRESET_FLAGS[f][1]: v for f, v in overrides.items() if f in PRESET_FLAGS}
-    typed = {field: v for field, v in typed.items() if field in values["train"]}
+    typed = {
+        field: overrides[flag]
+        for flag, (where, field) in PRESET_FLAGS.items()
+        if where == "train" and flag in overrides
+    }
     config = replace(
         PRESET.train_config(**typed),
         num_threads=args.threads,
