@@ -382,6 +382,10 @@ class _SharedSubsample(Messenger):
     of the non-vectorized loop, DReG's replay), so all see the same minibatch.
     """
 
+    #: it fixes plate subsample indices only, never a latent site's value, so a model's fused
+    #: guide (:meth:`~pyro_seq.models.SequenceModel.guide_scan`) may run under it
+    preserves_sample_values = True
+
     def __init__(self):
         super().__init__()
         self.values = {}

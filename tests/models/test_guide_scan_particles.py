@@ -91,12 +91,6 @@ def test_scan_under_particles_equals_the_step_loop(name, objective, monkeypatch)
     torch.manual_seed(0)
     m = BUILDS[name]().double()
     x, mask = ragged_batch()
-    if objective == "iwae":
-        # IWAE's minibatch-sharing handler fixes plate subsample sites only; until it declares
-        # so itself, say it here (otherwise the dispatch rightly keeps the step loop)
-        monkeypatch.setattr(
-            "pyro_seq.infer.iwae._SharedSubsample.preserves_sample_values", True, raising=False
-        )
     make, shape = OBJECTIVES[objective]
     calls = counting(m, monkeypatch)
     scanned = loss_and_grads(m, make(), x, mask)

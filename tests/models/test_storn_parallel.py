@@ -189,7 +189,7 @@ def test_trace_elbo_loss_and_gradients_equal_the_step_loop(
 
 @pytest.mark.parametrize("build", [storn, vosp, vrae])
 def test_vectorized_particles_equal_the_step_loop(build, monkeypatch):
-    """IWAE with a particle plate: the guide keeps its step loop (a particle plate is not a
+    """IWAE with a plate the scan does not handle (the ELBOs' particle plate is: tests/models/test_guide_scan_particles.py): the guide keeps its step loop (a plate the scan does not handle (the ELBOs' particle plate is: tests/models/test_guide_scan_particles.py) is not a
     plain guide stack), the model scores all steps at once with the lengths broadcast over
     the particles; loss and gradients equal the step loop's."""
     torch.manual_seed(0)
@@ -202,7 +202,7 @@ def test_vectorized_particles_equal_the_step_loop(build, monkeypatch):
 @pytest.mark.parametrize("build", [storn, vosp, vrae])
 def test_guide_draws_every_step_at_once_only_under_plain_handlers(build):
     """The plain guide emits presampled sites with the step loop's values for the same seed;
-    under a condition, a replay, a particle plate or with ``time_parallel`` off it runs the
+    under a condition, a replay, a plate the scan does not handle (the ELBOs' particle plate is: tests/models/test_guide_scan_particles.py) or with ``time_parallel`` off it runs the
     step loop."""
     m = build("white", "tanh", "bernoulli").double()
     x, mask = ragged_batch("bernoulli")
@@ -237,7 +237,7 @@ def test_guide_draws_every_step_at_once_only_under_plain_handlers(build):
     assert not any(presampled(trace(poutine.replay(m.guide, trace=fused))))
 
     def particles(*args):
-        with pyro.plate("num_particles_vectorized", 2, dim=-2):
+        with pyro.plate("another_plate", 2, dim=-2):
             return m.guide(*args)
 
     assert not any(presampled(trace(particles)))

@@ -227,7 +227,7 @@ def test_the_model_reuses_the_priors_of_the_fused_guide(monkeypatch):
 
 
 def test_srnn_guide_scan_falls_back_to_the_loop():
-    """Under a replay, a condition or a particle plate the step loop runs, and with an
+    """Under a replay, a condition or a plate the scan does not handle (the ELBOs' particle plate is: tests/models/test_guide_scan_particles.py) the step loop runs, and with an
     activation the scan does not know."""
     x, mask = _batch()
     m = _srnn()
@@ -238,7 +238,7 @@ def test_srnn_guide_scan_falls_back_to_the_loop():
     assert not any(_fused_sites(poutine.replay(m.guide, trace=ref), x, mask))
 
     def particles(*args):
-        with pyro.plate("num_particles_vectorized", 2, dim=-2):
+        with pyro.plate("another_plate", 2, dim=-2):
             return m.guide(*args)
 
     assert not any(_fused_sites(particles, x, mask))
