@@ -78,7 +78,9 @@ def test_equation_citations_are_attributed_to_their_documents():
     assert num("(1)-(2)") == [(1,), (2,)]
     assert pyro_seq_docs._attribute((3, 12), "the filter", "") == "thesis"
     assert pyro_seq_docs._attribute((1, 2), "the recursion", "") == "seed000"
-    assert pyro_seq_docs._attribute((9,), "see Soyer & Möllenhoff sec. 2.1,", "seed002") == "seed003"
+    assert (
+        pyro_seq_docs._attribute((9,), "see Soyer & Möllenhoff sec. 2.1,", "seed002") == "seed003"
+    )
     assert pyro_seq_docs._attribute((2,), "a recurrent cell,", "seed002") == "seed002"
     assert pyro_seq_docs._attribute((7,), "nothing named", "") == ""
     assert pyro_seq_docs.in_source("thesis", (3, 20)) and not pyro_seq_docs.in_source(
