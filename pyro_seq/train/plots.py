@@ -29,7 +29,8 @@ def plot_history(history, path):
         )
     ax.set_xlabel("epoch")
     ax.set_ylabel("bound (nats / step)")
-    ax.legend(loc="upper left")
+    if ax.get_legend_handles_labels()[0]:  # a run without a bound to plot draws no legend
+        ax.legend(loc="upper left")
     ax.set_title("training progress")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
