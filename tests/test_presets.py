@@ -130,10 +130,12 @@ def _measured_from_files(preset):
             sum(r["test_total_loglik"] for r in runs) / sum(r["test_steps"] for r in runs),
             rel=1e-12,
         )
-    value = payloads[0]
-    for key in preset.result[0].key:
-        value = value[key]
-    return value
+    values = []
+    for payload, part in zip(payloads, preset.result):
+        for key in part.key:
+            payload = payload[key]
+        values.append(payload)
+    return values[0] if len(values) == 1 else pytest.approx(sum(values) / len(values), rel=1e-12)
 
 
 @pytest.mark.skipif(not RESULTS_DIR.is_dir(), reason="no benchmark results in this install")
@@ -156,6 +158,20 @@ def test_measured_is_none_without_the_file_or_the_key(tmp_path):
     assert preset.measured(tmp_path) is None
     (tmp_path / preset.result[0].file).write_text(json.dumps({"test_elbo_per_step": -5.0}))
     assert preset.measured(tmp_path) == -5.0
+
+
+def test_parts_without_weights_are_an_equal_mean_and_with_weights_pooled(tmp_path):
+    for name, value, steps in (("a.json", -5.0, 100), ("b.json", -8.0, 300)):
+        (tmp_path / name).write_text(json.dumps({"v": value, "n": steps}))
+    seeds = _preset(result=(ResultKey("a.json", ("v",)), ResultKey("b.json", ("v",))))
+    assert seeds.measured(tmp_path) == -6.5
+    slices = _preset(
+        result=(
+            ResultKey("a.json", ("v",), weight=("n",)),
+            ResultKey("b.json", ("v",), weight=("n",)),
+        )
+    )
+    assert slices.measured(tmp_path) == (-5.0 * 100 - 8.0 * 300) / 400
 
 
 def test_table_lists_every_preset(capsys):
@@ -235,6 +251,6 @@ def test_a_preset_is_checked_when_it_is_defined():
         Evaluation("nope")
     with pytest.raises(ValueError, match="betas"):
         Evaluation("elbo", betas=10)
-    with pytest.raises(ValueError, match="weight path"):
-        _preset(result=(ResultKey("a.json", ("x",)), ResultKey("b.json", ("x",))))
+    with pytest.raises(ValueError, match="weight path on every part"):
+        _preset(result=(ResultKey("a.json", ("x",), weight=("n",)), ResultKey("b.json", ("x",))))
     assert get_preset("dmm_jsb_pyro").train_config().betas == (0.96, 0.999)  # JSON lists

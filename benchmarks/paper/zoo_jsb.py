@@ -14,8 +14,9 @@ model's default sizes and its own objective. A flag that changes a preset's valu
 Each cell trains one architecture with one objective through :func:`pyro_seq.train.fit` into
 its own checkpoint folder ``benchmarks/checkpoints/zoo_jsb[_<tag>]/<model>_<objective>``, for at
 most ``--budget`` seconds of training in total (default: the preset's time limit), the sum of
-the epoch times in its log (with the presets' ``time_limit_counts="training"`` validation is
-excluded, so that a FIVO cell's costlier validation bound does not eat its budget), and the
+the epoch times in its log (with the presets' ``time_limit_counts="cpu"``: the CPU seconds of
+the training epochs, so that neither a FIVO cell's costlier validation bound nor another job on
+the same cores eats its budget), and the
 budget holds across invocations: run the same command again to resume every unfinished cell.
 Then the best-validation weights are scored on the test set by the same estimator for every
 cell (IWAE with 64 particles, or ``--eval smc``), and, in generation mode (not
@@ -118,6 +119,7 @@ def cell_settings(model_name, objective, args, likelihood_options=None):
         ("particles", "num_particles"),
         ("epochs", "epochs"),
         ("budget", "time_limit"),
+        ("seed", "seed"),
     ):
         value = getattr(args, flag)
         if value is not None and value != getattr(config, field):
@@ -164,6 +166,12 @@ def parse_args(argv=None):
         "--eval", choices=("iwae", "smc"), default=None, help="test estimator (presets: iwae)"
     )
     p.add_argument("--eval-particles", type=int, default=None, help="its particles (presets: 64)")
+    p.add_argument(
+        "--seed",
+        type=int,
+        default=None,
+        help="seed of the initial weights and of training (presets: 0); evaluation stays at 0",
+    )
     p.add_argument("--forecast-sequences", type=int, default=20)
     p.add_argument("--forecast-samples", type=int, default=100)
     p.add_argument("--forecast-steps", type=int, default=16, help="at most this many future steps")
@@ -189,12 +197,16 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
-def used_seconds(out):
+def used_seconds(out, counts="training"):
+    """The budget a cell has used over all its invocations: the sum of its epochs' training
+    seconds (``counts="training"``) or CPU seconds (``"cpu"``; a row written before the CPU
+    column existed counts its wall seconds), and its log rows."""
     log = out / "log.json"
     if not log.exists():
         return 0.0, []
     rows = json.loads(log.read_text())
-    return float(sum(r["seconds"] for r in rows)), rows
+    column = "cpu_seconds" if counts == "cpu" else "seconds"
+    return float(sum(r.get(column, r["seconds"]) for r in rows)), rows
 
 
 def forecast_score(model, test, args):
@@ -236,13 +248,14 @@ def main(argv=None):
     results = {}
     for model_name, objective in tqdm(cells, desc="zoo cells"):
         out = root / f"{model_name}_{objective}"
-        used, _ = used_seconds(out)
         cell_set = cell_settings(model_name, objective, args, em)
+        counts = cell_set["config"].time_limit_counts
+        used, _ = used_seconds(out, counts)
         if args.dataset != "jsb":
             cell_set["overrides"]["dataset"] = args.dataset
         budget = cell_set["config"].time_limit
         evaluation = cell_set["evaluation"]
-        torch.manual_seed(0)
+        torch.manual_seed(cell_set["config"].seed)
         model = MODELS[model_name].for_data(D, 0, **cell_set["model_options"])
         config = replace(
             cell_set["config"],
@@ -252,7 +265,7 @@ def main(argv=None):
         )
         if used < budget:
             fit(model, data["train"], data["valid"], config, out)
-        used, rows = used_seconds(out)
+        used, rows = used_seconds(out, counts)
         finite = all(
             math.isfinite(r["train_loss_per_step"])
             and math.isfinite(r.get("valid_elbo_per_step", 0.0))

@@ -74,8 +74,9 @@ class Evaluation:
 class ResultKey:
     """Where a measured number lives: ``file`` under :data:`RESULTS_DIR`, the ``key`` path of
     dict keys and list indices to the number, the ``seconds`` path to the training seconds
-    (a number, or a list of per-epoch seconds that is summed; None: not recorded), and the ``weight`` path (e.g. the test steps) by which the numbers
-    of several parts are pooled (None for a single part)."""
+    (a number, or a list of per-epoch seconds that is summed; None: not recorded), and the
+    ``weight`` path (e.g. the test steps) by which the numbers of several parts are pooled
+    (None: the part counts 1, e.g. one of several training seeds)."""
 
     file: str
     key: KeyPath
@@ -192,8 +193,11 @@ class Preset:
         object.__setattr__(self, "model_options", MappingProxyType(dict(self.model_options)))
         object.__setattr__(self, "train", MappingProxyType(dict(self.train)))
         object.__setattr__(self, "result", tuple(self.result))
-        if len(self.result) > 1 and any(part.weight is None for part in self.result):
-            raise ValueError(f"preset {self.name!r}: pooled result parts need a weight path")
+        if len({part.weight is None for part in self.result}) > 1:
+            raise ValueError(
+                f"preset {self.name!r}: pooled result parts need a weight path on every part "
+                "(pooled by weight) or on none (an equal mean, e.g. over training seeds)"
+            )
         try:
             self.train_config().validate()
         except ValueError as e:
@@ -258,12 +262,13 @@ class Preset:
         """The number this package measured with the preset, read from its result file(s) now:
         the value at its ``key`` (:class:`ResultKey`), or for several parts their mean weighted by
         :attr:`ResultKey.weight` (e.g. per-step log-likelihoods of disjoint test slices,
-        pooled over their steps). None when not measured, or a file or key is absent."""
+        pooled over their steps; parts without a weight, e.g. training seeds, count equally).
+        None when not measured, or a file or key is absent."""
         values, weights = [], []
         for part in self.result:
             payload = part.read(results_dir)
             value = _lookup(payload, part.key)
-            weight = _lookup(payload, part.weight) if len(self.result) > 1 else 1.0
+            weight = _lookup(payload, part.weight) if part.weight is not None else 1.0
             if value is None or weight is None:
                 return None
             values.append(value)

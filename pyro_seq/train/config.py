@@ -34,6 +34,8 @@ __all__ = [
 ]
 
 LR_SCHEDULES = ("plateau", "exponential", "constant")
+#: What ``TrainConfig.time_limit`` counts (:attr:`TrainConfig.time_limit_counts`).
+TIME_LIMIT_COUNTS = ("wall", "training", "cpu")
 INITS = INIT_SCHEMES + ("bias", "none")
 
 #: The groups of :class:`TrainConfig`'s fields, in order: key -> title (the command line's
@@ -394,10 +396,12 @@ class TrainConfig:
     time_limit_counts: str = option(
         "wall",
         "stopping",
-        "what ``time_limit`` counts: wall (this call's wall clock) or training (the seconds "
-        "of this call's training epochs, validation excluded, to compare models on equal "
-        "training time)",
-        choices=("wall", "training"),
+        "what ``time_limit`` counts: wall (this call's wall clock), training (the wall "
+        "seconds of this call's training epochs, validation excluded, to compare models on "
+        "equal training time) or cpu (the CPU seconds of this process, all its threads, in "
+        "this call's training epochs: an equal budget that another job on the same cores "
+        "does not shrink)",
+        choices=TIME_LIMIT_COUNTS,
     )
     # --- initialisation and randomness ---
     init: str = option(
@@ -523,9 +527,10 @@ class TrainConfig:
             raise ValueError(f"init must be one of {INITS}, got {self.init!r}")
         if not isinstance(self.cd_steps, int) or self.cd_steps < 1:
             raise ValueError(f"cd_steps must be a positive int, got {self.cd_steps!r}")
-        if self.time_limit_counts not in ("wall", "training"):
+        if self.time_limit_counts not in TIME_LIMIT_COUNTS:
             raise ValueError(
-                f"time_limit_counts must be 'wall' or 'training', got {self.time_limit_counts!r}"
+                f"time_limit_counts must be one of {TIME_LIMIT_COUNTS}, "
+                f"got {self.time_limit_counts!r}"
             )
         if not isinstance(self.world_size, int) or self.world_size < 1:
             raise ValueError(f"world_size must be a positive int, got {self.world_size!r}")

@@ -115,6 +115,8 @@ __all__ = ["MONITORED_BOUND", "TrainHistory", "fit", "initialise"]
 #: IWAE (SMC) estimate with the same K, the quantity its training optimises; other objectives
 #: by the ELBO.
 MONITORED_BOUND = {"iwae": "iwae", "fivo": "smc"}
+#: The column of an epoch's log row that ``time_limit_counts`` sums ("wall" counts the call).
+EPOCH_SECONDS = {"training": "seconds", "cpu": "cpu_seconds"}
 
 
 def initialise(
@@ -560,7 +562,7 @@ class _Run:
         self.lr = epoch_lr(epoch, config)
         if config.lr_schedule == "exponential":
             set_lr(optim, self.lr, model)
-        total_loss, epoch_start, num_batches = 0.0, time.time(), 0
+        total_loss, epoch_start, cpu_start, num_batches = 0.0, time.time(), time.process_time(), 0
         for x, mask, *inputs in self.loader.batches(epoch):
             total_loss += self._update(epoch, x, mask, inputs[0] if inputs else None)
             num_batches += 1
@@ -572,6 +574,7 @@ class _Run:
             "beta": kl_beta(self.global_step, config),
             "lr": self.lr * config.lrd**self.global_step,
             "seconds": time.time() - epoch_start,
+            "cpu_seconds": time.process_time() - cpu_start,  # this process, all its threads
         }
         if self.energy:  # CD's step value is a monitor per visible element, not a loss per step
             row["train_reconstruction_error"] = total_loss / max(num_batches, 1)
@@ -716,7 +719,7 @@ class _Run:
         used = (
             time.time() - self.started
             if config.time_limit_counts == "wall"
-            else sum(r["seconds"] for r in this_call)
+            else sum(r[EPOCH_SECONDS[config.time_limit_counts]] for r in this_call)
         )
         if config.time_limit is not None and self.comm.any(used > config.time_limit):
             if self.main:

@@ -381,7 +381,27 @@ def test_time_limit_counts_wall_or_training_seconds(tmp_path, monkeypatch):
     assert sum(r["seconds"] for r in training) < 1.0
     assert len(training) == 3 and training.stop_reason == "epochs"
     with pytest.raises(ValueError, match="time_limit_counts"):
-        TrainConfig(time_limit_counts="cpu").validate()
+        TrainConfig(time_limit_counts="process").validate()
+
+
+def test_time_limit_counts_cpu_seconds_of_the_training_epochs(tmp_path, monkeypatch):
+    """With ``time_limit_counts="cpu"`` the limit sums the process's CPU seconds of the training
+    epochs: a clock that a sleeping epoch (as if another job held the core) does not advance
+    stops a 1-s limit only when the CPU seconds pass it."""
+    calls = []
+
+    def process_time():  # 0.6 CPU seconds between two readings (an epoch's start and end)
+        calls.append(None)
+        return 0.6 * len(calls)
+
+    monkeypatch.setattr(loop_module.time, "process_time", process_time)
+    config = TrainConfig(
+        epochs=5, batch_size=4, lr=0.01, time_limit=1.0, time_limit_counts="cpu", progress=False
+    )
+    history = fit(tiny_srnn(), toy_sequences(8), None, config, tmp_path / "cpu")
+    # 0.6 CPU seconds per epoch: the limit of 1 s is passed after epoch 2 of 5
+    assert [r["cpu_seconds"] for r in history] == pytest.approx([0.6, 0.6])
+    assert history.stop_reason == "time_limit"
 
 
 def test_early_stopping(tmp_path):
