@@ -49,11 +49,26 @@ fixed (the model replayed against the guide) the generating RNN's inputs
 **Defaults.** The paper selects sizes by random search (its supplementary does not give
 them); the defaults here are those of the package's SRNN music setting (RNN 300, z 100, emission
 MLP with one hidden layer of 500). The paper's RNN is the simple recurrent net of eq. (2),
-trained with fast dropout; ``cell="tanh"`` (default) is eq. (2) with :math:`f_h = \tanh` (fast
-dropout is not implemented), ``cell="gru"`` a GRU. The prior defaults to the Wiener process
-(sec. 4: "For priors, we use a Wiener process").
+trained with fast dropout; ``cell="tanh"`` (default) is eq. (2) with :math:`f_h = \tanh`,
+``cell="gru"`` a GRU. The prior defaults to the Wiener process (sec. 4: "For priors, we use a
+Wiener process").
+
+**Dropout.** The paper trains its networks with fast dropout (Bayer et al. 2013, after Wang &
+Manning 2013: a Gaussian approximation that propagates each unit's mean and variance; its
+supplementary uses rate 0.1 on the inputs, hidden and output units). Fast dropout is not
+implemented; ``dropout=p`` applies standard (inverted) dropout with probability ``p`` in its place
+(:class:`TrainingDropout`): on the observations fed to the recognition RNN, on the
+:math:`x_{t-1}` fed to the generating RNN (never on the :math:`x_t` scored by the likelihood,
+nor on :math:`z_t`) and on the hidden layer of the emission MLP (:func:`emission_dropout`).
+Each pass draws one mask per network input over all steps (the step loop, the time-parallel
+path and :meth:`STORN.generate` apply it at the same places). It acts in training mode only:
+in ``eval()`` mode the model is exactly the model without dropout, so bounds must be computed
+in ``eval()`` mode (as :func:`pyro_seq.train.evaluate_bound` and
+:func:`pyro_seq.infer.estimate_log_likelihood` do).
 """
 
+import numbers
+from collections import OrderedDict
 from typing import Any, Callable, List, Optional, Tuple, cast
 
 import pyro
@@ -81,7 +96,10 @@ __all__ = [
     "CELLS",
     "STORN",
     "StepRNN",
+    "TrainingDropout",
+    "check_dropout",
     "draw_recognition",
+    "emission_dropout",
     "latent_prior",
     "white_noise",
 ]
@@ -103,6 +121,66 @@ def latent_prior(prior: str) -> Callable[[torch.Tensor], TorchDistribution]:
     if prior == "wiener":
         return wiener_transition
     raise ValueError(f"prior must be one of {PRIORS}, got {prior!r}")
+
+
+def check_dropout(dropout: Any) -> float:
+    """The ``dropout`` option of STORN, VOSP and VRAE: a probability ``0 <= dropout < 1``.
+
+    :raises TypeError: not a real number (a bool included).
+    :raises ValueError: outside ``[0, 1)`` (NaN included).
+    """
+    if isinstance(dropout, bool) or not isinstance(dropout, numbers.Real):
+        raise TypeError(
+            f"dropout must be a number with 0 <= dropout < 1 (the probability of zeroing a "
+            f"unit), got {dropout!r} of type {type(dropout).__name__}"
+        )
+    p = float(dropout)
+    if not 0.0 <= p < 1.0:
+        raise ValueError(
+            f"dropout must satisfy 0 <= dropout < 1 (the probability of zeroing a unit), got "
+            f"dropout={dropout!r}; use 0 for no dropout"
+        )
+    return p
+
+
+class TrainingDropout(nn.Module):
+    r"""Standard (inverted) dropout (Srivastava et al. 2014) in training mode: every element of
+    ``u`` is zeroed with probability ``p`` and the others are scaled by :math:`1 / (1 - p)`, so
+    :math:`\mathbb{E}[\tilde u] = u`. In ``eval()`` mode, and for ``p = 0``, the identity (no
+    random numbers are drawn). Shapes: ``(...) -> (...)``; no parameters."""
+
+    def __init__(self, p: float = 0.0) -> None:
+        super().__init__()
+        self.p = check_dropout(p)
+
+    def forward(self, u: torch.Tensor) -> torch.Tensor:
+        if not self.training or self.p == 0.0:
+            return u
+        return nn.functional.dropout(u, self.p, training=True)
+
+    def extra_repr(self) -> str:
+        return f"p={self.p}"
+
+
+def emission_dropout(emitter: nn.Module, p: float) -> nn.Module:
+    """``emitter`` (from :func:`~pyro_seq.models.emission.make_emission` with one hidden layer:
+    ``MLP(Linear, act, Linear)`` or ``Sequential(MLP(Linear, act), head)``) with
+    :class:`TrainingDropout` ``(p)`` on the input of its last child, i.e. on the hidden layer.
+
+    The new child is named ``"dropout"`` and has no parameters, so the parameter names (and
+    checkpoints) are those of ``emitter``; for ``p = 0`` ``emitter`` itself is returned.
+    """
+    p = check_dropout(p)
+    if p == 0.0:
+        return emitter
+    if not isinstance(emitter, nn.Sequential) or len(emitter) < 2:
+        raise TypeError(
+            f"emission_dropout needs an nn.Sequential emitter with a hidden layer before its "
+            f"output layer, got {type(emitter).__name__}"
+        )
+    children = list(emitter.named_children())
+    layers = children[:-1] + [("dropout", TrainingDropout(p))] + children[-1:]
+    return nn.Sequential(OrderedDict(layers))
 
 
 def draw_recognition(
@@ -298,12 +376,16 @@ class STORN(SequenceModel):
     :param float min_scale: floor on the recognition model's standard deviations.
     :param str variance: ``"softplus"`` or ``"log"``
         (:class:`~pyro_seq.nn.GaussianHead`): how the recognition model outputs its scales.
+    :param float dropout: probability ``0 <= p < 1`` of standard dropout in training mode, the
+        stand-in for the paper's fast dropout (module docstring): on the recognition RNN's
+        inputs ``x_t``, the generating RNN's inputs ``x_{t-1}`` and the emission MLP's hidden
+        layer. 0 (default): none. Evaluate in ``eval()`` mode.
     :param emission_kwargs: passed on to ``make_emission`` (e.g. ``num_components``).
 
     ``x`` is ``(batch, T, obs_dim)``, ``mask`` ``(batch, T)``; see
     :mod:`pyro_seq.models.base` for the step protocol. State: ``state["h"]`` (``h_{t-1}``) and
-    ``state["z"]`` (``z_{t-1}``) per particle; ``state.shared`` holds ``u_t = x_{t-1}`` and the
-    recognition parameters of every step.
+    ``state["z"]`` (``z_{t-1}``) per particle; ``state.shared`` holds ``u_t = x_{t-1}`` (after
+    dropout) and the recognition parameters of every step.
     """
 
     time_parallel = True
@@ -323,25 +405,29 @@ class STORN(SequenceModel):
         activation: str = "tanh",
         min_scale: float = 1e-3,
         variance: str = "softplus",
+        dropout: float = 0.0,
         **emission_kwargs: Any,
     ) -> None:
         super().__init__(obs_dim)
         for name, value in (("z_dim", z_dim), ("rnn_dim", rnn_dim), ("emission_dim", emission_dim)):
             positive_int(name, value)
+        self.dropout = check_dropout(dropout)
         self.prior_dist = latent_prior(prior)
         self.prior, self.z_dim, self.rnn_dim = prior, int(z_dim), int(rnn_dim)
         self.binary_observations = likelihood == "bernoulli"
         self.decoder = StepRNN(obs_dim + z_dim, rnn_dim, cell)
         check_emission_options(type(self).__name__, emission_kwargs, takes_inputs=False)
-        self.emitter, self.likelihood = make_emission(
+        emitter, self.likelihood = make_emission(
             likelihood, rnn_dim, [emission_dim], obs_dim, activation, **emission_kwargs
         )
+        self.emitter = emission_dropout(emitter, self.dropout)
+        self.input_dropout = TrainingDropout(self.dropout)
         self.encoder = StepRNN(obs_dim, rnn_dim, cell)
         self.recognition = GaussianHead(rnn_dim, z_dim, min_scale, variance)
 
     # generative model: h_t = f(h_{t-1}, [x_{t-1}, z_t]), x_t ~ p(x_t | h_t)
     def model_init(self, state: SequenceState, x: torch.Tensor, mask: torch.Tensor) -> None:
-        state.shared["u"] = shift_right(x)
+        state.shared["u"] = self.input_dropout(shift_right(x))  # x_{t-1} (after dropout)
         state["h"] = x.new_zeros(x.shape[0], self.rnn_dim)
         state["z"] = x.new_zeros(x.shape[0], self.z_dim)
 
@@ -359,7 +445,8 @@ class STORN(SequenceModel):
 
     # recognition model q(z_t | x_{1:t})
     def guide_init(self, state: SequenceState, x: torch.Tensor, mask: torch.Tensor) -> None:
-        a = self.encoder.sequence(x, x.new_zeros(x.shape[0], self.rnn_dim), mask.sum(-1))
+        u = self.input_dropout(x)
+        a = self.encoder.sequence(u, x.new_zeros(x.shape[0], self.rnn_dim), mask.sum(-1))
         state.shared["q_loc"], state.shared["q_scale"] = self.recognition(a)
 
     def guide_scan(
@@ -380,7 +467,8 @@ class STORN(SequenceModel):
     @torch.no_grad()
     def generate(self, num_sequences: int, num_steps: int) -> Tuple[torch.Tensor, Any]:
         """Ancestral samples: ``z_t ~ p(z_t|z_{t-1})``, ``h_t = f(h_{t-1}, [x_{t-1}, z_t])``,
-        ``x_t ~ p(x_t | h_t)``.
+        ``x_t ~ p(x_t | h_t)`` (in training mode with ``dropout`` on ``x_{t-1}`` and the
+        emission's hidden layer, as in scoring).
 
         :returns: ``(x, params)``: samples ``(num_sequences, num_steps, obs_dim)`` and the
             emission parameters per step (time at dim 1).
@@ -393,7 +481,7 @@ class STORN(SequenceModel):
         xs, params = [], []
         for _ in range(num_steps):
             z = self.prior_dist(z).sample()
-            h = self.decoder.step(torch.cat([x, z], -1), h)
+            h = self.decoder.step(torch.cat([self.input_dropout(x), z], -1), h)
             p = self.emitter(h)
             x = self.likelihood(p).sample()
             xs.append(x)

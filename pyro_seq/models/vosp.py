@@ -37,9 +37,16 @@ recognition RNN on the model's own samples: ``z_t ~ p(z_t | z_{t-1})``,
 ``x_t ~ p(x_t | h_{t-1}, z_t)``, then ``h_t = f(h_{t-1}, x_t)``, i.e. the past that flows into
 the next prediction is the sampled past.
 
-**Departures.** Fast dropout is not implemented; sizes are not in the paper (random search):
-the defaults are those of :class:`~pyro_seq.models.storn.STORN` with ``z_dim=8`` (the cost of
-the Wiener prior with a step-wise independent ``q`` is explained there).
+**Departures.** Fast dropout (Bayer et al. 2013, after Wang & Manning 2013) is not
+implemented: ``dropout=p`` applies standard dropout in its place, in training mode only
+(:class:`~pyro_seq.models.storn.TrainingDropout`), on the observations fed to the recognition
+RNN (never on the :math:`x_t` scored by the likelihood) and on the hidden layer of the generating
+MLP; in ``eval()`` mode the model is exactly the model without dropout, so bounds must be
+computed in ``eval()`` mode. While dropout is active the model computes its own
+:math:`h_{1:T}` (its own mask) instead of taking the guide's, in every path. Sizes are not in
+the paper (random search): the defaults are those of :class:`~pyro_seq.models.storn.STORN` with
+``z_dim=8`` (the cost of the Wiener prior with a step-wise independent ``q`` is explained
+there).
 """
 
 from typing import Any, Optional, Tuple
@@ -50,7 +57,14 @@ import torch
 from pyro_seq.models.base import SequenceModel, Step, masked, normal, shift_right
 from pyro_seq.models.contract import example
 from pyro_seq.models.emission import check_emission_options, make_emission, stack_params
-from pyro_seq.models.storn import StepRNN, draw_recognition, latent_prior
+from pyro_seq.models.storn import (
+    StepRNN,
+    TrainingDropout,
+    check_dropout,
+    draw_recognition,
+    emission_dropout,
+    latent_prior,
+)
 from pyro_seq.nn import GaussianHead, cat_broadcast
 from pyro_seq.ops.state import SequenceState
 from pyro_seq.validation import positive_int, validate_generate_args
@@ -73,6 +87,10 @@ class VOSP(SequenceModel):
     :param str activation: hidden activation of the generating MLP.
     :param float min_scale: floor on the recognition model's standard deviations.
     :param str variance: ``"softplus"`` or ``"log"`` (:class:`~pyro_seq.nn.GaussianHead`).
+    :param float dropout: probability ``0 <= p < 1`` of standard dropout in training mode, the
+        stand-in for the paper's fast dropout (module docstring): on the recognition RNN's
+        inputs ``x_t`` and the generating MLP's hidden layer. 0 (default): none. Evaluate in
+        ``eval()`` mode.
     :param emission_kwargs: passed on to ``make_emission`` (e.g. ``num_components``).
 
     ``x`` is ``(batch, T, obs_dim)``, ``mask`` ``(batch, T)``; see :mod:`pyro_seq.models.base`
@@ -100,20 +118,24 @@ class VOSP(SequenceModel):
         activation: str = "tanh",
         min_scale: float = 1e-3,
         variance: str = "softplus",
+        dropout: float = 0.0,
         **emission_kwargs: Any,
     ) -> None:
         super().__init__(obs_dim)
         for name, value in (("z_dim", z_dim), ("rnn_dim", rnn_dim), ("emission_dim", emission_dim)):
             positive_int(name, value)
+        self.dropout = check_dropout(dropout)
         self.prior_dist = latent_prior(prior)
         self.prior, self.z_dim, self.rnn_dim = prior, int(z_dim), int(rnn_dim)
         self.binary_observations = likelihood == "bernoulli"
         self.encoder = StepRNN(obs_dim, rnn_dim, cell)
         self.recognition = GaussianHead(rnn_dim, z_dim, min_scale, variance)
         check_emission_options(type(self).__name__, emission_kwargs, takes_inputs=False)
-        self.emitter, self.likelihood = make_emission(
+        emitter, self.likelihood = make_emission(
             likelihood, rnn_dim + z_dim, [emission_dim], obs_dim, activation, **emission_kwargs
         )
+        self.emitter = emission_dropout(emitter, self.dropout)
+        self.input_dropout = TrainingDropout(self.dropout)
 
     def recognition_states(
         self, x: torch.Tensor, mask: Optional[torch.Tensor] = None
@@ -121,15 +143,20 @@ class VOSP(SequenceModel):
         """``h_{1:T}`` of the recognition RNN, ``h_t = f(h_{t-1}, x_t)``, ``h_0 = 0``:
         ``(batch, T, rnn_dim)``. Causal, so padding never leaks into real steps; with the
         prefix ``mask`` ``(batch, T)`` the padded steps are not computed
-        (:meth:`~pyro_seq.models.storn.StepRNN.sequence`)."""
+        (:meth:`~pyro_seq.models.storn.StepRNN.sequence`). In training mode the inputs pass
+        through ``dropout`` (a fresh mask per call)."""
         lengths = None if mask is None else mask.sum(-1)
-        return self.encoder.sequence(x, x.new_zeros(x.shape[0], self.rnn_dim), lengths)
+        u = self.input_dropout(x)
+        return self.encoder.sequence(u, x.new_zeros(x.shape[0], self.rnn_dim), lengths)
 
     # generative model: z_t ~ p(z_t | z_{t-1}), x_t ~ p(x_t | h_{t-1}, z_t)
     def model_init(self, state: SequenceState, x: torch.Tensor, mask: torch.Tensor) -> None:
-        h = state.shared.get("h")  # set by guide_init (same state, FIVO) or the guide's run
-        if h is None:
-            h = state.shared["h"] = self.recognition_states(x, mask)
+        if self.training and self.dropout > 0:  # the model's own mask, in every path
+            h = self.recognition_states(x, mask)
+        else:  # set by guide_init (same state, FIVO) or the guide's run
+            h = state.shared.get("h")
+            if h is None:
+                h = state.shared["h"] = self.recognition_states(x, mask)
         state.shared["h_prev"] = shift_right(h)  # h_{0:T-1}
         state["z"] = x.new_zeros(x.shape[0], self.z_dim)
 
@@ -165,7 +192,8 @@ class VOSP(SequenceModel):
         """Ancestral samples of the one step predictor (module docstring, sec. 3.2): with
         ``h_0 = 0``, ``z_0 = 0``: ``z_t ~ p(z_t | z_{t-1})``, ``x_t ~ p(x_t | h_{t-1}, z_t)``,
         ``h_t = f(h_{t-1}, x_t)``, the recognition RNN fed the sampled ``x_t`` (there is no
-        generating RNN).
+        generating RNN). In training mode ``dropout`` acts on the ``x_t`` fed to the RNN and on
+        the generating MLP's hidden layer, as in scoring.
 
         :returns: ``(x, params)``: samples ``(num_sequences, num_steps, obs_dim)`` and the
             emission parameters per step (time at dim 1).
@@ -179,7 +207,7 @@ class VOSP(SequenceModel):
             z = self.prior_dist(z).sample()
             p = self.emitter(torch.cat([h, z], -1))
             x = self.likelihood(p).sample()
-            h = self.encoder.step(x, h)
+            h = self.encoder.step(self.input_dropout(x), h)
             xs.append(x)
             params.append(p)
         return torch.stack(xs, 1), stack_params(params)

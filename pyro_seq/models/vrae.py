@@ -36,8 +36,13 @@ runs once over the sequence. Pyro's ELBOs estimate
 **Departures from the paper.** Sec. 3.1 uses bidirectional RNNs for the *generating* model too
 (Fig. 1a); a bidirectional decoder would make :math:`p(x_t | z_{1:T})` depend on future latents,
 which the step protocol (and particle filtering) cannot express, so the decoder here is causal:
-:math:`p(x_t | z_{1:t})`. Fast dropout is not implemented. Sizes are not in the paper (random
-search); the defaults match :class:`~pyro_seq.models.storn.STORN`.
+:math:`p(x_t | z_{1:t})`. The paper uses fast dropout (Bayer et al. 2013, after Wang & Manning
+2013), which is not implemented: ``dropout=p`` applies standard dropout in its place, in training
+mode only (:class:`~pyro_seq.models.storn.TrainingDropout`), on the observations fed to each
+encoder RNN (never on the :math:`x_t` scored by the likelihood, nor on the decoder's inputs
+:math:`z_t`) and on the hidden layer of the emission MLP; in ``eval()`` mode the model is exactly
+the model without dropout, so bounds must be computed in ``eval()`` mode. Sizes are not in the
+paper (random search); the defaults match :class:`~pyro_seq.models.storn.STORN`.
 """
 
 from typing import Any, Optional, Tuple
@@ -49,7 +54,14 @@ from pyro_seq.distributions.wiener import kl_diagonal_normal_wiener
 from pyro_seq.models.base import SequenceModel, Step, masked, normal
 from pyro_seq.models.contract import example
 from pyro_seq.models.emission import check_emission_options, make_emission, stack_params
-from pyro_seq.models.storn import StepRNN, draw_recognition, latent_prior
+from pyro_seq.models.storn import (
+    StepRNN,
+    TrainingDropout,
+    check_dropout,
+    draw_recognition,
+    emission_dropout,
+    latent_prior,
+)
 from pyro_seq.nn import GaussianHead, reverse_padded
 from pyro_seq.ops.state import SequenceState
 from pyro_seq.validation import (
@@ -81,6 +93,10 @@ class VRAE(SequenceModel):
     :param str activation: hidden activation of the emission MLP.
     :param float min_scale: floor on the recognition model's standard deviations.
     :param str variance: ``"softplus"`` or ``"log"`` (:class:`~pyro_seq.nn.GaussianHead`).
+    :param float dropout: probability ``0 <= p < 1`` of standard dropout in training mode, the
+        stand-in for the paper's fast dropout (module docstring): on the inputs ``x_t`` of both
+        encoder RNNs (a mask each) and the emission MLP's hidden layer. 0 (default): none.
+        Evaluate in ``eval()`` mode.
     :param emission_kwargs: passed on to ``make_emission`` (e.g. ``num_components``).
     """
 
@@ -102,6 +118,7 @@ class VRAE(SequenceModel):
         activation: str = "tanh",
         min_scale: float = 1e-3,
         variance: str = "softplus",
+        dropout: float = 0.0,
         **emission_kwargs: Any,
     ) -> None:
         super().__init__(obs_dim)
@@ -112,6 +129,7 @@ class VRAE(SequenceModel):
             ("emission_dim", emission_dim),
         ):
             positive_int(name, value)
+        self.dropout = check_dropout(dropout)
         self.prior_dist = latent_prior(prior)
         self.prior, self.z_dim = prior, int(z_dim)
         self.encoder_dim, self.decoder_dim = int(encoder_dim), int(decoder_dim)
@@ -121,9 +139,11 @@ class VRAE(SequenceModel):
         self.recognition = GaussianHead(2 * encoder_dim, z_dim, min_scale, variance)
         self.decoder = StepRNN(z_dim, decoder_dim, cell)
         check_emission_options(type(self).__name__, emission_kwargs, takes_inputs=False)
-        self.emitter, self.likelihood = make_emission(
+        emitter, self.likelihood = make_emission(
             likelihood, decoder_dim, [emission_dim], obs_dim, activation, **emission_kwargs
         )
+        self.emitter = emission_dropout(emitter, self.dropout)
+        self.input_dropout = TrainingDropout(self.dropout)
 
     # generative model: z_t ~ p(z_t | z_{t-1}), h_t = f(h_{t-1}, z_t), x_t ~ p(x_t | h_t)
     def model_init(self, state: SequenceState, x: torch.Tensor, mask: torch.Tensor) -> None:
@@ -145,12 +165,14 @@ class VRAE(SequenceModel):
     def recognition_params(
         self, x: torch.Tensor, mask: torch.Tensor
     ) -> Tuple[torch.Tensor, torch.Tensor]:
-        """``(loc, scale)`` of :math:`q(z_t | x_{1:T})` for every step, ``(batch, T, z_dim)``."""
+        """``(loc, scale)`` of :math:`q(z_t | x_{1:T})` for every step, ``(batch, T, z_dim)``
+        (in training mode with ``dropout`` on each encoder's inputs, a mask each)."""
         zeros = x.new_zeros(x.shape[0], self.encoder_dim)
         lengths = mask.sum(-1)
-        forward = self.forward_encoder.sequence(x, zeros, lengths)
+        forward = self.forward_encoder.sequence(self.input_dropout(x), zeros, lengths)
+        backward_inputs = reverse_padded(self.input_dropout(x), lengths)
         backward = reverse_padded(
-            self.backward_encoder.sequence(reverse_padded(x, lengths), zeros, lengths), lengths
+            self.backward_encoder.sequence(backward_inputs, zeros, lengths), lengths
         )  # starts at each sequence's own last step
         return self.recognition(torch.cat([forward, backward], dim=-1))
 
@@ -193,7 +215,8 @@ class VRAE(SequenceModel):
     @torch.no_grad()
     def generate(self, num_sequences: int, num_steps: int) -> Tuple[torch.Tensor, Any]:
         """Ancestral samples: ``z_t ~ p(z_t|z_{t-1})``, ``h_t = f(h_{t-1}, z_t)``,
-        ``x_t ~ p(x_t | h_t)``.
+        ``x_t ~ p(x_t | h_t)`` (in training mode with ``dropout`` on the emission's hidden layer,
+        as in scoring).
 
         :returns: ``(x, params)``: samples ``(num_sequences, num_steps, obs_dim)`` and the
             emission parameters per step (time at dim 1).
