@@ -21,7 +21,8 @@
 4. stops early after ``patience`` epochs without validation improvement.
 
 When it stops (patience, ``epochs`` reached or ``time_limit``) the model holds the weights of
-its best validation epoch (read back from ``best.pt``); ``checkpoint.pt`` keeps the last ones,
+its best validation epoch (read back from ``best.pt``), in eval mode (no dropout);
+``checkpoint.pt`` keeps the last ones,
 so that calling :func:`fit` again on the same output folder resumes from ``checkpoint.pt`` and
 gives the same parameters as an uninterrupted run.
 
@@ -733,10 +734,13 @@ class _Run:
     # --- after the last epoch -----------------------------------------------------------------
 
     def finish(self):
-        """Give the model the best validation epoch's weights (from ``best.pt``), draw the loss
-        curve; returns the :class:`TrainHistory`."""
+        """Give the model the best validation epoch's weights (from ``best.pt``) and put it in
+        eval mode (a model with dropout, such as ``STORN(dropout=p)``, generates and scores
+        without it after ``fit``; ``fit`` itself sets training mode before every epoch), draw
+        the loss curve; returns the :class:`TrainHistory`."""
         history, out_dir, comm = self.history, self.out_dir, self.comm
         self.bar.close()
+        self.model.eval()
         if self._out_of_patience():
             history.stop_reason = "patience"  # also when a resumed run had already stopped
         valid = [

@@ -110,7 +110,15 @@ def test_hook_values_are_in_the_history_the_logs_and_a_resumed_run(tmp_path):
 
 def test_without_a_hook_the_rows_have_fit_columns_only(tmp_path):
     history = fit(tiny_srnn(), TRAIN, [], TrainConfig(epochs=1, **CFG), tmp_path)
-    assert set(history[0]) == {"epoch", "step", "beta", "lr", "seconds", "train_loss_per_step"}
+    assert set(history[0]) == {
+        "epoch",
+        "step",
+        "beta",
+        "lr",
+        "seconds",
+        "cpu_seconds",
+        "train_loss_per_step",
+    }
 
 
 @pytest.mark.parametrize(

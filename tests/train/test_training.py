@@ -705,3 +705,22 @@ def test_lr_multipliers_scale_each_parameters_rate_under_every_schedule(tmp_path
     for name, groups in rates.items():
         factor = 10.0 if ".emitter." in name.replace("$$$", ".") else 1.0
         assert groups == pytest.approx([base * factor], rel=1e-12), name
+
+
+def test_fit_returns_the_model_in_eval_mode_so_dropout_is_off_afterwards(tmp_path):
+    """After ``fit`` a STORN with dropout generates as the model without it: same weights, same
+    seed, same draws (in training mode its RNN inputs would be dropped)."""
+    from pyro_seq.models import STORN
+
+    model = STORN(6, z_dim=2, rnn_dim=8, emission_dim=8, dropout=0.5)
+    config = TrainConfig(epochs=1, batch_size=4, lr=0.01, progress=False)
+    fit(model, toy_sequences(8), toy_sequences(3, seed=1), config, tmp_path / "run")
+    assert not model.training and not any(m.training for m in model.modules())
+    plain = STORN(6, z_dim=2, rnn_dim=8, emission_dim=8)
+    plain.load_state_dict(model.state_dict())
+    plain.eval()
+    draws = []
+    for m in (model, plain):
+        torch.manual_seed(3)
+        draws.append(m.generate(4, 5)[0])
+    assert torch.equal(draws[0], draws[1])
