@@ -36,6 +36,7 @@ extensions = [
     "myst_nb",
     "pyro_seq_docs",
     "train_config_table",
+    "preset_table",
 ]
 exclude_patterns = [
     "_build",
