@@ -301,6 +301,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
             method=args.objective,
             num_particles=particles,
             num_betas=args.betas,
+            progress=True,
         )
     except (ValueError, FloatingPointError) as e:
         raise SystemExit(f"pyro-seq: error: {e}") from None

@@ -215,6 +215,7 @@ def main(argv=None):
                     method=estimator,
                     num_particles=values["ais_chains"],
                     num_betas=values["ais_betas"],
+                    progress=True,
                 )
                 scores[estimator]["seconds"] = time.perf_counter() - t0
             test = scores[args.estimators[0]]

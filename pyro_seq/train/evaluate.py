@@ -16,6 +16,7 @@ import torch
 
 from pyro_seq.data.batching import SequenceLoader
 from pyro_seq.ops.padding import SequenceList, inputs_of
+from pyro_seq.progress import progress_bar
 from pyro_seq.validation import module_device, validate_sequence_list
 
 
@@ -71,13 +72,16 @@ def model_device(model):
 ENERGY_METHODS = ("exact", "ais", "reverse_ais", "raise", "pseudo_likelihood")
 
 
-def _evaluate_energy_based(model, batches, method, num_particles, num_betas):
+def _evaluate_energy_based(model, loader, method, num_particles, num_betas, progress=False):
     """Log-likelihood (exact, AIS or reverse AIS) or pseudo-log-likelihood of an energy-based
-    model."""
+    model, over the batches of ``loader`` (a progress bar over them with ``progress``)."""
     model.require(method, "method")
     chains = num_particles if num_particles > 1 else 100
     total, variance, steps = 0.0, 0.0, 0
-    for x, mask in batches:
+    bar = progress_bar(
+        loader.batches(0), total=len(loader), desc=method, unit="batch", disable=not progress
+    )
+    for x, mask in bar:
         if method == "pseudo_likelihood":
             total += float(model.pseudo_log_likelihood(x, mask).sum())
         else:
@@ -107,6 +111,7 @@ def evaluate_bound(
     method: str = "elbo",
     num_particles: int = 1,
     num_betas: int = 1000,
+    progress: bool = False,
 ) -> Dict[str, Any]:
     """Bound on ``log p(x)`` over a list of sequences, in total and in nats per time step.
 
@@ -123,6 +128,8 @@ def evaluate_bound(
         (reverse AIS from the data, a stochastic lower bound on the annealing model's
         log-likelihood) or
         ``"pseudo_likelihood"`` (a monitor, not a bound).
+    :param bool progress: a progress bar over the batches of an energy-based model's estimate
+        (AIS at 1000 temperatures takes minutes per batch on a CPU).
     :returns: dict with ``total``, ``num_steps``, ``per_step``, ``kl_per_step`` (ELBO only),
         ``method``, ``num_particles`` and ``num_sequences``.
     """
@@ -139,12 +146,21 @@ def evaluate_bound(
     model.require(method, "method")
     if int(num_particles) < 1:
         raise ValueError(f"num_particles must be >= 1, got {num_particles}")
-    return evaluate_checked_bound(model, sequences, batch_size, method, num_particles, num_betas)
+    return evaluate_checked_bound(
+        model, sequences, batch_size, method, num_particles, num_betas, progress=progress
+    )
 
 
 @torch.no_grad()
 def evaluate_checked_bound(
-    model, sequences, batch_size=32, method="elbo", num_particles=1, num_betas=1000, loader=None
+    model,
+    sequences,
+    batch_size=32,
+    method="elbo",
+    num_particles=1,
+    num_betas=1000,
+    loader=None,
+    progress=False,
 ):
     """:func:`evaluate_bound` on sequences that the caller has validated (it does not check
     them again: :func:`~pyro_seq.train.fit` validates its validation sequences once and
@@ -164,7 +180,7 @@ def evaluate_checked_bound(
     try:
         if model.energy_based:
             result = _evaluate_energy_based(
-                model, loader.batches(0), method, num_particles, num_betas
+                model, loader, method, num_particles, num_betas, progress
             )
         elif method == "elbo":
             total = kl_total = 0.0

@@ -59,3 +59,15 @@ def test_mismatched_objectives_are_refused(tmp_path):
         evaluate_bound(RTRBM(5, 3), train, method="elbo")
     with pytest.raises(ValueError, match="energy-based models"):
         evaluate_bound(SRNN(5, d_dim=4, z_dim=2, hidden_dim=4), train, method="ais")
+
+
+def test_progress_bar_counts_the_batches_and_leaves_the_estimate_alone(capsys):
+    """``progress=True`` draws one bar over the batches (3 batches of at most 2 of 5
+    sequences) on stderr and gives the same exact log-likelihood as without it."""
+    model, seqs = RTRBM(5, 3), _seqs(5, 3)
+    quiet = evaluate_bound(model, seqs, batch_size=2, method="exact")
+    assert capsys.readouterr().err == ""
+    shown = evaluate_bound(model, seqs, batch_size=2, method="exact", progress=True)
+    err = capsys.readouterr().err
+    assert "exact" in err and "3/3" in err
+    assert shown["total"] == quiet["total"]
