@@ -13,7 +13,7 @@ dimension; the mean loops fold the data batch into matrix columns
 (:func:`~pyro_seq.ops.linalg.fold_columns`).
 """
 
-from typing import Optional
+from typing import List, Optional
 
 import torch
 from torch import Tensor
@@ -266,34 +266,40 @@ def backward_covariance_pass(
     T1 = J.shape[-3]
     if repeat_from is None:
         repeat_from = T1
-    u = min(repeat_from + 1, T1)  # distinct coefficients
+    u = min(repeat_from + 1, T1)  # distinct coefficients: entry u - 1 stands for t >= u - 1
     Pch = fused_addmm(
         covs[..., :u, :, :], J[..., :u, :, :], ASig[..., :u, :, :], beta=0.5, alpha=-0.5
     )  # Pc / 2
     cb = broadcast_shapes(J.shape[:-3], covs.shape[:-3], Pch.shape[:-3])
-    Js = _flat_time_entries(J, cb, T1, 2)
+    Js = _flat_time_entries(J[..., :u, :, :], cb, u, 2)
     Pchs = _flat_time_entries(Pch, cb, u, 2)
-    Pchs += Pchs[-1:] * (T1 - u)
     n = cb.numel()
     two_d = n == 1
     addmm = torch.addmm if two_d else torch.baddbmm
     mm = torch.mm if two_d else torch.bmm
     X = 0.5 * _flat_time_entries(covs[..., -1:, :, :], cb, 1, 2)[0]
-    out = [X]
-    settled, t = 0, T1 - 1
+    late: List[Tensor] = [X]  # halves, backwards in time: after the repeated stretch
+    early: List[Tensor] = []  # and before it
+    out, repeats, settled, t = late, 0, 0, T1 - 1
     while t >= 0:
-        Jt = Js[t]
-        X_new = addmm(Pchs[t], mm(Jt, X), Jt.mT)
+        i = min(t, u - 1)
+        Jt = Js[i]
+        X_new = addmm(Pchs[i], mm(Jt, X), Jt.mT)
         if t >= repeat_from and (T1 - t) % _STEADY_CHECK_EVERY == 0:
             settled = settled + 1 if _settled(X_new, X, steady_state_tol) else 0
         X = X_new
         out.append(X)
-        if settled == 2:  # settled with constant coefficients: repeat down to repeat_from
-            out.extend([X] * (t - repeat_from))
+        if settled == 2:  # settled with constant coefficients: repeat it down to repeat_from
+            repeats, out = t - repeat_from, early
             t, settled = repeat_from - 1, 0
             continue
         t -= 1
     tdim = 1 if n != 1 else 0
-    res = torch.stack(out[::-1], tdim)
+    parts = [torch.stack(early[::-1], tdim)] if early else []
+    if repeats:  # the settled value, repeated: one expanded view, copied once by cat
+        X = late[-1].unsqueeze(tdim)
+        parts.append(X.expand(X.shape[:tdim] + (repeats,) + X.shape[tdim + 1 :]))
+    parts.append(torch.stack(late[::-1], tdim))
+    res = torch.cat(parts, tdim) if len(parts) > 1 else parts[0]
     res = res.reshape(cb + res.shape[tdim:])
     return res + res.mT

@@ -172,15 +172,17 @@ def _time_varying_then_constant(F: Tensor, g: Tensor, u: int) -> Tensor:
     F ``(u, S, S)``, g ``(n, T, S)``. A loop over the first u steps, then
     :func:`constant_recursion`."""
     n, T, S = g.shape
-    FT = F.mT
-    y = g[:, 0]
-    out = [y.unsqueeze(1)]
-    for t in range(1, min(u, T)):
-        y = torch.addmm(g[:, t], y, FT[t])
-        out.append(y.unsqueeze(1))
+    FT = F.mT.unbind(0)
+    gs = g[:, : min(u, T)].unbind(1)
+    y = gs[0]
+    out = [y]
+    for t in range(1, len(gs)):
+        y = torch.addmm(gs[t], y, FT[t])
+        out.append(y)
+    head = torch.stack(out, 1)
     if u < T:
-        out.append(constant_recursion(F[u - 1], g[:, u:], y))
-    return torch.cat(out, 1)
+        return torch.cat([head, constant_recursion(F[u - 1], g[:, u:], y)], 1)
+    return head
 
 
 def _apply_split(M: Tensor, v: Tensor, u: int) -> Tensor:
@@ -259,13 +261,16 @@ def steady_smoother_means(J: Tensor, h: Tensor, zT: Tensor, repeat_from: int) ->
     tail = h[:, repeat_from:].flip(1)  # t = T-2 .. repeat_from
     z_tail = constant_recursion(J[-1], tail, zT).flip(1) if tail.shape[1] else tail
     z = z_tail[:, 0] if tail.shape[1] else zT
-    JT = J.mT
+    JT = J[:repeat_from].mT.unbind(0)
+    hs = h[:, :repeat_from].unbind(1)
     out = [z_tail, zT.unsqueeze(1)] if tail.shape[1] else [zT.unsqueeze(1)]
     head = []
     for t in range(repeat_from - 1, -1, -1):
-        z = torch.addmm(h[:, t], z, JT[t])
-        head.append(z.unsqueeze(1))
-    return torch.cat(head[::-1] + out, 1)
+        z = torch.addmm(hs[t], z, JT[t])
+        head.append(z)
+    if head:
+        out.insert(0, torch.stack(head[::-1], 1))
+    return torch.cat(out, 1)
 
 
 def steady_smoother(mdl: PreparedLGSSM, filtered, ASig: Tensor, steady_from: int, tol: float):
