@@ -34,6 +34,17 @@ that of the model, ``mu^(p)(z_0)`` with the model's learned ``z_0`` (the combine
 guide's own ``z_q_0``), so the residual is taken to the prior the model actually evaluates at
 every step. The default ``residual=False`` is the combiner of Krishnan et al. (2017) unchanged.
 
+**Dropout.** ``dropout=p`` applies standard (inverted) dropout with probability ``p`` to the
+recognition network's states ``a_{1:T}`` that feed the combiner (the backward RNN's outputs, or
+``NN^(a)(x_t)`` when filtering): Krishnan et al. (2017) train on JSB Chorales with dropout 0.1
+after the RNN output layer of the inference network (their published code, together with L2
+regularisation and KL annealing). One mask per guide pass is drawn in ``guide_init`` and serves
+the step loop and the combiner scan alike (and every particle). It acts in training mode only
+(:class:`~pyro_seq.models.storn.TrainingDropout`); in ``eval()`` mode the model is exactly the
+model without the option (no new parameters), so bounds are computed in ``eval()`` mode:
+``fit`` returns the model in eval mode, and :func:`pyro_seq.train.evaluate_bound` and
+:func:`pyro_seq.infer.estimate_log_likelihood` switch to it.
+
 Default sizes are those of Pyro's ``examples/dmm.py`` (z 100, transition 200, emission 100,
 backward RNN 600).
 """
@@ -56,6 +67,7 @@ from pyro_seq.models.base import (
 )
 from pyro_seq.models.contract import example
 from pyro_seq.models.emission import check_emission_options, make_emission, stack_params
+from pyro_seq.models.storn import TrainingDropout, check_dropout
 from pyro_seq.nn import MLP, BackwardRNN, Combiner, GatedTransition, cat_broadcast, combiner_scan
 from pyro_seq.ops.state import SequenceState
 from pyro_seq.validation import validate_generate_args, validate_input_dim
@@ -102,6 +114,9 @@ class DMM(SequenceModel):
         at the guide's ``z_{t-1}`` plus the combiner's output. Default False (Krishnan et al.).
     :param int input_dim: known input features per step ``U`` (module docstring); 0 (default)
         is the model without inputs.
+    :param float dropout: probability ``0 <= p < 1`` of dropout on the recognition states
+        ``a_{1:T}`` before the combiner, in training mode only (module docstring; Krishnan et al.
+        2017 use 0.1 on JSB). Default 0: no dropout.
 
     ``x`` is ``(batch, T, obs_dim)``, ``mask`` ``(batch, T)``, with ``input_dim > 0`` also
     ``inputs=`` ``(batch, T, input_dim)`` for ``model``, ``guide`` and ``generate``; see
@@ -126,9 +141,11 @@ class DMM(SequenceModel):
         min_scale: float = 1e-3,
         residual: bool = False,
         input_dim: int = 0,
+        dropout: float = 0.0,
         **emission_kwargs: Any,
     ) -> None:
         super().__init__(obs_dim)
+        self.dropout = check_dropout(dropout)
         self.input_dim = input_dim = validate_input_dim(input_dim)
         self.binary_observations = likelihood == "bernoulli"
         if inference not in ("smoothing", "filtering"):
@@ -155,6 +172,7 @@ class DMM(SequenceModel):
                 obs_dim + input_dim, [rnn_dim], rnn_dim, activation="tanh", activate_output=True
             )
         self.combiner = Combiner(z_dim, rnn_dim, min_scale)
+        self.rnn_dropout = TrainingDropout(self.dropout)  # on a_{1:T}; no parameters
         self.z_0 = nn.Parameter(torch.zeros(z_dim))
         self.z_q_0 = nn.Parameter(torch.zeros(z_dim))
 
@@ -192,10 +210,9 @@ class DMM(SequenceModel):
     # inference network q(z | x): thesis eq. 4.6-4.9, Fig. 4.2
     def guide_init(self, state: SequenceState, x: torch.Tensor, mask: torch.Tensor) -> None:
         seen = torch.cat([x, state.shared["inputs"]], -1) if self.input_dim else x  # [x_t, u_t]
-        if self.inference == "smoothing":
-            state.shared["a"] = self.encoder(seen, mask)
-        else:
-            state.shared["a"] = self.encoder(seen)
+        a = self.encoder(seen, mask) if self.inference == "smoothing" else self.encoder(seen)
+        # one dropout mask (training mode) for the step loop, the scan and every particle
+        state.shared["a"] = self.rnn_dropout(a)
         state["guide_z"] = self.z_q_0.expand(x.shape[0], self.z_dim)
         state.shared["combiner_w"], state.shared["combiner_b"] = self.combiner.stacked_heads()
 
