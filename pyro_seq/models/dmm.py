@@ -40,7 +40,7 @@ recognition network's states ``a_{1:T}`` that feed the combiner (the backward RN
 after the RNN output layer of the inference network (their published code, together with L2
 regularisation and KL annealing). One mask per guide pass is drawn in ``guide_init`` and serves
 the step loop and the combiner scan alike (and every particle). It acts in training mode only
-(:class:`~pyro_seq.models.storn.TrainingDropout`); in ``eval()`` mode the model is exactly the
+(:class:`~pyro_seq.nn.TrainingDropout`); in ``eval()`` mode the model is exactly the
 model without the option (no new parameters), so bounds are computed in ``eval()`` mode:
 ``fit`` returns the model in eval mode, and :func:`pyro_seq.train.evaluate_bound` and
 :func:`pyro_seq.infer.estimate_log_likelihood` switch to it.
@@ -67,8 +67,16 @@ from pyro_seq.models.base import (
 )
 from pyro_seq.models.contract import example
 from pyro_seq.models.emission import check_emission_options, make_emission, stack_params
-from pyro_seq.models.storn import TrainingDropout, check_dropout
-from pyro_seq.nn import MLP, BackwardRNN, Combiner, GatedTransition, cat_broadcast, combiner_scan
+from pyro_seq.nn import (
+    MLP,
+    BackwardRNN,
+    Combiner,
+    GatedTransition,
+    TrainingDropout,
+    cat_broadcast,
+    check_dropout,
+    combiner_scan,
+)
 from pyro_seq.ops.state import SequenceState
 from pyro_seq.validation import validate_generate_args, validate_input_dim
 

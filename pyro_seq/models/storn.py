@@ -57,9 +57,9 @@ Wiener process").
 Manning 2013: a Gaussian approximation that propagates each unit's mean and variance; its
 supplementary uses rate 0.1 on the inputs, hidden and output units). Fast dropout is not
 implemented; ``dropout=p`` applies standard (inverted) dropout with probability ``p`` in its place
-(:class:`TrainingDropout`): on the observations fed to the recognition RNN, on the
+(:class:`~pyro_seq.nn.TrainingDropout`): on the observations fed to the recognition RNN, on the
 :math:`x_{t-1}` fed to the generating RNN (never on the :math:`x_t` scored by the likelihood,
-nor on :math:`z_t`) and on the hidden layer of the emission MLP (:func:`emission_dropout`).
+nor on :math:`z_t`) and on the hidden layer of the emission MLP (:func:`~pyro_seq.nn.emission_dropout`).
 Each pass draws one mask per network input over all steps (the step loop, the time-parallel
 path and :meth:`STORN.generate` apply it at the same places). It acts in training mode only:
 in ``eval()`` mode the model is exactly the model without dropout, so bounds must be computed
@@ -67,8 +67,6 @@ in ``eval()`` mode (as :func:`pyro_seq.train.evaluate_bound` and
 :func:`pyro_seq.infer.estimate_log_likelihood` do).
 """
 
-import numbers
-from collections import OrderedDict
 from typing import Any, Callable, List, Optional, Tuple, cast
 
 import pyro
@@ -87,7 +85,13 @@ from pyro_seq.models.base import (
 )
 from pyro_seq.models.contract import example
 from pyro_seq.models.emission import check_emission_options, make_emission, stack_params
-from pyro_seq.nn import GaussianHead, cat_broadcast
+from pyro_seq.nn import (
+    GaussianHead,
+    TrainingDropout,
+    cat_broadcast,
+    check_dropout,
+    emission_dropout,
+)
 from pyro_seq.ops.state import SequenceState
 from pyro_seq.validation import positive_int, validate_generate_args
 
@@ -96,10 +100,7 @@ __all__ = [
     "CELLS",
     "STORN",
     "StepRNN",
-    "TrainingDropout",
-    "check_dropout",
     "draw_recognition",
-    "emission_dropout",
     "latent_prior",
     "white_noise",
 ]
@@ -121,66 +122,6 @@ def latent_prior(prior: str) -> Callable[[torch.Tensor], TorchDistribution]:
     if prior == "wiener":
         return wiener_transition
     raise ValueError(f"prior must be one of {PRIORS}, got {prior!r}")
-
-
-def check_dropout(dropout: Any) -> float:
-    """The ``dropout`` option of STORN, VOSP and VRAE: a probability ``0 <= dropout < 1``.
-
-    :raises TypeError: not a real number (a bool included).
-    :raises ValueError: outside ``[0, 1)`` (NaN included).
-    """
-    if isinstance(dropout, bool) or not isinstance(dropout, numbers.Real):
-        raise TypeError(
-            f"dropout must be a number with 0 <= dropout < 1 (the probability of zeroing a "
-            f"unit), got {dropout!r} of type {type(dropout).__name__}"
-        )
-    p = float(dropout)
-    if not 0.0 <= p < 1.0:
-        raise ValueError(
-            f"dropout must satisfy 0 <= dropout < 1 (the probability of zeroing a unit), got "
-            f"dropout={dropout!r}; use 0 for no dropout"
-        )
-    return p
-
-
-class TrainingDropout(nn.Module):
-    r"""Standard (inverted) dropout (Srivastava et al. 2014) in training mode: every element of
-    ``u`` is zeroed with probability ``p`` and the others are scaled by :math:`1 / (1 - p)`, so
-    :math:`\mathbb{E}[\tilde u] = u`. In ``eval()`` mode, and for ``p = 0``, the identity (no
-    random numbers are drawn). Shapes: ``(...) -> (...)``; no parameters."""
-
-    def __init__(self, p: float = 0.0) -> None:
-        super().__init__()
-        self.p = check_dropout(p)
-
-    def forward(self, u: torch.Tensor) -> torch.Tensor:
-        if not self.training or self.p == 0.0:
-            return u
-        return nn.functional.dropout(u, self.p, training=True)
-
-    def extra_repr(self) -> str:
-        return f"p={self.p}"
-
-
-def emission_dropout(emitter: nn.Module, p: float) -> nn.Module:
-    """``emitter`` (from :func:`~pyro_seq.models.emission.make_emission` with one hidden layer:
-    ``MLP(Linear, act, Linear)`` or ``Sequential(MLP(Linear, act), head)``) with
-    :class:`TrainingDropout` ``(p)`` on the input of its last child, i.e. on the hidden layer.
-
-    The new child is named ``"dropout"`` and has no parameters, so the parameter names (and
-    checkpoints) are those of ``emitter``; for ``p = 0`` ``emitter`` itself is returned.
-    """
-    p = check_dropout(p)
-    if p == 0.0:
-        return emitter
-    if not isinstance(emitter, nn.Sequential) or len(emitter) < 2:
-        raise TypeError(
-            f"emission_dropout needs an nn.Sequential emitter with a hidden layer before its "
-            f"output layer, got {type(emitter).__name__}"
-        )
-    children = list(emitter.named_children())
-    layers = children[:-1] + [("dropout", TrainingDropout(p))] + children[-1:]
-    return nn.Sequential(OrderedDict(layers))
 
 
 def draw_recognition(

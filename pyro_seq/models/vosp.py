@@ -39,7 +39,7 @@ the next prediction is the sampled past.
 
 **Departures.** Fast dropout (Bayer et al. 2013, after Wang & Manning 2013) is not
 implemented: ``dropout=p`` applies standard dropout in its place, in training mode only
-(:class:`~pyro_seq.models.storn.TrainingDropout`), on the observations fed to the recognition
+(:class:`~pyro_seq.nn.TrainingDropout`), on the observations fed to the recognition
 RNN (never on the :math:`x_t` scored by the likelihood) and on the hidden layer of the generating
 MLP; in ``eval()`` mode the model is exactly the model without dropout, so bounds must be
 computed in ``eval()`` mode. While dropout is active the model computes its own
@@ -57,15 +57,14 @@ import torch
 from pyro_seq.models.base import SequenceModel, Step, masked, normal, shift_right
 from pyro_seq.models.contract import example
 from pyro_seq.models.emission import check_emission_options, make_emission, stack_params
-from pyro_seq.models.storn import (
-    StepRNN,
+from pyro_seq.models.storn import StepRNN, draw_recognition, latent_prior
+from pyro_seq.nn import (
+    GaussianHead,
     TrainingDropout,
+    cat_broadcast,
     check_dropout,
-    draw_recognition,
     emission_dropout,
-    latent_prior,
 )
-from pyro_seq.nn import GaussianHead, cat_broadcast
 from pyro_seq.ops.state import SequenceState
 from pyro_seq.validation import positive_int, validate_generate_args
 

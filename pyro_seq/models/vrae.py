@@ -38,7 +38,7 @@ runs once over the sequence. Pyro's ELBOs estimate
 which the step protocol (and particle filtering) cannot express, so the decoder here is causal:
 :math:`p(x_t | z_{1:t})`. The paper uses fast dropout (Bayer et al. 2013, after Wang & Manning
 2013), which is not implemented: ``dropout=p`` applies standard dropout in its place, in training
-mode only (:class:`~pyro_seq.models.storn.TrainingDropout`), on the observations fed to each
+mode only (:class:`~pyro_seq.nn.TrainingDropout`), on the observations fed to each
 encoder RNN (never on the :math:`x_t` scored by the likelihood, nor on the decoder's inputs
 :math:`z_t`) and on the hidden layer of the emission MLP; in ``eval()`` mode the model is exactly
 the model without dropout, so bounds must be computed in ``eval()`` mode. Sizes are not in the
@@ -54,15 +54,14 @@ from pyro_seq.distributions.wiener import kl_diagonal_normal_wiener
 from pyro_seq.models.base import SequenceModel, Step, masked, normal
 from pyro_seq.models.contract import example
 from pyro_seq.models.emission import check_emission_options, make_emission, stack_params
-from pyro_seq.models.storn import (
-    StepRNN,
+from pyro_seq.models.storn import StepRNN, draw_recognition, latent_prior
+from pyro_seq.nn import (
+    GaussianHead,
     TrainingDropout,
     check_dropout,
-    draw_recognition,
     emission_dropout,
-    latent_prior,
+    reverse_padded,
 )
-from pyro_seq.nn import GaussianHead, reverse_padded
 from pyro_seq.ops.state import SequenceState
 from pyro_seq.validation import (
     module_device,

@@ -2,6 +2,7 @@
 
 from pyro_seq.nn.combiner_scan import combiner_scan
 from pyro_seq.nn.conv import ConvEncoder, SubPixelDecoder
+from pyro_seq.nn.dropout import TrainingDropout, check_dropout, emission_dropout
 from pyro_seq.nn.heads import BernoulliHead, GaussianHead, GaussianMLP
 from pyro_seq.nn.init import INIT_SCHEMES, bernoulli_output_layer, init_output_bias, init_weights
 from pyro_seq.nn.memory import DND, DNDRead, EarlierRead, nearest_earlier
@@ -27,9 +28,12 @@ __all__ = [
     "INIT_SCHEMES",
     "MLP",
     "SubPixelDecoder",
+    "TrainingDropout",
     "bernoulli_output_layer",
     "cat_broadcast",
+    "check_dropout",
     "combiner_scan",
+    "emission_dropout",
     "init_output_bias",
     "init_weights",
     "layer_widths",
