@@ -50,8 +50,10 @@ fixed (the model replayed against the guide) the generating RNN's inputs
 them); the defaults here are those of the package's SRNN music setting (RNN 300, z 100, emission
 MLP with one hidden layer of 500). The paper's RNN is the simple recurrent net of eq. (2),
 trained with fast dropout; ``cell="tanh"`` (default) is eq. (2) with :math:`f_h = \tanh`,
-``cell="gru"`` a GRU. The prior defaults to the Wiener process (sec. 4: "For priors, we use a
-Wiener process").
+``cell="gru"`` a GRU. The prior defaults to STORN's white noise N(0, I) (the later versions;
+``prior="wiener"`` is the Wiener process of sec. 3.3 and 4, "For priors, we use a Wiener
+process", the default of :class:`~pyro_seq.models.vosp.VOSP` and
+:class:`~pyro_seq.models.vrae.VRAE`).
 
 **Dropout.** The paper trains its networks with fast dropout (Bayer et al. 2013, after Wang &
 Manning 2013: a Gaussian approximation that propagates each unit's mean and variance; its
