@@ -435,8 +435,11 @@ def _mixture_log_prob(model, means, target):
             "forecast log-likelihoods of a target are implemented for "
             "Bernoulli emissions (piano rolls)"
         )
-    p = means.clamp(1e-12, 1 - 1e-12)
-    lp = (target * p.log() + (1 - target) * (-p).log1p()).sum(-1)  # (S, B, steps)
+    # clamp by the dtype's resolution: in float32, 1 - 1e-12 rounds to 1, and a mean of exactly
+    # 1 at a silent note gave 0 * log(0) = NaN; the where() never multiplies an infinity
+    eps = torch.finfo(means.dtype).eps
+    p = means.clamp(eps, 1 - eps)
+    lp = torch.where(target > 0.5, p.log(), (-p).log1p()).sum(-1)  # (S, B, steps)
     return torch.logsumexp(lp, 0) - torch.log(torch.tensor(float(lp.shape[0]), dtype=lp.dtype))
 
 

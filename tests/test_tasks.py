@@ -134,6 +134,30 @@ def test_forecast_scores_a_binary_target_under_the_mixture():
     assert set(res.samples.unique().tolist()) <= {0.0, 1.0}
 
 
+def test_forecast_score_is_finite_when_a_float32_emission_saturates():
+    """A note the model is certain of (sigmoid(+-60) is exactly 1 or 0 in float32) that the
+    target contradicts scores log(eps), not NaN: the clamp was 1 - 1e-12, which float32 rounds
+    to 1, and 0 * log(0) made the whole step NaN (seen on a trained VOSP on JSB Chorales)."""
+    torch.manual_seed(7)
+    m = DMM(6, z_dim=3, transition_dim=8, emission_dim=8, rnn_dim=8).float()
+    out = m.emitter[4]
+    with torch.no_grad():
+        out.weight[:3].zero_()
+        out.bias[0], out.bias[1], out.bias[2] = 60.0, -200.0, 60.0  # surely on, off, on
+    x = torch.zeros(1, 5, 6)
+    target = torch.zeros(1, 2, 6)
+    target[..., 1] = target[..., 2] = 1.0  # notes 0 and 1 contradicted, note 2 confirmed
+    res = forecast(m, x, 2, num_samples=3, target=target)
+    assert res.means[..., 0].eq(1.0).all() and res.means[..., 1].eq(0.0).all()
+    assert torch.isfinite(res.log_prob).all()
+    eps = torch.finfo(torch.float32).eps
+    p = res.means.double().clamp(eps, 1 - eps)
+    per_path = torch.where(target.double() > 0.5, p.log(), (-p).log1p()).sum(-1)
+    expected = per_path.exp().mean(0).log()
+    assert torch.allclose(res.log_prob.double(), expected, rtol=1e-5)
+    assert bool((res.log_prob < 2 * math.log(eps) + 1e-3).all())  # both notes cost log(eps)
+
+
 def test_bad_arguments():
     m = lg_model("prior")
     x = lg_data(m)
