@@ -14,7 +14,7 @@ and the wall network their own learning rates (the GTM-SM's ``displacement_lr_mu
 ``wall_lr_multiplier``, as factors on ``--lr``; the thesis uses one rate, 1e-3 annealed
 linearly to 5e-5 over its first 50,000 updates; this is a diagnostic). ``--preset NAME``
 (``gtmsm_navigation``, ``gtmsm_navigation_thesis``) takes the model options and the
-training configuration, its plateau schedule included, from that preset instead (typed flags
+training configuration, its learning-rate schedule included, from that preset instead (typed flags
 change them).
 
 Resumable (fit's checkpoint and logs in ``benchmarks/checkpoints/gtmsm_learning_<tag>/``; the
@@ -371,7 +371,7 @@ def result(args, rows, model, oracle=None):
 
 
 def train_config(args):
-    """The :class:`~pyro_seq.train.TrainConfig`: with ``--preset``, the preset's (its plateau
+    """The :class:`~pyro_seq.train.TrainConfig`: with ``--preset``, the preset's (its learning-rate
     schedule included) with ``--epochs``, ``--batch-size``, ``--lr`` and ``--seed``; else
     ClippedAdam at a constant ``--lr``, clipping at 50 (the diagnostic's own). Both stop at
     ``--time-limit`` seconds of wall time and use one thread."""

@@ -14,9 +14,10 @@ against SRNN and VRNN baselines.
      ``gtmsm_navigation`` (:mod:`pyro_seq.presets`; thesis 7.7.1: 16-d codes, r = 1e-3, 5
      neighbours, Adam 1e-3, plus the learning aids: inverse pairs of displacements, all 256
      memories as neighbours at first, down to 5 by epoch 20, the wall network at 10x the rate;
-     40 epochs, batch 16, clipping at 50, the plateau schedule), actions as inputs. A flag
-     that changes a preset's value (``--train``, ``--tau``, ``--pred``, ``--epochs``,
-     ``--batch-size``, ``--lr``, ``--seed``, the ``--gtmsm-*`` options; ``--gtmsm-true-m``
+     40 epochs, batch 16, clipping at 50, the rate constant for 20 epochs and then divided by
+     1.1 per epoch), actions as inputs. A flag that changes a preset's value (``--train``,
+     ``--tau``, ``--pred``, ``--epochs``, ``--batch-size``, ``--lr``, ``--seed``, the
+     ``--gtmsm-*`` options; ``--gtmsm-true-m``
      and ``--smoke``'s sizes) is an override, recorded in the JSON's ``overrides`` and in
      each GTM-SM evaluation with the ``preset`` and the model options used. The thesis's
      literal settings are the preset ``gtmsm_navigation_thesis`` (``--gtmsm-displacements

@@ -92,7 +92,7 @@ def test_gtmsm_navigation_defaults_and_the_recorded_command_are_the_preset():
     """The script's defaults and the preset's recorded command give the preset's model
     options and TrainConfig with no overrides, the model ``pyro-seq train --preset`` builds
     for 8x8 frames with 5 actions as inputs, and the settings of the recorded GTM-SM in
-    gtmsm_nav_1000_inputs.json (options, 40 epochs, 1000 sequences of 256 + 32 steps)."""
+    gtmsm_nav_1000_exp.json (options, 40 epochs, 1000 sequences of 256 + 32 steps)."""
     nav = _navigation_script()
     command = shlex.split(PRESET.script)
     assert command[0] == "benchmarks/paper/gtmsm_navigation.py"
@@ -249,7 +249,12 @@ def test_gtmsm_learning_preset_option_gives_the_presets_settings():
     assert config == PRESET.train_config(
         seed=2, time_limit_counts="wall", device="cpu", num_threads=1, progress=True
     )
-    assert config.lr_schedule == "plateau" and config.epochs == 40 and config.batch_size == 16
+    assert (config.lr_schedule, config.lr_decay_after, config.lr_decay_factor) == (
+        "exponential",
+        20,
+        1.1,
+    )
+    assert config.epochs == 40 and config.batch_size == 16
     typed = gtmsm_learning.parse_args(["--preset", "gtmsm_navigation", "--lr", "2e-3"])
     assert typed.lr_walls == pytest.approx(2e-2)
     typed = gtmsm_learning.parse_args(["--preset", "gtmsm_navigation", "--lr-walls", "5e-3"])

@@ -135,12 +135,17 @@ def test_two_torchrun_nodes_train_as_two_spawned_processes(tmp_path):
         assert torch.equal(a["model"][name], value), name
     best_a, best_b = load_weights(launched / "best.pt"), load_weights(spawned / "best.pt")
     assert all(torch.equal(best_a[k], v) for k, v in best_b.items())
-    strip = [{k: v for k, v in row.items() if k not in ("seconds", "cpu_seconds")} for row in history]
+    strip = [
+        {k: v for k, v in row.items() if k not in ("seconds", "cpu_seconds")} for row in history
+    ]
     for rank in (0, 1):  # fit returned on every rank with the best epoch's weights
         result = torch.load(launched / f"returned_rank{rank}.pt", weights_only=False)
         assert result["best_epoch"] == history.best_epoch
         assert result["stop_reason"] == history.stop_reason == "epochs"
-        assert [{k: v for k, v in row.items() if k not in ("seconds", "cpu_seconds")} for row in result["rows"]] == strip
+        assert [
+            {k: v for k, v in row.items() if k not in ("seconds", "cpu_seconds")}
+            for row in result["rows"]
+        ] == strip
         for name, value in model.state_dict().items():
             assert torch.equal(result["state"][name], value), (rank, name)
     # and training did something: the weights moved from the initial ones
