@@ -430,11 +430,12 @@ class SRTRBM(RTRBM):
             edges = [(g, g + 1) for g in range(G - 1)]
         elif edges == "none":
             edges = []
+        elif isinstance(edges, str):
+            raise ValueError(
+                f"edges must be 'chain', 'none' or a list of group pairs (g, g2), got {edges!r}"
+            )
         W_mask, U_mask = cls.block_masks(
-            groups,
-            positive_int("hidden_per_group", hidden_per_group),
-            # "chain" and "none" are replaced above; any other string is not refused here
-            edges,  # type: ignore[arg-type]
+            groups, positive_int("hidden_per_group", hidden_per_group), edges
         )
         return cls(obs_dim, W_mask.shape[0], W_mask, U_mask, **options)
 
@@ -464,7 +465,16 @@ class SRTRBM(RTRBM):
         U_group = torch.eye(G)
         for g, units in enumerate(visible_groups):
             W_mask[g * hidden_per_group : (g + 1) * hidden_per_group, units] = 1.0
-        for g, g2 in edges or ():
+        for edge in edges or ():
+            if (
+                isinstance(edge, str)
+                or len(edge) != 2
+                or not all(isinstance(g, int) and 0 <= g < G for g in edge)
+            ):
+                raise ValueError(
+                    f"each edge must be a pair (g, g2) of group indices in 0..{G - 1}, got {edge!r}"
+                )
+            g, g2 = edge
             U_group[g, g2] = U_group[g2, g] = 1.0
         U_mask = torch.kron(U_group, torch.ones(hidden_per_group, hidden_per_group))
         return W_mask, U_mask

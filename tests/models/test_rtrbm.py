@@ -287,3 +287,16 @@ def test_bad_input_is_refused():
         SRTRBM(4, 2, torch.ones(3, 4))
     with pytest.raises(ValueError, match="gibbs_steps"):
         model.generate(1, 2, gibbs_steps=0)
+
+
+def test_srtrbm_edges_are_checked_with_one_line_errors():
+    """A bad ``edges`` is a ValueError naming the argument (it was an unpacking error)."""
+    for bad in ("foo", [(0, 5)], [(0,)], ["ab"], [(0.5, 1)]):
+        with pytest.raises(ValueError, match="edge"):
+            SRTRBM.for_data(12, 0, num_groups=3, hidden_per_group=2, edges=bad)
+    # the chain links neighbouring groups only: hidden blocks 0-1 and 1-2, not 0-2
+    model = SRTRBM.for_data(12, 0, num_groups=3, hidden_per_group=2, edges="chain")
+    U_blocks = model.U_mask[::2, ::2]
+    assert U_blocks.tolist() == [[1.0, 1.0, 0.0], [1.0, 1.0, 1.0], [0.0, 1.0, 1.0]]
+    listed = SRTRBM.for_data(12, 0, num_groups=3, hidden_per_group=2, edges=[(0, 2)])
+    assert listed.U_mask[::2, ::2].tolist() == [[1.0, 0.0, 1.0], [0.0, 1.0, 0.0], [1.0, 0.0, 1.0]]
