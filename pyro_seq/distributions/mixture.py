@@ -23,7 +23,7 @@ Sampling draws a component and then a Gaussian; it is not reparameterizable (the
 ``rsample``), which is fine for an observation distribution.
 """
 
-from typing import Optional, Tuple, Union
+from typing import Optional, Sequence, Union
 
 import torch
 from pyro.distributions.torch_distribution import TorchDistribution
@@ -148,11 +148,11 @@ class DiagonalNormalMixture(TorchDistribution):
         # logsumexp_k log pi_k is 0 only up to rounding; make the empty marginal exactly 0
         return torch.where(element_mask.any(-1), result, torch.zeros_like(result))
 
-    def sample(  # type: ignore[override]  # a list fails at sample_shape + self.loc.shape
-        self, sample_shape: Union[torch.Size, Tuple[int, ...]] = torch.Size()
-    ) -> torch.Tensor:
+    def sample(self, sample_shape: Union[torch.Size, Sequence[int]] = torch.Size()) -> torch.Tensor:
         """Draw ``k ~ Categorical(pi)`` then ``x ~ N(mu_k, diag(s_k^2))``:
-        ``sample_shape + batch_shape + (D,)``."""
+        ``sample_shape + batch_shape + (D,)`` (``sample_shape`` any sequence of ints, as for
+        torch's distributions)."""
+        sample_shape = torch.Size(sample_shape)
         shape = self._extended_shape(sample_shape)
         with torch.no_grad():
             k = torch.distributions.Categorical(logits=self.logits).sample(sample_shape)

@@ -100,6 +100,16 @@ def test_sample_picks_one_component_per_draw():
     assert ((counts - 1000).abs() < 5 * se).all()
 
 
+def test_sample_shape_may_be_a_list_or_tuple_as_in_torch():
+    d = DiagonalNormalMixture(torch.zeros(2, 3), torch.zeros(2, 3, 4), torch.ones(2, 3, 4))
+    for shape in ([5], (5,), torch.Size([5])):
+        torch.manual_seed(0)
+        x = d.sample(shape)
+        assert x.shape == (5, 2, 4)
+    torch.manual_seed(0)
+    assert torch.equal(d.sample([5]), x)  # the same draws whatever the sequence type
+
+
 def test_no_rsample_and_support():
     d = DiagonalNormalMixture(*_random_mixture())
     assert not d.has_rsample
