@@ -20,6 +20,7 @@ from pyro_seq.cli import main
 from pyro_seq.cli_runs import build_model, parse_options
 from pyro_seq.infer import FIVO, IWAE
 from pyro_seq.models import STORN, VOSP, VRAE
+from tests.models.reference import ragged_batch as reference_batch
 
 pytestmark = pytest.mark.usefixtures("float64")  # tests/conftest.py
 
@@ -38,13 +39,7 @@ def build(name, likelihood="bernoulli", **options):
 
 def ragged_batch(likelihood, B=4, T=6, lengths=(6, 2, 4, 1), seed=0):
     """Gaussian data have no zero entries (so a zero seen by a network is dropout's)."""
-    g = torch.Generator().manual_seed(seed)
-    if likelihood == "bernoulli":
-        x = (torch.rand(B, T, D, generator=g) < 0.4).double()
-    else:
-        x = torch.randn(B, T, D, generator=g)
-    mask = torch.arange(T) < torch.tensor(lengths).unsqueeze(-1)
-    return x * mask.unsqueeze(-1), mask
+    return reference_batch(likelihood, B, T, D, lengths, seed)
 
 
 def log_densities(m, x, mask, guide_trace):

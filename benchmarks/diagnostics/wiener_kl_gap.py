@@ -79,7 +79,7 @@ def measure(name, test, args):
         "preset": preset_name,
         "weights": str(folder.relative_to(ROOT) / "best.pt"),
         "z_dim": model.z_dim,
-        "prior": model.prior if hasattr(model, "prior") else None,
+        "prior": model.prior,
         "test_steps": steps,
         "exact_elbo_per_step": exact["per_step"],
         "exact_kl_per_step": exact["kl_per_step"],

@@ -68,48 +68,53 @@ PENDULUM_NOTE = (
     "recorded run trained with fit and these settings."
 )
 
+# Pyro's examples/dmm.py sizes: z 100, gated transition 200, emission 100, backward RNN 600
+DMM_SIZES = dict(
+    z_dim=100,
+    transition_dim=200,
+    emission_dim=100,
+    rnn_dim=600,
+    inference="smoothing",
+    rnn_cell="rnn",
+)
+# benchmarks/paper/jsb_dmm.py --preset dmm_jsb: Adam 3e-3, the plateau schedule waiting for the
+# KL annealing, the SRNN initialisation
+DMM_JSB_TRAIN = dict(
+    epochs=5000,
+    batch_size=20,
+    lr=3e-3,
+    clip_norm=10.0,
+    lr_schedule="plateau",
+    plateau_patience=10,
+    plateau_restore_best=False,
+    kl_start=0.2,
+    kl_anneal_steps=1200,
+    schedule_during_annealing=False,
+    valid_batch_size=80,
+    patience=50,
+    init="srnn",
+    seed=0,
+)
+
+
+def jsb_dmm_result(file: str) -> ResultKey:
+    """The test ELBO and training seconds of a ``benchmarks/paper/jsb_dmm.py`` result."""
+    return ResultKey(file, ("test_elbo_per_step",), ("wall_seconds_total_training",))
+
+
 _PRESETS = [
     Preset(
         name="dmm_jsb",
         model="dmm",
-        model_options=dict(
-            z_dim=100,
-            transition_dim=200,
-            emission_dim=100,
-            rnn_dim=600,
-            inference="smoothing",
-            rnn_cell="rnn",
-            residual=True,
-        ),
-        train=dict(
-            epochs=5000,
-            batch_size=20,
-            lr=3e-3,
-            clip_norm=10.0,
-            lr_schedule="plateau",
-            plateau_patience=10,
-            plateau_restore_best=False,
-            kl_start=0.2,
-            kl_anneal_steps=1200,
-            schedule_during_annealing=False,
-            valid_batch_size=80,
-            patience=50,
-            init="srnn",
-            seed=0,
-        ),
+        model_options=dict(DMM_SIZES, residual=True),
+        train=DMM_JSB_TRAIN,
         evaluation=Evaluation("elbo", seeds=4),
         data=JSB,
         metric=PER_STEP.format("ELBO"),
         published=-6.93,
         source="Krishnan et al. (2017), Table 3",
         script="benchmarks/paper/jsb_dmm.py --preset dmm_jsb --tag fast_lr3e-3",
-        result=(
-            ResultKey(
-                "jsb_dmm_fast_lr3e-3.json",
-                ("test_elbo_per_step",),
-                ("wall_seconds_total_training",),
-            ),
-        ),
+        result=(jsb_dmm_result("jsb_dmm_fast_lr3e-3.json"),),
         note="Pyro's sizes with the residual guide (Res_q), Adam 3e-3 and the plateau schedule "
         "(schedule 1 of docs/benchmarks.rst); the run over-fits the 229 training chorales and "
         "was stopped by hand after 254 epochs, 0.27 nats per step short of the paper.",
@@ -117,32 +122,15 @@ _PRESETS = [
     Preset(
         name="dmm_jsb_krishnan",
         model="dmm",
-        model_options=dict(
-            z_dim=100,
-            transition_dim=200,
-            emission_dim=100,
-            rnn_dim=600,
-            inference="smoothing",
-            rnn_cell="rnn",
-            residual=True,
-            dropout=0.1,
-        ),
+        model_options=dict(DMM_SIZES, residual=True, dropout=0.1),
         train=dict(
+            DMM_JSB_TRAIN,
             epochs=2000,
-            batch_size=20,
             lr=8e-4,
-            clip_norm=10.0,
             weight_decay=0.1,
-            lr_schedule="plateau",
-            plateau_patience=10,
-            plateau_restore_best=False,
             kl_start=0.01,
             kl_anneal_steps=5000,
-            schedule_during_annealing=False,
-            valid_batch_size=80,
             patience=100,
-            init="srnn",
-            seed=0,
         ),
         evaluation=Evaluation("elbo", seeds=4),
         data=JSB,
@@ -150,13 +138,7 @@ _PRESETS = [
         published=-6.93,
         source="Krishnan et al. (2017), Table 3",
         script="benchmarks/paper/jsb_dmm.py --preset dmm_jsb_krishnan --tag krishnan",
-        result=(
-            ResultKey(
-                "jsb_dmm_krishnan.json",
-                ("test_elbo_per_step",),
-                ("wall_seconds_total_training",),
-            ),
-        ),
+        result=(jsb_dmm_result("jsb_dmm_krishnan.json"),),
         note="The regularisation of the authors' released code for this table: the KL weight "
         "annealed from 0.01 over 5000 updates (their -6.93 run; without annealing their code "
         "records 7.01), dropout 0.1 on the recognition RNN's states, an L2 penalty (here "
@@ -170,14 +152,7 @@ _PRESETS = [
     Preset(
         name="dmm_jsb_pyro",
         model="dmm",
-        model_options=dict(
-            z_dim=100,
-            transition_dim=200,
-            emission_dim=100,
-            rnn_dim=600,
-            inference="smoothing",
-            rnn_cell="rnn",
-        ),
+        model_options=dict(DMM_SIZES),
         train=dict(
             epochs=5000,
             batch_size=20,
@@ -201,9 +176,7 @@ _PRESETS = [
         source="Pyro's examples/dmm.py after 5000 epochs (Bingham et al. 2019), the DMM of "
         "Krishnan et al. (2017)",
         script="benchmarks/paper/jsb_dmm.py",
-        result=(
-            ResultKey("jsb_dmm.json", ("test_elbo_per_step",), ("wall_seconds_total_training",)),
-        ),
+        result=(jsb_dmm_result("jsb_dmm.json"),),
         note="Pyro's example settings; the recorded run stopped for time after 646 of the "
         "5000 epochs (the KL weight at 0.71). Resumable: run the same command again.",
     ),

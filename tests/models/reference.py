@@ -61,3 +61,16 @@ def randomize(module, scale=0.5):
     with torch.no_grad():
         for p in module.parameters():
             p.copy_(scale * torch.randn(p.shape, generator=gen))
+
+
+def ragged_batch(likelihood="bernoulli", B=4, T=6, D=5, lengths=(6, 2, 4, 1), seed=0):
+    """A prefix-masked batch ``(B, T, D)`` with zero padding: binary entries with
+    ``P(1) = 0.4`` (``"bernoulli"``) or standard normal ones (otherwise; no zero entries),
+    drawn from ``seed``, and its mask ``(B, T)``."""
+    g = torch.Generator().manual_seed(seed)
+    if likelihood == "bernoulli":
+        x = (torch.rand(B, T, D, generator=g) < 0.4).double()
+    else:
+        x = torch.randn(B, T, D, generator=g)
+    mask = torch.arange(T) < torch.tensor(lengths).unsqueeze(-1)
+    return x * mask.unsqueeze(-1), mask

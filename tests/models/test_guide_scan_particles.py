@@ -15,17 +15,15 @@ from pyro.infer import Trace_ELBO
 
 from pyro_seq.infer import FIVO, IWAE
 from pyro_seq.models import DMM, SRNN, STORN, VOSP, VRAE
+from tests.models.reference import ragged_batch as reference_batch
 
 pytestmark = pytest.mark.usefixtures("float64")  # tests/conftest.py
 
 K = 3
 
 
-def ragged_batch(B=4, T=6, D=5, lengths=(6, 2, 4, 1), seed=0):
-    g = torch.Generator().manual_seed(seed)
-    x = (torch.rand(B, T, D, generator=g) < 0.4).double()
-    mask = torch.arange(T) < torch.tensor(lengths).unsqueeze(-1)
-    return x * mask.unsqueeze(-1), mask
+def ragged_batch(**sizes):
+    return reference_batch("bernoulli", **sizes)
 
 
 BUILDS = {

@@ -20,6 +20,7 @@ from pyro_seq.distributions import PresampledValue
 from pyro_seq.infer import IWAE
 from pyro_seq.models import STORN, VOSP, VRAE
 from pyro_seq.models.storn import StepRNN
+from tests.models.reference import ragged_batch
 
 pytestmark = pytest.mark.usefixtures("float64")  # tests/conftest.py
 
@@ -31,16 +32,6 @@ def stepwise_sequence(self, u, h0, lengths=None):
         h = self.step(u_t, h)
         out.append(h)
     return torch.stack(out, -2)
-
-
-def ragged_batch(likelihood, B=4, T=6, D=5, lengths=(6, 2, 4, 1), seed=0):
-    g = torch.Generator().manual_seed(seed)
-    if likelihood == "bernoulli":
-        x = (torch.rand(B, T, D, generator=g) < 0.4).double()
-    else:
-        x = torch.randn(B, T, D, generator=g)
-    mask = torch.arange(T) < torch.tensor(lengths).unsqueeze(-1)
-    return x * mask.unsqueeze(-1), mask
 
 
 # ----------------------------------------------------------------- the ragged tanh scan

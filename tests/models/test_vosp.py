@@ -31,6 +31,7 @@ from tests.models.reference import (
     randomize,
     softplus,
 )
+from tests.models.reference import ragged_batch as reference_batch
 
 pytestmark = pytest.mark.usefixtures("float64")  # tests/conftest.py
 
@@ -85,13 +86,7 @@ def vosp_reference(m, x, zs):
 
 
 def ragged_batch(likelihood, B=3, T=5, D=4, lengths=(5, 3, 2), seed=0):
-    g = torch.Generator().manual_seed(seed)
-    if likelihood == "bernoulli":
-        x = (torch.rand(B, T, D, generator=g) < 0.4).double()
-    else:
-        x = torch.randn(B, T, D, generator=g)
-    mask = torch.arange(T) < torch.tensor(lengths).unsqueeze(-1)
-    return x * mask.unsqueeze(-1), mask
+    return reference_batch(likelihood, B, T, D, lengths, seed)
 
 
 def tiny(prior="wiener", cell="tanh", likelihood="bernoulli"):
