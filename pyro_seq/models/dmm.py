@@ -76,6 +76,7 @@ from pyro_seq.nn import (
     cat_broadcast,
     check_dropout,
     combiner_scan,
+    sequence_lengths,
 )
 from pyro_seq.ops.state import SequenceState
 from pyro_seq.validation import validate_generate_args, validate_input_dim
@@ -265,6 +266,8 @@ class DMM(SequenceModel):
             z0 = z0.expand(lead + z0.shape[-1:]).reshape(-1, z0.shape[-1])
             a = a.expand(particles + a.shape).reshape((-1,) + a.shape[-2:])
         c = self.combiner
+        # only the steps up to each row's last observed one are computed
+        lengths = sequence_lengths(mask).expand(lead).reshape(-1)
         loc, scale, z = combiner_scan(
             z0,
             a,
@@ -274,6 +277,7 @@ class DMM(SequenceModel):
             state.shared["combiner_w"],
             state.shared["combiner_b"],
             c.min_scale,
+            lengths,
         )
         loc, scale, z = (v.reshape(eps.shape) for v in (loc, scale, z))
         self.sample_presampled("z", normal, (loc, scale), z, mask)

@@ -69,7 +69,7 @@ in ``eval()`` mode (as :func:`pyro_seq.train.evaluate_bound` and
 :func:`pyro_seq.infer.estimate_log_likelihood` do).
 """
 
-from typing import Any, Callable, List, Optional, Tuple, cast
+from typing import Any, Callable, Optional, Tuple, cast
 
 import pyro
 import torch
@@ -94,6 +94,7 @@ from pyro_seq.nn import (
     check_dropout,
     emission_dropout,
 )
+from pyro_seq.nn.ragged import pack_ragged, previous_rows, step_offsets
 from pyro_seq.ops.state import SequenceState
 from pyro_seq.validation import positive_int, validate_generate_args
 
@@ -157,24 +158,13 @@ def draw_recognition(
     return True
 
 
-def _packing(lengths: torch.Tensor, T: int) -> Tuple[torch.Tensor, List[int], torch.Tensor]:
-    """Time-major packing of a ragged batch: ``(order, counts, index)``, the permutation that
-    sorts the rows by decreasing length, the number of rows still running at each step, and
-    the flat position ``b * T + t`` of every packed row (step-major, then sorted rank)."""
-    order = torch.argsort(lengths, descending=True, stable=True)
-    sorted_len = lengths[order]
-    active = torch.arange(int(sorted_len[0]), device=lengths.device).unsqueeze(-1) < sorted_len
-    t_idx, rank = active.nonzero(as_tuple=True)
-    return order, active.sum(-1).tolist(), order[rank] * T + t_idx
-
-
 class _RaggedTanhRNN(torch.autograd.Function):
     """Eq. (2) over the real steps of a ragged batch, forward and hand-written backward."""
 
     @staticmethod
     def forward(ctx, u, h0, w_ih, w_hh, bias, lengths):
         N, T, _ = u.shape
-        order, counts, index = _packing(lengths, T)
+        order, counts, index = pack_ragged(lengths, T)
         up = u.reshape(N * T, -1).index_select(0, index)  # (R, I) packed real rows
         out = torch.addmm(bias, up, w_ih.t())  # W_ih u_t + b for every real step at once
         h, w_hh_t, start = h0.index_select(0, order), w_hh.t(), 0
@@ -194,9 +184,7 @@ class _RaggedTanhRNN(torch.autograd.Function):
         counts, (N, T) = ctx.counts, ctx.shape
         H = out.shape[1]
         dpre = grad_out.reshape(N * T, H).index_select(0, index)  # becomes dL/d(pre-tanh)
-        offsets = [0]
-        for n in counts:
-            offsets.append(offsets[-1] + n)
+        offsets = step_offsets(counts)
         dh = None
         for t in range(len(counts) - 1, -1, -1):  # per step only the recurrent product
             rows, h = dpre[offsets[t] : offsets[t + 1]], out[offsets[t] : offsets[t + 1]]
@@ -213,10 +201,7 @@ class _RaggedTanhRNN(torch.autograd.Function):
             d_w = torch.zeros_like(w_hh)
             return None, d_h0, torch.zeros_like(w_ih), d_w, w_hh.new_zeros(w_hh.shape[0]), None
         h0s = h0.index_select(0, order)
-        hprev = torch.cat(
-            [h0s[: counts[0]]]
-            + [out[offsets[t - 1] : offsets[t - 1] + counts[t]] for t in range(1, len(counts))]
-        )
+        hprev = previous_rows(h0s, out, counts)
         if ctx.needs_input_grad[0]:
             d_u = dpre.new_zeros(N * T, up.shape[1]).index_copy_(0, index, dpre @ w_ih)
             d_u = d_u.view(N, T, -1)

@@ -7,6 +7,7 @@ from pyro_seq.nn.heads import BernoulliHead, GaussianHead, GaussianMLP
 from pyro_seq.nn.init import INIT_SCHEMES, bernoulli_output_layer, init_output_bias, init_weights
 from pyro_seq.nn.memory import DND, DNDRead, EarlierRead, nearest_earlier
 from pyro_seq.nn.mlp import MLP, ClippedLeakyReLU, cat_broadcast, layer_widths, make_activation
+from pyro_seq.nn.ragged import pack_ragged, previous_rows, sequence_lengths, step_offsets
 from pyro_seq.nn.recurrent import BackwardRNN, ForwardRNN, reverse_padded
 from pyro_seq.nn.relu_scan import ragged_relu_rnn
 from pyro_seq.nn.srnn_scan import srnn_guide_scan
@@ -39,7 +40,11 @@ __all__ = [
     "layer_widths",
     "make_activation",
     "nearest_earlier",
+    "pack_ragged",
+    "previous_rows",
     "ragged_relu_rnn",
     "reverse_padded",
+    "sequence_lengths",
     "srnn_guide_scan",
+    "step_offsets",
 ]

@@ -18,24 +18,7 @@ padded steps are 0.
 
 import torch
 
-
-def _packing(lengths, T):
-    """Time-major packing of a ragged batch sorted by decreasing length.
-
-    :returns: ``(order, counts, index)``: the sorting permutation ``(B,)``, the number of
-        sequences running at each step (a Python list of length ``T_max``) and, for the
-        packed rows in time-major order, their flat position ``b * T + t`` in the padded
-        ``(B, T)`` layout (original batch order).
-    """
-    order = torch.argsort(lengths, descending=True, stable=True)
-    sorted_len = lengths[order]
-    T_max = int(sorted_len[0])
-    steps = torch.arange(T_max, device=lengths.device)
-    active = steps.unsqueeze(-1) < sorted_len  # (T_max, B), a prefix of each row
-    counts = active.sum(-1).tolist()
-    t_idx, rank = active.nonzero(as_tuple=True)  # time-major, then sorted rank
-    index = order[rank] * T + t_idx
-    return order, counts, index
+from pyro_seq.nn.ragged import pack_ragged, previous_rows, step_offsets
 
 
 class _RaggedReluRNN(torch.autograd.Function):
@@ -43,7 +26,7 @@ class _RaggedReluRNN(torch.autograd.Function):
     def forward(ctx, x, h0, w_ih, w_hh, bias, lengths):
         B, T, _ = x.shape
         H = w_hh.shape[0]
-        order, counts, index = _packing(lengths, T)
+        order, counts, index = pack_ragged(lengths, T)
         xp = x.reshape(B * T, -1).index_select(0, index)  # (N, I) packed, time-major
         pre = torch.addmm(bias, xp, w_ih.t())  # (N, H)
         out = torch.empty_like(pre)
@@ -68,9 +51,7 @@ class _RaggedReluRNN(torch.autograd.Function):
         H = out.shape[1]
         g = grad_out.reshape(B * T, H).index_select(0, index)  # packed output gradients
         dpre = torch.empty_like(out)
-        offsets = [0]
-        for n in counts:
-            offsets.append(offsets[-1] + n)
+        offsets = step_offsets(counts)
         dh = None
         for t in range(len(counts) - 1, -1, -1):
             lo, n = offsets[t], counts[t]
@@ -81,10 +62,7 @@ class _RaggedReluRNN(torch.autograd.Function):
             dh = dpre[lo : lo + n] @ w_hh
         # previous states of every packed row: h0 for step 0, else the same rank one step back
         h0s = h0.index_select(0, order)
-        prev = [h0s[: counts[0]]] + [
-            out[offsets[t - 1] : offsets[t - 1] + counts[t]] for t in range(1, len(counts))
-        ]
-        hprev = torch.cat(prev, 0)
+        hprev = previous_rows(h0s, out, counts)
         d_w_hh = dpre.t() @ hprev
         d_w_ih = dpre.t() @ xp
         d_bias = dpre.sum(0)

@@ -95,7 +95,9 @@ def test_smoothing_guide_sees_the_future_filtering_does_not(arch, inference):
 
 @pytest.mark.parametrize("arch", ["dmm", "srnn"])
 def test_step_protocol_is_the_model(arch):
-    """init/step driven by hand give exactly the sites of the full-sequence call."""
+    """init/step driven by hand give exactly the sites of the full-sequence call (latent values
+    on the real steps: a fused guide does not compute the padding, where no site is scored, and
+    its products over the rows still running round differently from the full batch's)."""
     m = TINY[arch]()
     x, mask = binary_batch()
     pyro.set_rng_seed(5)
@@ -119,8 +121,10 @@ def test_step_protocol_is_the_model(arch):
         if site["type"] == "sample" and name != "sequences"
     }
     for t in range(x.shape[1]):
+        real = mask[:, t]
         for name, ref in ((f"z_{t + 1}", full_g), (f"x_{t + 1}", full_m)):
-            assert torch.equal(sites[name]["value"], ref.nodes[name]["value"]), name
+            got, want = sites[name]["value"][real], ref.nodes[name]["value"][real]
+            assert torch.allclose(got, want, rtol=1e-5, atol=1e-6), name
     log_joint = sum(tr.log_prob_sum() for tr in traces[1::2])
     assert torch.allclose(log_joint, full_m.log_prob_sum())
 

@@ -85,6 +85,86 @@ def test_shape_errors():
         )
 
 
+LENGTHS = torch.tensor([3, 5, 1, 5])  # unsorted, with ties and a one-step row
+
+
+def _ragged_scan(comb, z0, a, eps, lengths):
+    w_h, b_h = comb.stacked_heads()
+    return combiner_scan(
+        z0, a, eps, comb.z_to_hidden.weight, comb.z_to_hidden.bias, w_h, b_h, 1e-3, lengths
+    )
+
+
+def test_ragged_values_equal_the_loop_on_real_steps_and_fill_the_padding():
+    """With lengths, the real steps are the loop's (each row's recursion is its own) and every
+    padded step holds loc 0, scale 1, z = eps (a finite value no score reads); the caller's
+    noise is not written to."""
+    comb, z0, a, eps = _inputs(B=4, T=5, seed=3)
+    eps_before = eps.clone()
+    fused = _ragged_scan(comb, z0, a, eps, LENGTHS)
+    real = torch.arange(5) < LENGTHS.unsqueeze(-1)
+    for got, want in zip(fused, _loop(comb, z0, a, eps)):
+        assert torch.allclose(got[real], want[real], rtol=0, atol=1e-13)
+    loc, scale, z = fused
+    assert torch.equal(loc[~real], torch.zeros_like(loc[~real]))
+    assert torch.equal(scale[~real], torch.ones_like(scale[~real]))
+    assert torch.equal(z[~real], eps[~real])
+    assert torch.equal(eps, eps_before)
+
+
+def test_ragged_gradients_equal_the_loop_with_the_padding_masked():
+    """A loss that reads only the real steps (as the masked sites do) has the loop's gradients
+    for every input and weight; rows longer than others still pass their gradient back to
+    z_0 through all their steps."""
+    comb, z0, a, eps = _inputs(B=4, T=5, seed=4)
+    real = (torch.arange(5) < LENGTHS.unsqueeze(-1)).unsqueeze(-1).double()
+    w = torch.randn(4, 5, 4, 3, dtype=torch.float64)
+
+    def loss(outputs):
+        return sum((w[..., i] * v.sin() * real).sum() for i, v in enumerate(outputs))
+
+    params = [z0, a] + list(comb.parameters())
+    g_loop = torch.autograd.grad(loss(_loop(comb, z0, a, eps)), params)
+    g_fused = torch.autograd.grad(loss(_ragged_scan(comb, z0, a, eps, LENGTHS)), params)
+    for got, want in zip(g_fused, g_loop):
+        assert torch.allclose(got, want, rtol=1e-10, atol=1e-12)
+    padded_a_grad = g_fused[1][~real.squeeze(-1).bool()]
+    assert padded_a_grad.shape == (6, 6) and not padded_a_grad.any()
+
+
+def test_ragged_gradcheck():
+    comb, z0, a, eps = _inputs(B=3, T=4, Z=2, H=3, seed=5)
+    lengths = torch.tensor([2, 4, 1])
+    w_h, b_h = comb.stacked_heads()
+    args = (
+        z0,
+        a,
+        comb.z_to_hidden.weight.detach().requires_grad_(),
+        comb.z_to_hidden.bias.detach().requires_grad_(),
+        w_h.detach().requires_grad_(),
+        b_h.detach().requires_grad_(),
+    )
+    assert torch.autograd.gradcheck(
+        lambda z0, a, wz, bz, wh, bh: combiner_scan(z0, a, eps, wz, bz, wh, bh, 1e-3, lengths),
+        args,
+    )
+
+
+@pytest.mark.parametrize(
+    "lengths",
+    [
+        torch.tensor([3, 5, 0, 5]),
+        torch.tensor([3, 6, 1, 5]),
+        torch.tensor([3, 5, 1]),
+        torch.tensor([3.0, 5.0, 1.0, 5.0]),
+    ],
+)
+def test_lengths_errors(lengths):
+    comb, z0, a, eps = _inputs(B=4, T=5)
+    with pytest.raises(ValueError, match="lengths must be"):
+        _ragged_scan(comb, z0, a, eps, lengths)
+
+
 def test_presampled_value_draws_its_value_and_refuses_other_shapes():
     base = pyro.distributions.Normal(torch.zeros(3, 2), 1.0).to_event(1)
     value = torch.randn(3, 2, requires_grad=True)

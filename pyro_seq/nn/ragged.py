@@ -1,0 +1,61 @@
+"""Time-major packing of ragged batches, shared by the hand-written scans.
+
+A minibatch of sequences of different lengths is padded to ``(B, T, ...)``. The scans
+(:mod:`~pyro_seq.nn.relu_scan`, :mod:`~pyro_seq.nn.combiner_scan`, STORN's tanh RNN) compute
+only the real steps: the rows are sorted by decreasing length, so the sequences still running at
+step ``t`` are a prefix of the sorted batch, and the real steps are stored step-major
+("packed", as ``torch.nn.utils.rnn.pack_padded_sequence`` does), one contiguous block of
+``counts[t]`` rows per step.
+"""
+
+from typing import List, Sequence, Tuple
+
+import torch
+
+__all__ = ["pack_ragged", "previous_rows", "sequence_lengths", "step_offsets"]
+
+
+def pack_ragged(lengths: torch.Tensor, T: int) -> Tuple[torch.Tensor, List[int], torch.Tensor]:
+    """The packing of a ragged batch with ``lengths`` ``(B,)`` (each in ``[1, T]``).
+
+    :returns: ``(order, counts, index)``: the permutation ``(B,)`` that sorts the rows by
+        decreasing length (stable), the number of rows running at each step (a list of length
+        ``max(lengths)``) and, for every packed row in step-major order, its flat position
+        ``b * T + t`` in the padded ``(B, T)`` layout (original row order).
+    """
+    order = torch.argsort(lengths, descending=True, stable=True)
+    sorted_len = lengths[order]
+    active = torch.arange(int(sorted_len[0]), device=lengths.device).unsqueeze(-1) < sorted_len
+    t_idx, rank = active.nonzero(as_tuple=True)  # step-major, then sorted rank
+    return order, active.sum(-1).tolist(), order[rank] * T + t_idx
+
+
+def step_offsets(counts: Sequence[int]) -> List[int]:
+    """Start of each step's block in the packed rows, and the total (``len(counts) + 1``)."""
+    offsets = [0]
+    for n in counts:
+        offsets.append(offsets[-1] + n)
+    return offsets
+
+
+def previous_rows(first: torch.Tensor, packed: torch.Tensor, counts: Sequence[int]) -> torch.Tensor:
+    """For every packed row, the same sequence's row one step earlier.
+
+    :param first: ``(B, D)`` the rows before step 1, in sorted order (e.g. initial states).
+    :param packed: ``(N, D)`` packed rows of steps ``1..T``.
+    :returns: ``(N, D)``: ``first`` for step 1, the previous step's block otherwise.
+    """
+    offsets = step_offsets(counts)
+    prev = [first[: counts[0]]] + [
+        packed[offsets[t - 1] : offsets[t - 1] + counts[t]] for t in range(1, len(counts))
+    ]
+    return torch.cat(prev, 0)
+
+
+def sequence_lengths(mask: torch.Tensor) -> torch.Tensor:
+    """Steps of each row up to its last observed one (at least 1): ``(...,)`` for a
+    ``(..., T)`` mask. A row's later steps are padding that no score reads; steps inside it
+    that the mask hides (missing observations) still carry the recursion and are counted."""
+    T = mask.shape[-1]
+    steps = torch.arange(1, T + 1, device=mask.device)
+    return (mask.to(torch.bool) * steps).amax(-1).clamp_(min=1)
