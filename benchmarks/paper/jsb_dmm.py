@@ -16,10 +16,12 @@ dmm_jsb_krishnan``: that model with the regularisation of the authors' code (KL 
 
 Every training option of ``jsb_training.run`` can be changed on the command line (over the
 preset's values), and ``--residual`` gives the guide the residual parameterisation Res_q
-(thesis 4.8.1); a variant needs its own ``--tag`` (checkpoint folder and result name).
+(thesis 4.8.1), ``--model-option KEY=VALUE`` any other DMM option (e.g. ``rnn_cell=lstm``);
+a variant needs its own ``--tag`` (checkpoint folder and result name).
 """
 
 import argparse
+import json
 import sys
 
 from jsb_training import run
@@ -37,13 +39,32 @@ if __name__ == "__main__":
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--preset", choices=PRESETS, default=PRESETS[0], help="the settings")
     pre.add_argument("--residual", action="store_true", help="Res_q guide (DMM(residual=True))")
+    pre.add_argument(
+        "--model-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a DMM constructor option over the preset's (JSON value), repeatable",
+    )
     known, rest = pre.parse_known_args(sys.argv[1:])
     preset = get_preset(known.preset)
-    if (known.preset != PRESETS[0] or known.residual) and not any(
+    overrides = {}
+    for item in known.model_option:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise SystemExit(f"--model-option takes KEY=VALUE, got {item!r}")
+        try:
+            overrides[key] = json.loads(value)
+        except json.JSONDecodeError:
+            overrides[key] = value  # a bare word such as lstm
+    if (known.preset != PRESETS[0] or known.residual or overrides) and not any(
         a == "--tag" or a.startswith("--tag=") for a in rest
     ):
-        raise SystemExit(f"--preset {known.preset} or --residual is a variant: give it a --tag")
+        raise SystemExit(
+            f"--preset {known.preset}, --residual or --model-option is a variant: give it a --tag"
+        )
     model = dict(preset.model_options, **({"residual": True} if known.residual else {}))
+    model.update(overrides)
     run(
         "jsb_dmm",
         preset.data_file,
