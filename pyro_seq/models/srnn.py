@@ -47,7 +47,14 @@ from pyro_seq.models.base import (
 )
 from pyro_seq.models.contract import example
 from pyro_seq.models.emission import check_emission_options, make_emission, stack_params
-from pyro_seq.nn import MLP, BackwardRNN, ForwardRNN, GaussianMLP, cat_broadcast
+from pyro_seq.nn import (
+    MLP,
+    BackwardRNN,
+    ForwardRNN,
+    GaussianMLP,
+    cat_broadcast,
+    sequence_lengths,
+)
 from pyro_seq.nn.srnn_scan import activation_derivative, srnn_guide_scan
 from pyro_seq.ops.state import SequenceState
 from pyro_seq.validation import validate_generate_args, validate_input_dim
@@ -241,8 +248,10 @@ class SRNN(SequenceModel):
         (eq. 5.10, 5.12) as one autograd node and the sites ``z_1..z_T`` are emitted with
         those values. With Res_q the prior at each guide ``z_{t-1}`` is recorded for the
         time-parallel model as the step loop records it. Values equal the step loop's for the
-        same seed. Under a particle plate (``particles = (K, 1, ..., 1)``) the scan runs on
-        ``K * batch`` rows (``z_0`` and the contexts repeated per particle)."""
+        same seed on every step up to each sequence's last observed one (past it, where no
+        site is scored, ``z`` is the noise itself). Under a particle plate
+        (``particles = (K, 1, ..., 1)``) the scan runs on ``K * batch`` rows (``z_0`` and the
+        contexts repeated per particle)."""
         if not self._scannable():
             return False
         post, z0 = self.posterior, state["guide_z"]
@@ -267,6 +276,8 @@ class SRNN(SequenceModel):
             post.activation,
             post.head.min_scale,
             post.head.variance,
+            # only the steps up to each row's last observed one are computed
+            sequence_lengths(mask).expand(lead).reshape(-1),
         )
         out = tuple(v.reshape(lead + v.shape[1:]) for v in out)
         loc, scale, z = out[:3]

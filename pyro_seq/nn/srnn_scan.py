@@ -35,6 +35,7 @@ from torch.autograd.function import once_differentiable
 from torch.nn.functional import leaky_relu, softplus
 
 from pyro_seq.nn.mlp import ClippedLeakyReLU
+from pyro_seq.nn.ragged import pack_ragged
 
 #: the threshold above which :func:`torch.nn.functional.softplus` is the identity (beta 1)
 _SOFTPLUS_THRESHOLD = 20.0
@@ -86,11 +87,27 @@ def _scale_derivative(raw, min_scale, variance):
     return torch.where(raw > _SOFTPLUS_THRESHOLD, 1.0, torch.sigmoid(raw))
 
 
+def _real_steps(counts, T, B, device):
+    """``(T, B)`` bool: row ``b`` (sorted by decreasing length) runs at step ``t``."""
+    n = torch.tensor(list(counts) + [0] * (T - len(counts)), device=device)
+    return torch.arange(B, device=device) < n.unsqueeze(-1)
+
+
+def _on(real, v):
+    """``v`` with padded steps zeroed (``real`` None: no padding)."""
+    return v if real is None else torch.where(real, v, 0.0)
+
+
 class _SRNNGuideScan(torch.autograd.Function):
     # Internally time-major: the per-step slices of the (T, B, .) buffers are contiguous, so
     # the products of a step write into them directly and nothing is stacked along dim 1.
+    # Ragged batches: the rows come sorted by decreasing length and ``counts[t]`` rows run at
+    # step t (a prefix); only those are computed, and padded steps hold loc 0, scale 1,
+    # z = eps, prior loc 0 and prior scale 1, whose incoming gradients are ignored.
     @staticmethod
-    def forward(ctx, z0, eps, cq, wzq, whq, bhq, cp, wzp, whp, bhp, act, d_act, min_scale, var):
+    def forward(
+        ctx, z0, eps, cq, wzq, whq, bhq, cp, wzp, whp, bhp, act, d_act, min_scale, var, counts
+    ):
         residual = cp is not None
         B, T, Z = eps.shape
         Hq = cq.shape[-1]
@@ -105,46 +122,54 @@ class _SRNNGuideScan(torch.autograd.Function):
         else:
             w_z = wzq
         w_z_t, whq_t = w_z.t(), whq.t()
-        eps_steps = eps.unbind(1)
-        gs, outs, locs, scales, m_ps, zs = [], [], [], [], [], []
+        eps_tm = eps.transpose(0, 1)  # (T, B, Z) view
+        g = u.new_zeros(T, B, H)
+        out = u.new_zeros(T, B, 2 * Z)  # [m^q_t, r^q_t]
+        loc = u.new_zeros(T, B, Z)
+        scale = u.new_ones(T, B, Z)
+        z = eps_tm.clone()
+        m_p = u.new_zeros(T, B, Z) if residual else None
+        z_prev_all = u.new_zeros(T, B, Z)  # z_{t-1} of every step (z0 at step 1)
+        z_prev_all[0] = z0
         z_prev = z0
-        for t in range(T):
-            u_t = u[t].addmm_(z_prev, w_z_t)
+        for t, n in enumerate(counts):
+            u_t = u[t, :n].addmm_(z_prev[:n], w_z_t)
             g_t = act(u_t)
-            o_t = torch.addmm(bhq, g_t[:, :Hq], whq_t)  # [m^q_t, r^q_t]
+            g[t, :n] = g_t
+            o_t = torch.addmm(bhq, g_t[:, :Hq], whq_t, out=out[t, :n])
             loc_t = o_t[:, :Z]
             if residual:
-                m_p = torch.addmm(b_lp, g_t[:, Hq:], w_lp_t)
-                loc_t = loc_t + m_p
-                m_ps.append(m_p)
+                m_p_t = torch.addmm(b_lp, g_t[:, Hq:], w_lp_t, out=m_p[t, :n])
+                loc_t = loc_t + m_p_t
+            loc[t, :n] = loc_t
             scale_t = _scale(o_t[:, Z:], min_scale, var)
+            scale[t, :n] = scale_t
             # the same operations as Normal(loc, scale).rsample(): loc + eps * scale
-            z_t = loc_t + eps_steps[t] * scale_t
-            gs.append(g_t)
-            outs.append(o_t)
-            locs.append(loc_t)
-            scales.append(scale_t)
-            zs.append(z_t)
+            z_t = torch.add(loc_t, eps_tm[t, :n] * scale_t, out=z[t, :n])
+            if t + 1 < T:
+                z_prev_all[t + 1, :n] = z_t
             z_prev = z_t
-        g = torch.stack(gs)  # (T, B, H)
-        loc, scale, z = torch.stack(locs, 1), torch.stack(scales, 1), torch.stack(zs, 1)
-        z_prev = torch.stack([z0] + zs[:-1])  # (T, B, Z)
-        out = torch.stack(outs)  # (T, B, 2Z)
-        ctx.residual, ctx.d_act, ctx.min_scale, ctx.var, ctx.Hq = (
+        ctx.residual, ctx.d_act, ctx.min_scale, ctx.var, ctx.Hq, ctx.counts = (
             residual,
             d_act,
             min_scale,
             var,
             Hq,
+            counts,
         )
+        bm = lambda v: v.transpose(0, 1)  # noqa: E731  (T, B, .) -> (B, T, .)
         if not residual:
-            ctx.save_for_backward(eps, w_z, whq, u, g, out, z_prev, None, None)
-            return loc, scale, z
+            ctx.save_for_backward(eps, w_z, whq, u, g, out, z_prev_all, None, None)
+            return bm(loc), bm(scale), bm(z)
         g_p = g[..., Hq:].view(T * B, H - Hq)
         raw_p = torch.addmm(bhp[Z:], g_p, whp[Z:].t()).view(T, B, Z)
-        prior_scale = _scale(raw_p, min_scale, var).transpose(0, 1).contiguous()
-        ctx.save_for_backward(eps, w_z, whq, u, g, out, z_prev, whp, raw_p)
-        return loc, scale, z, torch.stack(m_ps, 1), prior_scale
+        prior_scale = _scale(raw_p, min_scale, var)
+        ragged = sum(counts) < T * B
+        if ragged:
+            real = _real_steps(counts, T, B, u.device).unsqueeze(-1)
+            prior_scale = torch.where(real, prior_scale, 1.0)
+        ctx.save_for_backward(eps, w_z, whq, u, g, out, z_prev_all, whp, raw_p)
+        return bm(loc), bm(scale), bm(z), bm(m_p), bm(prior_scale).contiguous()
 
     @staticmethod
     @once_differentiable
@@ -161,8 +186,12 @@ class _SRNNGuideScan(torch.autograd.Function):
         Z = eps.shape[-1]
         TB = T * B
         # time-major views of the output gradients; None for outputs that got no gradient
+        counts = ctx.counts
+        real = None
+        if sum(counts) < T * B:  # gradients reaching padded steps (constants) are ignored
+            real = _real_steps(counts, T, B, u.device).unsqueeze(-1)
         g_loc, g_scale, g_z, g_ploc, g_pscale = (
-            None if v is None else v.transpose(0, 1)
+            None if v is None else _on(real, v.transpose(0, 1))
             for v in (g_loc, g_scale, g_z, g_ploc, g_pscale)
         )
         zero = z_prev.new_zeros(())
@@ -181,7 +210,7 @@ class _SRNNGuideScan(torch.autograd.Function):
             f_mp = f_loc if g_ploc is None else f_loc + g_ploc
             if g_pscale is None:
                 d_rp = zero.expand(T, B, Z)
-            else:
+            else:  # (zero on padded steps, where g_pscale is)
                 d_rp = g_pscale * _scale_derivative(raw_p, min_scale, var)
             d_op = torch.cat([f_mp.expand(T, B, Z), d_rp.expand(T, B, Z)], -1)
             torch.mm(d_op.view(TB, 2 * Z), whp, out=d_u_flat[:, Hq:])
@@ -190,16 +219,17 @@ class _SRNNGuideScan(torch.autograd.Function):
         else:
             jac = whq
         # e[t] = [c_t, c_t * k_t], c_t = d L / d z_t through step t + 1 (zero at the last step)
-        e = u.new_empty(T, B, 2 * Z)
-        e[-1] = 0
-        for t in range(T - 1, -1, -1):
-            d_u_t = d_u[t]
+        # (rows past a sequence's end get no carried gradient, and their d u is zero)
+        e = u.new_zeros(T, B, 2 * Z)
+        for t in range(len(counts) - 1, -1, -1):
+            n = counts[t]
+            d_u_t = d_u[t, :n]
             if t < T - 1:
-                d_u_t.addmm_(e[t], jac)
-            d_u_t.mul_(d_act(u[t], g[t]))
+                d_u_t.addmm_(e[t, :n], jac)
+            d_u_t.mul_(d_act(u[t, :n], g[t, :n]))
             if t > 0:
-                c = torch.mm(d_u_t, w_z, out=e[t - 1, :, :Z])
-                torch.mul(c, k[t - 1], out=e[t - 1, :, Z:])
+                c = torch.mm(d_u_t, w_z, out=e[t - 1, :n, :Z])
+                torch.mul(c, k[t - 1, :n], out=e[t - 1, :n, Z:])
         d_z0 = d_u[0] @ w_z
         d_oq += e  # d [m^q_t, r^q_t] = the fixed part + [c_t, c_t * k_t]
         g_flat, d_oq = g.view(TB, H), d_oq.view(TB, 2 * Z)
@@ -210,14 +240,14 @@ class _SRNNGuideScan(torch.autograd.Function):
         d_c = d_u.transpose(0, 1)
         d_cq = d_c[..., :Hq] if needs[2] else None
         if not residual:
-            return (d_z0, None, d_cq, d_w_z, d_whq, d_bhq) + (None,) * 8
+            return (d_z0, None, d_cq, d_w_z, d_whq, d_bhq) + (None,) * 9
         d_op[..., :Z] += e[..., :Z]  # d m^p_t = the fixed part + c_t
         d_op = d_op.view(TB, 2 * Z)
         d_whp = d_op.t() @ g_flat[:, Hq:]
         d_bhp = d_op.sum(0)
         d_cp = d_c[..., Hq:] if needs[6] else None
         grads = (d_z0, None, d_cq, d_w_z[:Hq], d_whq, d_bhq, d_cp, d_w_z[Hq:], d_whp, d_bhp)
-        return grads + (None,) * 4
+        return grads + (None,) * 5
 
 
 def _check_mlp(name, mlp, B, T, Z):
@@ -251,8 +281,9 @@ def srnn_guide_scan(
     activation: Optional[nn.Module] = None,
     min_scale: float = 1e-3,
     variance: str = "softplus",
+    lengths: Optional[torch.Tensor] = None,
 ) -> Tuple[torch.Tensor, ...]:
-    """Run the SRNN guide recursion (module docstring) over all steps for given noise.
+    """Run the SRNN guide recursion (module docstring) over the real steps for given noise.
 
     :param z0: ``(B, Z)`` the state before step 1 (zeros in the SRNN).
     :param eps: ``(B, T, Z)`` standard-normal noise (no gradient).
@@ -265,9 +296,14 @@ def srnn_guide_scan(
         :func:`activation_derivative` knows); None for the SRNN's clipped leaky ReLU.
     :param float min_scale: floor added to the standard deviations.
     :param str variance: ``"softplus"`` or ``"log"`` (:class:`~pyro_seq.nn.GaussianHead`).
+    :param lengths: ``(B,)`` integer steps of each row, each in ``[1, T]``
+        (:func:`~pyro_seq.nn.ragged.sequence_lengths` of the mask); ``None``: every row runs
+        all ``T`` steps. Steps past a row's length are not computed: the rows run sorted by
+        decreasing length, each step on those still running.
     :returns: ``(loc, scale, z)``, each ``(B, T, Z)``, ``z = loc + scale * eps``; with
         ``prior`` also ``(prior_loc, prior_scale)`` of ``p(z_t | z_{t-1}, d_t)`` at the guide's
-        ``z_{t-1}``.
+        ``z_{t-1}``. Past each row's length: ``loc = 0``, ``scale = 1``, ``z = eps``, prior
+        ``0`` and ``1`` (finite values that no score reads; their gradients are ignored).
     """
     if eps.dim() != 3 or z0.shape != (eps.shape[0], eps.shape[2]):
         raise ValueError(
@@ -289,6 +325,24 @@ def srnn_guide_scan(
         raise ValueError(f"srnn_guide_scan: variance must be 'softplus' or 'log', got {variance!r}")
     q = _check_mlp("posterior", posterior, B, T, Z)
     p = (None,) * 4 if prior is None else _check_mlp("prior", prior, B, T, Z)
-    return _SRNNGuideScan.apply(
-        z0, eps.detach(), *q, *p, activation, d_act, float(min_scale), variance
+    if lengths is None:
+        counts = [B] * T
+        return _SRNNGuideScan.apply(
+            z0, eps.detach(), *q, *p, activation, d_act, float(min_scale), variance, counts
+        )
+    if (
+        lengths.shape != (B,)
+        or lengths.dtype.is_floating_point
+        or bool((lengths < 1).any())
+        or bool((lengths > T).any())
+    ):
+        raise ValueError(f"srnn_guide_scan: lengths must be (batch,) integers in [1, {T}]")
+    order, counts, _ = pack_ragged(lengths, T)
+    rows = lambda v: None if v is None else v.index_select(0, order)  # noqa: E731
+    q = (rows(q[0]),) + tuple(q[1:])
+    p = (rows(p[0]),) + tuple(p[1:])
+    out = _SRNNGuideScan.apply(
+        rows(z0), rows(eps.detach()), *q, *p, activation, d_act, float(min_scale), variance, counts
     )
+    back = torch.argsort(order)  # the original row order
+    return tuple(v.index_select(0, back) for v in out)

@@ -132,6 +132,70 @@ def test_gradcheck(residual, variance):
     assert torch.autograd.gradcheck(fn, (z0, cq, *wq, cp, *wp))
 
 
+LENGTHS = torch.tensor([4, 6, 1, 6])  # unsorted, with a tie and a one-step row
+
+
+@pytest.mark.parametrize("residual,variance", [(True, "softplus"), (False, "log"), (True, "log")])
+def test_ragged_values_and_gradients_equal_the_loop_on_real_steps(residual, variance):
+    """With lengths, the real steps are the loop's; padded steps hold loc 0, scale 1, z = eps
+    (prior 0 and 1); a loss reading the real steps only (as the masked sites do) has the loop's
+    gradients, and gradients reaching the padding are ignored."""
+    post, prior, a, d, z0, eps = _inputs(B=4, variance=variance, seed=7)
+    want = _loop(post, prior, a, d, z0, eps, residual)
+    q = (post.project_context(a),) + post.step_weights()
+    p = (prior.project_context(d),) + prior.step_weights() if residual else None
+    got = srnn_guide_scan(z0, eps, q, p, post.activation, 1e-3, variance, LENGTHS)
+    real = torch.arange(6) < LENGTHS.unsqueeze(-1)
+    for g, w in zip(got, want):
+        assert torch.allclose(g[real], w[real], rtol=0, atol=1e-12)
+    fills = [0.0, 1.0, None, 0.0, 1.0]
+    for g, fill in zip(got, fills):
+        pad = g[~real]
+        assert torch.equal(pad, eps[~real] if fill is None else torch.full_like(pad, fill))
+    weights = torch.randn(len(got), *eps.shape, dtype=F64) * real.unsqueeze(-1)
+
+    def loss(outputs):
+        return sum((w * v.sin()).sum() for w, v in zip(weights, outputs))
+
+    params = [z0, a, d] + list(post.parameters()) + list(prior.parameters())
+    g_loop = torch.autograd.grad(loss(want), params, allow_unused=True)
+    g_fused = torch.autograd.grad(loss(got), params, allow_unused=True, retain_graph=True)
+    for g, w in zip(g_fused, g_loop):
+        if w is None:
+            assert g is None or not g.any()
+            continue
+        assert torch.allclose(g, w, rtol=1e-10, atol=1e-12)
+    # a loss on the padding alone gives no gradient to anything
+    pad_loss = sum((v.sin() * ~real.unsqueeze(-1)).sum() for v in got)
+    for g in torch.autograd.grad(pad_loss, params, allow_unused=True):
+        assert g is None or not g.any()
+
+
+@pytest.mark.parametrize("residual", [True, False])
+def test_ragged_gradcheck(residual):
+    post, prior, a, d, z0, eps = _inputs(B=3, T=4, Z=2, H=3, C=2, seed=8)
+    lengths = torch.tensor([2, 4, 1])
+    cq = post.project_context(a).detach().requires_grad_()
+    cp = prior.project_context(d).detach().requires_grad_()
+    wq = [w.detach().requires_grad_() for w in post.step_weights()]
+    wp = [w.detach().requires_grad_() for w in prior.step_weights()]
+    act = post.activation
+
+    def fn(z0, cq, wzq, whq, bhq, cp, wzp, whp, bhp):
+        p = (cp, wzp, whp, bhp) if residual else None
+        return srnn_guide_scan(z0, eps, (cq, wzq, whq, bhq), p, act, 1e-3, "softplus", lengths)
+
+    assert torch.autograd.gradcheck(fn, (z0, cq, *wq, cp, *wp))
+
+
+@pytest.mark.parametrize("lengths", [[4, 6, 0, 6], [4, 7, 1, 6], [4, 6, 1], [4.0, 6.0, 1.0, 6.0]])
+def test_ragged_lengths_errors(lengths):
+    post, prior, a, d, z0, eps = _inputs(B=4)
+    q = (post.project_context(a),) + post.step_weights()
+    with pytest.raises(ValueError, match="lengths must be"):
+        srnn_guide_scan(z0, eps, q, None, post.activation, lengths=torch.tensor(lengths))
+
+
 def test_errors_name_the_argument():
     post, prior, a, d, z0, eps = _inputs()
     q = (post.project_context(a),) + post.step_weights()
