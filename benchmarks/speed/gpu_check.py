@@ -24,6 +24,13 @@ failed):
   the CPU with one thread; the median of ``--epochs`` epochs after a few warm-up updates.
   JSB is ``--data``, else ``../shared/data/polyphonic/jsb_chorales.pickle``, else the built-in
   chorales. ``--smoke``: small models on random data, a few minibatches per epoch.
+* ``throughput``: sequences per second of one training step (SVI, Trace_ELBO, ClippedAdam,
+  Pyro validation off) of the same DMM and SRNN against the batch size (16 to 512; minibatches
+  drawn with replacement from the training sequences, the same draws on both devices), on the
+  device and on the CPU with one thread, the median of ``--throughput-steps`` steps after one
+  warm-up step, with a log-log figure ``<out>_throughput.png``. The curve shows where the
+  device stops being launch-bound (issue 26 asks for a 5x speed-up over one CPU core at the
+  papers' batch sizes).
 
 Usage (``--device cpu`` runs the same script; the tests run it with ``--smoke``)::
 
@@ -518,6 +525,130 @@ def check_timing(device, data_spec, smoke, epochs):
     return out
 
 
+# --------------------------------------------------------------------------- throughput
+THROUGHPUT_BATCH_SIZES = (16, 32, 64, 128, 256, 512)
+
+
+def throughput_batches(data, batch_sizes, steps, seed=0):
+    """``{batch size: [(x, mask), ...]}``: ``1 + steps`` padded minibatches per size, drawn with
+    replacement by a seeded generator (so batches larger than the data set exist, and every
+    device sees the same draws)."""
+    from pyro_seq.data import pad_sequences
+
+    g = torch.Generator().manual_seed(seed)
+    out = {}
+    for bs in batch_sizes:
+        draws = [torch.randint(len(data), (bs,), generator=g).tolist() for _ in range(1 + steps)]
+        out[bs] = [pad_sequences([data[i] for i in idx]) for idx in draws]
+    return out
+
+
+def time_steps(make_model, batches, device):
+    """One row per batch size: the median seconds of the timed training steps (after the first,
+    a warm-up), sequences and real time steps per second."""
+    from pyro.infer import SVI, Trace_ELBO
+    from pyro.optim import ClippedAdam
+
+    rows = []
+    for bs, minibatches in batches.items():
+        pyro.clear_param_store()
+        torch.manual_seed(0)
+        model = make_model().to(device)
+        svi = SVI(
+            model.model,
+            model.guide,
+            ClippedAdam({"lr": 1e-3, "clip_norm": 10.0}),
+            loss=Trace_ELBO(),
+        )
+        on_device = [(x.to(device), mask.to(device)) for x, mask in minibatches]
+        seconds = []
+        with pyro.validation_enabled(False):
+            for i, (x, mask) in enumerate(on_device):
+                synchronize(device)
+                start = time.perf_counter()
+                loss = svi.step(x, mask)
+                synchronize(device)
+                if not math.isfinite(loss):
+                    raise FloatingPointError(f"non-finite loss {loss} at batch size {bs}")
+                if i:  # the first step warms up (CUDA context, kernels, allocator)
+                    seconds.append(time.perf_counter() - start)
+        med = statistics.median(seconds)
+        real_steps = statistics.mean(float(mask.sum()) for _, mask in minibatches[1:])
+        rows.append(
+            {
+                "batch_size": bs,
+                "seconds_per_step": seconds,
+                "median_seconds_per_step": med,
+                "sequences_per_second": bs / med,
+                "real_steps_per_second": real_steps / med,
+            }
+        )
+        print(f"    batch {bs:4d}: {bs / med:9.1f} sequences/s on {device}", flush=True)
+    pyro.clear_param_store()
+    return rows
+
+
+def plot_throughput(curves, path):
+    """Sequences per second against batch size, log-log, one line per model and device."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5.5, 4))
+    for (model_name, where), rows in curves.items():
+        ax.plot(
+            [r["batch_size"] for r in rows],
+            [r["sequences_per_second"] for r in rows],
+            marker="o",
+            linestyle="-" if where == "device" else "--",
+            label=f"{model_name}, {where}",
+        )
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("batch size (sequences)")
+    ax.set_ylabel("training sequences per second")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def check_throughput(device, data_spec, smoke, steps, figure):
+    name, data = load_timing_data(data_spec, smoke)
+    sizes = (2, 4) if smoke else THROUGHPUT_BATCH_SIZES
+    batches = throughput_batches(data, sizes, steps)
+    out = {"data": name, "steps": steps, "cpu_threads": 1, "models": {}}
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    curves = {}
+    try:
+        for model_name, make_model in timing_models(smoke).items():
+            print(f"  {model_name}:", flush=True)
+            on_device = time_steps(make_model, batches, device)
+            on_cpu = (
+                on_device
+                if device.type == "cpu"
+                else time_steps(make_model, batches, torch.device("cpu"))
+            )
+            curves[(model_name, "device")] = on_device
+            curves[(model_name, "cpu")] = on_cpu
+            out["models"][model_name] = {
+                "device": on_device,
+                "cpu": on_cpu,
+                "cpu_over_device": [
+                    c["median_seconds_per_step"] / d["median_seconds_per_step"]
+                    for c, d in zip(on_cpu, on_device)
+                ],
+            }
+    finally:
+        torch.set_num_threads(threads)
+    plot_throughput(curves, figure)
+    out["figure"] = str(figure)
+    out["ok"] = True
+    return out
+
+
 # --------------------------------------------------------------------------- main
 def run_section(results, name, fn):
     print(f"{name}:", flush=True)
@@ -556,8 +687,15 @@ def main(argv=None):
         "../shared/data, else the built-in chorales; --smoke: random rolls)",
     )
     ap.add_argument(
+        "--throughput-steps",
+        type=int,
+        default=None,
+        help="timed training steps per batch size in the throughput section (default 3; 1 "
+        "with --smoke)",
+    )
+    ap.add_argument(
         "--sections",
-        default="grid,resume,device_errors,lgssm,timing",
+        default="grid,resume,device_errors,lgssm,timing,throughput",
         help="comma-separated subset of the sections to run",
     )
     ap.add_argument(
@@ -583,13 +721,14 @@ def main(argv=None):
         out = RESULTS / f"gpu_check_{tag}.json"
     epochs = args.epochs or (2 if args.smoke else 3)
     sections = [s.strip() for s in args.sections.split(",") if s.strip()]
-    known = ("grid", "resume", "device_errors", "lgssm", "timing")
+    known = ("grid", "resume", "device_errors", "lgssm", "timing", "throughput")
     if set(sections) - set(known):
         raise SystemExit(
             f"gpu_check: unknown sections {sorted(set(sections) - set(known))}; choose from {known}"
         )
 
     torch.set_num_threads(1)
+    out.parent.mkdir(parents=True, exist_ok=True)  # the throughput figure goes beside it
     started = time.perf_counter()
     results = {"benchmark": "gpu_check", "device": str(device), "smoke": args.smoke}
     with tempfile.TemporaryDirectory() as tmp:
@@ -600,6 +739,13 @@ def main(argv=None):
             "device_errors": lambda: check_device_errors(device),
             "lgssm": lambda: check_lgssm(device),
             "timing": lambda: check_timing(device, args.data, args.smoke, epochs),
+            "throughput": lambda: check_throughput(
+                device,
+                args.data,
+                args.smoke,
+                args.throughput_steps or (1 if args.smoke else 3),
+                out.with_name(out.stem + "_throughput.png"),
+            ),
         }
         for name in sections:
             if name == "grid":

@@ -86,6 +86,40 @@ def test_timing_reports_both_devices(report):
         assert row["median_device_seconds"] > 0 and row["median_cpu_seconds"] > 0
 
 
+def test_throughput_curve_is_consistent_and_drawn(report):
+    """Every model has one row per batch size on the device (the CPU here, so the CPU curve is
+    the same rows), sequences per second = batch size / median step time, a real-step rate no
+    larger than batch size x longest sequence, and the figure exists."""
+    curve = report["throughput"]
+    assert report["throughput"]["ok"] is True
+    assert set(curve["models"]) == {"dmm", "srnn"}
+    for entry in curve["models"].values():
+        rows = entry["device"]
+        assert [r["batch_size"] for r in rows] == [2, 4]
+        for r in rows:
+            assert len(r["seconds_per_step"]) == curve["steps"] == 1
+            assert math.isclose(r["median_seconds_per_step"], r["seconds_per_step"][0])
+            assert math.isclose(
+                r["sequences_per_second"], r["batch_size"] / r["seconds_per_step"][0]
+            )
+            assert 0 < r["real_steps_per_second"] <= r["sequences_per_second"] * 60
+        assert entry["cpu"] == rows and entry["cpu_over_device"] == [1.0, 1.0]
+    assert Path(curve["figure"]).is_file() and Path(curve["figure"]).stat().st_size > 0
+
+
+def test_throughput_batches_draw_the_same_minibatches_with_replacement():
+    gpu_check = load_script()
+    data = gpu_check.random_rolls(5, 3, 7, seed=0)
+    a = gpu_check.throughput_batches(data, (4, 8), steps=2, seed=3)
+    b = gpu_check.throughput_batches(data, (4, 8), steps=2, seed=3)
+    assert sorted(a) == [4, 8] and all(len(v) == 3 for v in a.values())
+    for bs in (4, 8):
+        for (x, m), (y, n) in zip(a[bs], b[bs]):
+            assert x.shape[0] == bs and torch.equal(x, y) and torch.equal(m, n)
+            lengths = sorted(int(v) for v in m.sum(-1))
+            assert set(lengths) <= {len(s) for s in data}  # drawn from the data, 8 > 5 rows
+
+
 def test_relative_error_measures_a_perturbation():
     gc = load_script()
     b = torch.tensor([[1.0, -2.0], [0.0, 4.0]], dtype=torch.float64)
