@@ -30,6 +30,8 @@ from pyro.distributions.torch_distribution import TorchDistribution
 from torch.distributions import constraints
 from torch.types import _size
 
+from pyro_seq.ops.linalg import broadcast_shapes
+
 __all__ = ["DiagonalNormalMixture", "broadcast_element_mask"]
 
 _HALF_LOG_2PI = 0.5 * torch.log(torch.tensor(2.0 * torch.pi, dtype=torch.float64)).item()
@@ -95,7 +97,7 @@ class DiagonalNormalMixture(TorchDistribution):
                 f"but loc {tuple(loc.shape)} and scale {tuple(scale.shape)} "
                 "(need (..., K, D) for both)"
             )
-        batch_shape = torch.broadcast_shapes(logits.shape[:-1], loc.shape[:-2], scale.shape[:-2])
+        batch_shape = broadcast_shapes(logits.shape[:-1], loc.shape[:-2], scale.shape[:-2])
         D = loc.shape[-1]
         self.logits = logits.expand(batch_shape + (K,))
         self.loc = loc.expand(batch_shape + (K, D))

@@ -64,6 +64,7 @@ from torch.distributions import constraints
 from torch.types import _size
 
 from pyro_seq.distributions.rbm_annealing import RBMAnnealing
+from pyro_seq.ops.linalg import broadcast_shapes
 
 __all__ = ["EnergyBasedDistribution", "RBM", "VISIBLE_TYPES", "VisibleUnits"]
 
@@ -256,8 +257,8 @@ class RBM(RBMAnnealing, EnergyBasedDistribution):
                 )
             shapes.append(visible_mask.shape[:-1])
         try:
-            batch_shape = torch.broadcast_shapes(*shapes)
-        except RuntimeError as e:
+            batch_shape = broadcast_shapes(*shapes)
+        except ValueError as e:
             raise ValueError(
                 f"batch dimensions of W, visible_bias, hidden_bias and visible_mask "
                 f"do not broadcast: {[tuple(s) for s in shapes]}"
@@ -596,7 +597,7 @@ class RBM(RBMAnnealing, EnergyBasedDistribution):
         if observed.dtype != torch.bool or observed.shape[-1] != self.num_visible:
             raise ValueError(f"observed must be a bool tensor ending in V = {self.num_visible}")
         h = self._hidden_configurations()
-        batch = torch.broadcast_shapes(
+        batch = broadcast_shapes(
             value.shape[: value.dim() - len(self.event_shape)],
             observed.shape[:-1],
             self.batch_shape,

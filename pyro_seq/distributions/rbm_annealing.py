@@ -22,6 +22,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Optional, Sequence, Union
 import torch
 import torch.nn.functional as F
 
+from pyro_seq.ops.linalg import broadcast_shapes
+
 __all__ = ["AISResult", "RBMAnnealing"]
 
 
@@ -198,7 +200,7 @@ class RBMAnnealing:
         """
         path, c0 = self._annealing_path(num_betas, betas, base_visible_bias, num_chains)
         value = self._masked_value(torch.as_tensor(value, dtype=self.visible_bias.dtype))
-        batch = torch.broadcast_shapes(
+        batch = broadcast_shapes(
             value.shape[: value.dim() - len(self.event_shape)], self.batch_shape
         )
         v = value.expand(torch.Size([num_chains]) + batch + self.event_shape)

@@ -54,6 +54,8 @@ from torch.distributions import Independent, constraints, register_kl
 from torch.distributions.utils import broadcast_all
 from torch.types import _size
 
+from pyro_seq.ops.linalg import broadcast_shapes
+
 __all__ = ["WienerProcess", "kl_diagonal_normal_wiener", "wiener_increments", "wiener_transition"]
 
 
@@ -67,7 +69,7 @@ def wiener_increments(z: torch.Tensor, z0: Optional[torch.Tensor] = None) -> tor
     if z0 is None:
         z0 = torch.zeros_like(z[..., 0, :])
     first = z0.unsqueeze(-2)
-    shape = torch.broadcast_shapes(z.shape[:-2], first.shape[:-2])
+    shape = broadcast_shapes(z.shape[:-2], first.shape[:-2])
     T, Z = z.shape[-2:]
     previous = torch.cat(
         [first.expand(shape + (1, Z)), z[..., :-1, :].expand(shape + (T - 1, Z))], dim=-2

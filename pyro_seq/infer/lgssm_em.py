@@ -121,6 +121,7 @@ import torch
 
 from pyro_seq.ops.kalman import kalman_filter, kalman_smoother
 from pyro_seq.ops.lgssm import LGSSMParams
+from pyro_seq.ops.linalg import broadcast_shapes
 from pyro_seq.ops.linalg import sym as _sym
 from pyro_seq.validation import as_bool_mask, check_device
 
@@ -290,8 +291,8 @@ def _normalize_mask(mask, x, step_mask=None, observation_mask=None):
             )
     batch = mask.shape[:-2] if per_element else mask.shape[:-1]
     try:
-        torch.broadcast_shapes(batch, x.shape[:-2])
-    except RuntimeError:
+        broadcast_shapes(batch, x.shape[:-2])
+    except ValueError:
         how = "(*batch, T, D) per element" if per_element else "(*batch, T) per step"
         raise ValueError(
             f"mask of shape {tuple(mask.shape)}, read as {how} with T={T}, D={D}: its batch shape "
@@ -307,7 +308,7 @@ def _ops_mask(kind, mask, x):
         return None
     if kind == "step":
         mask = mask.unsqueeze(-1)
-    return mask.expand(torch.broadcast_shapes(mask.shape, x.shape))
+    return mask.expand(broadcast_shapes(mask.shape, x.shape))
 
 
 def _check_structure(structure, R):

@@ -100,6 +100,7 @@ from pyro_seq.models.handlers import (
     sole_replay,
 )
 from pyro_seq.nn.init import bernoulli_output_layer, init_output_bias, init_weights
+from pyro_seq.ops.linalg import broadcast_shapes
 from pyro_seq.ops.state import SequenceState
 from pyro_seq.validation import (
     module_device,
@@ -297,7 +298,7 @@ def on_real_steps(
 
 def stack_time(values: Sequence[torch.Tensor]) -> torch.Tensor:
     """Stack per-step tensors ``(..., F)`` into ``(..., T, F)`` after broadcasting them."""
-    shape = torch.broadcast_shapes(*(v.shape for v in values))
+    shape = broadcast_shapes(*(v.shape for v in values))
     return torch.stack([v.expand(shape) for v in values], dim=-2)
 
 

@@ -27,6 +27,7 @@ from pyro_seq.models.gtmsm_inputs import ActionProgram as ActionProgram
 from pyro_seq.nn import MLP, cat_broadcast
 from pyro_seq.nn.conv import FRAME_NETWORKS
 from pyro_seq.nn.memory import DND, nearest_earlier
+from pyro_seq.ops.linalg import broadcast_shapes
 
 __all__ = [
     "ActionProgram",
@@ -188,7 +189,7 @@ class GTMSMTransition:
         ``M``: :meth:`displacement_matrix` (computed here when None; loops pass it once)."""
         d = a @ (self.displacement_matrix() if M is None else M).T
         if self.rotation:
-            d = d.expand(torch.broadcast_shapes(d.shape, s_prev.shape))
+            d = d.expand(broadcast_shapes(d.shape, s_prev.shape))
             c, s = torch.cos(s_prev[..., 2]), torch.sin(s_prev[..., 2])
             d = torch.stack(
                 [c * d[..., 0] - s * d[..., 1], s * d[..., 0] + c * d[..., 1], d[..., 2]], -1
@@ -349,7 +350,7 @@ class GTMSMMemories:
         # only the landmark inference merges, and GTMSM(inference="landmark") builds landmark_var
         correction = self.landmark_var(features) * valid.any(-1, keepdim=True).to(mu_p.dtype)  # type: ignore[misc]
         var_q = var_p * torch.exp(correction)
-        return mu_q, var_q.expand(torch.broadcast_shapes(mu_q.shape, var_q.shape))
+        return mu_q, var_q.expand(broadcast_shapes(mu_q.shape, var_q.shape))
 
     def landmark_path(
         self, actions: torch.Tensor, codes: torch.Tensor

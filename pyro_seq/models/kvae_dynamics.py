@@ -21,6 +21,7 @@ from pyro_seq.ops.kalman import (
     kalman_update,
     psd_sqrt,
 )
+from pyro_seq.ops.linalg import broadcast_shapes
 from pyro_seq.ops.linalg import mv as _mv
 from pyro_seq.validation import validate_inputs, validate_mask
 
@@ -73,7 +74,7 @@ class DynamicsNetwork(nn.Module):
         self, a_prev: torch.Tensor, hidden: Tuple[torch.Tensor, torch.Tensor]
     ) -> Tuple[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
         h, c = hidden
-        lead = torch.broadcast_shapes(a_prev.shape[:-1], h.shape[:-1], c.shape[:-1])
+        lead = broadcast_shapes(a_prev.shape[:-1], h.shape[:-1], c.shape[:-1])
         flat = [v.expand(lead + v.shape[-1:]).reshape(1, -1, v.shape[-1]) for v in (a_prev, h, c)]
         out, (h, c) = self.lstm(flat[0].transpose(0, 1), (flat[1], flat[2]))
         h = h.reshape(lead + (self.hidden_dim,))

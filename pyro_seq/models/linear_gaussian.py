@@ -47,6 +47,7 @@ import torch.nn.functional as F
 from pyro_seq.models.base import SequenceModel, check_sequences
 from pyro_seq.models.contract import example
 from pyro_seq.ops.kalman import covariance_problem, kalman_filter
+from pyro_seq.ops.linalg import broadcast_shapes
 from pyro_seq.ops.linalg import sym as _sym
 from pyro_seq.ops.state import SequenceState
 from pyro_seq.validation import positive_int, validate_generate_args
@@ -239,7 +240,7 @@ class LinearGaussianSequenceModel(SequenceModel):
         seen = state.shared.get("observed")
         m_x = m_t if seen is None else m_t & seen[:, t].all(-1)
         loc = self._prior_loc(state, t, "z")
-        loc = loc.expand(torch.broadcast_shapes(loc.shape, (x.shape[0], self.state_dim)))
+        loc = loc.expand(broadcast_shapes(loc.shape, (x.shape[0], self.state_dim)))
         z = pyro.sample(
             f"z_{t + 1}", dist.MultivariateNormal(loc, scale_tril=self._prior_tril(t)).mask(m_t)
         )
@@ -310,7 +311,7 @@ class LinearGaussianSequenceModel(SequenceModel):
                 state.shared["tril"][:, t],
             )
             loc = _matvec(G, prior_loc) + g
-        loc = loc.expand(torch.broadcast_shapes(loc.shape, (batch, self.state_dim)))
+        loc = loc.expand(broadcast_shapes(loc.shape, (batch, self.state_dim)))
         z = pyro.sample(f"z_{t + 1}", dist.MultivariateNormal(loc, scale_tril=tril).mask(m_t))
         state["guide_z"] = z
 

@@ -95,6 +95,7 @@ from pyro_seq.nn import (
     emission_dropout,
 )
 from pyro_seq.nn.ragged import pack_ragged, previous_rows, step_offsets
+from pyro_seq.ops.linalg import broadcast_shapes
 from pyro_seq.ops.state import SequenceState
 from pyro_seq.validation import positive_int, validate_generate_args
 
@@ -235,7 +236,7 @@ class StepRNN(nn.Module):
         self.cell, self.input_dim, self.hidden_dim = cell, input_dim, hidden_dim
 
     def step(self, u, h):
-        shape = torch.broadcast_shapes(u.shape[:-1], h.shape[:-1])
+        shape = broadcast_shapes(u.shape[:-1], h.shape[:-1])
         r = self.rnn
         out = self._cell(
             u.expand(shape + u.shape[-1:]).reshape(-1, u.shape[-1]),
@@ -261,7 +262,7 @@ class StepRNN(nn.Module):
         step). ``"gru"``, and ``"tanh"`` on other devices (cuDNN), run torch's RNN over the
         padded batch.
         """
-        shape = torch.broadcast_shapes(u.shape[:-2], h0.shape[:-1])
+        shape = broadcast_shapes(u.shape[:-2], h0.shape[:-1])
         T = u.shape[-2]
         inputs = u.expand(shape + u.shape[-2:]).reshape(-1, T, u.shape[-1])
         init = h0.expand(shape + h0.shape[-1:]).reshape(-1, h0.shape[-1])

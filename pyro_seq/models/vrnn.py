@@ -83,6 +83,7 @@ from pyro_seq.models.base import SequenceModel, masked, normal
 from pyro_seq.models.contract import example
 from pyro_seq.models.emission import check_emission_options, make_emission, stack_params
 from pyro_seq.nn import MLP, BackwardRNN, GaussianHead, GaussianMLP, cat_broadcast
+from pyro_seq.ops.linalg import broadcast_shapes
 from pyro_seq.ops.state import SequenceState
 from pyro_seq.validation import positive_int, validate_generate_args, validate_input_dim
 
@@ -115,7 +116,7 @@ class Recurrence(nn.Module):
     def forward(
         self, inputs: torch.Tensor, hidden: Sequence[torch.Tensor]
     ) -> Tuple[torch.Tensor, ...]:
-        lead = torch.broadcast_shapes(inputs.shape[:-1], *(h.shape[:-1] for h in hidden))
+        lead = broadcast_shapes(inputs.shape[:-1], *(h.shape[:-1] for h in hidden))
         flat_in = inputs.expand(lead + inputs.shape[-1:]).reshape(-1, inputs.shape[-1])
         flat_h = [h.expand(lead + h.shape[-1:]).reshape(-1, self.hidden_dim) for h in hidden]
         if self.cell_type == "lstm":

@@ -5,6 +5,8 @@ import operator
 import torch
 import torch.nn as nn
 
+from pyro_seq.ops.linalg import broadcast_shapes
+
 
 class ClippedLeakyReLU(nn.Module):
     """Leaky ReLU clipped to ``[-clip, clip]`` (SRNN supplementary: leakiness 1/3, clip 3)."""
@@ -107,5 +109,5 @@ def cat_broadcast(tensors, dim=-1):
 
     Lets a per-particle tensor ``(K, batch, a)`` be joined with a shared one ``(batch, b)``.
     """
-    shape = torch.broadcast_shapes(*(t.shape[:-1] for t in tensors))
+    shape = broadcast_shapes(*(t.shape[:-1] for t in tensors))
     return torch.cat([t.expand(shape + t.shape[-1:]) for t in tensors], dim=dim)

@@ -70,7 +70,7 @@ from typing import NamedTuple
 import torch
 
 from pyro_seq.ops.lgssm import element_mask, observed_finite
-from pyro_seq.ops.linalg import jitter_cholesky, psd_solve, sym
+from pyro_seq.ops.linalg import broadcast_shapes, jitter_cholesky, psd_solve, sym
 
 __all__ = [
     "GaussianFilterResult",
@@ -189,7 +189,7 @@ def _prepare(x, mask, initial_loc, initial_cov, transition_cov, observation_cov)
             raise ValueError(
                 f"{name}: time dim (dim -3) must have size 1 or T={T}, got {tuple(p.shape)}"
             )
-    batch_shape = torch.broadcast_shapes(
+    batch_shape = broadcast_shapes(
         x.shape[:-2],
         mask.shape[:-2],
         initial_loc.shape[:-1],
@@ -225,7 +225,7 @@ def _measurement_update(m_pred, P_pred, x_t, obs_mean, P_zx, P_xx, R, observed):
     S_t = sym(P_xx * both + R)
     L = _cholesky(S_t, "the innovation covariance C Sigma_{t|t-1} C^T + R")
     r = ((x_t - obs_mean) * obs).unsqueeze(-1)  # (..., D, 1)
-    batch = torch.broadcast_shapes(L.shape[:-2], r.shape[:-2], P_zx.shape[:-2])
+    batch = broadcast_shapes(L.shape[:-2], r.shape[:-2], P_zx.shape[:-2])
     L = L.expand(batch + (D, D))
     W = torch.linalg.solve_triangular(L, _mT(P_zx).expand(batch + (D, P_zx.shape[-2])), upper=False)
     v = torch.linalg.solve_triangular(L, r.expand(batch + (D, 1)), upper=False)

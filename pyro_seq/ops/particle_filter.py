@@ -37,6 +37,7 @@ from typing import NamedTuple
 
 import torch
 
+from pyro_seq.ops.linalg import broadcast_shapes
 from pyro_seq.ops.resampling import (
     DEFAULT_RESAMPLING,
     check_resampling_args,
@@ -191,7 +192,7 @@ def bootstrap_particle_filter(
     if mask is None:
         mask = torch.ones(batch_shape + (T,), dtype=torch.bool, device=x.device)
     mask = mask.to(torch.bool)
-    batch_shape = torch.broadcast_shapes(batch_shape, mask.shape[:-1], initial_dist.batch_shape)
+    batch_shape = broadcast_shapes(batch_shape, mask.shape[:-1], initial_dist.batch_shape)
     mask = mask.expand(batch_shape + (T,))
     x = torch.where(mask.unsqueeze(-1), x, torch.zeros((), dtype=x.dtype, device=x.device))
 
