@@ -62,6 +62,14 @@ reads the history). When model and guide share one state (FIVO), the guide's ste
 ``phi_z(z_t)`` and ``d_{t+1}`` in ``state.shared``, and the model step reuses them if it sampled
 the same ``z_t`` from the same ``d_t`` (checked), so the recurrence runs once per step.
 
+Time-parallel scoring (:mod:`pyro_seq.models.base`). Inside a Pyro ELBO the model is replayed
+against the guide's trace, so every ``z_t`` is fixed and ``d_{1:T}`` follow from them; the guide
+computed exactly these states at exactly these samples. The model then takes them from the
+guide's record (``shared_with_guide``; recomputed with the recurrence when the weights changed
+in between or the values are not the guide's) and evaluates the prior, ``phi_z`` and the
+emission once over all steps, emitting the same per-step sites as the step loop (tested against
+it in float64: log-densities, ELBO and gradients, also under IWAE's particle plate).
+
 Defaults. Chung et al. (2015) report speech and handwriting only; for polyphonic music the
 VRNN was trained by Maddison et al. (2017, FIVO; the application the thesis cites for
 particle-filter bounds), whose piano-roll configuration sets every size to the latent size 64
@@ -79,7 +87,14 @@ import pyro
 import torch
 import torch.nn as nn
 
-from pyro_seq.models.base import SequenceModel, masked, normal
+from pyro_seq.models.base import (
+    SequenceModel,
+    Step,
+    masked,
+    normal,
+    on_real_steps,
+    stack_time,
+)
 from pyro_seq.models.contract import example
 from pyro_seq.models.emission import check_emission_options, make_emission, stack_params
 from pyro_seq.nn import MLP, BackwardRNN, GaussianHead, GaussianMLP, cat_broadcast
@@ -162,6 +177,12 @@ class VRNN(SequenceModel):
 
     module_name = "vrnn"
     small_example = example(d_dim=4, z_dim=2, hidden_dim=4, feature_dim=4)
+    #: a replayed model scores every step at once (module docstring, "Time-parallel scoring")
+    time_parallel = True
+    #: ``phi_x(x_{1:T})`` and, through the guide's record, ``d_{1:T}`` (``models.base``,
+    #: "Sharing with the guide")
+    shared_with_guide = ("phi_x",)
+    shared_with_guide_modules = ("phi_x", "phi_z", "recurrence")
 
     def __init__(
         self,
@@ -265,10 +286,14 @@ class VRNN(SequenceModel):
     def model_init(self, state: SequenceState, x: torch.Tensor, mask: torch.Tensor) -> None:
         self._features_x(state, x)  # set by guide_init when both share a state (FIVO)
         self._write_hidden(state, "", self._first_hidden(x, x.shape[0], self._input_at(state, 0)))
+        state["z"] = x.new_zeros(x.shape[0], self.z_dim)  # z_0 = 0, the latent history's start
 
-    def model_step(  # type: ignore[override]  # time_parallel is False: t is never a slice
-        self, state: SequenceState, t: int, x: torch.Tensor, mask: torch.Tensor
+    def model_step(
+        self, state: SequenceState, t: Step, x: torch.Tensor, mask: torch.Tensor
     ) -> None:
+        if isinstance(t, slice):
+            self._model_all_steps(state, x, mask)
+            return
         hidden = self._read_hidden(state, "")
         d = hidden[0]
         z = self.sample_latent(state, "z", t, normal, self.prior(d), mask)
@@ -279,6 +304,42 @@ class VRNN(SequenceModel):
         if not last:
             nxt = self._next_hidden(state, t, phi_z, hidden) if cached is None else cached[1]
             self._write_hidden(state, "", nxt)
+        state["z"] = z
+
+    def _model_all_steps(self, state: SequenceState, x: torch.Tensor, mask: torch.Tensor) -> None:
+        """Every model step at once, when a replay fixes ``z_{1:T}`` (time-parallel scoring of
+        :mod:`pyro_seq.models.base`): the deterministic states ``d_{1:T}`` then follow from
+        ``z_{<t}``, and the guide computed them at the very same samples; they are taken from its
+        record (:meth:`~pyro_seq.models.base.GuideRecord.steps_at`), or else recomputed with the
+        recurrence step by step. The prior, ``phi_z`` and the emission then run once over all
+        steps (the real ones for the prior and the emission), and one site per step is emitted
+        as in the step loop."""
+        zs = state.replayed["z"]
+        # z_{0:T-1}; z_0 = 0 unexpanded, as the guide's record holds it (also under particles)
+        history = [x.new_zeros(x.shape[0], self.z_dim)] + zs[:-1]
+        hidden = None
+        if state.guide_record is not None:
+            hidden = state.guide_record.steps_at("hidden", history)
+        z = stack_time(zs)
+        phi_z = self.phi_z(z)  # phi_z(z_t) for every step, (..., B, T, feature_dim)
+        if hidden is None:
+            hidden = self._recurrence_over(state, x, phi_z)
+        d = hidden[0]
+        loc, scale = on_real_steps(self.prior, d, mask)
+        self.sample_latent(state, "z", slice(None), normal, (loc, scale), mask)
+        self.observe(state, slice(None), x, mask, cat_broadcast([phi_z, d]))
+
+    def _recurrence_over(self, state, x, phi_z):
+        """``d_{1:T}`` (and LSTM cells) for the latent path with features ``phi_z(z_{1:T})``,
+        stacked with time at dim -2: ``d_1`` from the zero start, then ``d_{t+1} = f(d_t,
+        [phi_x(x_t), phi_z(z_t)])``."""
+        hidden = self._read_hidden(state, "")  # d_1 from model_init
+        steps = [hidden]
+        phi_z_steps = phi_z.unbind(-2)
+        for t in range(x.shape[1] - 1):
+            hidden = self._next_hidden(state, t, phi_z_steps[t], hidden)
+            steps.append(hidden)
+        return tuple(stack_time(list(h)) for h in zip(*steps))
 
     @staticmethod
     def _from_guide(state, t, z, hidden):
@@ -303,11 +364,15 @@ class VRNN(SequenceModel):
         self._write_hidden(
             state, "guide_", self._first_hidden(x, x.shape[0], self._input_at(state, 0))
         )
+        state["guide_z"] = x.new_zeros(x.shape[0], self.z_dim)  # z_0 = 0
 
     def guide_step(self, state: SequenceState, t: int, x: torch.Tensor, mask: torch.Tensor) -> None:
         hidden = self._read_hidden(state, "guide_")
+        if state.guide_record is not None:  # a time-parallel model run reuses d_t at z_{t-1}
+            state.guide_record.append("hidden", state["guide_z"], hidden)
         loc, scale = self.posterior(hidden[0], state.shared_at("posterior_context", t))
         z = pyro.sample(f"z_{t + 1}", masked(normal(loc, scale), mask[:, t]))
+        state["guide_z"] = z
         if t + 1 < x.shape[1]:
             phi_z = self.phi_z(z)
             nxt = self._next_hidden(state, t, phi_z, hidden)

@@ -294,7 +294,9 @@ def test_fivo_resamples_d_with_the_particles(inference, kind, monkeypatch):
     with record:
         log_z, _ = fivo.log_z(m.model, m.guide, x, mask)
     assert len(events) == T - 1
-    keys = ["d", "guide_d"] + (["c", "guide_c"] if kind == "lstm" else [])
+    # d_t (and the LSTM cell) of both programs, and the latest z_t of each (the latent history
+    # that a time-parallel model run starts from)
+    keys = ["d", "guide_d", "z", "guide_z"] + (["c", "guide_c"] if kind == "lstm" else [])
     identity = torch.arange(K).unsqueeze(-1).expand(K, B)
     assert any(not torch.equal(a, identity) for a, _, _ in events)  # resampling moved particles
     for ancestors, before, after in events:
