@@ -161,7 +161,8 @@ class SRNN(SequenceModel):
         loc_scale = prior_from_guide(state, t)
         if loc_scale is None and isinstance(t, slice) and state.guide_record is not None:
             # Res_q: the guide computed p(z_t | z_{t-1}, d_t) at every z_{t-1} of this history
-            history = [state["z"][..., 0, :]] + state.replayed["z"][:-1]
+            # z_0 = 0 unexpanded, as the guide recorded it (also under a particle plate)
+            history = [x.new_zeros(x.shape[0], self.z_dim)] + state.replayed["z"][:-1]
             loc_scale = state.guide_record.steps_at("prior", history)
         if loc_scale is None:
             loc_scale = self.prior(

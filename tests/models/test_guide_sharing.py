@@ -151,3 +151,38 @@ def test_replayed_values_not_the_guide_samples_use_a_fresh_prior(monkeypatch):
     shared = _replayed_log_probs(m, g, x, mask)
     assert calls["deterministic"] == 0 and calls["prior"] == 1
     _assert_same(shared, _recomputed_log_probs(m, g, x, mask))
+
+
+@pytest.mark.parametrize("vectorized", ["iwae", "trace_elbo"])
+def test_the_res_q_priors_are_shared_under_a_particle_plate(monkeypatch, vectorized):
+    """Under the vectorised particle plate (IWAE, Trace_ELBO with vectorised particles) the
+    model also reuses the fused guide's priors: no prior network call, and the loss and every
+    gradient of the recomputing model."""
+    from pyro_seq.infer import IWAE
+
+    m = _model(residual=True)
+    x, mask = _batch()
+
+    def run(share):
+        if not share:
+            m.shared_with_guide = ()
+        if vectorized == "iwae":
+            elbo = IWAE(num_particles=3, max_plate_nesting=1)
+        else:
+            elbo = Trace_ELBO(num_particles=3, vectorize_particles=True, max_plate_nesting=1)
+        pyro.set_rng_seed(3)
+        m.zero_grad()
+        loss = elbo.differentiable_loss(m.model, m.guide, x, mask)
+        loss.backward()
+        if not share:
+            del m.shared_with_guide
+        return loss.item(), [p.grad.clone() for p in m.parameters()]
+
+    calls = _count_calls(monkeypatch, m)
+    loss_a, grads_a = run(True)
+    shared_prior_calls = calls["prior"]
+    loss_b, grads_b = run(False)
+    assert shared_prior_calls == 0 and calls["prior"] == 1
+    assert loss_a == pytest.approx(loss_b, rel=1e-12, abs=1e-12)
+    for a, b in zip(grads_a, grads_b):
+        assert torch.allclose(a, b, rtol=1e-9, atol=1e-12)
