@@ -22,7 +22,7 @@ Values and gradients equal the per-step loop's to rounding (tested in float64 wi
 import torch
 from torch.nn.functional import softplus
 
-from pyro_seq.nn.ragged import pack_ragged, previous_rows, step_offsets
+from pyro_seq.nn.ragged import check_lengths, pack_ragged, previous_rows, step_offsets
 
 
 class _CombinerScan(torch.autograd.Function):
@@ -145,11 +145,6 @@ def combiner_scan(z0, a, eps, w_z, b_z, w_h, b_h, min_scale, lengths=None):
         )
     if lengths is None:
         lengths = torch.full((B,), T, dtype=torch.long, device=eps.device)
-    elif (
-        lengths.shape != (B,)
-        or lengths.dtype.is_floating_point
-        or bool((lengths < 1).any())
-        or bool((lengths > T).any())
-    ):
-        raise ValueError(f"combiner_scan: lengths must be (batch,) integers in [1, {T}]")
+    else:
+        check_lengths(lengths, B, T, "combiner_scan")
     return _CombinerScan.apply(z0, a, eps.detach(), w_z, b_z, w_h, b_h, float(min_scale), lengths)

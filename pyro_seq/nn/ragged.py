@@ -12,7 +12,7 @@ from typing import List, Sequence, Tuple
 
 import torch
 
-__all__ = ["pack_ragged", "previous_rows", "sequence_lengths", "step_offsets"]
+__all__ = ["check_lengths", "pack_ragged", "previous_rows", "sequence_lengths", "step_offsets"]
 
 
 def pack_ragged(lengths: torch.Tensor, T: int) -> Tuple[torch.Tensor, List[int], torch.Tensor]:
@@ -28,6 +28,18 @@ def pack_ragged(lengths: torch.Tensor, T: int) -> Tuple[torch.Tensor, List[int],
     active = torch.arange(int(sorted_len[0]), device=lengths.device).unsqueeze(-1) < sorted_len
     t_idx, rank = active.nonzero(as_tuple=True)  # step-major, then sorted rank
     return order, active.sum(-1).tolist(), order[rank] * T + t_idx
+
+
+def check_lengths(lengths: torch.Tensor, B: int, T: int, caller: str) -> None:
+    """``ValueError`` naming ``caller`` unless ``lengths`` is a ``(B,)`` integer tensor with
+    values in ``[1, T]``."""
+    if (
+        lengths.shape != (B,)
+        or lengths.dtype.is_floating_point
+        or bool((lengths < 1).any())
+        or bool((lengths > T).any())
+    ):
+        raise ValueError(f"{caller}: lengths must be (batch,) integers in [1, {T}]")
 
 
 def step_offsets(counts: Sequence[int]) -> List[int]:

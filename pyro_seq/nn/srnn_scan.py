@@ -35,7 +35,7 @@ from torch.autograd.function import once_differentiable
 from torch.nn.functional import leaky_relu, softplus
 
 from pyro_seq.nn.mlp import ClippedLeakyReLU
-from pyro_seq.nn.ragged import pack_ragged
+from pyro_seq.nn.ragged import check_lengths, pack_ragged
 
 #: the threshold above which :func:`torch.nn.functional.softplus` is the identity (beta 1)
 _SOFTPLUS_THRESHOLD = 20.0
@@ -330,13 +330,7 @@ def srnn_guide_scan(
         return _SRNNGuideScan.apply(
             z0, eps.detach(), *q, *p, activation, d_act, float(min_scale), variance, counts
         )
-    if (
-        lengths.shape != (B,)
-        or lengths.dtype.is_floating_point
-        or bool((lengths < 1).any())
-        or bool((lengths > T).any())
-    ):
-        raise ValueError(f"srnn_guide_scan: lengths must be (batch,) integers in [1, {T}]")
+    check_lengths(lengths, B, T, "srnn_guide_scan")
     order, counts, _ = pack_ragged(lengths, T)
     rows = lambda v: None if v is None else v.index_select(0, order)  # noqa: E731
     q = (rows(q[0]),) + tuple(q[1:])

@@ -96,6 +96,16 @@ def test_replayed_model_scores_every_step_as_the_step_loop(variant, monkeypatch)
             assert torch.allclose(tr.nodes[name]["log_prob"], want, rtol=1e-12, atol=1e-12), name
 
 
+def _assert_same_log_probs(parallel, loop, shape=None):
+    parallel.compute_log_prob()
+    loop.compute_log_prob()
+    for name, site in loop.nodes.items():
+        if name.startswith(("z_", "x_")):
+            got = parallel.nodes[name]["log_prob"]
+            assert shape is None or got.shape == shape
+            assert torch.allclose(got, site["log_prob"], rtol=1e-12, atol=1e-12), name
+
+
 def _loss_and_grads(m, x, mask, kw, elbo, wrap=None):
     model, guide = (m.model, m.guide) if wrap is None else (wrap(m.model), wrap(m.guide))
     pyro.set_rng_seed(5)
@@ -141,12 +151,7 @@ def test_the_record_serves_under_a_vectorised_particle_plate(variant, monkeypatc
         assert len(calls) == 1
         with _StepLoop(m):
             loop = poutine.trace(poutine.replay(m.model, trace=guide_tr)).get_trace(x, mask)
-    parallel.compute_log_prob()
-    loop.compute_log_prob()
-    for name, site in loop.nodes.items():
-        if name.startswith(("z_", "x_")):
-            got = parallel.nodes[name]["log_prob"]
-            assert got.shape == (3, 4) and torch.allclose(got, site["log_prob"], atol=1e-12)
+    _assert_same_log_probs(parallel, loop, shape=(3, 4))
 
 
 def test_weights_changed_after_the_guide_are_not_stale(monkeypatch):
@@ -162,8 +167,4 @@ def test_weights_changed_after_the_guide_are_not_stale(monkeypatch):
     assert len(calls) == x.shape[1]  # recomputed: d_1 and T - 1 steps
     with _StepLoop(m):
         loop = poutine.trace(poutine.replay(m.model, trace=guide_tr)).get_trace(x, mask)
-    parallel.compute_log_prob()
-    loop.compute_log_prob()
-    for name, site in loop.nodes.items():
-        if name.startswith(("z_", "x_")):
-            assert torch.allclose(parallel.nodes[name]["log_prob"], site["log_prob"], atol=1e-12)
+    _assert_same_log_probs(parallel, loop)

@@ -60,8 +60,10 @@ def test_gradients_equal_autograd_of_the_loop():
         assert torch.allclose(got, want, rtol=1e-10, atol=1e-12)
 
 
-def test_gradcheck():
-    comb, z0, a, eps = _inputs(B=2, T=3, Z=2, H=3, seed=2)
+@pytest.mark.parametrize("lengths", [None, [2, 4, 1]], ids=["full", "ragged"])
+def test_gradcheck(lengths):
+    comb, z0, a, eps = _inputs(B=3, T=4, Z=2, H=3, seed=2)
+    lengths = None if lengths is None else torch.tensor(lengths)
     w_h, b_h = comb.stacked_heads()
     args = (
         z0,
@@ -72,7 +74,8 @@ def test_gradcheck():
         b_h.detach().requires_grad_(),
     )
     assert torch.autograd.gradcheck(
-        lambda z0, a, wz, bz, wh, bh: combiner_scan(z0, a, eps, wz, bz, wh, bh, 1e-3), args
+        lambda z0, a, wz, bz, wh, bh: combiner_scan(z0, a, eps, wz, bz, wh, bh, 1e-3, lengths),
+        args,
     )
 
 
@@ -130,24 +133,6 @@ def test_ragged_gradients_equal_the_loop_with_the_padding_masked():
         assert torch.allclose(got, want, rtol=1e-10, atol=1e-12)
     padded_a_grad = g_fused[1][~real.squeeze(-1).bool()]
     assert padded_a_grad.shape == (6, 6) and not padded_a_grad.any()
-
-
-def test_ragged_gradcheck():
-    comb, z0, a, eps = _inputs(B=3, T=4, Z=2, H=3, seed=5)
-    lengths = torch.tensor([2, 4, 1])
-    w_h, b_h = comb.stacked_heads()
-    args = (
-        z0,
-        a,
-        comb.z_to_hidden.weight.detach().requires_grad_(),
-        comb.z_to_hidden.bias.detach().requires_grad_(),
-        w_h.detach().requires_grad_(),
-        b_h.detach().requires_grad_(),
-    )
-    assert torch.autograd.gradcheck(
-        lambda z0, a, wz, bz, wh, bh: combiner_scan(z0, a, eps, wz, bz, wh, bh, 1e-3, lengths),
-        args,
-    )
 
 
 @pytest.mark.parametrize(

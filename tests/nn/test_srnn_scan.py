@@ -117,8 +117,10 @@ def test_the_hidden_units_visit_every_piece_of_the_activation():
 
 @pytest.mark.parametrize("residual", [True, False])
 @pytest.mark.parametrize("variance", ["softplus", "log"])
-def test_gradcheck(residual, variance):
-    post, prior, a, d, z0, eps = _inputs(B=2, T=3, Z=2, H=3, C=2, variance=variance, seed=2)
+@pytest.mark.parametrize("lengths", [None, [2, 4, 1]], ids=["full", "ragged"])
+def test_gradcheck(residual, variance, lengths):
+    post, prior, a, d, z0, eps = _inputs(B=3, T=4, Z=2, H=3, C=2, variance=variance, seed=2)
+    lengths = None if lengths is None else torch.tensor(lengths)
     cq = post.project_context(a).detach().requires_grad_()
     cp = prior.project_context(d).detach().requires_grad_()
     wq = [w.detach().requires_grad_() for w in post.step_weights()]
@@ -127,7 +129,7 @@ def test_gradcheck(residual, variance):
 
     def fn(z0, cq, wzq, whq, bhq, cp, wzp, whp, bhp):
         p = (cp, wzp, whp, bhp) if residual else None
-        return srnn_guide_scan(z0, eps, (cq, wzq, whq, bhq), p, act, 1e-3, variance)
+        return srnn_guide_scan(z0, eps, (cq, wzq, whq, bhq), p, act, 1e-3, variance, lengths)
 
     assert torch.autograd.gradcheck(fn, (z0, cq, *wq, cp, *wp))
 
@@ -169,23 +171,6 @@ def test_ragged_values_and_gradients_equal_the_loop_on_real_steps(residual, vari
     pad_loss = sum((v.sin() * ~real.unsqueeze(-1)).sum() for v in got)
     for g in torch.autograd.grad(pad_loss, params, allow_unused=True):
         assert g is None or not g.any()
-
-
-@pytest.mark.parametrize("residual", [True, False])
-def test_ragged_gradcheck(residual):
-    post, prior, a, d, z0, eps = _inputs(B=3, T=4, Z=2, H=3, C=2, seed=8)
-    lengths = torch.tensor([2, 4, 1])
-    cq = post.project_context(a).detach().requires_grad_()
-    cp = prior.project_context(d).detach().requires_grad_()
-    wq = [w.detach().requires_grad_() for w in post.step_weights()]
-    wp = [w.detach().requires_grad_() for w in prior.step_weights()]
-    act = post.activation
-
-    def fn(z0, cq, wzq, whq, bhq, cp, wzp, whp, bhp):
-        p = (cp, wzp, whp, bhp) if residual else None
-        return srnn_guide_scan(z0, eps, (cq, wzq, whq, bhq), p, act, 1e-3, "softplus", lengths)
-
-    assert torch.autograd.gradcheck(fn, (z0, cq, *wq, cp, *wp))
 
 
 @pytest.mark.parametrize("lengths", [[4, 6, 0, 6], [4, 7, 1, 6], [4, 6, 1], [4.0, 6.0, 1.0, 6.0]])
