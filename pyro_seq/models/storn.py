@@ -138,7 +138,8 @@ def draw_recognition(
     :math:`q(z_t | x) = \mathcal{N}(\mu_t, \mathrm{diag}\, \sigma_t^2)` that ``guide_init``
     left in ``state.shared["q_loc"]``, ``["q_scale"]`` ``(batch, T, Z)``: the
     :meth:`~pyro_seq.models.base.SequenceModel.guide_scan` of STORN, VOSP and VRAE, whose
-    recognition models do not read earlier samples (Bayer & Osendorfer (2014), sec. 3.1-3.2).
+    recognition models do not read earlier samples (Bayer & Osendorfer (2014), sec. 3.1-3.2),
+    and of the VAE-RNN, whose ``q(z_t | x_t, d_t)`` does not either (thesis eq. 4.15).
 
     The noise is drawn as the step loop draws it, one ``(batch, Z)`` standard normal per step
     in step order, and ``z_t = mu_t + eps_t sigma_t`` as ``Normal.rsample`` forms it, so the
