@@ -61,11 +61,14 @@ def evaluation_batches(anchor):
 
 
 def evaluate(dmm, svi, batches):
-    """The example's ``do_evaluation``: ELBO per time step (the negated NLL it logs)."""
+    """The example's ``do_evaluation``: ELBO per time step (the negated NLL it logs). Its draws
+    come from a forked random state, so that evaluating (or not) leaves the training's random
+    stream unchanged and a resumed run repeats an uninterrupted one."""
     dmm.rnn.eval()
     out = {}
-    for split, batch in batches.items():
-        out[split] = -svi.evaluate_loss(*batch) / float(torch.sum(batch[3]))
+    with torch.random.fork_rng():
+        for split, batch in batches.items():
+            out[split] = -svi.evaluate_loss(*batch) / float(torch.sum(batch[3]))
     dmm.rnn.train()
     return out
 

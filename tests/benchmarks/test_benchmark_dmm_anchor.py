@@ -188,3 +188,53 @@ def test_weight_map_is_complete():
     ]
     example_names += [f"rnn.{p}_l0" for p in ("weight_ih", "weight_hh", "bias_ih", "bias_hh")]
     assert sorted(anchors.pyro_seq_name(n) for n in example_names) == sorted(names)
+
+
+def test_the_example_runner_follows_the_examples_annealing_and_resumes(anchor, tmp_path):
+    """``benchmarks/diagnostics/pyro_dmm_example_run.py``: the annealing factor is the
+    example's (0.2 at the first minibatch's start, linear per minibatch, 1 after its 1000
+    epochs), and a run of 2 epochs equals 1 epoch plus 1 resumed from the checkpoint."""
+    sys.path.insert(0, str(BENCHMARKS / "diagnostics"))
+    import pyro_dmm_example_run as run
+
+    d = anchor.defaults
+    n = 12
+    assert run.annealing_factor(0, 0, n, d) == pytest.approx(0.2 + 0.8 / (1000 * n))
+    assert run.annealing_factor(999, n - 1, n, d) == pytest.approx(1.0)
+    assert run.annealing_factor(1000, 0, n, d) == 1.0
+    steps = [run.annealing_factor(e, b, n, d) for e in range(3) for b in range(n)]
+    assert all(b - a == pytest.approx(0.8 / (1000 * n)) for a, b in zip(steps, steps[1:]))
+
+    whole = run.main(
+        [
+            "--epochs",
+            "2",
+            "--checkpoint",
+            str(tmp_path / "a.pt"),
+            "--output",
+            str(tmp_path / "a.json"),
+        ]
+    )
+    run.main(
+        [
+            "--epochs",
+            "1",
+            "--checkpoint",
+            str(tmp_path / "b.pt"),
+            "--output",
+            str(tmp_path / "b.json"),
+        ]
+    )
+    resumed = run.main(
+        [
+            "--epochs",
+            "2",
+            "--checkpoint",
+            str(tmp_path / "b.pt"),
+            "--output",
+            str(tmp_path / "b.json"),
+        ]
+    )
+    assert whole["epochs_completed"] == resumed["epochs_completed"] == 2
+    assert resumed["evaluations"][-1] == pytest.approx(whole["evaluations"][-1], rel=1e-6)
+    assert math.isfinite(whole["last_test_elbo_per_step"])
