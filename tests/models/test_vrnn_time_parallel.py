@@ -168,3 +168,35 @@ def test_weights_changed_after_the_guide_are_not_stale(monkeypatch):
     with _StepLoop(m):
         loop = poutine.trace(poutine.replay(m.model, trace=guide_tr)).get_trace(x, mask)
     _assert_same_log_probs(parallel, loop)
+
+
+@pytest.mark.parametrize("per_element", [False, True])
+def test_missing_observations_score_as_the_step_loop(per_element):
+    """With ``observed=`` (missing entries inside the sequences) the time-parallel model scores
+    the observed entries only, as the step loop does: the same Trace_ELBO and gradients."""
+    m = _model("filtering-lstm")
+    x, mask, _ = _batch("filtering-lstm")
+    g = torch.Generator().manual_seed(9)
+    shape = x.shape if per_element else x.shape[:2]
+    observed = torch.rand(shape, generator=g) < 0.7
+    x = torch.where(observed if per_element else observed.unsqueeze(-1), x, float("nan"))
+
+    def run(loop):
+        if loop:
+            m.time_parallel = False
+        try:
+            pyro.set_rng_seed(8)
+            m.zero_grad()
+            loss = Trace_ELBO(max_plate_nesting=1).differentiable_loss(
+                m.model, m.guide, x, mask, observed=observed
+            )
+            loss.backward()
+        finally:
+            if loop:
+                del m.time_parallel
+        return loss.item(), [p.grad.clone() for p in m.parameters()]
+
+    (loss, grads), (loss_ref, grads_ref) = run(False), run(True)
+    assert loss == pytest.approx(loss_ref, rel=1e-11)
+    for a, b in zip(grads, grads_ref):
+        assert torch.allclose(a, b, rtol=1e-9, atol=1e-11)
