@@ -76,6 +76,7 @@ from pyro_seq.nn import (
     cat_broadcast,
     check_dropout,
     combiner_scan,
+    residual_combiner_scan,
     sequence_lengths,
 )
 from pyro_seq.ops.state import SequenceState
@@ -249,10 +250,13 @@ class DMM(SequenceModel):
         :func:`~pyro_seq.nn.combiner_scan.combiner_scan` runs the combiner recursion of
         :meth:`guide_step` as one autograd node and the sites ``z_1..z_T`` are emitted with those
         values. The values equal the step loop's for the same seed (the noise is drawn in the
-        same order and shapes). Under a particle plate (``particles = (K, 1, ..., 1)``) the
-        scan runs on ``K * batch`` rows (``z_0`` and ``a`` repeated per particle). Res_q
-        (``residual=True``) keeps the step loop."""
-        if self.residual:
+        same order and shapes) on every step up to each sequence's last observed one; past it,
+        where no site is scored, ``z`` is the noise itself. Under a particle plate (``particles = (K, 1, ..., 1)``) the
+        scan runs on ``K * batch`` rows (``z_0`` and ``a`` repeated per particle). With Res_q
+        (``residual=True``) :func:`~pyro_seq.nn.combiner_scan.residual_combiner_scan` adds the
+        gated transition's mean inside the recursion; Res_q with known inputs keeps the step
+        loop."""
+        if self.residual and self.input_dim:  # Res_q with known inputs: the step loop
             return False
         a = state.shared["a"]
         z0 = state["guide_z"]
@@ -268,18 +272,23 @@ class DMM(SequenceModel):
         c = self.combiner
         # only the steps up to each row's last observed one are computed
         lengths = sequence_lengths(mask).expand(lead).reshape(-1)
-        loc, scale, z = combiner_scan(
-            z0,
-            a,
-            eps.reshape((-1,) + eps.shape[-2:]),
-            c.z_to_hidden.weight,
-            c.z_to_hidden.bias,
-            state.shared["combiner_w"],
-            state.shared["combiner_b"],
-            c.min_scale,
-            lengths,
-        )
-        loc, scale, z = (v.reshape(eps.shape) for v in (loc, scale, z))
+        noise = eps.reshape((-1,) + eps.shape[-2:])
+        if self.residual:  # the transition's mean at z_{t-1} (the model's z_0 at t = 1)
+            zp0 = self.z_0.expand(z0.shape)
+            out = residual_combiner_scan(z0, zp0, a, noise, c, self.transition, lengths)
+        else:
+            out = combiner_scan(
+                z0,
+                a,
+                noise,
+                c.z_to_hidden.weight,
+                c.z_to_hidden.bias,
+                state.shared["combiner_w"],
+                state.shared["combiner_b"],
+                c.min_scale,
+                lengths,
+            )
+        loc, scale, z = (v.reshape(eps.shape) for v in out)
         self.sample_presampled("z", normal, (loc, scale), z, mask)
         state["guide_z"] = z[..., -1, :]
         return True

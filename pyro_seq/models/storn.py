@@ -104,6 +104,7 @@ __all__ = [
     "CELLS",
     "STORN",
     "StepRNN",
+    "RecognitionScan",
     "draw_recognition",
     "latent_prior",
     "white_noise",
@@ -158,6 +159,27 @@ def draw_recognition(
     eps = torch.stack([loc.new_empty(step_shape).normal_() for _ in range(loc.shape[-2])], -2)
     model.sample_presampled("z", normal, (loc, scale), loc + eps * scale, mask)
     return True
+
+
+class RecognitionScan:
+    """Mixin of the sequence models whose guide draws every ``z_t`` from per-step Gaussians
+    that read no earlier sample (``guide_init`` leaves them in ``state.shared["q_loc"]`` and
+    ``["q_scale"]``): STORN, VOSP and VRAE (Bayer & Osendorfer (2014), sec. 3.1-3.2) and the
+    VAE-RNN (thesis eq. 4.15). Their
+    :meth:`~pyro_seq.models.base.SequenceModel.guide_scan` is :func:`draw_recognition`, also
+    under a vectorised particle plate. List it before ``SequenceModel`` among the bases."""
+
+    guide_scan_particles = True
+
+    def guide_scan(
+        self,
+        state: SequenceState,
+        x: torch.Tensor,
+        mask: torch.Tensor,
+        particles: Tuple[int, ...] = (),
+    ) -> bool:
+        """All guide steps at once (:func:`draw_recognition`)."""
+        return draw_recognition(cast(SequenceModel, self), state, mask, particles)
 
 
 class _RaggedTanhRNN(torch.autograd.Function):
@@ -281,7 +303,7 @@ class StepRNN(nn.Module):
         return out.reshape(shape + (T, self.hidden_dim))
 
 
-class STORN(SequenceModel):
+class STORN(RecognitionScan, SequenceModel):
     """STORN as a Pyro model/guide pair (module docstring; Bayer & Osendorfer (2014), sec. 3.3
     for the prior).
 
@@ -319,7 +341,6 @@ class STORN(SequenceModel):
     """
 
     time_parallel = True
-    guide_scan_particles = True
     module_name = "storn"
     small_example = example(z_dim=2, rnn_dim=4, emission_dim=4)
 
@@ -378,17 +399,6 @@ class STORN(SequenceModel):
         u = self.input_dropout(x)
         a = self.encoder.sequence(u, x.new_zeros(x.shape[0], self.rnn_dim), mask.sum(-1))
         state.shared["q_loc"], state.shared["q_scale"] = self.recognition(a)
-
-    def guide_scan(
-        self,
-        state: SequenceState,
-        x: torch.Tensor,
-        mask: torch.Tensor,
-        particles: Tuple[int, ...] = (),
-    ) -> bool:
-        """All guide steps at once (:func:`draw_recognition`): ``q(z_t | x_{1:t})`` does not
-        read earlier samples."""
-        return draw_recognition(self, state, mask, particles)
 
     def guide_step(self, state: SequenceState, t: int, x: torch.Tensor, mask: torch.Tensor) -> None:
         loc, scale = state.shared_at("q_loc", t), state.shared_at("q_scale", t)

@@ -21,8 +21,9 @@ as the model (the delta prior over ``d`` cancels). The ELBO is then (eq. 4.16)
 ``state.shared`` and both networks are evaluated over all steps at once in ``init``; the steps
 only sample (the guide) or score (the model) their slice. Under FIVO and IWAE the proposal is
 therefore exactly the per-step VAE encoder. Inside a Pyro ELBO the guide draws every ``z_t`` at
-once (:meth:`VAERNN.guide_scan`) and the model, replayed against it, takes ``d_{1:T}`` from the
-guide's run instead of running the GRU again (``models.base``, "Sharing with the guide").
+once (:class:`~pyro_seq.models.storn.RecognitionScan`) and the model, replayed against it,
+takes ``d_{1:T}`` from the guide's run instead of running the GRU again (``models.base``,
+"Sharing with the guide").
 
 Defaults: the thesis does not give sizes for the VAE-RNN; those of
 :class:`~pyro_seq.models.srnn.SRNN`'s polyphonic-music setting are used (GRU 300, z 100, every
@@ -41,7 +42,7 @@ import torch.nn as nn
 from pyro_seq.models.base import SequenceModel, Step, masked, normal, shift_right
 from pyro_seq.models.contract import example
 from pyro_seq.models.emission import check_emission_options, make_emission, stack_params
-from pyro_seq.models.storn import draw_recognition
+from pyro_seq.models.storn import RecognitionScan
 from pyro_seq.nn import ForwardRNN, GaussianHead, cat_broadcast, make_activation
 from pyro_seq.ops.state import SequenceState
 from pyro_seq.validation import positive_int, validate_generate_args
@@ -71,7 +72,7 @@ class GaussianNet(nn.Module):
         return self.head(self.activation(self.hidden(h)))
 
 
-class VAERNN(SequenceModel):
+class VAERNN(RecognitionScan, SequenceModel):
     """VAE-RNN (thesis 4.4.1) as a Pyro model/guide pair.
 
     :param int obs_dim: observation size ``D``.
@@ -89,8 +90,6 @@ class VAERNN(SequenceModel):
     """
 
     time_parallel = True
-    #: the guide draws every z_t at once (:meth:`guide_scan`), also under a particle plate
-    guide_scan_particles = True
     #: the replayed model takes ``d_{1:T}`` from its guide's run (``models.base``, "Sharing
     #: with the guide")
     shared_with_guide = ("d",)
@@ -164,18 +163,6 @@ class VAERNN(SequenceModel):
     def guide_step(self, state: SequenceState, t: int, x: torch.Tensor, mask: torch.Tensor) -> None:
         loc, scale = state.shared_at("q_loc", t), state.shared_at("q_scale", t)
         pyro.sample(f"z_{t + 1}", masked(dist.Normal(loc, scale).to_event(1), mask[:, t]))
-
-    def guide_scan(
-        self,
-        state: SequenceState,
-        x: torch.Tensor,
-        mask: torch.Tensor,
-        particles: Tuple[int, ...] = (),
-    ) -> bool:
-        """All guide steps at once (:func:`~pyro_seq.models.storn.draw_recognition`): given
-        ``d_{1:T}``, ``q(z_t | x_t, d_t)`` does not read earlier samples (eq. 4.15); the values
-        equal the step loop's for the same seed."""
-        return draw_recognition(self, state, mask, particles)
 
     @torch.no_grad()
     def generate(self, num_sequences: int, num_steps: int) -> Tuple[torch.Tensor, Any]:

@@ -57,7 +57,7 @@ import torch
 from pyro_seq.models.base import SequenceModel, Step, masked, normal, shift_right
 from pyro_seq.models.contract import example
 from pyro_seq.models.emission import check_emission_options, make_emission, stack_params
-from pyro_seq.models.storn import StepRNN, draw_recognition, latent_prior
+from pyro_seq.models.storn import RecognitionScan, StepRNN, latent_prior
 from pyro_seq.nn import (
     GaussianHead,
     TrainingDropout,
@@ -71,7 +71,7 @@ from pyro_seq.validation import positive_int, validate_generate_args
 __all__ = ["VOSP"]
 
 
-class VOSP(SequenceModel):
+class VOSP(RecognitionScan, SequenceModel):
     """VOSP as a Pyro model/guide pair (module docstring; Bayer & Osendorfer (2014), sec. 3.2,
     3.3).
 
@@ -99,7 +99,6 @@ class VOSP(SequenceModel):
     """
 
     time_parallel = True
-    guide_scan_particles = True
     module_name = "vosp"
     small_example = example(z_dim=2, rnn_dim=4, emission_dim=4)
     shared_with_guide = ("h",)
@@ -170,17 +169,6 @@ class VOSP(SequenceModel):
     def guide_init(self, state: SequenceState, x: torch.Tensor, mask: torch.Tensor) -> None:
         h = state.shared["h"] = self.recognition_states(x, mask)
         state.shared["q_loc"], state.shared["q_scale"] = self.recognition(h)
-
-    def guide_scan(
-        self,
-        state: SequenceState,
-        x: torch.Tensor,
-        mask: torch.Tensor,
-        particles: Tuple[int, ...] = (),
-    ) -> bool:
-        """All guide steps at once (:func:`~pyro_seq.models.storn.draw_recognition`):
-        ``q(z_t | x_{1:t})`` reads ``h_t`` only, never earlier samples."""
-        return draw_recognition(self, state, mask, particles)
 
     def guide_step(self, state: SequenceState, t: int, x: torch.Tensor, mask: torch.Tensor) -> None:
         loc, scale = state.shared_at("q_loc", t), state.shared_at("q_scale", t)

@@ -54,7 +54,7 @@ from pyro_seq.distributions.wiener import kl_diagonal_normal_wiener
 from pyro_seq.models.base import SequenceModel, Step, masked, normal
 from pyro_seq.models.contract import example
 from pyro_seq.models.emission import check_emission_options, make_emission, stack_params
-from pyro_seq.models.storn import StepRNN, draw_recognition, latent_prior
+from pyro_seq.models.storn import RecognitionScan, StepRNN, latent_prior
 from pyro_seq.nn import (
     GaussianHead,
     TrainingDropout,
@@ -73,7 +73,7 @@ from pyro_seq.validation import (
 __all__ = ["VRAE"]
 
 
-class VRAE(SequenceModel):
+class VRAE(RecognitionScan, SequenceModel):
     """VRAE as a Pyro model/guide pair (module docstring; Bayer & Osendorfer (2014), sec. 3.1, 3.3).
 
     :param int obs_dim: observation size ``D``.
@@ -100,7 +100,6 @@ class VRAE(SequenceModel):
     """
 
     time_parallel = True
-    guide_scan_particles = True
     module_name = "vrae"
     small_example = example(z_dim=2, encoder_dim=4, decoder_dim=4, emission_dim=4)
 
@@ -177,17 +176,6 @@ class VRAE(SequenceModel):
 
     def guide_init(self, state: SequenceState, x: torch.Tensor, mask: torch.Tensor) -> None:
         state.shared["q_loc"], state.shared["q_scale"] = self.recognition_params(x, mask)
-
-    def guide_scan(
-        self,
-        state: SequenceState,
-        x: torch.Tensor,
-        mask: torch.Tensor,
-        particles: Tuple[int, ...] = (),
-    ) -> bool:
-        """All guide steps at once (:func:`~pyro_seq.models.storn.draw_recognition`): every
-        ``q(z_t | x_{1:T})`` is fixed by the encoder, none reads earlier samples."""
-        return draw_recognition(self, state, mask, particles)
 
     def guide_step(self, state: SequenceState, t: int, x: torch.Tensor, mask: torch.Tensor) -> None:
         loc, scale = state.shared_at("q_loc", t), state.shared_at("q_scale", t)

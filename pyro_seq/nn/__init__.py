@@ -1,6 +1,6 @@
 """Reusable neural-network blocks (pure torch): MLPs, distribution heads, transitions, RNNs, the DND memory."""
 
-from pyro_seq.nn.combiner_scan import combiner_scan
+from pyro_seq.nn.combiner_scan import combiner_scan, residual_combiner_scan
 from pyro_seq.nn.conv import ConvEncoder, SubPixelDecoder
 from pyro_seq.nn.dropout import TrainingDropout, check_dropout, emission_dropout
 from pyro_seq.nn.heads import BernoulliHead, GaussianHead, GaussianMLP
@@ -43,6 +43,7 @@ __all__ = [
     "pack_ragged",
     "previous_rows",
     "ragged_relu_rnn",
+    "residual_combiner_scan",
     "reverse_padded",
     "sequence_lengths",
     "srnn_guide_scan",

@@ -8,7 +8,7 @@ step ``t`` are a prefix of the sorted batch, and the real steps are stored step-
 ``counts[t]`` rows per step.
 """
 
-from typing import List, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import torch
 
@@ -30,9 +30,13 @@ def pack_ragged(lengths: torch.Tensor, T: int) -> Tuple[torch.Tensor, List[int],
     return order, active.sum(-1).tolist(), order[rank] * T + t_idx
 
 
-def check_lengths(lengths: torch.Tensor, B: int, T: int, caller: str) -> None:
-    """``ValueError`` naming ``caller`` unless ``lengths`` is a ``(B,)`` integer tensor with
-    values in ``[1, T]``."""
+def check_lengths(
+    lengths: Optional[torch.Tensor], B: int, T: int, caller: str, device=None
+) -> torch.Tensor:
+    """``lengths``, or all ``T`` when None; ``ValueError`` naming ``caller`` unless it is a
+    ``(B,)`` integer tensor with values in ``[1, T]``."""
+    if lengths is None:
+        return torch.full((B,), T, dtype=torch.long, device=device)
     if (
         lengths.shape != (B,)
         or lengths.dtype.is_floating_point
@@ -40,6 +44,7 @@ def check_lengths(lengths: torch.Tensor, B: int, T: int, caller: str) -> None:
         or bool((lengths > T).any())
     ):
         raise ValueError(f"{caller}: lengths must be (batch,) integers in [1, {T}]")
+    return lengths
 
 
 def step_offsets(counts: Sequence[int]) -> List[int]:

@@ -74,3 +74,11 @@ def ragged_batch(likelihood="bernoulli", B=4, T=6, D=5, lengths=(6, 2, 4, 1), se
         x = torch.randn(B, T, D, generator=g)
     mask = torch.arange(T) < torch.tensor(lengths).unsqueeze(-1)
     return x * mask.unsqueeze(-1), mask
+
+
+def count_forward_calls(monkeypatch, module):
+    """A list that grows by one at every call of ``module`` (its ``forward`` wrapped)."""
+    calls = []
+    original = module.forward
+    monkeypatch.setattr(module, "forward", lambda *a, **k: calls.append(1) or original(*a, **k))
+    return calls

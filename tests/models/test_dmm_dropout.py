@@ -108,7 +108,9 @@ def test_no_dropout_and_eval_mode_are_the_dmm_without_the_option(variant, path, 
     calls = guide_path(path, monkeypatch)
     ref_tr, expected = sampled(ref.eval(), x, mask, kw, seed=3)
     # the scan draws the sites unless Res_q (which keeps the step loop)
-    assert calls == ([not VARIANTS[variant].get("residual", False)] if path == "scan" else [])
+    options = VARIANTS[variant]
+    scanned = not (options.get("residual") and options.get("input_dim"))  # Res_q with inputs
+    assert calls == ([scanned] if path == "scan" else [])
     expected_replayed = replayed(ref, x, mask, kw, ref_tr)
     for m in (on.eval(), off.eval(), off.train()):
         tr, densities = sampled(m, x, mask, kw, seed=3)
@@ -173,17 +175,22 @@ def check_dropped(u, v, p):
 
 def recorded_states(m, path, monkeypatch):
     """Hooks: the encoder's outputs ``(batch, T, rnn_dim)`` per pass, and the states entering
-    the combiner per pass (the scan's ``a`` argument, or the step loop's ``a_t`` stacked)."""
+    the combiner per pass (the scans' ``a`` argument, or the step loop's ``a_t`` stacked)."""
     encoded, entering, steps = [], [], []
     m.encoder.register_forward_hook(lambda mod, i, o: encoded.append(o.detach().clone()))
     if path == "scan":
-        scan = dmm_module.combiner_scan
+        scan, residual_scan = dmm_module.combiner_scan, dmm_module.residual_combiner_scan
 
         def recording(z0, a, *rest):
             entering.append(a.detach().clone())
             return scan(z0, a, *rest)
 
+        def residual_recording(z0, zp0, a, *rest):
+            entering.append(a.detach().clone())
+            return residual_scan(z0, zp0, a, *rest)
+
         monkeypatch.setattr(dmm_module, "combiner_scan", recording)
+        monkeypatch.setattr(dmm_module, "residual_combiner_scan", residual_recording)
     else:
         m.combiner.register_forward_pre_hook(lambda mod, args: steps.append(args[1].detach()))
 
@@ -205,6 +212,7 @@ def recorded_states(m, path, monkeypatch):
         ("filtering", "scan"),
         ("filtering", "loop"),
         ("residual", "loop"),
+        ("residual", "scan"),
         ("inputs", "scan"),
     ],
 )

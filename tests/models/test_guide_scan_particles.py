@@ -14,7 +14,7 @@ from pyro import poutine
 from pyro.infer import Trace_ELBO
 
 from pyro_seq.infer import FIVO, IWAE
-from pyro_seq.models import DMM, SRNN, STORN, VOSP, VRAE
+from pyro_seq.models import DMM, SRNN, STORN, VAERNN, VOSP, VRAE
 from tests.models.reference import ragged_batch as reference_batch
 
 pytestmark = pytest.mark.usefixtures("float64")  # tests/conftest.py
@@ -28,11 +28,15 @@ def ragged_batch(**sizes):
 
 BUILDS = {
     "dmm": lambda: DMM(5, z_dim=3, transition_dim=4, emission_dim=4, rnn_dim=4),
+    "dmm_res_q": lambda: DMM(
+        5, z_dim=3, transition_dim=4, emission_dim=4, rnn_dim=4, residual=True
+    ),
     "srnn": lambda: SRNN(5, d_dim=4, z_dim=3, hidden_dim=4),
     "srnn_no_res_q": lambda: SRNN(5, d_dim=4, z_dim=3, hidden_dim=4, residual=False),
     "storn": lambda: STORN(5, z_dim=3, rnn_dim=6, emission_dim=7, prior="wiener"),
     "vosp": lambda: VOSP(5, z_dim=3, rnn_dim=6, emission_dim=7, prior="wiener"),
     "vrae": lambda: VRAE(5, z_dim=3, encoder_dim=4, decoder_dim=6, emission_dim=7),
+    "vaernn": lambda: VAERNN(5, d_dim=4, z_dim=3, hidden_dim=4),
 }
 
 #: objective, and the particle shape the guide scan gets under it

@@ -1,5 +1,5 @@
 """The VAE-RNN inside an ELBO (thesis 4.4.1): the guide draws every ``z_t`` at once
-(:meth:`VAERNN.guide_scan`, through :func:`~pyro_seq.models.storn.draw_recognition`) and the
+(``VAERNN.guide_scan`` of :class:`~pyro_seq.models.storn.RecognitionScan`) and the
 replayed model takes ``d_{1:T}`` from the guide's run. The step loop (``time_parallel`` off) and
 the recomputing model (``shared_with_guide = ()``) stay the references: for the same seed the
 latent values, the Trace_ELBO and IWAE losses and every parameter gradient agree in float64 on
@@ -13,7 +13,7 @@ from pyro.infer import Trace_ELBO
 
 from pyro_seq.infer import IWAE
 from pyro_seq.models import VAERNN
-from tests.models.reference import ragged_batch
+from tests.models.reference import count_forward_calls, ragged_batch
 
 pytestmark = pytest.mark.usefixtures("float64")  # tests/conftest.py
 
@@ -49,15 +49,6 @@ def _loss_and_grads(m, x, mask, elbo, **overrides):
     return loss.item(), [p.grad.clone() for p in m.parameters()]
 
 
-def _count_gru(monkeypatch, m):
-    calls = []
-    original = m.deterministic.forward
-    monkeypatch.setattr(
-        m.deterministic, "forward", lambda *a, **k: calls.append(1) or original(*a, **k)
-    )
-    return calls
-
-
 @pytest.mark.parametrize("skip", [False, True])
 @pytest.mark.parametrize("likelihood", ["bernoulli", "gaussian"])
 @pytest.mark.parametrize("objective", ["trace_elbo", "iwae3", "vectorized3"])
@@ -67,7 +58,7 @@ def test_scan_and_sharing_give_the_step_loops_loss_and_gradients(
     m = _model(skip=skip, likelihood=likelihood)
     x, mask = ragged_batch(likelihood, B=4, T=6, D=5, lengths=(6, 2, 4, 1), seed=1)
     elbo = _elbo(objective)
-    calls = _count_gru(monkeypatch, m)
+    calls = count_forward_calls(monkeypatch, m.deterministic)
     fast = _loss_and_grads(m, x, mask, elbo)
     fast_calls = len(calls)
     unshared = _loss_and_grads(m, x, mask, elbo, shared_with_guide=())

@@ -13,7 +13,7 @@ from pyro.infer import Trace_ELBO
 
 from pyro_seq.infer import IWAE, LatentScale
 from pyro_seq.models import VRNN
-from tests.models.reference import ragged_batch
+from tests.models.reference import count_forward_calls, ragged_batch
 
 pytestmark = pytest.mark.usefixtures("float64")  # tests/conftest.py
 
@@ -56,15 +56,6 @@ class _StepLoop:
         del self.m.time_parallel
 
 
-def _count_recurrence(monkeypatch, m):
-    calls = []
-    original = m.recurrence.forward
-    monkeypatch.setattr(
-        m.recurrence, "forward", lambda *a, **k: calls.append(1) or original(*a, **k)
-    )
-    return calls
-
-
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 def test_replayed_model_scores_every_step_as_the_step_loop(variant, monkeypatch):
     """The same sites with the same log-densities; the model runs no recurrence step when it
@@ -73,7 +64,7 @@ def test_replayed_model_scores_every_step_as_the_step_loop(variant, monkeypatch)
     x, mask, kw = _batch(variant)
     pyro.set_rng_seed(4)
     guide_tr = poutine.trace(m.guide).get_trace(x, mask, **kw)
-    calls = _count_recurrence(monkeypatch, m)
+    calls = count_forward_calls(monkeypatch, m.recurrence)
     shared = poutine.trace(poutine.replay(m.model, trace=guide_tr)).get_trace(x, mask, **kw)
     shared_calls = len(calls)
     m.shared_with_guide = ()  # recompute d in the time-parallel path
@@ -146,7 +137,7 @@ def test_the_record_serves_under_a_vectorised_particle_plate(variant, monkeypatc
     pyro.set_rng_seed(7)
     with pyro.plate("num_particles_vectorized", 3, dim=-2):
         guide_tr = poutine.trace(m.guide).get_trace(x, mask)
-        calls = _count_recurrence(monkeypatch, m)
+        calls = count_forward_calls(monkeypatch, m.recurrence)
         parallel = poutine.trace(poutine.replay(m.model, trace=guide_tr)).get_trace(x, mask)
         assert len(calls) == 1
         with _StepLoop(m):
@@ -162,7 +153,7 @@ def test_weights_changed_after_the_guide_are_not_stale(monkeypatch):
     pyro.set_rng_seed(6)
     guide_tr = poutine.trace(m.guide).get_trace(x, mask)
     m.recurrence.cell.weight_hh.data.add_(0.1)
-    calls = _count_recurrence(monkeypatch, m)
+    calls = count_forward_calls(monkeypatch, m.recurrence)
     parallel = poutine.trace(poutine.replay(m.model, trace=guide_tr)).get_trace(x, mask)
     assert len(calls) == x.shape[1]  # recomputed: d_1 and T - 1 steps
     with _StepLoop(m):

@@ -10,7 +10,7 @@ from pyro.infer import Trace_ELBO, TraceMeanField_ELBO
 from pyro_seq.distributions import PresampledValue
 from pyro_seq.infer import IWAE
 from pyro_seq.models import DMM
-from pyro_seq.nn import Combiner, combiner_scan
+from pyro_seq.nn import Combiner, GatedTransition, combiner_scan, residual_combiner_scan
 
 
 def _inputs(B=3, T=5, Z=4, H=6, seed=0, dtype=torch.float64):
@@ -150,6 +150,83 @@ def test_lengths_errors(lengths):
         _ragged_scan(comb, z0, a, eps, lengths)
 
 
+def _residual_inputs(B=4, T=5, Z=3, H=6, Hg=7, seed=0):
+    torch.manual_seed(seed)
+    comb = Combiner(Z, H).double()
+    trans = GatedTransition(Z, Hg).double()
+    with torch.no_grad():  # away from the identity start, so every branch matters
+        for p in list(comb.parameters()) + list(trans.parameters()):
+            p.add_(0.5 * torch.randn_like(p))
+    z0 = torch.randn(B, Z, dtype=torch.float64, requires_grad=True)
+    zp0 = torch.randn(B, Z, dtype=torch.float64, requires_grad=True)
+    a = torch.randn(B, T, H, dtype=torch.float64, requires_grad=True)
+    eps = torch.randn(B, T, Z, dtype=torch.float64)
+    return comb, trans, z0, zp0, a, eps
+
+
+def _residual_loop(comb, trans, z0, zp0, a, eps):
+    """The reference: DMM.guide_step with Res_q, the combiner's loc plus the transition's mean
+    at z_{t-1} (at the model's z_0 for the first step)."""
+    z_prev, out = z0, []
+    for t in range(a.shape[1]):
+        loc, scale = comb(z_prev, a[:, t])
+        loc = loc + trans(zp0 if t == 0 else z_prev)[0]
+        z_prev = loc + eps[:, t] * scale
+        out.append((loc, scale, z_prev))
+    return tuple(torch.stack(v, 1) for v in zip(*out))
+
+
+@pytest.mark.parametrize("lengths", [None, [3, 5, 1, 5]], ids=["full", "ragged"])
+def test_residual_scan_values_and_gradients_equal_the_loop(lengths):
+    comb, trans, z0, zp0, a, eps = _residual_inputs(seed=6)
+    T = a.shape[1]
+    lengths = None if lengths is None else torch.tensor(lengths)
+    real = torch.ones(4, T, dtype=torch.bool)
+    if lengths is not None:
+        real = torch.arange(T) < lengths.unsqueeze(-1)
+    fused = residual_combiner_scan(z0, zp0, a, eps, comb, trans, lengths)
+    loop = _residual_loop(comb, trans, z0, zp0, a, eps)
+    for got, want in zip(fused, loop):
+        assert torch.allclose(got[real], want[real], rtol=0, atol=1e-13)
+    w = torch.randn(3, *eps.shape, dtype=torch.float64) * real.unsqueeze(-1)
+
+    def loss(outputs):
+        return sum((w[i] * v.sin()).sum() for i, v in enumerate(outputs))
+
+    params = [z0, zp0, a] + list(comb.parameters()) + list(trans.parameters())
+    g_fused = torch.autograd.grad(loss(fused), params, allow_unused=True)
+    g_loop = torch.autograd.grad(loss(loop), params, allow_unused=True)
+    for got, want in zip(g_fused, g_loop):
+        if want is None:  # the transition's scale layer: Res_q reads only its mean
+            assert got is None or not got.any()
+            continue
+        assert torch.allclose(got, want, rtol=1e-10, atol=1e-12)
+
+
+def test_residual_scan_gradcheck():
+    """gradcheck on a ragged batch, the weights passed through ``functional_call``."""
+    comb, trans, z0, zp0, a, eps = _residual_inputs(B=3, T=4, Z=2, H=3, Hg=3, seed=7)
+    lengths = torch.tensor([2, 4, 1])
+    scan = _ScanModule(comb, trans)
+    names = [n for n, _ in scan.named_parameters()]
+
+    def fn(z0, zp0, a, *weights):
+        params = dict(zip(names, weights))
+        return torch.func.functional_call(scan, params, (z0, zp0, a, eps, lengths))
+
+    weights = [p.detach().clone().requires_grad_() for p in scan.parameters()]
+    assert torch.autograd.gradcheck(fn, (z0, zp0, a, *weights))
+
+
+class _ScanModule(torch.nn.Module):
+    def __init__(self, comb, trans):
+        super().__init__()
+        self.comb, self.trans = comb, trans
+
+    def forward(self, z0, zp0, a, eps, lengths):
+        return residual_combiner_scan(z0, zp0, a, eps, self.comb, self.trans, lengths)
+
+
 def test_presampled_value_draws_its_value_and_refuses_other_shapes():
     base = pyro.distributions.Normal(torch.zeros(3, 2), 1.0).to_event(1)
     value = torch.randn(3, 2, requires_grad=True)
@@ -167,7 +244,7 @@ def test_presampled_value_draws_its_value_and_refuses_other_shapes():
     assert torch.allclose(kl, torch.distributions.kl_divergence(base, q))
 
 
-def _dmm(inference="smoothing", residual=False):
+def _dmm(inference="smoothing", residual=False, **options):
     return DMM(
         6,
         z_dim=3,
@@ -176,6 +253,7 @@ def _dmm(inference="smoothing", residual=False):
         rnn_dim=8,
         inference=inference,
         residual=residual,
+        **options,
     ).double()
 
 
@@ -192,11 +270,14 @@ def _without_scan(monkeypatch):
 
 @pytest.mark.parametrize("inference", ["smoothing", "filtering"])
 @pytest.mark.parametrize("elbo", [Trace_ELBO, TraceMeanField_ELBO])
-def test_dmm_guide_scan_gives_the_step_loops_loss_and_gradients(inference, elbo, monkeypatch):
+@pytest.mark.parametrize("residual", [False, True], ids=["combiner", "res_q"])
+def test_dmm_guide_scan_gives_the_step_loops_loss_and_gradients(
+    inference, elbo, residual, monkeypatch
+):
     """Same seed: the fused guide draws the same values, so the loss and every parameter
-    gradient equal those of the step loop (float64)."""
+    gradient equal those of the step loop (float64), with and without Res_q."""
     x, mask = _batch()
-    m = _dmm(inference)
+    m = _dmm(inference, residual=residual)
     results = []
     for fused in (True, False):
         if not fused:
@@ -219,7 +300,9 @@ def test_dmm_guide_scan_gives_the_step_loops_loss_and_gradients(inference, elbo,
 
 
 def test_dmm_guide_scan_falls_back_to_the_loop():
-    """Under a replay, a condition, a plate the scan does not handle (the ELBOs' particle plate is: tests/models/test_guide_scan_particles.py) or with Res_q the step loop runs."""
+    """Under a replay, a condition, a plate the scan does not handle (the ELBOs' particle plate
+    is: tests/models/test_guide_scan_particles.py) or with Res_q and known inputs the step loop
+    runs."""
     x, mask = _batch()
     m = _dmm()
 
@@ -240,7 +323,13 @@ def test_dmm_guide_scan_falls_back_to_the_loop():
             return m.guide(*args)
 
     assert not any(fused_sites(particles))
-    assert not any(fused_sites(_dmm(residual=True).guide))
+    assert all(fused_sites(_dmm(residual=True).guide))
+    inputs = torch.randn(3, 7, 2, dtype=torch.float64)
+    with_inputs = _dmm(residual=True, input_dim=2)
+    tr = poutine.trace(with_inputs.guide).get_trace(x, mask, inputs=inputs)
+    assert not any(
+        isinstance(tr.nodes[f"z_{t}"]["fn"].base_dist, PresampledValue) for t in range(1, 8)
+    )
 
 
 def test_dmm_iwae_vectorized_trains():
