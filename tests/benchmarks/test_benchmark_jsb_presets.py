@@ -74,7 +74,11 @@ def test_the_scripts_train_with_the_presets_settings(script):
     assert default.script.startswith(f"benchmarks/paper/{Path(script.__file__).name}")
     assert script.MODEL == dict(default.model_options)
     assert script.CONFIG == default.train_config()
-    assert default.result and default.result[0].file == f"{Path(script.__file__).stem}.json"
+    # the script writes <name>.json, or <name>_<tag>.json for a run given --tag
+    words = default.script.split()
+    tag = words[words.index("--tag") + 1] if "--tag" in words else None
+    stem = Path(script.__file__).stem + (f"_{tag}" if tag else "")
+    assert default.result and default.result[0].file == f"{stem}.json"
 
 
 def _source_without_baselines(script):
