@@ -97,6 +97,16 @@ DMM_JSB_TRAIN = dict(
 )
 
 
+def zoo_cell_result(tag: str, cell: str) -> ResultKey:
+    """The test bound and training seconds of cell ``cell`` (``model/objective``) of a
+    ``benchmarks/paper/zoo_jsb.py --tag TAG`` result."""
+    return ResultKey(
+        f"zoo_jsb_{tag}.json",
+        ("cells", cell, "test_bound_per_step"),
+        ("cells", cell, "train_seconds"),
+    )
+
+
 def jsb_dmm_result(file: str) -> ResultKey:
     """The test ELBO and training seconds of a ``benchmarks/paper/jsb_dmm.py`` result."""
     return ResultKey(file, ("test_elbo_per_step",), ("wall_seconds_total_training",))
@@ -201,13 +211,7 @@ _PRESETS = [
         source="Bayer & Osendorfer (2014), as quoted in Fraccaro (2018), Table 5.2",
         script="benchmarks/paper/zoo_jsb.py --models storn --objectives elbo --budget 900 "
         "--tag s20storn_kl",
-        result=(
-            ResultKey(
-                "zoo_jsb_s20storn_kl.json",
-                ("cells", "storn/elbo", "test_bound_per_step"),
-                ("cells", "storn/elbo", "train_seconds"),
-            ),
-        ),
+        result=(zoo_cell_result("s20storn_kl", "storn/elbo"),),
         note="White-noise prior, the model's default sizes; at most 900 s of training on one "
         "core, the KL weight annealed from 0.2 to 1 over the first 1500 updates (100 epochs) "
         "with the plateau schedule and early stopping waiting for it. Without the annealing "
@@ -227,13 +231,7 @@ _PRESETS = [
         source="Bayer & Osendorfer (2014), Table 1 (a bound on the NLL < 6.21)",
         script="benchmarks/paper/zoo_jsb.py --models vosp --objectives elbo --budget 900 "
         "--tag s20vosp",
-        result=(
-            ResultKey(
-                "zoo_jsb_s20vosp.json",
-                ("cells", "vosp/elbo", "test_bound_per_step"),
-                ("cells", "vosp/elbo", "train_seconds"),
-            ),
-        ),
+        result=(zoo_cell_result("s20vosp", "vosp/elbo"),),
         note="The VOSP of Bayer & Osendorfer (2014), sec. 3.2, with the settings of the STORN "
         "preset (900 s of training on one core).",
     ),
@@ -249,13 +247,7 @@ _PRESETS = [
         source="Bayer & Osendorfer (2014), Table 1 (a bound on the NLL < 5.53)",
         script="benchmarks/paper/zoo_jsb.py --models vrae --objectives elbo --budget 900 "
         "--tag s20vrae",
-        result=(
-            ResultKey(
-                "zoo_jsb_s20vrae.json",
-                ("cells", "vrae/elbo", "test_bound_per_step"),
-                ("cells", "vrae/elbo", "train_seconds"),
-            ),
-        ),
+        result=(zoo_cell_result("s20vrae", "vrae/elbo"),),
         note="The VRAE of Bayer & Osendorfer (2014), sec. 3.1, with the settings of the STORN "
         "preset (900 s of training on one core).",
     ),
@@ -338,11 +330,7 @@ _PRESETS = [
         script="benchmarks/paper/zoo_jsb.py --models vrnn --objectives fivo --budget 600 "
         "--tag s20vrnn_fivo",
         result=tuple(
-            ResultKey(
-                f"zoo_jsb_s20vrnn_fivo{suffix}.json",
-                ("cells", "vrnn/fivo", "test_bound_per_step"),
-                ("cells", "vrnn/fivo", "train_seconds"),
-            )
+            zoo_cell_result(f"s20vrnn_fivo{suffix}", "vrnn/fivo")
             for suffix in ("", "_seed1", "_seed2")
         ),
         note="Compare with vrnn_jsb_elbo: the same budget of 600 s of training on one core, "
@@ -365,11 +353,7 @@ _PRESETS = [
         script="benchmarks/paper/zoo_jsb.py --models vrnn --objectives elbo --budget 600 "
         "--tag s20vrnn_elbo",
         result=tuple(
-            ResultKey(
-                f"zoo_jsb_s20vrnn_elbo{suffix}.json",
-                ("cells", "vrnn/elbo", "test_bound_per_step"),
-                ("cells", "vrnn/elbo", "train_seconds"),
-            )
+            zoo_cell_result(f"s20vrnn_elbo{suffix}", "vrnn/elbo")
             for suffix in ("", "_seed1", "_seed2")
         ),
         note="The ELBO-trained (4-sample) side of the vrnn_jsb_fivo comparison (three "
