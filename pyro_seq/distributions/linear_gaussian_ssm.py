@@ -46,7 +46,7 @@ from pyro_seq.distributions.lgssm_inference import (
     resolve_masks,
     time_size,
 )
-from pyro_seq.ops.kalman import kalman_filter, lgssm_sample
+from pyro_seq.ops.kalman import kalman_log_likelihood, lgssm_sample
 from pyro_seq.ops.lgssm import LGSSMParams
 from pyro_seq.ops.lgssm import check_devices as _check_devices
 from pyro_seq.ops.lgssm import covariance_ok as _covariance_ok
@@ -404,8 +404,8 @@ class LinearGaussianSSM(LGSSMInference, TorchDistribution):
         observed entries. ``value`` ``(..., T, D)`` -> ``broadcast(batch_shape, ...)``.
         Differentiable in every parameter and in ``value`` (gradient 0 at masked entries)."""
         x, mask = self._data(value)
-        res = kalman_filter(x, **self._params(), mask=mask, method=self.method)
-        return res.log_likelihoods.sum(-1).expand(self._out_batch(value))
+        ll = kalman_log_likelihood(x, **self._params(), mask=mask, method=self.method)
+        return ll.expand(self._out_batch(value))
 
     def rsample(self, sample_shape: _size = torch.Size()) -> Tensor:
         """Reparameterized draws of x_{1:T}: ``sample_shape + batch_shape + (T, D)``.

@@ -36,8 +36,10 @@ read per element; write it as ``mask[..., None].expand(..., T, D)``.
     fields ``means (..., T, S)`` mu_t, ``covs (..., T, S, S)`` Sigma_t (filtered, eq. 3.11),
     ``predicted_means (..., T, S)`` mu_{t|t-1}, ``predicted_covs (..., T, S, S)``
     Sigma_{t|t-1}, ``log_likelihoods (..., T)`` log p(x_t | x_{1:t-1}) (eq. 3.12; masked
-    elements excluded, 0 for a fully masked step). ``log_likelihoods.sum(-1)`` is
-    log p(x_{1:T}).
+    elements excluded, 0 for a fully masked step).
+``kalman_log_likelihood(*model, method="auto") -> Tensor``
+    log p(x_{1:T}) ``(...)``, the filter's ``log_likelihoods.sum(-1)`` without its other
+    outputs (its ``"auto"`` steady-state form: :mod:`~pyro_seq.ops.kalman_blocked`).
 ``kalman_smoother(*model, method="auto") -> KalmanSmootherResult``
     fields ``means (..., T, S)`` mu_{t|T}, ``covs (..., T, S, S)`` Sigma_{t|T} (RTS),
     ``cross_covs (..., T-1, S, S)`` entry t (0-based) = Cov(z_{t+1}, z_t | x_{1:T}),
@@ -118,8 +120,10 @@ This module holds the public API and chooses between the two forms; the work is 
 :mod:`~pyro_seq.ops.lgssm` (parameter bundle, argument checks, the prepared model),
 :mod:`~pyro_seq.ops.kalman_steps` (per-step formulas shared by both forms),
 :mod:`~pyro_seq.ops.kalman_sequential` (loops over time), :mod:`~pyro_seq.ops.kalman_parallel`
-(associative scans), :mod:`~pyro_seq.ops.kalman_steady` (the steady-state path of ``"auto"``) and :mod:`~pyro_seq.ops.linalg` (batched linear algebra). ``COV_TOL_EPS``
-and ``covariance_problem`` (defined in :mod:`~pyro_seq.ops.lgssm`) are importable from here.
+(associative scans), :mod:`~pyro_seq.ops.kalman_steady` and
+:mod:`~pyro_seq.ops.kalman_blocked` (the steady-state paths of ``"auto"``) and
+:mod:`~pyro_seq.ops.linalg` (batched linear algebra). ``COV_TOL_EPS`` and
+``covariance_problem`` (defined in :mod:`~pyro_seq.ops.lgssm`) are importable from here.
 
 Argument checks
 ---------------
@@ -155,6 +159,7 @@ from typing import NamedTuple, Optional
 import torch
 from torch import Tensor
 
+from pyro_seq.ops.kalman_blocked import steady_log_likelihood
 from pyro_seq.ops.kalman_parallel import affine_scan, backward_scan, covariance_scan
 from pyro_seq.ops.kalman_sequential import (
     backward_covariance_pass,
@@ -163,11 +168,13 @@ from pyro_seq.ops.kalman_sequential import (
     mean_pass,
 )
 from pyro_seq.ops.kalman_steady import steady_applicable, steady_filter, steady_smoother
-from pyro_seq.ops.kalman_steps import (
+from pyro_seq.ops.kalman_steps import (  # the one-step API is public here
+    KalmanStep,
     a_sigma,
     backward_coefficients,
+    kalman_predict,
+    kalman_update,
     mean_coefficients,
-    measurement_update,
     predicted_means,
     smoother_coefficients,
     step_log_likelihoods,
@@ -183,7 +190,7 @@ from pyro_seq.ops.lgssm import (  # noqa: F401
     slice_time,
     validate_parameters,
 )
-from pyro_seq.ops.linalg import broadcast_shapes, jitter_cholesky, mv, sym
+from pyro_seq.ops.linalg import broadcast_shapes, jitter_cholesky, mv
 from pyro_seq.pyro_internals import default_validate_args
 from pyro_seq.validation import check_device
 
@@ -192,6 +199,7 @@ __all__ = [
     "KalmanSmootherResult",
     "KalmanSampleResult",
     "kalman_filter",
+    "kalman_log_likelihood",
     "kalman_smoother",
     "kalman_sample",
     "LGSSMSample",
@@ -469,6 +477,51 @@ def kalman_filter(
     return _expand_filter(res, mdl.batch_shape)
 
 
+def kalman_log_likelihood(
+    observations: Tensor,
+    initial_loc: Tensor,
+    initial_cov: Tensor,
+    transition_matrix: Tensor,
+    transition_cov: Tensor,
+    observation_matrix: Tensor,
+    observation_cov: Tensor,
+    control_matrix: Optional[Tensor] = None,
+    controls: Optional[Tensor] = None,
+    mask: Optional[Tensor] = None,
+    method: str = "auto",
+    *,
+    nan_as_missing: bool = False,
+    steady_state_tol: float = STEADY_STATE_TOL,
+    validate_args: Optional[bool] = None,
+) -> Tensor:
+    """log p(x_{1:T}) = sum_t log p(x_t | x_{1:t-1}) (thesis eq. 3.12): the arguments and
+    value of :func:`kalman_filter`'s ``log_likelihoods.sum(-1)``, shape ``batch``. Without
+    the filter's other outputs, ``"auto"`` can run the blocked steady-state form of
+    :mod:`~pyro_seq.ops.kalman_blocked` (time-invariant parameters shared by the batch, no
+    mask, controls or autograd); elsewhere it is the filter's sum."""
+    mdl = _prepare(
+        observations,
+        initial_loc,
+        initial_cov,
+        transition_matrix,
+        transition_cov,
+        observation_matrix,
+        observation_cov,
+        control_matrix,
+        controls,
+        mask,
+        nan_as_missing,
+        validate_args,
+    )
+    if method == "auto" and mdl.b is None:
+        if steady_applicable(mdl, steady_state_tol, PARALLEL_THRESHOLD):
+            ll = steady_log_likelihood(mdl, steady_state_tol)
+            if ll is not None:
+                return ll.expand(mdl.batch_shape)
+    res, _, _ = _filter(mdl, method, steady_state_tol)
+    return res.log_likelihoods.sum(-1).expand(mdl.batch_shape)
+
+
 def kalman_smoother(
     observations: Tensor,
     initial_loc: Tensor,
@@ -707,69 +760,3 @@ def psd_sqrt(M: Tensor) -> Tensor:
     where the jitter (relative 1e-16..1e-11 in float64) is immaterial.
     """
     return jitter_cholesky(M, "matrix")
-
-
-# ---------------------------------------------------------------------------------------
-# One step at a time (models whose parameters at step t depend on earlier observations)
-# ---------------------------------------------------------------------------------------
-
-
-class KalmanStep(NamedTuple):
-    """One measurement step of the Kalman filter (thesis Sec. 3.4.1), before the observation.
-
-    ``pred_mean (..., S)``: mu_{t|t-1}. ``loc (..., D)``, ``scale_tril (..., D, D)``: the
-    one-step predictive p(x_t | x_{1:t-1}) = N(C_t mu_{t|t-1}, C_t Sigma_{t|t-1} C_t^T + R_t) of
-    eq. 3.12, as a location and the Cholesky factor of its covariance. ``gain (..., S, D)``:
-    K_t. ``cov (..., S, S)``: the filtered Sigma_t (it does not depend on x_t).
-    :meth:`mean` gives the filtered mu_t once x_t is known.
-    """
-
-    pred_mean: Tensor
-    loc: Tensor
-    scale_tril: Tensor
-    gain: Tensor
-    cov: Tensor
-
-    def mean(self, observation: Tensor) -> Tensor:
-        """Filtered mean mu_t = mu_{t|t-1} + K_t (x_t - C_t mu_{t|t-1}) ``(..., S)``."""
-        return self.pred_mean + mv(self.gain, observation - self.loc)
-
-
-def kalman_predict(
-    mean: Tensor,
-    cov: Tensor,
-    transition_matrix: Tensor,
-    transition_cov: Tensor,
-    offset: Optional[Tensor] = None,
-):
-    """Prediction step (thesis eq. 3.11): mu_{t|t-1} = A_t mu_{t-1} + b_t,
-    Sigma_{t|t-1} = A_t Sigma_{t-1} A_t^T + Q_t.
-
-    :param mean: ``(..., S)``; ``cov`` ``(..., S, S)``; ``transition_matrix`` A_t and
-        ``transition_cov`` Q_t ``(..., S, S)``; ``offset`` b_t = B_t u_t ``(..., S)`` or None.
-        Batch dimensions broadcast.
-    :returns: ``(mean, cov)`` of p(z_t | x_{1:t-1}).
-    """
-    m = mv(transition_matrix, mean)
-    if offset is not None:
-        m = m + offset
-    return m, sym(transition_matrix @ cov @ transition_matrix.mT + transition_cov)
-
-
-def kalman_update(
-    pred_mean: Tensor, pred_cov: Tensor, observation_matrix: Tensor, observation_cov: Tensor
-) -> KalmanStep:
-    """Measurement step (thesis eq. 3.11) up to the observation: K_t = Sigma_{t|t-1} C_t^T S_t^{-1}
-    with S_t = C_t Sigma_{t|t-1} C_t^T + R_t, Sigma_t in Joseph form
-    (I - K C) Sigma_{t|t-1} (I - K C)^T + K R K^T (PSD by construction), and the predictive
-    of x_t; ``.mean(x_t)`` completes it (split so that a model can sample x_t from the
-    predictive first).
-
-    :param pred_mean: ``(..., S)``; ``pred_cov`` ``(..., S, S)``; ``observation_matrix`` C_t
-        ``(..., D, S)``; ``observation_cov`` R_t ``(..., D, D)`` positive definite. Batch
-        dimensions broadcast.
-    :returns: :class:`KalmanStep`.
-    :raises ValueError: the innovation covariance S_t is not positive definite.
-    """
-    L, K, Sigma = measurement_update(pred_cov, observation_matrix, observation_cov)
-    return KalmanStep(pred_mean, mv(observation_matrix, pred_mean), L, K, Sigma)

@@ -13,7 +13,11 @@ is then
   G_t = [[C P C^T + R, C P], [P C^T, P]] (P = Sigma_{t|t-1}), has the Cholesky factor
   [[L, 0], [W^T, Lc]] with L L^T the innovation covariance (eq. 3.12),
   W = L^{-1} C P and Lc Lc^T = P - W^T W = Sigma_t (Schur complement), and the next
-  G_{t+1} = N N^T + [[C Q C^T + R, C Q], [Q C^T, Q]] with N = [C A; A] Lc;
+  G_{t+1} = N N^T + [[C Q C^T + R, C Q], [Q C^T, Q]] with N = [C A; A] Lc. For small
+  state and observation sizes the recursion is lifted to blocks of ``LIFT`` steps (one
+  factorisation of the joint covariance of a block's observations and its last state per
+  block, then the steps inside all blocks at once), which cuts the sequential operations
+  about fourfold;
 * :func:`constant_recursion`: the means y_t = y_{t-1} F^T + g_t with constant F in blocks
   (a block-Toeplitz product per level, O(log T) levels), and the same for the backward
   recursion of the smoother;
@@ -44,6 +48,11 @@ __all__ = [
 #: Steps between two steady-state tests (as in :mod:`~pyro_seq.ops.kalman_sequential`).
 _CHECK_EVERY = 4
 
+#: Steps per factorisation of the lifted Riccati recursion (:func:`_lifted_joint`), used
+#: while the lifted joint covariance (``LIFT * D + S`` square) is at most ``LIFT_MAX_SIZE``.
+LIFT = 8
+LIFT_MAX_SIZE = 32
+
 #: Sequences at most this long are handled by a plain loop in :func:`constant_recursion`.
 _LOOP_MAX = 16
 
@@ -70,7 +79,8 @@ def steady_applicable(mdl: PreparedLGSSM, steady_state_tol: float, min_steps: in
 
 def joint_covariance_pass(mdl: PreparedLGSSM, steady_state_tol: float):
     """Riccati recursion on the Cholesky factor of the joint predictive covariance of
-    (x_t, z_t) (module docstring), until the steady state.
+    (x_t, z_t) (module docstring), until the steady state; lifted by :data:`LIFT` steps
+    per factorisation (:func:`_lifted_joint`) where the state and observation are small.
 
     :returns: None if a Cholesky factorisation fails (a singular filtered covariance: the
         caller falls back to the general pass), else ``(pcovs, covs, L, K, steady_from)``
@@ -88,11 +98,35 @@ def joint_covariance_pass(mdl: PreparedLGSSM, steady_state_tol: float):
     M0 = torch.cat([C, torch.eye(S, dtype=A.dtype, device=A.device)], 0)
     G0 = M0 @ (P0 @ M0.mT)
     G0[:D, :D] += R
+    tol = steady_state_tol * torch.finfo(A.dtype).eps
+    m = LIFT if (LIFT * D + S <= LIFT_MAX_SIZE and T >= 4 * LIFT) else 1
+    out = _lifted_joint(N0, QJ, G0, A, C, Q, R, m, T, tol) if m > 1 else None
+    if out is None:
+        out = _stepwise_joint(N0, QJ, G0, T, tol)
+    G, Lf, info, steady_from = out
+    if bool((info != 0).any()):
+        return None
+    L, Wt, Lc = Lf[:, :D, :D], Lf[:, D:, :D], Lf[:, D:, D:]
+    covs = Lc @ Lc.mT
+    covs = 0.5 * (covs + covs.mT)
+    Pu = G[:, D:, D:]
+    pcovs = Pu + Pu.mT
+    pcovs *= 0.5
+    pcovs[0] = P0
+    K = tri_solve_lower_transposed(L, Wt.mT).mT  # P C^T (L L^T)^{-1} = W^T L^{-1}
+    return pcovs, covs, L, K, steady_from
+
+
+def _stepwise_joint(N0: Tensor, QJ: Tensor, G0: Tensor, T: int, tol: float):
+    """G_{t+1} = N0 Lc_t Lc_t^T N0^T + QJ one step at a time, with the steady-state test
+    every :data:`_CHECK_EVERY` steps. Returns ``(G, Lf, info, steady_from)``, the first
+    min(steady_from + 1, T) joint covariances, their Cholesky factors and infos."""
+    S = N0.shape[1]
+    D = N0.shape[0] - S
     mm, addmm, cholesky_ex = torch.mm, torch.addmm, torch.linalg.cholesky_ex
     Lt, it = cholesky_ex(G0)
     Gs, Ls, infos = [G0], [Lt], [it]
     settled, steady_from = 0, T
-    tol = steady_state_tol * torch.finfo(A.dtype).eps
     for t in range(1, T):
         N = mm(N0, Lt[D:, D:])
         Gt = addmm(QJ, N, N.mT)
@@ -106,18 +140,96 @@ def joint_covariance_pass(mdl: PreparedLGSSM, steady_state_tol: float):
             if settled == 2:
                 steady_from = t
                 break
-    G, Lf, info = torch.stack(Gs), torch.stack(Ls), torch.stack(infos)
-    if bool((info != 0).any()):
+    return torch.stack(Gs), torch.stack(Ls), torch.stack(infos), steady_from
+
+
+def _lifted_joint(N0, QJ, G0, A, C, Q, R, m: int, T: int, tol: float):
+    """The joint covariances G_t of :func:`_stepwise_joint` with one sequential
+    factorisation per m steps (the recursion lifted to blocks of m observations).
+
+    With P_s the predicted covariance at the first step s of a block, the joint covariance
+    of (x_s, ..., x_{s+m-1}, z_{s+m-1}) given x_{<s} is Nm0 P_s Nm0^T + QJm0, where
+    Nm0 = [C; C A; ...; C A^{m-1}; A^{m-1}] and QJm0 is the covariance of the block's later
+    noise (w_{s+i}, i >= 1, enters x_{s+j}, j >= i, through C A^{j-i} and z_{s+m-1} through
+    A^{m-1-i}; v_{s+j} through the identity). With P_s = A Sigma_{s-1} A^T + Q this is
+    Nm Sigma_{s-1} Nm^T + QJm with Nm = Nm0 A and QJm = Nm0 Q Nm0^T + QJm0, and the
+    trailing block of its Cholesky factor is that of Sigma_{s+m-1} (Schur complement). The
+    sequential part is one product, one factorisation and a test per block; then the m
+    steps inside every block run as the per-step recursion, batched over the blocks. The
+    steady-state test compares G_t with G_{t-1} inside a block (t = m / 2 mod m), where both
+    come from the same per-step chain. Returns None where no steady state is found in the
+    blocks computed (the caller then runs :func:`_stepwise_joint`).
+    """
+    S = N0.shape[1]
+    D = N0.shape[0] - S
+    mm, addmm, cholesky_ex = torch.mm, torch.addmm, torch.linalg.cholesky_ex
+    eye = torch.eye(S, dtype=A.dtype, device=A.device)
+    pw = [eye, A]
+    for _ in range(m - 2):
+        pw.append(A @ pw[-1])
+    powers = torch.stack(pw)  # (m, S, S): A^0 .. A^{m-1}
+    CP = C @ powers  # (m, D, S)
+    Nm0 = torch.cat([CP.reshape(m * D, S), pw[-1]], 0)  # (m D + S, S)
+    # Phi0 [(j, d), (i, c)] = (C A^{j-i})[d, c] for 1 <= i <= j, last rows A^{m-1-i}
+    ar = torch.arange(m, device=A.device)
+    idx = ar.unsqueeze(1) - ar.unsqueeze(0)  # [j, i] = j - i
+    idx = torch.where((idx >= 0) & (ar.unsqueeze(0) >= 1), idx, torch.full_like(idx, m))
+    CPz = torch.cat([CP, torch.zeros_like(CP[:1])], 0)
+    Phi_x = CPz[idx].permute(0, 2, 1, 3).reshape(m * D, m * S)
+    Pz = torch.cat([powers, torch.zeros_like(powers[:1])], 0)
+    Phi_z = Pz[torch.where(ar >= 1, m - 1 - ar, torch.full_like(ar, m))]  # (m, S, S)
+    Phi = torch.cat([Phi_x, Phi_z.permute(1, 0, 2).reshape(S, m * S)], 0)
+    PhiQ = (Phi.view(-1, m, S) @ Q).view(-1, m * S)
+    QJm0 = PhiQ @ Phi.mT
+    QJm0[: m * D, : m * D].view(m, D, m, D).diagonal(0, 0, 2).add_(R.unsqueeze(-1))
+    Nm = Nm0 @ A
+    QJm = torch.addmm(QJm0, Nm0 @ Q, Nm0.mT)
+    # the sequential part: the filtered factor at every block end
+    Gm = torch.addmm(QJm0, Nm0 @ G0[D:, D:], Nm0.mT)  # block 0 from P_0 = Sigma_{1|0}
+    Lm, info = cholesky_ex(Gm)
+    ends, infos = [Lm[m * D :, m * D :]], [info]
+    prev, settled = Gm, 0
+    for _ in range(1, -(-T // m) - 1):
+        N = mm(Nm, ends[-1])
+        Gm = addmm(QJm, N, N.mT)
+        Lm, info = cholesky_ex(Gm)
+        ends.append(Lm[m * D :, m * D :])
+        infos.append(info)
+        diff = float(torch.sub(Gm, prev).abs_().max())
+        settled = settled + 1 if diff <= tol * float(Gm.abs().max()) else 0
+        if settled == 2:
+            break
+        prev = Gm
+    if bool(torch.stack(infos).any()):
         return None
-    L, Wt, Lc = Lf[:, :D, :D], Lf[:, D:, :D], Lf[:, D:, D:]
-    covs = Lc @ Lc.mT
-    covs = 0.5 * (covs + covs.mT)
-    Pu = G[:, D:, D:]
-    pcovs = Pu + Pu.mT
-    pcovs *= 0.5
-    pcovs[0] = P0
-    K = tri_solve_lower_transposed(L, Wt.mT).mT  # P C^T (L L^T)^{-1} = W^T L^{-1}
-    return pcovs, covs, L, K, steady_from
+    # the steps inside every block, batched: first steps from the predicted covariances
+    AL = A @ torch.stack(ends)  # (nb, S, S): A Sigma^{1/2} at the block ends
+    P = torch.cat([G0[D:, D:].unsqueeze(0), torch.baddbmm(Q, AL, AL.mT)], 0)
+    M0 = torch.cat([C, eye], 0)
+    Gt = M0 @ P @ M0.mT
+    Gt[:, :D, :D] += R
+    Lt, it = cholesky_ex(Gt)
+    Gb, Lb, ib = [Gt], [Lt], [it]
+    N0b = N0.expand(P.shape[0], -1, -1)
+    for _ in range(1, m):
+        N = torch.bmm(N0b, Lt[:, D:, D:])
+        Gt = torch.baddbmm(QJ, N, N.mT)
+        Lt, it = cholesky_ex(Gt)
+        Gb.append(Gt)
+        Lb.append(Lt)
+        ib.append(it)
+    G = torch.stack(Gb, 1).flatten(0, 1)[:T]  # time order: block b, step j -> b m + j
+    Lf = torch.stack(Lb, 1).flatten(0, 1)[:T]
+    info = torch.stack(ib, 1).flatten(0, 1)[:T]
+    # the steady-state test of _stepwise_joint, inside blocks, at two consecutive tests
+    t_test = torch.arange(m // 2, G.shape[0], m, device=G.device)
+    gap = (G[t_test] - G[t_test - 1]).abs().amax((-2, -1))
+    ok = (gap <= tol * G[t_test].abs().amax((-2, -1))).tolist()
+    for i in range(1, len(ok)):
+        if ok[i - 1] and ok[i]:
+            u = int(t_test[i]) + 1
+            return G[:u], Lf[:u], info[:u], u - 1
+    return None
 
 
 def constant_recursion(F: Tensor, g: Tensor, y0: Optional[Tensor] = None, block: int = 8) -> Tensor:

@@ -13,7 +13,7 @@ recursions (:func:`backward_coefficients` for sampling, :func:`smoother_coeffici
 """
 
 import math
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import torch
 from torch import Tensor
@@ -222,3 +222,70 @@ def smoother_coefficients(
             Pc = sym(fused_addmm(Sig, J, ASig, alpha=-1.0))
     h = f.means[..., :-1, :] - mv(J, f.predicted_means[..., 1:, :])
     return J, h, Pc
+
+
+# ---------------------------------------------------------------------------------------
+# One step at a time (public through :mod:`pyro_seq.ops.kalman`:
+# models whose parameters at step t depend on earlier observations)
+# ---------------------------------------------------------------------------------------
+
+
+class KalmanStep(NamedTuple):
+    """One measurement step of the Kalman filter (thesis Sec. 3.4.1), before the observation.
+
+    ``pred_mean (..., S)``: mu_{t|t-1}. ``loc (..., D)``, ``scale_tril (..., D, D)``: the
+    one-step predictive p(x_t | x_{1:t-1}) = N(C_t mu_{t|t-1}, C_t Sigma_{t|t-1} C_t^T + R_t) of
+    eq. 3.12, as a location and the Cholesky factor of its covariance. ``gain (..., S, D)``:
+    K_t. ``cov (..., S, S)``: the filtered Sigma_t (it does not depend on x_t).
+    :meth:`mean` gives the filtered mu_t once x_t is known.
+    """
+
+    pred_mean: Tensor
+    loc: Tensor
+    scale_tril: Tensor
+    gain: Tensor
+    cov: Tensor
+
+    def mean(self, observation: Tensor) -> Tensor:
+        """Filtered mean mu_t = mu_{t|t-1} + K_t (x_t - C_t mu_{t|t-1}) ``(..., S)``."""
+        return self.pred_mean + mv(self.gain, observation - self.loc)
+
+
+def kalman_predict(
+    mean: Tensor,
+    cov: Tensor,
+    transition_matrix: Tensor,
+    transition_cov: Tensor,
+    offset: Optional[Tensor] = None,
+):
+    """Prediction step (thesis eq. 3.11): mu_{t|t-1} = A_t mu_{t-1} + b_t,
+    Sigma_{t|t-1} = A_t Sigma_{t-1} A_t^T + Q_t.
+
+    :param mean: ``(..., S)``; ``cov`` ``(..., S, S)``; ``transition_matrix`` A_t and
+        ``transition_cov`` Q_t ``(..., S, S)``; ``offset`` b_t = B_t u_t ``(..., S)`` or None.
+        Batch dimensions broadcast.
+    :returns: ``(mean, cov)`` of p(z_t | x_{1:t-1}).
+    """
+    m = mv(transition_matrix, mean)
+    if offset is not None:
+        m = m + offset
+    return m, sym(transition_matrix @ cov @ transition_matrix.mT + transition_cov)
+
+
+def kalman_update(
+    pred_mean: Tensor, pred_cov: Tensor, observation_matrix: Tensor, observation_cov: Tensor
+) -> KalmanStep:
+    """Measurement step (thesis eq. 3.11) up to the observation: K_t = Sigma_{t|t-1} C_t^T S_t^{-1}
+    with S_t = C_t Sigma_{t|t-1} C_t^T + R_t, Sigma_t in Joseph form
+    (I - K C) Sigma_{t|t-1} (I - K C)^T + K R K^T (PSD by construction), and the predictive
+    of x_t; ``.mean(x_t)`` completes it (split so that a model can sample x_t from the
+    predictive first).
+
+    :param pred_mean: ``(..., S)``; ``pred_cov`` ``(..., S, S)``; ``observation_matrix`` C_t
+        ``(..., D, S)``; ``observation_cov`` R_t ``(..., D, D)`` positive definite. Batch
+        dimensions broadcast.
+    :returns: :class:`KalmanStep`.
+    :raises ValueError: the innovation covariance S_t is not positive definite.
+    """
+    L, K, Sigma = measurement_update(pred_cov, observation_matrix, observation_cov)
+    return KalmanStep(pred_mean, mv(observation_matrix, pred_mean), L, K, Sigma)
