@@ -30,7 +30,13 @@ from torch import Tensor
 from pyro_seq.ops.kalman_steady import joint_covariance_pass
 from pyro_seq.ops.lgssm import PreparedLGSSM
 
-__all__ = ["blocked_recursion", "from_blocks", "steady_log_likelihood", "to_blocks"]
+__all__ = [
+    "blocked_recursion",
+    "from_blocks",
+    "steady_log_likelihood",
+    "to_blocks",
+    "varying_recursion",
+]
 
 #: Steps per block (k); the block-local solution costs k - 1 products.
 BLOCK = 8
@@ -70,8 +76,9 @@ def blocked_recursion(F: Tensor, g: Tensor, y0: Optional[Tensor] = None) -> Tens
     S, k, nb, n = g.shape
     if y0 is not None:
         g[:, 0, 0].addmm_(F, y0)
+    cols = g.view(S, k, nb * n).unbind(1)  # step j of every block: (S, nb n)
     for j in range(1, k):
-        g[:, j].view(S, nb * n).addmm_(F, g[:, j - 1].view(S, nb * n))
+        cols[j].addmm_(F, cols[j - 1])
     if nb == 1:
         return g
     powers = [F]
@@ -79,9 +86,10 @@ def blocked_recursion(F: Tensor, g: Tensor, y0: Optional[Tensor] = None) -> Tens
         powers.append(F @ powers[-1])
     ends = g[:, k - 1, :-1]  # (S, nb - 1, n): the local block ends, E_{-1} = 0
     if nb - 1 <= _LOOP_MAX:
-        E = ends.clone()
+        E = ends.clone(memory_format=torch.contiguous_format)
+        Es = E.unbind(1)
         for b in range(1, nb - 1):
-            E[:, b].addmm_(powers[-1], E[:, b - 1])
+            Es[b].addmm_(powers[-1], Es[b - 1])
     else:
         E = from_blocks(blocked_recursion(powers[-1], to_blocks(ends.permute(2, 1, 0), k)), nb - 1)
         E = E.permute(2, 1, 0).contiguous()
@@ -89,6 +97,33 @@ def blocked_recursion(F: Tensor, g: Tensor, y0: Optional[Tensor] = None) -> Tens
     Pw = torch.stack(powers, 1).reshape(S * k, S)
     g[:, :, 1:] += (Pw @ E.view(S, (nb - 1) * n)).view(S, k, nb - 1, n)
     return g
+
+
+def varying_recursion(F: Tensor, y: Tensor) -> Tensor:
+    """y_t = F_t y_{t-1} + g_t with y_{-1} = 0, in place, for blocks in time order:
+    F ``(nb, k, S, S)`` (entry ``[b, j]`` is F_t for t = b k + j), y ``(nb, k, S, n)``
+    holding g on entry and y on return.
+
+    Inside all blocks at once (k - 1 batched products), the products Pi_{b, j} =
+    F_{b k + j} ... F_{b k} likewise, the block ends E_b = y_{b, k-1} + Pi_{b, k-1} E_{b-1}
+    by a loop over the blocks, and y_{b, j} += Pi_{b, j} E_{b-1}.
+    """
+    nb, k = F.shape[:2]
+    ys, Fs = y.unbind(1), F.unbind(1)
+    for j in range(1, k):
+        ys[j].baddbmm_(Fs[j], ys[j - 1])
+    if nb == 1:
+        return y
+    Pi = [Fs[0]]
+    for j in range(1, k):
+        Pi.append(torch.bmm(Fs[j], Pi[-1]))
+    last, Pk = ys[k - 1].unbind(0), Pi[-1].unbind(0)
+    ends = [last[0]]
+    for b in range(1, nb - 1):
+        ends.append(torch.addmm(last[b], Pk[b], ends[-1]))
+    Pis = torch.stack(Pi, 1)  # (nb, k, S, S)
+    y[1:] += Pis[1:] @ torch.stack(ends).unsqueeze(1)
+    return y
 
 
 def _head_to_time(y: Tensor, bh: int) -> Tensor:
@@ -131,18 +166,15 @@ def steady_log_likelihood(mdl: PreparedLGSSM, steady_state_tol: float) -> Option
     G = A @ K  # (u, S, D)
     Fp = A - G @ C  # (u, S, S)
 
-    # s_t = Fp_t s_{t-1} + G_t x_t: the first bh blocks by a loop in time order, the rest by
-    # blocked_recursion with the constant coefficients
+    # s_t = Fp_t s_{t-1} + G_t x_t: the first bh blocks (time-varying coefficients) in time
+    # order by varying_recursion, the rest by blocked_recursion with the constant ones
     s = (G[-1] @ X.view(D, -1)).view(S, k, nb, n)
     head = torch.bmm(G[steps], _head_to_time(X, bh))  # (th, S, n)
-    hs = head.unbind(0)
-    hs[0].addmm_(Fp[0], mdl.init_loc.reshape(S, 1).expand(S, n))
-    Fh = Fp[steps].unbind(0)
-    for t in range(1, th):
-        hs[t].addmm_(Fh[t], hs[t - 1])
+    head[0].addmm_(Fp[0], mdl.init_loc.reshape(S, 1).expand(S, n))
+    varying_recursion(Fp[steps].view(bh, k, S, S), head.view(bh, k, S, n))
     _time_to_head(s, head)
     if bh < nb:
-        blocked_recursion(Fp[-1], s[:, :, bh:], hs[-1])
+        blocked_recursion(Fp[-1], s[:, :, bh:], head[-1])
 
     # innovations r_t = x_t - C s_{t-1} (s_{-1} = mu_{1|0}), whitened by L_t^{-1}
     Cs = (C @ s.view(S, -1)).view(D, k, nb, n)

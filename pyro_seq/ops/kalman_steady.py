@@ -53,6 +53,9 @@ _CHECK_EVERY = 4
 LIFT = 8
 LIFT_MAX_SIZE = 32
 
+#: Lifted blocks between two steady-state tests (each test covers the blocks since the last).
+_LIFT_TEST_EVERY = 4
+
 #: Sequences at most this long are handled by a plain loop in :func:`constant_recursion`.
 _LOOP_MAX = 16
 
@@ -187,19 +190,30 @@ def _lifted_joint(N0, QJ, G0, A, C, Q, R, m: int, T: int, tol: float):
     # the sequential part: the filtered factor at every block end
     Gm = torch.addmm(QJm0, Nm0 @ G0[D:, D:], Nm0.mT)  # block 0 from P_0 = Sigma_{1|0}
     Lm, info = cholesky_ex(Gm)
-    ends, infos = [Lm[m * D :, m * D :]], [info]
-    prev, settled = Gm, 0
-    for _ in range(1, -(-T // m) - 1):
+    ends, infos, Gms = [Lm[m * D :, m * D :]], [info], [Gm]
+    last = -(-T // m) - 2  # the last block whose end starts a block inside 0..T-1
+    tested, settled = 0, 0
+    for i in range(1, last + 1):
         N = mm(Nm, ends[-1])
         Gm = addmm(QJm, N, N.mT)
         Lm, info = cholesky_ex(Gm)
         ends.append(Lm[m * D :, m * D :])
         infos.append(info)
-        diff = float(torch.sub(Gm, prev).abs_().max())
-        settled = settled + 1 if diff <= tol * float(Gm.abs().max()) else 0
+        Gms.append(Gm)
+        if i % _LIFT_TEST_EVERY and i < last:
+            continue
+        # the steady-state test on the blocks since the last test, at once
+        Gn = torch.stack(Gms[tested:])
+        gap = torch.sub(Gn[1:], Gn[:-1]).abs_().amax((-2, -1))
+        ok = (gap <= tol * Gn[1:].abs().amax((-2, -1))).tolist()
+        for j, passed in enumerate(ok):
+            settled = settled + 1 if passed else 0
+            if settled == 2:
+                del ends[tested + j + 2 :], infos[tested + j + 2 :]
+                break
         if settled == 2:
             break
-        prev = Gm
+        tested = i
     if bool(torch.stack(infos).any()):
         return None
     # the steps inside every block, batched: first steps from the predicted covariances
