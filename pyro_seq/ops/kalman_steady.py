@@ -33,6 +33,7 @@ import torch
 from torch import Tensor
 
 from pyro_seq.ops.kalman_sequential import backward_covariance_pass
+from pyro_seq.ops.kalman_stein import steady_smoothed_covariances
 from pyro_seq.ops.lgssm import PreparedLGSSM
 from pyro_seq.ops.linalg import repeat_last, tri_solve_lower_transposed
 
@@ -404,7 +405,8 @@ def steady_smoother(mdl: PreparedLGSSM, filtered, ASig: Tensor, steady_from: int
     :func:`steady_filter` (``filtered`` its first five outputs, ``ASig`` and ``steady_from``
     its last two): J_t = Sigma_t A^T Sigma_{t+1|t}^{-1} for the distinct t <= steady_from
     (one Cholesky solve), the backward means by :func:`steady_smoother_means`, the
-    covariances by :func:`~pyro_seq.ops.kalman_sequential.backward_covariance_pass` and the
+    covariances by :func:`~pyro_seq.ops.kalman_stein.steady_smoothed_covariances` (or
+    :func:`~pyro_seq.ops.kalman_sequential.backward_covariance_pass` where it declines) and the
     cross covariances Sigma_{t+1|T} J_t^T with one product for the constant stretch.
 
     :returns: None where some Sigma_{t+1|t} is singular to working precision (the caller
@@ -424,7 +426,12 @@ def steady_smoother(mdl: PreparedLGSSM, filtered, ASig: Tensor, steady_from: int
     h = mu[:, :-1] - _apply_split(J, pm[:, 1:], u)
     sm = steady_smoother_means(J, h, mu[:, -1], u - 1)
     J_full = repeat_last(J, T - 1, 0).reshape(ones + (T - 1, S, S))
-    scovs = backward_covariance_pass(J_full, covs, ASu.reshape(ones + (u, S, S)), u - 1, tol)
+    cv = covs.reshape(T, S, S)
+    eps = torch.finfo(cv.dtype).eps
+    scovs = steady_smoothed_covariances(J, cv[:u] - J @ ASu, cv[-1], T, tol * eps)
+    if scovs is None:
+        scovs = backward_covariance_pass(J_full, covs, ASu.reshape(ones + (u, S, S)), u - 1, tol)
+    scovs = scovs.reshape(ones + (T, S, S))
     sc = scovs.reshape(T, S, S)[1:]
     cross = torch.cat([sc[:u] @ J.mT, (sc[u:].reshape(-1, S) @ J[-1].mT).reshape(-1, S, S)], 0)
     return sm.reshape(xb + (T, S)), scovs, cross.reshape(ones + (T - 1, S, S)), J_full

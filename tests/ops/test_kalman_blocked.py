@@ -7,6 +7,7 @@ back to the filter's sum."""
 import pytest
 import torch
 
+import pyro_seq.ops.blocked_recursions as rec
 import pyro_seq.ops.kalman as kalman
 import pyro_seq.ops.kalman_blocked as blocked
 from pyro_seq.distributions import LinearGaussianSSM
@@ -47,19 +48,19 @@ def test_blocked_recursion_equals_loop(T, k):
     F = 0.7 * torch.linalg.qr(torch.randn(S, S, generator=gen, dtype=F64))[0]
     g = torch.randn(4, T, S, generator=gen, dtype=F64)
     y0 = torch.randn(4, S, generator=gen, dtype=F64)
-    got = blocked.blocked_recursion(F, blocked.to_blocks(g, k), y0.T.contiguous())
-    _close(blocked.from_blocks(got, T), _loop(F, g, y0))
-    zero = blocked.blocked_recursion(F, blocked.to_blocks(g, k))
-    _close(blocked.from_blocks(zero, T), _loop(F, g, torch.zeros_like(y0)))
+    got = rec.blocked_recursion(F, rec.to_blocks(g, k), y0.T.contiguous())
+    _close(rec.from_blocks(got, T), _loop(F, g, y0))
+    zero = rec.blocked_recursion(F, rec.to_blocks(g, k))
+    _close(rec.from_blocks(zero, T), _loop(F, g, torch.zeros_like(y0)))
 
 
 def test_blocks_round_trip_and_layout():
     x = torch.arange(2 * 11 * 3, dtype=F64).reshape(2, 11, 3)
-    b = blocked.to_blocks(x, 4)  # nb = 3 blocks, the last with one padding step
+    b = rec.to_blocks(x, 4)  # nb = 3 blocks, the last with one padding step
     assert b.shape == (3, 4, 3, 2)
     assert torch.equal(b[:, 2, 1, 0], x[0, 6])  # step t = 1 * 4 + 2 of sequence 0
     assert torch.equal(b[:, 3, 2], torch.zeros(3, 2, dtype=F64))  # t = 11: padding
-    assert torch.equal(blocked.from_blocks(b, 11), x)
+    assert torch.equal(rec.from_blocks(b, 11), x)
 
 
 @pytest.mark.parametrize("batch", [(), (5,), (2, 3)])
