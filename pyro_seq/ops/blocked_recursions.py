@@ -11,6 +11,8 @@ form one matrix ``(F, nb n)``.
 * :func:`blocked_recursion`: constant F, in k - 1 products inside all blocks at once, the
   blocks joined by the same recursion with F^k over the block ends (O(log_k T) levels).
 * :func:`varying_recursion`: time-varying F_t in time order, batched over blocks.
+* :func:`piecewise_recursion`: rows in, rows out, F_t varying on a stretch at the start or
+  the end and constant elsewhere (the steady-state filter and smoother means).
 """
 
 from typing import Optional
@@ -18,7 +20,14 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-__all__ = ["BLOCK", "blocked_recursion", "from_blocks", "to_blocks", "varying_recursion"]
+__all__ = [
+    "BLOCK",
+    "blocked_recursion",
+    "from_blocks",
+    "piecewise_recursion",
+    "to_blocks",
+    "varying_recursion",
+]
 
 #: Steps per block (k); the block-local solution costs k - 1 products.
 BLOCK = 8
@@ -104,3 +113,42 @@ def varying_recursion(F: Tensor, y: Tensor) -> Tensor:
     Pis = torch.stack(Pi, 1)  # (nb, k, S, S)
     y[1:] += Pis[1:] @ torch.stack(ends).unsqueeze(1)
     return y
+
+
+def piecewise_recursion(
+    varying: Tensor, g: Tensor, y0: Optional[Tensor] = None, at_end: bool = False
+) -> Tensor:
+    """y_t = F_t y_{t-1} + g_t (column form; y_{-1} = ``y0`` or 0) in row layout, for
+    coefficients that vary on a stretch and are constant elsewhere: ``g (n, T, S)``,
+    ``y0 (n, S)``, ``varying (m, S, S)``. With ``at_end=False`` F_t = ``varying[min(t,
+    m - 1)]`` (the first m steps vary, the last entry repeats); with ``at_end=True``
+    F_t = ``varying[t - (T - m)]`` for the last m steps and ``varying[0]`` before them.
+    Returns ``(n, T, S)``.
+
+    The data go to the blocked layout once (:func:`to_blocks`); the blocks holding varying
+    steps run through :func:`varying_recursion`, the others through
+    :func:`blocked_recursion`.
+    """
+    n, T, S = g.shape
+    m, k = varying.shape[0], BLOCK
+    y = to_blocks(g, k)  # (S, k, nb, n), a copy
+    nb = y.shape[2]
+    if not at_end:
+        b0, b1 = 0, min(-(-m // k), nb)  # blocks with a varying step
+        steps = torch.arange(b1 * k, device=g.device).clamp_(max=m - 1)
+    else:
+        b0, b1 = min((T - m) // k, nb), nb
+        steps = (torch.arange(b0 * k, b1 * k, device=g.device) - (T - m)).clamp_(0, m - 1)
+    start = None if y0 is None else y0.mT
+    if b0 > 0:  # a constant stretch first
+        blocked_recursion(varying[0], y[:, :, :b0], start)
+        start = y[:, k - 1, b0 - 1]
+    part = y[:, :, b0:b1].permute(2, 1, 0, 3).reshape((b1 - b0) * k, S, n)  # time order
+    Fs = varying[steps]
+    if start is not None:
+        part[0].addmm_(Fs[0], start)
+    varying_recursion(Fs.view(b1 - b0, k, S, S), part.view(b1 - b0, k, S, n))
+    y[:, :, b0:b1] = part.view(b1 - b0, k, S, n).permute(2, 1, 0, 3)
+    if b1 < nb:  # a constant stretch last
+        blocked_recursion(varying[-1], y[:, :, b1:], part[-1])
+    return from_blocks(y, T)

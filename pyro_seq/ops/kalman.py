@@ -159,7 +159,6 @@ from typing import NamedTuple, Optional
 import torch
 from torch import Tensor
 
-from pyro_seq.ops.kalman_blocked import steady_log_likelihood
 from pyro_seq.ops.kalman_parallel import affine_scan, backward_scan, covariance_scan
 from pyro_seq.ops.kalman_sequential import (
     backward_covariance_pass,
@@ -167,7 +166,12 @@ from pyro_seq.ops.kalman_sequential import (
     covariance_pass,
     mean_pass,
 )
-from pyro_seq.ops.kalman_steady import steady_applicable, steady_filter, steady_smoother
+from pyro_seq.ops.kalman_steady import (
+    steady_applicable,
+    steady_filter,
+    steady_log_likelihood,
+    steady_smoother,
+)
 from pyro_seq.ops.kalman_steps import (  # the one-step API is public here
     KalmanStep,
     a_sigma,
@@ -498,7 +502,7 @@ def kalman_log_likelihood(
     value of :func:`kalman_filter`'s ``log_likelihoods.sum(-1)``, shape ``batch``. Without
     the filter's other outputs, ``"auto"`` can run the blocked steady-state form of
     :mod:`~pyro_seq.ops.kalman_blocked` (time-invariant parameters shared by the batch, no
-    mask, controls or autograd); elsewhere it is the filter's sum."""
+    mask or autograd); elsewhere it is the filter's sum."""
     mdl = _prepare(
         observations,
         initial_loc,
@@ -513,11 +517,10 @@ def kalman_log_likelihood(
         nan_as_missing,
         validate_args,
     )
-    if method == "auto" and mdl.b is None:
-        if steady_applicable(mdl, steady_state_tol, PARALLEL_THRESHOLD):
-            ll = steady_log_likelihood(mdl, steady_state_tol)
-            if ll is not None:
-                return ll.expand(mdl.batch_shape)
+    if method == "auto" and steady_applicable(mdl, steady_state_tol, PARALLEL_THRESHOLD):
+        ll = steady_log_likelihood(mdl, steady_state_tol)
+        if ll is not None:
+            return ll.expand(mdl.batch_shape)
     res, _, _ = _filter(mdl, method, steady_state_tol)
     return res.log_likelihoods.sum(-1).expand(mdl.batch_shape)
 

@@ -1,16 +1,17 @@
-r"""The log-likelihood of a time-invariant linear-Gaussian state-space model after the
-steady state of its Riccati recursion, with the data in a blocked time layout (thesis eq.
-3.12; used by :func:`pyro_seq.ops.kalman.kalman_log_likelihood` with ``method="auto"``).
+r"""The data side of the Kalman filter for a time-invariant linear-Gaussian state-space model
+after the steady state of its Riccati recursion, in a blocked time layout (thesis eqs.
+3.11-3.12; used by :mod:`~pyro_seq.ops.kalman_steady` for ``method="auto"``: the filter,
+the smoother's forward pass and :func:`pyro_seq.ops.kalman.kalman_log_likelihood`).
 
-log p(x_{1:T}) needs only the one-step predictions mu_{t+1|t} = s_t, a linear recursion
+With the gains of :func:`~pyro_seq.ops.kalman_steady.joint_covariance_pass` (constant from
+the steady state on) the one-step predictions s_t = mu_{t+1|t} follow a linear recursion
 
     s_t = Fp_t s_{t-1} + G_t x_t,  Fp_t = A (I - K_t C),  G_t = A K_t,  s_{-1} = mu_{1|0},
 
-and the whitened innovations v_t = L_t^{-1} (x_t - C s_{t-1}) (L_t L_t^T the innovation
-covariance): log p(x_{1:T}) = sum_t -|v_t|^2 / 2 - log|L_t| - D log(2 pi) / 2. The gains come
-from :func:`~pyro_seq.ops.kalman_steady.joint_covariance_pass` and are constant from its
-steady state on, so most of the work is a few products of small constant matrices with all
-n T observations at once.
+the innovations are r_t = x_t - C s_{t-1}, the filtered means mu_t = mu_{t|t-1} + K_t r_t,
+and log p(x_t | x_{1:t-1}) = -|L_t^{-1} r_t|^2 / 2 - log|L_t| - D log(2 pi) / 2 (L_t L_t^T
+the innovation covariance). Most of the work is a few products of small constant matrices
+with all n T observations at once.
 
 Every data-side tensor is in the feature-first blocked layout of
 :mod:`~pyro_seq.ops.blocked_recursions` (entry ``[:, j, b, i]`` is step b k + j of sequence
@@ -20,7 +21,7 @@ i): the steps before the steady state by
 """
 
 import math
-from typing import Optional
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
@@ -28,13 +29,19 @@ from torch import Tensor
 from pyro_seq.ops.blocked_recursions import (
     BLOCK,
     blocked_recursion,
+    from_blocks,
     to_blocks,
     varying_recursion,
 )
-from pyro_seq.ops.kalman_steady import joint_covariance_pass
 from pyro_seq.ops.lgssm import PreparedLGSSM
 
-__all__ = ["steady_log_likelihood"]
+__all__ = [
+    "BlockedFilter",
+    "blocked_filter",
+    "blocked_filter_rows",
+    "blocked_log_likelihood",
+    "step_log_det",
+]
 
 _LOG_2PI = math.log(2 * math.pi)
 
@@ -52,58 +59,100 @@ def _time_to_head(y: Tensor, h: Tensor) -> None:
     y[:, :, :bh] = h.view(bh, k, F, n).permute(2, 1, 0, 3)
 
 
-def steady_log_likelihood(mdl: PreparedLGSSM, steady_state_tol: float) -> Optional[Tensor]:
-    """log p(x_{1:T}) (thesis eq. 3.12) of every sequence, for a model where
-    :func:`~pyro_seq.ops.kalman_steady.steady_applicable` holds and there are no state
-    offsets (``mdl.b is None``): ``mdl.x (..., T, D)`` -> ``(...)``.
+def _apply(M: Tensor, y: Tensor, steps: Tensor) -> Tensor:
+    """M_t y_t for all steps of ``y (q, k, nb, n)``, M_t = ``M[steps[t]]`` on the head blocks
+    (``len(steps)`` steps) and ``M[-1]`` after them: ``M (u, p, q)`` -> ``(p, k, nb, n)``."""
+    q, k, nb, n = y.shape
+    out = (M[-1] @ y.view(q, -1)).view(-1, k, nb, n)
+    _time_to_head(out, torch.bmm(M[steps], _head_to_time(y, steps.shape[0] // k)))
+    return out
 
-    :returns: None where :func:`~pyro_seq.ops.kalman_steady.joint_covariance_pass` fails or
-        reaches no steady state before T (the caller then runs the general filter).
-    """
-    res = joint_covariance_pass(mdl, steady_state_tol)
-    if res is None or res[-1] >= mdl.T:
-        return None
-    _, _, L, K, steady_from = res
+
+class BlockedFilter(NamedTuple):
+    """The data side of the steady-state filter in the blocked layout ``(F, k, nb, n)``:
+    ``pmeans`` mu_{t|t-1} ``(S, ...)``, ``innovations`` r_t = x_t - C mu_{t|t-1} ``(D, ...)``,
+    ``sq`` |L_t^{-1} r_t|^2 ``(k, nb, n)`` (0 at the padding steps) and ``steps`` the index
+    of the distinct coefficients of each head step."""
+
+    pmeans: Tensor
+    innovations: Tensor
+    sq: Tensor
+    steps: Tensor
+
+
+def blocked_filter(mdl: PreparedLGSSM, L: Tensor, K: Tensor) -> BlockedFilter:
+    """Predicted means, innovations and squared whitened innovations (module docstring) for
+    a time-invariant model with the gains of
+    :func:`~pyro_seq.ops.kalman_steady.joint_covariance_pass`: ``L (u, D, D)``,
+    ``K (u, S, D)``, entry u - 1 standing for every later step. State offsets b_t
+    (``mdl.b``, shared by the batch) enter as mu_{t+1|t} = A mu_t + b_{t+1}."""
     T, S, D = mdl.T, mdl.S, mdl.D
-    u = steady_from + 1  # K[t], L[t] for t < u; entry u - 1 from then on
+    u = K.shape[0]
     A, C = mdl.A.reshape(S, S), mdl.C.reshape(D, S)
-    xb = mdl.x.shape[:-2]
     x = mdl.x.reshape(-1, T, D)
     n = x.shape[0]
     k = BLOCK
     X = to_blocks(x, k)  # (D, k, nb, n)
     nb = X.shape[2]
     bh = min(-(-u // k), nb)  # blocks holding a step t < u
-    th = bh * k
-    steps = torch.arange(th, device=x.device).clamp_(max=u - 1)
+    steps = torch.arange(bh * k, device=x.device).clamp_(max=u - 1)
     G = A @ K  # (u, S, D)
     Fp = A - G @ C  # (u, S, S)
+    m0 = mdl.init_loc.reshape(S, 1)
 
-    # s_t = Fp_t s_{t-1} + G_t x_t: the first bh blocks (time-varying coefficients) in time
-    # order by varying_recursion, the rest by blocked_recursion with the constant ones
-    s = (G[-1] @ X.view(D, -1)).view(S, k, nb, n)
-    head = torch.bmm(G[steps], _head_to_time(X, bh))  # (th, S, n)
-    head[0].addmm_(Fp[0], mdl.init_loc.reshape(S, 1).expand(S, n))
+    # s_t = mu_{t+1|t} = Fp_t s_{t-1} + G_t x_t (+ b_{t+1}), s_{-1} = mu_{1|0}: the head
+    # blocks (time-varying coefficients) by varying_recursion, the rest by blocked_recursion
+    s = _apply(G, X, steps)
+    if mdl.b is not None:
+        b = mdl.b.reshape(-1, S).expand(T, S)
+        s += to_blocks(torch.cat([b[1:], b[:1]], 0).unsqueeze(0), k)  # b_{t+1}; last unused
+    head = _head_to_time(s, bh)
+    head[0].addmm_(Fp[0], m0.expand(S, n))
     varying_recursion(Fp[steps].view(bh, k, S, S), head.view(bh, k, S, n))
     _time_to_head(s, head)
     if bh < nb:
         blocked_recursion(Fp[-1], s[:, :, bh:], head[-1])
 
-    # innovations r_t = x_t - C s_{t-1} (s_{-1} = mu_{1|0}), whitened by L_t^{-1}
-    Cs = (C @ s.view(S, -1)).view(D, k, nb, n)
-    r = X
-    r[:, 1:] -= Cs[:, :-1]
-    r[:, 0, 1:] -= Cs[:, k - 1, :-1]
-    r[:, 0, 0] -= (C @ mdl.init_loc.reshape(S, 1)).expand(D, n)
+    # mu_{t|t-1} = s_{t-1}, innovations r_t = x_t - C mu_{t|t-1}, whitened by L_t^{-1}
+    P = torch.empty_like(s)
+    P[:, 1:] = s[:, :-1]
+    P[:, 0, 1:] = s[:, k - 1, :-1]
+    P[:, 0, 0] = m0
+    r = torch.addmm(X.view(D, -1), C, P.view(S, -1), alpha=-1.0).view(D, k, nb, n)
     eye = torch.eye(D, dtype=x.dtype, device=x.device)
-    Linv = torch.linalg.solve_triangular(L, eye, upper=False)  # (u, D, D)
-    v = (Linv[-1] @ r.view(D, -1)).view(D, k, nb, n)
-    _time_to_head(v, torch.bmm(Linv[steps], _head_to_time(r, bh)))
-    sq = v.view(D, -1).pow(2).sum(0).view(k, nb, n)
+    v = _apply(torch.linalg.solve_triangular(L, eye, upper=False), r, steps)
+    sq = v.square_().sum(0)  # (k, nb, n)
     last = T - (nb - 1) * k  # steps of the last block that are not padding
     if last < k:
         sq[last:, -1] = 0.0
+    return BlockedFilter(P, r, sq, steps)
+
+
+def step_log_det(L: Tensor, T: int) -> Tensor:
+    """log|L_t| for t = 0..T-1 from the distinct ``L (u, D, D)`` (entry u - 1 repeats)."""
+    log_det = L.diagonal(dim1=-2, dim2=-1).log().sum(-1)
+    return torch.cat([log_det, log_det[-1:].expand(T - log_det.shape[0])])
+
+
+def blocked_log_likelihood(mdl: PreparedLGSSM, L: Tensor, K: Tensor) -> Tensor:
+    """log p(x_{1:T}) (thesis eq. 3.12) of every sequence, ``(...)``, from
+    :func:`blocked_filter`."""
+    T, D = mdl.T, mdl.D
+    sq = blocked_filter(mdl, L, K).sq
     log_det = L.diagonal(dim1=-2, dim2=-1).log().sum(-1)  # (u,)
-    total_log_det = log_det[:-1].sum() + (T - u + 1) * log_det[-1]
-    ll = sq.sum((0, 1)).mul_(-0.5).sub_(total_log_det + 0.5 * _LOG_2PI * D * T)
-    return ll.reshape(xb)
+    total = log_det[:-1].sum() + (T - L.shape[0] + 1) * log_det[-1]
+    ll = sq.sum((0, 1)).mul_(-0.5).sub_(total + 0.5 * _LOG_2PI * D * T)
+    return ll.reshape(mdl.x.shape[:-2])
+
+
+def blocked_filter_rows(mdl: PreparedLGSSM, L: Tensor, K: Tensor):
+    """The filter's data side in row layout: ``(means, pmeans, log_likelihoods)`` of shapes
+    ``(n, T, S)``, ``(n, T, S)``, ``(n, T)`` (mu_t = mu_{t|t-1} + K_t r_t, eq. 3.11; the
+    terms of eq. 3.12)."""
+    T, D = mdl.T, mdl.D
+    f = blocked_filter(mdl, L, K)
+    means = f.pmeans + _apply(K, f.innovations, f.steps)
+    k, nb, n = f.sq.shape
+    ll = f.sq.mul_(-0.5).sub_(0.5 * _LOG_2PI * D)
+    ll = ll.permute(2, 1, 0).reshape(n, nb * k)[:, :T] - step_log_det(L, T)
+    return from_blocks(means, T), from_blocks(f.pmeans, T), ll

@@ -18,9 +18,10 @@ is then
   factorisation of the joint covariance of a block's observations and its last state per
   block, then the steps inside all blocks at once), which cuts the sequential operations
   about fourfold;
-* :func:`constant_recursion`: the means y_t = y_{t-1} F^T + g_t with constant F in blocks
-  (a block-Toeplitz product per level, O(log T) levels), and the same for the backward
-  recursion of the smoother;
+* the means mu_t = F_t mu_{t-1} + g_t, constant F_t after the steady state, and the backward
+  recursion of the smoother, by
+  :func:`~pyro_seq.ops.blocked_recursions.piecewise_recursion` (blocks of steps, O(log T)
+  levels);
 * the log-likelihood terms (eq. 3.12) with one triangular solve for the steady stretch.
 
 Everything after the steady state is computed once and repeated, so the covariance-side
@@ -32,16 +33,18 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from pyro_seq.ops.blocked_recursions import piecewise_recursion
+from pyro_seq.ops.kalman_blocked import blocked_filter_rows, blocked_log_likelihood
 from pyro_seq.ops.kalman_sequential import backward_covariance_pass
 from pyro_seq.ops.kalman_stein import steady_smoothed_covariances
 from pyro_seq.ops.lgssm import PreparedLGSSM
 from pyro_seq.ops.linalg import repeat_last, tri_solve_lower_transposed
 
 __all__ = [
-    "constant_recursion",
     "joint_covariance_pass",
     "steady_applicable",
     "steady_filter",
+    "steady_log_likelihood",
     "steady_smoother",
     "steady_smoother_means",
 ]
@@ -56,9 +59,6 @@ LIFT_MAX_SIZE = 32
 
 #: Lifted blocks between two steady-state tests (each test covers the blocks since the last).
 _LIFT_TEST_EVERY = 4
-
-#: Sequences at most this long are handled by a plain loop in :func:`constant_recursion`.
-_LOOP_MAX = 16
 
 _LOG_2PI = 1.8378770664093453
 
@@ -247,71 +247,6 @@ def _lifted_joint(N0, QJ, G0, A, C, Q, R, m: int, T: int, tol: float):
     return None
 
 
-def constant_recursion(F: Tensor, g: Tensor, y0: Optional[Tensor] = None, block: int = 8) -> Tensor:
-    """All y_t = y_{t-1} F^T + g_t (t = 1..T, y_0 = ``y0`` or 0) for a constant F, in row
-    form: F ``(S, S)``, g ``(n, T, S)``, y0 ``(n, S)`` -> ``(n, T, S)``.
-
-    In blocks of k = ``block`` steps: the block-local solutions (zero start) are one product
-    with the block-Toeplitz matrix of the powers F^0..F^{k-1}; the states at the block ends
-    follow the same recursion with F^k (solved recursively, so O(log_k T) levels), and each
-    block adds its start state times F^1..F^k. Differentiable; a plain loop for short T.
-    """
-    n, T, S = g.shape
-    if y0 is not None:
-        g = torch.cat([torch.addmm(g[:, 0], y0, F.mT).unsqueeze(1), g[:, 1:]], 1)
-    if T <= _LOOP_MAX:
-        FT = F.mT
-        y = g[:, 0]
-        out = [y]
-        for t in range(1, T):
-            y = torch.addmm(g[:, t], y, FT)
-            out.append(y)
-        return torch.stack(out, 1)
-    k = block
-    nb = -(-T // k)
-    if nb * k != T:
-        g = torch.cat([g, g.new_zeros((n, nb * k - T, S))], 1)
-    # powers F^0 .. F^k
-    pw = [torch.eye(S, dtype=F.dtype, device=F.device), F]
-    for _ in range(k - 1):
-        pw.append(pw[-1] @ F)
-    PT = torch.stack(pw, 0).mT  # (k + 1, S, S): (F^j)^T
-    # block-Toeplitz Mr[(i, a), (j, b)] = (F^{j-i})^T[a, b] for j >= i, else 0
-    Pz = torch.cat([PT[:k], torch.zeros_like(PT[:1])], 0)
-    ar = torch.arange(k, device=F.device)
-    idx = ar.unsqueeze(0) - ar.unsqueeze(1)  # [i, j] = j - i
-    idx = torch.where(idx >= 0, idx, torch.full_like(idx, k))
-    Mr = Pz[idx].permute(0, 2, 1, 3).reshape(k * S, k * S)
-    local = (g.reshape(n * nb, k * S) @ Mr).reshape(n, nb, k, S)
-    if nb > 1:
-        ends = constant_recursion(pw[k], local[:, :-1, -1], None, block)  # (n, nb - 1, S)
-        Pw = PT[1:].permute(1, 0, 2).reshape(S, k * S)  # [a, (j, b)] = (F^{j+1})^T[a, b]
-        corr = (ends.reshape(n * (nb - 1), S) @ Pw).reshape(n, nb - 1, k, S)
-        if local.requires_grad:  # the recursion above saved views of local
-            local = torch.cat([local[:, :1], local[:, 1:] + corr], 1)
-        else:
-            local[:, 1:] += corr
-    return local.reshape(n, nb * k, S)[:, :T]
-
-
-def _time_varying_then_constant(F: Tensor, g: Tensor, u: int) -> Tensor:
-    """y_t = y_{t-1} F_t^T + g_t with F_t = F[min(t, u - 1)] (F_0 unused, y_0 = g_0):
-    F ``(u, S, S)``, g ``(n, T, S)``. A loop over the first u steps, then
-    :func:`constant_recursion`."""
-    n, T, S = g.shape
-    FT = F.mT.unbind(0)
-    gs = g[:, : min(u, T)].unbind(1)
-    y = gs[0]
-    out = [y]
-    for t in range(1, len(gs)):
-        y = torch.addmm(gs[t], y, FT[t])
-        out.append(y)
-    head = torch.stack(out, 1)
-    if u < T:
-        return torch.cat([head, constant_recursion(F[u - 1], g[:, u:], y)], 1)
-    return head
-
-
 def _apply_split(M: Tensor, v: Tensor, u: int) -> Tensor:
     """v_t M_t^T for M_t = M[min(t, u - 1)]: M ``(u, p, q)``, v ``(n, T, q)`` contiguous ->
     ``(n, T, p)``; one matrix product for all t, then the first u steps replaced."""
@@ -335,37 +270,10 @@ def steady_filter(mdl: PreparedLGSSM, steady_state_tol: float):
     if res is None or res[-1] >= mdl.T:
         return None
     pcovs, covs, L, K, steady_from = res
-    T, S, D = mdl.T, mdl.S, mdl.D
-    u = steady_from + 1
-    A, C = mdl.A.reshape(S, S), mdl.C.reshape(D, S)
+    T, S = mdl.T, mdl.S
+    A = mdl.A.reshape(S, S)
     xb = mdl.x.shape[:-2]
-    x = mdl.x.reshape(-1, T, D).contiguous()
-    n = x.shape[0]
-    # mu_t = F_t mu_{t-1} + g_t, F_t = A - K_t C A, g_t = K_t x_t + (I - K_t C) b_t,
-    # with b_1 = mu_{1|0} and mu_0 = 0 (F_0 unused)
-    F = A - K @ (C @ A)
-    g = _apply_split(K, x, u)
-    b0 = mdl.init_loc.reshape(1, S)
-    g[:, 0] += b0 - (b0 @ C.mT) @ K[0].mT
-    b = None
-    if mdl.b is not None:
-        b = mdl.b.reshape(-1, S).expand(T, S).contiguous()
-        IKC = torch.eye(S, dtype=A.dtype, device=A.device) - K @ C
-        g[:, 1:] += _apply_split(IKC, b.unsqueeze(0), u)[:, 1:]
-    means = _time_varying_then_constant(F, g, u)
-    pmeans = torch.empty_like(means)
-    pmeans[:, 0] = b0
-    pmeans[:, 1:] = (means.reshape(-1, S) @ A.mT).reshape(n, T, S)[:, :-1]
-    if b is not None:
-        pmeans[:, 1:] += b[1:]
-    # eq. 3.12: r_t = x_t - C mu_{t|t-1}, v_t = L_t^{-1} r_t
-    r = torch.addmm(x.reshape(-1, D), pmeans.reshape(-1, S), C.mT, alpha=-1.0).reshape(n, T, D)
-    eye = torch.eye(D, dtype=A.dtype, device=A.device)
-    Linv = torch.linalg.solve_triangular(L, eye, upper=False)
-    v = _apply_split(Linv, r, u)
-    hld = repeat_last(L.diagonal(dim1=-2, dim2=-1).log().sum(-1), T, 0)
-    sq = v.pow(2).reshape(-1, D).mv(torch.ones(D, dtype=A.dtype, device=A.device))
-    ll = sq.reshape(n, T).mul_(-0.5).sub_(hld + 0.5 * _LOG_2PI * D)
+    means, pmeans, ll = blocked_filter_rows(mdl, L, K)
     ones = (1,) * len(xb)
     ASig = (covs @ A.mT).mT
     return (
@@ -379,25 +287,25 @@ def steady_filter(mdl: PreparedLGSSM, steady_state_tol: float):
     )
 
 
-def steady_smoother_means(J: Tensor, h: Tensor, zT: Tensor, repeat_from: int) -> Tensor:
-    """Backward recursion z_t = J_t z_{t+1} + h_t from z_T for J_t constant for
-    t >= ``repeat_from``: J ``(T-1, S, S)``, h ``(n, T-1, S)``, zT ``(n, S)`` ->
-    ``(n, T, S)``. :func:`constant_recursion` (reversed in time) on the constant stretch,
-    then a loop down to t = 0."""
-    n, T1, S = h.shape
-    tail = h[:, repeat_from:].flip(1)  # t = T-2 .. repeat_from
-    z_tail = constant_recursion(J[-1], tail, zT).flip(1) if tail.shape[1] else tail
-    z = z_tail[:, 0] if tail.shape[1] else zT
-    JT = J[:repeat_from].mT.unbind(0)
-    hs = h[:, :repeat_from].unbind(1)
-    out = [z_tail, zT.unsqueeze(1)] if tail.shape[1] else [zT.unsqueeze(1)]
-    head = []
-    for t in range(repeat_from - 1, -1, -1):
-        z = torch.addmm(hs[t], z, JT[t])
-        head.append(z)
-    if head:
-        out.insert(0, torch.stack(head[::-1], 1))
-    return torch.cat(out, 1)
+def steady_log_likelihood(mdl: PreparedLGSSM, steady_state_tol: float) -> Optional[Tensor]:
+    """log p(x_{1:T}) (thesis eq. 3.12) of every sequence, ``mdl.x (..., T, D)`` -> ``(...)``,
+    for a model where :func:`steady_applicable` holds
+    (:func:`~pyro_seq.ops.kalman_blocked.blocked_log_likelihood`). None where
+    :func:`joint_covariance_pass` fails or reaches no steady state before T (the caller then
+    runs the general filter)."""
+    res = joint_covariance_pass(mdl, steady_state_tol)
+    if res is None or res[-1] >= mdl.T:
+        return None
+    return blocked_log_likelihood(mdl, res[2], res[3])
+
+
+def steady_smoother_means(J: Tensor, h: Tensor, zT: Tensor) -> Tensor:
+    """Backward recursion z_t = J_t z_{t+1} + h_t from z_{T-1} = ``zT`` (0-based), with
+    J_t = ``J[min(t, u - 1)]``: J ``(u, S, S)``, h ``(n, T-1, S)``, zT ``(n, S)`` ->
+    ``(n, T, S)``; reversed in time, the constant stretch comes first
+    (:func:`~pyro_seq.ops.blocked_recursions.piecewise_recursion`)."""
+    z = piecewise_recursion(J.flip(0), h.flip(1), zT, at_end=True)
+    return torch.cat([z.flip(1), zT.unsqueeze(1)], 1)
 
 
 def steady_smoother(mdl: PreparedLGSSM, filtered, ASig: Tensor, steady_from: int, tol: float):
@@ -424,7 +332,7 @@ def steady_smoother(mdl: PreparedLGSSM, filtered, ASig: Tensor, steady_from: int
     xb = means.shape[:-2]
     mu, pm = means.reshape(-1, T, S), pmeans.reshape(-1, T, S)
     h = mu[:, :-1] - _apply_split(J, pm[:, 1:], u)
-    sm = steady_smoother_means(J, h, mu[:, -1], u - 1)
+    sm = steady_smoother_means(J, h, mu[:, -1])
     J_full = repeat_last(J, T - 1, 0).reshape(ones + (T - 1, S, S))
     cv = covs.reshape(T, S, S)
     eps = torch.finfo(cv.dtype).eps

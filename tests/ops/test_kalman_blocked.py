@@ -1,15 +1,13 @@
 """The blocked steady-state log-likelihood (pyro_seq.ops.kalman_blocked) behind
-``kalman_log_likelihood(method="auto")`` and ``LinearGaussianSSM.log_prob``: the blocked
-recursion equals its loop, the log-likelihood equals the dense Gaussian marginal and the full
-recursion without the steady-state shortcut to 1e-12, and every case it does not cover falls
-back to the filter's sum."""
+``kalman_log_likelihood(method="auto")`` and ``LinearGaussianSSM.log_prob``: it equals the
+dense Gaussian marginal and the full recursion without the steady-state shortcut to 1e-12,
+and every case it does not cover falls back to the filter's sum."""
 
 import pytest
 import torch
 
-import pyro_seq.ops.blocked_recursions as rec
 import pyro_seq.ops.kalman as kalman
-import pyro_seq.ops.kalman_blocked as blocked
+import pyro_seq.ops.kalman_steady as steady
 from pyro_seq.distributions import LinearGaussianSSM
 from pyro_seq.ops import kalman_filter, kalman_log_likelihood
 from pyro_seq.ops.kalman_steady import joint_covariance_pass
@@ -23,44 +21,10 @@ def _close(a, b, tol=1e-12):
     torch.testing.assert_close(a, b.to(a.dtype), atol=tol * b.abs().max().item(), rtol=tol)
 
 
-def _loop(F, g, y0):
-    """y_t = F y_{t-1} + g_t in row form ``g (n, T, S)``, ``y0 (n, S)``: the definition."""
-    y, out = y0, []
-    for t in range(g.shape[1]):
-        y = y @ F.mT + g[:, t]
-        out.append(y)
-    return torch.stack(out, 1)
-
-
 def _full_sum(x, p, **kw):
     """log p(x) from the sequential filter with every step computed (no shortcut)."""
     f = kalman_filter(x, **p, method="sequential", steady_state_tol=0.0, **kw)
     return f.log_likelihoods.sum(-1)
-
-
-@pytest.mark.parametrize("T", [1, 7, 8, 9, 64, 200, 1500])
-@pytest.mark.parametrize("k", [2, 8])
-def test_blocked_recursion_equals_loop(T, k):
-    """Padding (T not a multiple of k), one block, a looped join (nb - 1 <= 16) and a
-    recursive join (nb - 1 > 16, up to three levels for k = 2, T = 1500)."""
-    gen = torch.Generator().manual_seed(T + k)
-    S = 3
-    F = 0.7 * torch.linalg.qr(torch.randn(S, S, generator=gen, dtype=F64))[0]
-    g = torch.randn(4, T, S, generator=gen, dtype=F64)
-    y0 = torch.randn(4, S, generator=gen, dtype=F64)
-    got = rec.blocked_recursion(F, rec.to_blocks(g, k), y0.T.contiguous())
-    _close(rec.from_blocks(got, T), _loop(F, g, y0))
-    zero = rec.blocked_recursion(F, rec.to_blocks(g, k))
-    _close(rec.from_blocks(zero, T), _loop(F, g, torch.zeros_like(y0)))
-
-
-def test_blocks_round_trip_and_layout():
-    x = torch.arange(2 * 11 * 3, dtype=F64).reshape(2, 11, 3)
-    b = rec.to_blocks(x, 4)  # nb = 3 blocks, the last with one padding step
-    assert b.shape == (3, 4, 3, 2)
-    assert torch.equal(b[:, 2, 1, 0], x[0, 6])  # step t = 1 * 4 + 2 of sequence 0
-    assert torch.equal(b[:, 3, 2], torch.zeros(3, 2, dtype=F64))  # t = 11: padding
-    assert torch.equal(rec.from_blocks(b, 11), x)
 
 
 @pytest.mark.parametrize("batch", [(), (5,), (2, 3)])
@@ -72,7 +36,7 @@ def test_log_likelihood_matches_dense(batch):
     x = observations(T, D, batch, seed=5)
     with torch.no_grad():
         mdl = kalman._prepare(x, **p, validate_args=False)
-        fast = blocked.steady_log_likelihood(mdl, kalman.STEADY_STATE_TOL)
+        fast = steady.steady_log_likelihood(mdl, kalman.STEADY_STATE_TOL)
         assert fast is not None and fast.shape == batch
         got = kalman_log_likelihood(x, **p)
     assert torch.equal(got, fast)  # "auto" took the blocked path
@@ -113,7 +77,7 @@ def test_slow_convergence_long_head():
         _close(kalman_log_likelihood(x, **p), _full_sum(x, p))
 
 
-@pytest.mark.parametrize("case", ["mask", "controls", "time_varying", "batched_params", "short"])
+@pytest.mark.parametrize("case", ["mask", "time_varying", "batched_params", "short"])
 def test_fallback_cases_equal_filter_sum(case):
     T, S, D = 120, 3, 2
     kw = {}
@@ -121,8 +85,6 @@ def test_fallback_cases_equal_filter_sum(case):
         p = random_model(S, D, T, time_varying=True, seed=3)
     elif case == "batched_params":
         p = random_model(S, D, T, batch=(2,), seed=3)
-    elif case == "controls":
-        p = random_model(S, D, T, controls=True, seed=3)
     else:
         p = random_model(S, D, T, seed=3)
     if case == "short":
@@ -132,6 +94,20 @@ def test_fallback_cases_equal_filter_sum(case):
         kw["mask"] = torch.rand(2, T, generator=torch.Generator().manual_seed(0)) > 0.3
     with torch.no_grad():
         _close(kalman_log_likelihood(x, **p, **kw), _full_sum(x, p, **kw))
+
+
+def test_controls_take_the_blocked_path():
+    """State offsets B u_t shared by the batch (time-varying controls): the blocked path is
+    taken and equals the full recursion."""
+    T, S, D = 120, 3, 2
+    p = random_model(S, D, T, controls=True, seed=3)
+    x = observations(T, D, (2,), seed=6)
+    with torch.no_grad():
+        mdl = kalman._prepare(x, **p, validate_args=False)
+        fast = steady.steady_log_likelihood(mdl, kalman.STEADY_STATE_TOL)
+        assert fast is not None
+        _close(fast, _full_sum(x, p))
+        _close(kalman_log_likelihood(x, **p), _full_sum(x, p))
 
 
 def test_gradients_fall_back_and_match_filter():
@@ -159,5 +135,5 @@ def test_distribution_log_prob_uses_it():
     with torch.no_grad():
         lp = d.log_prob(x)
         mdl = kalman._prepare(x, **p, validate_args=False)
-        assert torch.equal(lp, blocked.steady_log_likelihood(mdl, kalman.STEADY_STATE_TOL))
+        assert torch.equal(lp, steady.steady_log_likelihood(mdl, kalman.STEADY_STATE_TOL))
         _close(lp, _full_sum(x, p))

@@ -25,39 +25,6 @@ def _prepared(p, x, mask=None):
     return kalman._prepare(x, **p, mask=mask, validate_args=False)
 
 
-def _loop(F, g, y0=None):
-    """y_t = y_{t-1} F^T + g_t by a plain loop (the definition)."""
-    y = torch.zeros_like(g[:, 0]) if y0 is None else y0
-    out = []
-    for t in range(g.shape[1]):
-        y = y @ F.mT + g[:, t]
-        out.append(y)
-    return torch.stack(out, 1)
-
-
-@pytest.mark.parametrize("T", [1, 5, 16, 17, 64, 100, 1000])
-@pytest.mark.parametrize("start", [False, True])
-def test_constant_recursion_equals_loop(T, start):
-    gen = torch.Generator().manual_seed(T)
-    S = 3
-    F = 0.6 * torch.linalg.qr(torch.randn(S, S, generator=gen, dtype=F64))[0]
-    g = torch.randn(4, T, S, generator=gen, dtype=F64)
-    y0 = torch.randn(4, S, generator=gen, dtype=F64) if start else None
-    for k in (2, 4, 8):
-        _close(steady.constant_recursion(F, g, y0, block=k), _loop(F, g, y0))
-
-
-def test_constant_recursion_gradcheck():
-    gen = torch.Generator().manual_seed(0)
-    F = (0.5 * torch.randn(2, 2, generator=gen, dtype=F64)).requires_grad_()
-    g = torch.randn(2, 37, 2, generator=gen, dtype=F64, requires_grad=True)
-    y0 = torch.randn(2, 2, generator=gen, dtype=F64, requires_grad=True)
-    # 37 steps in blocks of 4: two blocked levels and a loop, padding included
-    assert torch.autograd.gradcheck(
-        lambda F, g, y0: steady.constant_recursion(F, g, y0, block=4), (F, g, y0)
-    )
-
-
 @pytest.mark.parametrize("controls", [False, True])
 @pytest.mark.parametrize("batch", [(), (3,), (2, 2)])
 def test_steady_path_matches_dense(controls, batch):
