@@ -9,8 +9,8 @@ the steady state on) the one-step predictions s_t = mu_{t+1|t} follow a linear r
     s_t = Fp_t s_{t-1} + G_t x_t,  Fp_t = A (I - K_t C),  G_t = A K_t,  s_{-1} = mu_{1|0},
 
 the innovations are r_t = x_t - C s_{t-1}, the filtered means mu_t = mu_{t|t-1} + K_t r_t,
-and log p(x_t | x_{1:t-1}) = -|L_t^{-1} r_t|^2 / 2 - log|L_t| - D log(2 pi) / 2 (L_t L_t^T
-the innovation covariance). Most of the work is a few products of small constant matrices
+and log p(x_t | x_{1:t-1}) = -``||L_t^{-1} r_t||^2`` / 2 - log det L_t - D log(2 pi) / 2
+(L_t L_t^T the innovation covariance). Most of the work is a few products of small constant matrices
 with all n T observations at once.
 
 Every data-side tensor is in the feature-first blocked layout of
@@ -71,7 +71,7 @@ def _apply(M: Tensor, y: Tensor, steps: Tensor) -> Tensor:
 class BlockedFilter(NamedTuple):
     """The data side of the steady-state filter in the blocked layout ``(F, k, nb, n)``:
     ``pmeans`` mu_{t|t-1} ``(S, ...)``, ``innovations`` r_t = x_t - C mu_{t|t-1} ``(D, ...)``,
-    ``sq`` |L_t^{-1} r_t|^2 ``(k, nb, n)`` (0 at the padding steps) and ``steps`` the index
+    ``sq`` ``||L_t^{-1} r_t||^2`` ``(k, nb, n)`` (0 at the padding steps) and ``steps`` the index
     of the distinct coefficients of each head step."""
 
     pmeans: Tensor
@@ -129,7 +129,7 @@ def blocked_filter(mdl: PreparedLGSSM, L: Tensor, K: Tensor) -> BlockedFilter:
 
 
 def step_log_det(L: Tensor, T: int) -> Tensor:
-    """log|L_t| for t = 0..T-1 from the distinct ``L (u, D, D)`` (entry u - 1 repeats)."""
+    """log det L_t for t = 0..T-1 from the distinct ``L (u, D, D)`` (entry u - 1 repeats)."""
     log_det = L.diagonal(dim1=-2, dim2=-1).log().sum(-1)
     return torch.cat([log_det, log_det[-1:].expand(T - log_det.shape[0])])
 

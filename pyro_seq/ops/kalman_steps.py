@@ -34,9 +34,12 @@ from pyro_seq.ops.linalg import (
 )
 
 __all__ = [
+    "KalmanStep",
     "a_sigma",
     "backward_coefficients",
     "kalman_gain",
+    "kalman_predict",
+    "kalman_update",
     "mean_coefficients",
     "measurement_update",
     "predicted_covs",
