@@ -49,6 +49,7 @@ import pyro  # noqa: E402
 import pyro.poutine as poutine  # noqa: E402
 import torch  # noqa: E402
 from common import ROOT, write_result  # noqa: E402
+from diagnostics.pyro_dmm_example_run import annealing_factor  # noqa: E402
 from pyro.infer import SVI, Trace_ELBO  # noqa: E402
 
 from pyro_seq.data import load_piano_rolls  # noqa: E402
@@ -69,13 +70,7 @@ def example_annealing(step, defaults, n_mini_batches):
     """The KL annealing factor of the example's ``process_minibatch`` at (0-based) update
     ``step`` (epoch ``step // n``, minibatch ``step % n``)."""
     epoch, b = divmod(step, n_mini_batches)
-    if defaults.annealing_epochs > 0 and epoch < defaults.annealing_epochs:
-        min_af = defaults.minimum_annealing_factor
-        return min_af + (1.0 - min_af) * (
-            float(b + epoch * n_mini_batches + 1)
-            / float(defaults.annealing_epochs * n_mini_batches)
-        )
-    return 1.0
+    return annealing_factor(epoch, b, n_mini_batches, defaults)
 
 
 class Pair:

@@ -13,6 +13,7 @@ from pyro_seq.ops import kalman_filter, kalman_log_likelihood
 from pyro_seq.ops.kalman_steady import joint_covariance_pass
 from tests.dense_gaussian import log_marginal, observed_index
 from tests.ops.test_kalman import dense_of, observations, random_model
+from tests.ops.test_kalman_steady_path import fallback_case
 
 F64 = torch.float64
 
@@ -79,19 +80,7 @@ def test_slow_convergence_long_head():
 
 @pytest.mark.parametrize("case", ["mask", "time_varying", "batched_params", "short"])
 def test_fallback_cases_equal_filter_sum(case):
-    T, S, D = 120, 3, 2
-    kw = {}
-    if case == "time_varying":
-        p = random_model(S, D, T, time_varying=True, seed=3)
-    elif case == "batched_params":
-        p = random_model(S, D, T, batch=(2,), seed=3)
-    else:
-        p = random_model(S, D, T, seed=3)
-    if case == "short":
-        T = 20
-    x = observations(T, D, (2,), seed=6)
-    if case == "mask":
-        kw["mask"] = torch.rand(2, T, generator=torch.Generator().manual_seed(0)) > 0.3
+    p, x, kw = fallback_case(case)
     with torch.no_grad():
         _close(kalman_log_likelihood(x, **p, **kw), _full_sum(x, p, **kw))
 

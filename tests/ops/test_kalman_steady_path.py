@@ -79,21 +79,30 @@ def test_steady_path_equals_full_recursion_long():
         _assert_same(kalman_smoother(x, **p), _general(x, p, kalman_smoother), 1e-11)
 
 
-@pytest.mark.parametrize("case", ["mask", "time_varying", "batched_params", "shared_mask"])
-def test_fallback_cases_equal_general_path(case):
-    T, S, D = T_LONG, 3, 2
-    kw = {}
+def fallback_case(case, T=T_LONG, S=3, D=2):
+    """A model and data (``(p, x, kw)``, ``kw`` the mask argument) that the steady-state paths
+    do not cover: a per-sequence or shared mask, time-varying or batched parameters, or a
+    sequence shorter than the parallel threshold (``"short"``, T = 20)."""
     if case == "time_varying":
         p = random_model(S, D, T, time_varying=True, seed=3)
     elif case == "batched_params":
         p = random_model(S, D, T, batch=(2,), seed=3)
     else:
         p = random_model(S, D, T, seed=3)
+    if case == "short":
+        T = 20
     x = observations(T, D, (2,), seed=6)
+    kw = {}
     if case == "mask":
         kw["mask"] = torch.rand(2, T, generator=torch.Generator().manual_seed(0)) > 0.3
     elif case == "shared_mask":
         kw["mask"] = torch.rand(T, generator=torch.Generator().manual_seed(0)) > 0.3
+    return p, x, kw
+
+
+@pytest.mark.parametrize("case", ["mask", "time_varying", "batched_params", "shared_mask"])
+def test_fallback_cases_equal_general_path(case):
+    p, x, kw = fallback_case(case)
     with torch.no_grad():
         assert not steady.steady_applicable(_prepared(p, x, kw.get("mask")), 8.0)
         _assert_same(kalman_smoother(x, **p, **kw), _general(x, p, kalman_smoother, **kw))
