@@ -6,18 +6,37 @@ import torch.nn as nn
 from pyro_seq.nn.relu_scan import ragged_relu_rnn
 
 
+class _RowPermutation(torch.autograd.Function):
+    """``x (N, F)`` -> ``x[perm]`` for an involution ``perm`` (perm[perm] = identity), whose
+    gradient is therefore the same row selection: two row copies instead of a ``gather`` and a
+    ``scatter_add`` over every element."""
+
+    @staticmethod
+    def forward(ctx, x, perm):
+        ctx.save_for_backward(perm)
+        return x.index_select(0, perm)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (perm,) = ctx.saved_tensors
+        return _RowPermutation.apply(grad, perm), None
+
+
 def reverse_padded(x, lengths):
     """Reverse each sequence within its own length; padded steps stay in place.
 
     :param torch.Tensor x: ``(batch, T, ...)``.
     :param torch.LongTensor lengths: ``(batch,)`` with ``1 <= lengths <= T``.
     :returns: ``y`` with ``y[b, t] = x[b, lengths[b] - 1 - t]`` for ``t < lengths[b]``.
+
+    The map is its own inverse, so its gradient is the same reversal (one row selection
+    each way).
     """
-    T = x.shape[1]
+    B, T = x.shape[:2]
     t = torch.arange(T, device=x.device)
-    idx = torch.where(t < lengths.unsqueeze(-1), lengths.unsqueeze(-1) - 1 - t, t)
-    idx = idx.reshape(idx.shape + (1,) * (x.dim() - 2)).expand(x.shape)
-    return torch.gather(x, 1, idx)
+    L = lengths.unsqueeze(-1)
+    idx = torch.where(t < L, L - 1 - t, t) + T * torch.arange(B, device=x.device).unsqueeze(-1)
+    return _RowPermutation.apply(x.reshape(B * T, -1), idx.reshape(-1)).reshape(x.shape)
 
 
 RNN_CELLS = {"gru": nn.GRU, "lstm": nn.LSTM, "rnn": nn.RNN}
