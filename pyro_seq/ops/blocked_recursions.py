@@ -23,8 +23,11 @@ from torch import Tensor
 __all__ = [
     "BLOCK",
     "blocked_recursion",
+    "blocks_to_steps",
     "from_blocks",
+    "piecewise_blocked",
     "piecewise_recursion",
+    "steps_to_blocks",
     "to_blocks",
     "varying_recursion",
 ]
@@ -115,6 +118,47 @@ def varying_recursion(F: Tensor, y: Tensor) -> Tensor:
     return y
 
 
+def blocks_to_steps(y: Tensor, b0: int, b1: int) -> Tensor:
+    """Blocks ``b0..b1-1`` of ``y (F, k, nb, n)`` in time order: ``((b1 - b0) k, F, n)``."""
+    F, k, _, n = y.shape
+    return y[:, :, b0:b1].permute(2, 1, 0, 3).reshape((b1 - b0) * k, F, n)
+
+
+def steps_to_blocks(y: Tensor, h: Tensor, b0: int = 0) -> None:
+    """Write ``h (m k, F, n)`` (time order) into blocks ``b0..b0+m-1`` of ``y (F, k, nb, n)``."""
+    F, k, _, n = y.shape
+    m = h.shape[0] // k
+    y[:, :, b0 : b0 + m] = h.view(m, k, F, n).permute(2, 1, 0, 3)
+
+
+def piecewise_blocked(
+    varying: Tensor, y: Tensor, T: int, y0: Optional[Tensor] = None, at_end: bool = False
+) -> Tensor:
+    """:func:`piecewise_recursion` in place on the blocked layout: ``y (S, k, nb, n)`` holds
+    g on entry and y on return, ``y0 (S, n)``, T the number of real steps."""
+    S, k, nb, n = y.shape
+    m = varying.shape[0]
+    if not at_end:
+        b0, b1 = 0, min(-(-m // k), nb)  # blocks with a varying step
+        steps = torch.arange(b1 * k, device=y.device).clamp_(max=m - 1)
+    else:
+        b0, b1 = min((T - m) // k, nb), nb
+        steps = (torch.arange(b0 * k, b1 * k, device=y.device) - (T - m)).clamp_(0, m - 1)
+    start = y0
+    if b0 > 0:  # a constant stretch first
+        blocked_recursion(varying[0], y[:, :, :b0], start)
+        start = y[:, k - 1, b0 - 1]
+    part = blocks_to_steps(y, b0, b1)
+    Fs = varying[steps]
+    if start is not None:
+        part[0].addmm_(Fs[0], start)
+    varying_recursion(Fs.view(b1 - b0, k, S, S), part.view(b1 - b0, k, S, n))
+    steps_to_blocks(y, part, b0)
+    if b1 < nb:  # a constant stretch last
+        blocked_recursion(varying[-1], y[:, :, b1:], part[-1])
+    return y
+
+
 def piecewise_recursion(
     varying: Tensor, g: Tensor, y0: Optional[Tensor] = None, at_end: bool = False
 ) -> Tensor:
@@ -127,28 +171,8 @@ def piecewise_recursion(
 
     The data go to the blocked layout once (:func:`to_blocks`); the blocks holding varying
     steps run through :func:`varying_recursion`, the others through
-    :func:`blocked_recursion`.
+    :func:`blocked_recursion` (:func:`piecewise_blocked`).
     """
-    n, T, S = g.shape
-    m, k = varying.shape[0], BLOCK
-    y = to_blocks(g, k)  # (S, k, nb, n), a copy
-    nb = y.shape[2]
-    if not at_end:
-        b0, b1 = 0, min(-(-m // k), nb)  # blocks with a varying step
-        steps = torch.arange(b1 * k, device=g.device).clamp_(max=m - 1)
-    else:
-        b0, b1 = min((T - m) // k, nb), nb
-        steps = (torch.arange(b0 * k, b1 * k, device=g.device) - (T - m)).clamp_(0, m - 1)
-    start = None if y0 is None else y0.mT
-    if b0 > 0:  # a constant stretch first
-        blocked_recursion(varying[0], y[:, :, :b0], start)
-        start = y[:, k - 1, b0 - 1]
-    part = y[:, :, b0:b1].permute(2, 1, 0, 3).reshape((b1 - b0) * k, S, n)  # time order
-    Fs = varying[steps]
-    if start is not None:
-        part[0].addmm_(Fs[0], start)
-    varying_recursion(Fs.view(b1 - b0, k, S, S), part.view(b1 - b0, k, S, n))
-    y[:, :, b0:b1] = part.view(b1 - b0, k, S, n).permute(2, 1, 0, 3)
-    if b1 < nb:  # a constant stretch last
-        blocked_recursion(varying[-1], y[:, :, b1:], part[-1])
+    T = g.shape[1]
+    y = piecewise_blocked(varying, to_blocks(g), T, None if y0 is None else y0.mT, at_end)
     return from_blocks(y, T)

@@ -28,10 +28,11 @@ from torch import Tensor
 
 from pyro_seq.ops.blocked_recursions import (
     BLOCK,
-    blocked_recursion,
+    blocks_to_steps,
     from_blocks,
+    piecewise_blocked,
+    steps_to_blocks,
     to_blocks,
-    varying_recursion,
 )
 from pyro_seq.ops.lgssm import PreparedLGSSM
 
@@ -46,25 +47,12 @@ __all__ = [
 _LOG_2PI = math.log(2 * math.pi)
 
 
-def _head_to_time(y: Tensor, bh: int) -> Tensor:
-    """The first ``bh`` blocks of ``y (F, k, nb, n)`` in time order: ``(bh k, F, n)``."""
-    F, k, _, n = y.shape
-    return y[:, :, :bh].permute(2, 1, 0, 3).reshape(bh * k, F, n)
-
-
-def _time_to_head(y: Tensor, h: Tensor) -> None:
-    """Write ``h (bh k, F, n)`` (time order) into the first blocks of ``y (F, k, nb, n)``."""
-    F, k, _, n = y.shape
-    bh = h.shape[0] // k
-    y[:, :, :bh] = h.view(bh, k, F, n).permute(2, 1, 0, 3)
-
-
 def _apply(M: Tensor, y: Tensor, steps: Tensor) -> Tensor:
     """M_t y_t for all steps of ``y (q, k, nb, n)``, M_t = ``M[steps[t]]`` on the head blocks
     (``len(steps)`` steps) and ``M[-1]`` after them: ``M (u, p, q)`` -> ``(p, k, nb, n)``."""
     q, k, nb, n = y.shape
     out = (M[-1] @ y.view(q, -1)).view(-1, k, nb, n)
-    _time_to_head(out, torch.bmm(M[steps], _head_to_time(y, steps.shape[0] // k)))
+    steps_to_blocks(out, torch.bmm(M[steps], blocks_to_steps(y, 0, steps.shape[0] // k)))
     return out
 
 
@@ -100,18 +88,13 @@ def blocked_filter(mdl: PreparedLGSSM, L: Tensor, K: Tensor) -> BlockedFilter:
     Fp = A - G @ C  # (u, S, S)
     m0 = mdl.init_loc.reshape(S, 1)
 
-    # s_t = mu_{t+1|t} = Fp_t s_{t-1} + G_t x_t (+ b_{t+1}), s_{-1} = mu_{1|0}: the head
-    # blocks (time-varying coefficients) by varying_recursion, the rest by blocked_recursion
+    # s_t = mu_{t+1|t} = Fp_t s_{t-1} + G_t x_t (+ b_{t+1}), s_{-1} = mu_{1|0}, with Fp_t
+    # varying up to the steady state (piecewise_blocked)
     s = _apply(G, X, steps)
     if mdl.b is not None:
         b = mdl.b.reshape(-1, S).expand(T, S)
         s += to_blocks(torch.cat([b[1:], b[:1]], 0).unsqueeze(0), k)  # b_{t+1}; last unused
-    head = _head_to_time(s, bh)
-    head[0].addmm_(Fp[0], m0.expand(S, n))
-    varying_recursion(Fp[steps].view(bh, k, S, S), head.view(bh, k, S, n))
-    _time_to_head(s, head)
-    if bh < nb:
-        blocked_recursion(Fp[-1], s[:, :, bh:], head[-1])
+    piecewise_blocked(Fp, s, T, m0.expand(S, n))
 
     # mu_{t|t-1} = s_{t-1}, innovations r_t = x_t - C mu_{t|t-1}, whitened by L_t^{-1}
     P = torch.empty_like(s)
@@ -139,8 +122,7 @@ def blocked_log_likelihood(mdl: PreparedLGSSM, L: Tensor, K: Tensor) -> Tensor:
     :func:`blocked_filter`."""
     T, D = mdl.T, mdl.D
     sq = blocked_filter(mdl, L, K).sq
-    log_det = L.diagonal(dim1=-2, dim2=-1).log().sum(-1)  # (u,)
-    total = log_det[:-1].sum() + (T - L.shape[0] + 1) * log_det[-1]
+    total = step_log_det(L, T).sum()
     ll = sq.sum((0, 1)).mul_(-0.5).sub_(total + 0.5 * _LOG_2PI * D * T)
     return ll.reshape(mdl.x.shape[:-2])
 

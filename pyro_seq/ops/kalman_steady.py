@@ -60,8 +60,6 @@ LIFT_MAX_SIZE = 32
 #: Lifted blocks between two steady-state tests (each test covers the blocks since the last).
 _LIFT_TEST_EVERY = 4
 
-_LOG_2PI = 1.8378770664093453
-
 
 def steady_applicable(mdl: PreparedLGSSM, steady_state_tol: float, min_steps: int = 32) -> bool:
     """Whether the steady-state filter applies: A, Q, C, R constant in time (so no mask),
