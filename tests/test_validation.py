@@ -14,7 +14,7 @@ from pyro.infer import Trace_ELBO
 
 from pyro_seq.infer import FIVO, IWAE, estimate_log_likelihood
 from pyro_seq.models import DMM, SRNN
-from pyro_seq.validation import validate_sequences
+from pyro_seq.validation import all_finite, validate_sequences
 
 D = 4
 
@@ -324,3 +324,22 @@ def test_fractional_obs_dim_is_refused_not_truncated():
 
     with pytest.raises(ValueError, match="obs_dim must be a positive integer, got 2.5"):
         SRNN(2.5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_all_finite_agrees_with_the_elementwise_test(dtype):
+    big = torch.finfo(dtype).max
+    cases = [
+        torch.randn(7, 5, dtype=dtype),
+        torch.full((4,), big, dtype=dtype),  # finite entries whose sum overflows
+        torch.tensor([1.0, float("nan")], dtype=dtype),
+        torch.tensor([float("inf"), 0.0], dtype=dtype),
+        torch.tensor([float("-inf"), float("inf")], dtype=dtype),  # sum NaN
+        torch.tensor([float("nan"), float("nan")], dtype=dtype).mul_(torch.zeros(2, dtype=dtype)),
+        torch.zeros(0, 3, dtype=dtype),
+    ]
+    for x in cases:
+        assert all_finite(x) == bool(torch.isfinite(x).all()), x
+    assert all_finite(torch.arange(5))  # integers are always finite
+    x = torch.randn(3, requires_grad=True)
+    assert all_finite(x) and x.grad_fn is None and x.grad is None

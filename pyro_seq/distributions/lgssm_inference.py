@@ -24,13 +24,14 @@ from pyro_seq.distributions.lgssm_hmm import (
 )
 from pyro_seq.ops.kalman import (
     KalmanSmootherResult,
+    SteadyStateCache,
     kalman_filter,
     kalman_sample,
     kalman_smoother,
 )
 from pyro_seq.ops.lgssm import LGSSMParams
 from pyro_seq.ops.linalg import broadcast_shapes
-from pyro_seq.validation import as_bool_mask, check_device
+from pyro_seq.validation import all_finite, as_bool_mask, check_device
 
 __all__ = ["LGSSMInference", "expand_mask", "resolve_masks", "time_size"]
 
@@ -154,6 +155,16 @@ class LGSSMInference:
         # validated once at construction (or switched off by the user): not again per call
         return dict(self.params._asdict(), controls=self.controls, validate_args=False)
 
+    def _inference_params(self) -> Dict[str, Any]:
+        """:meth:`_params` and this instance's :class:`~pyro_seq.ops.SteadyStateCache`: the
+        Riccati recursion of a time-invariant model does not depend on the observations, so
+        it runs once per instance (as ``GaussianHMM`` builds its factors once); the cache
+        checks the parameter tensors' identity and version, results are unchanged."""
+        cache = self.__dict__.get("_steady_cache")
+        if cache is None:
+            cache = self.__dict__["_steady_cache"] = SteadyStateCache()
+        return dict(self._params(), steady_state_cache=cache)
+
     def _offset(self, start: int, stop: int) -> Optional[Tensor]:
         """d_t for steps ``start..stop-1``, ``(..., stop-start|1, D)``, or None."""
         d = self.observation_offset
@@ -204,7 +215,7 @@ class LGSSMInference:
             nan = torch.isnan(x)
             if bool(nan.any()):
                 mask = ~nan if mask is None else mask & ~nan
-        if self._validate_args:
+        if self._validate_args and not all_finite(x):
             bad = ~torch.isfinite(x)
             if mask is not None:
                 bad = bad & mask
@@ -249,7 +260,7 @@ class LGSSMInference:
         ``observation_mask`` ``(..., T, D)`` / ``step_mask`` ``(..., T)`` replace the
         constructor's masks when either is given."""
         xc, mask = self._data(x, observation_mask, step_mask)
-        res = kalman_filter(xc, **self._params(), mask=mask, method=self.method)
+        res = kalman_filter(xc, **self._inference_params(), mask=mask, method=self.method)
         return LGSSMFilterResult(
             expand_filter(res, self._out_batch(x)), validate_args=self._validate_args
         )
@@ -264,7 +275,7 @@ class LGSSMInference:
         ``cross_covs`` Cov(z_{t+1}, z_t | x) ``(..., T-1, S, S)``, see
         :class:`pyro_seq.ops.KalmanSmootherResult`. Masks as in :meth:`filter`."""
         xc, mask = self._data(x, observation_mask, step_mask)
-        res = kalman_smoother(xc, **self._params(), mask=mask, method=self.method)
+        res = kalman_smoother(xc, **self._inference_params(), mask=mask, method=self.method)
         batch = self._out_batch(x)
         means, covs, cross_covs, gains = (
             expand_to(r, batch, 3 if i else 2) for i, r in enumerate(res[:4])
@@ -295,7 +306,7 @@ class LGSSMInference:
             )
         res = kalman_sample(
             xc,
-            **self._params(),
+            **self._inference_params(),
             mask=mask,
             sample_shape=sample_shape,
             noise=noise,

@@ -404,7 +404,7 @@ class LinearGaussianSSM(LGSSMInference, TorchDistribution):
         observed entries. ``value`` ``(..., T, D)`` -> ``broadcast(batch_shape, ...)``.
         Differentiable in every parameter and in ``value`` (gradient 0 at masked entries)."""
         x, mask = self._data(value)
-        ll = kalman_log_likelihood(x, **self._params(), mask=mask, method=self.method)
+        ll = kalman_log_likelihood(x, **self._inference_params(), mask=mask, method=self.method)
         return ll.expand(self._out_batch(value))
 
     def rsample(self, sample_shape: _size = torch.Size()) -> Tensor:

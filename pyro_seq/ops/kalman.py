@@ -167,6 +167,7 @@ from pyro_seq.ops.kalman_sequential import (
     mean_pass,
 )
 from pyro_seq.ops.kalman_steady import (
+    SteadyStateCache,
     steady_applicable,
     steady_filter,
     steady_log_likelihood,
@@ -210,6 +211,7 @@ __all__ = [
     "lgssm_sample",
     "PARALLEL_THRESHOLD",
     "STEADY_STATE_TOL",
+    "SteadyStateCache",
     "psd_sqrt",
     "KalmanStep",
     "kalman_predict",
@@ -343,13 +345,18 @@ def _expand(t: Tensor, batch: torch.Size, event_ndim: int) -> Tensor:
     return t.expand(batch + t.shape[t.dim() - event_ndim :])
 
 
-def _filter(mdl: PreparedLGSSM, method: str, steady_state_tol: float = 0.0):
+def _filter(
+    mdl: PreparedLGSSM,
+    method: str,
+    steady_state_tol: float = 0.0,
+    cache: Optional[SteadyStateCache] = None,
+):
     """Run the filter on a prepared model. Returns ``(KalmanFilterResult, ASig, steady_from)``
     unexpanded, ``ASig`` the products A_{t+1} Sigma_t of the sequential pass (None otherwise)
     and ``steady_from`` as in :func:`covariance_pass` (T for the parallel form)."""
     ASig, steady_from = None, mdl.T
     if method == "auto" and steady_applicable(mdl, steady_state_tol, PARALLEL_THRESHOLD):
-        fast = steady_filter(mdl, steady_state_tol)
+        fast = steady_filter(mdl, steady_state_tol, cache)
         if fast is not None:
             return KalmanFilterResult(*fast[:5]), fast[5], fast[6]
     if _resolve_method(method, mdl) == "parallel":
@@ -382,6 +389,7 @@ def _smooth(
     ASig: Optional[Tensor] = None,
     steady_from: Optional[int] = None,
     steady_state_tol: float = 0.0,
+    cache: Optional[SteadyStateCache] = None,
 ):
     T = mdl.T
     if T == 1:
@@ -394,7 +402,7 @@ def _smooth(
         and steady_from < T
         and steady_applicable(mdl, steady_state_tol, PARALLEL_THRESHOLD)
     ):
-        fast = steady_smoother(mdl, f, ASig, steady_from, steady_state_tol)
+        fast = steady_smoother(mdl, f, ASig, steady_from, steady_state_tol, cache)
         if fast is not None:
             return fast
         ASig = None  # the general smoother below recomputes A Sigma_t for all t
@@ -433,6 +441,7 @@ def kalman_filter(
     nan_as_missing: bool = False,
     steady_state_tol: float = STEADY_STATE_TOL,
     validate_args: Optional[bool] = None,
+    steady_state_cache: Optional[SteadyStateCache] = None,
 ) -> KalmanFilterResult:
     r"""Kalman filter (thesis Sec. 3.4.1, eq. 3.11) with log-likelihood terms (eq. 3.12).
 
@@ -459,6 +468,9 @@ def kalman_filter(
         epsilons (module docstring, Numerics); 0 runs every step.
     :param validate_args: check the parameters (finite; covariances symmetric, Q and
         Sigma_{1|0} PSD, R PD); None follows ``torch.distributions.Distribution``.
+    :param steady_state_cache: a :class:`~pyro_seq.ops.kalman_steady.SteadyStateCache`
+        that keeps the observation-independent covariance side of the steady-state path
+        for later calls with the same parameter tensors (same results; see its docstring).
     :returns: :class:`KalmanFilterResult` with fields of shape ``batch + (T, S)``,
         ``batch + (T, S, S)``, ``batch + (T, S)``, ``batch + (T, S, S)``, ``batch + (T,)``
         where ``batch`` broadcasts all batch dimensions.
@@ -477,7 +489,7 @@ def kalman_filter(
         nan_as_missing,
         validate_args,
     )
-    res, _, _ = _filter(mdl, method, steady_state_tol)
+    res, _, _ = _filter(mdl, method, steady_state_tol, steady_state_cache)
     return _expand_filter(res, mdl.batch_shape)
 
 
@@ -497,12 +509,14 @@ def kalman_log_likelihood(
     nan_as_missing: bool = False,
     steady_state_tol: float = STEADY_STATE_TOL,
     validate_args: Optional[bool] = None,
+    steady_state_cache: Optional[SteadyStateCache] = None,
 ) -> Tensor:
     """log p(x_{1:T}) = sum_t log p(x_t | x_{1:t-1}) (thesis eq. 3.12): the arguments and
     value of :func:`kalman_filter`'s ``log_likelihoods.sum(-1)``, shape ``batch``. Without
     the filter's other outputs, ``"auto"`` can run the blocked steady-state form of
     :mod:`~pyro_seq.ops.kalman_blocked` (time-invariant parameters shared by the batch, no
-    mask or autograd); elsewhere it is the filter's sum."""
+    mask or autograd); elsewhere it is the filter's sum. ``steady_state_cache``: as for
+    :func:`kalman_filter`."""
     mdl = _prepare(
         observations,
         initial_loc,
@@ -518,10 +532,10 @@ def kalman_log_likelihood(
         validate_args,
     )
     if method == "auto" and steady_applicable(mdl, steady_state_tol, PARALLEL_THRESHOLD):
-        ll = steady_log_likelihood(mdl, steady_state_tol)
+        ll = steady_log_likelihood(mdl, steady_state_tol, steady_state_cache)
         if ll is not None:
             return ll.expand(mdl.batch_shape)
-    res, _, _ = _filter(mdl, method, steady_state_tol)
+    res, _, _ = _filter(mdl, method, steady_state_tol, steady_state_cache)
     return res.log_likelihoods.sum(-1).expand(mdl.batch_shape)
 
 
@@ -541,6 +555,7 @@ def kalman_smoother(
     nan_as_missing: bool = False,
     steady_state_tol: float = STEADY_STATE_TOL,
     validate_args: Optional[bool] = None,
+    steady_state_cache: Optional[SteadyStateCache] = None,
 ) -> KalmanSmootherResult:
     r"""Rauch-Tung-Striebel smoother (thesis Sec. 3.4.1, smoothing) with lag-one covariances.
 
@@ -551,7 +566,8 @@ def kalman_smoother(
     covariance Pc_t = (I - J_t A_{t+1}) Sigma_t (I - J_t A_{t+1})^T + J_t Q_{t+1} J_t^T
     (algebraically identical). Cross covariance Cov(z_{t+1}, z_t | x) = Sigma_{t+1|T} J_t^T.
 
-    Arguments as :func:`kalman_filter`. Where Sigma_{t+1|t} is singular to working
+    Arguments as :func:`kalman_filter` (``steady_state_cache`` also keeps the smoother's
+    gains and covariances). Where Sigma_{t+1|t} is singular to working
     precision, J_t is the minimum-norm solution of J_t Sigma_{t+1|t} = Sigma_t A_{t+1}^T
     (no inverse of the singular matrix; exact, see the module docstring).
 
@@ -573,8 +589,10 @@ def kalman_smoother(
         nan_as_missing,
         validate_args,
     )
-    f, ASig, steady_from = _filter(mdl, method, steady_state_tol)
-    means, covs, cross, J = _smooth(mdl, f, method, ASig, steady_from, steady_state_tol)
+    f, ASig, steady_from = _filter(mdl, method, steady_state_tol, steady_state_cache)
+    means, covs, cross, J = _smooth(
+        mdl, f, method, ASig, steady_from, steady_state_tol, steady_state_cache
+    )
     batch = mdl.batch_shape
     return KalmanSmootherResult(
         _expand(means, batch, 2),
@@ -603,6 +621,7 @@ def kalman_sample(
     nan_as_missing: bool = False,
     steady_state_tol: float = STEADY_STATE_TOL,
     validate_args: Optional[bool] = None,
+    steady_state_cache: Optional[SteadyStateCache] = None,
 ) -> KalmanSampleResult:
     r"""Forward-filtering backward-sampling: reparameterized draws of z_{1:T} | x_{1:T}.
 
@@ -631,7 +650,7 @@ def kalman_sample(
         nan_as_missing,
         validate_args,
     )
-    f, _, _ = _filter(mdl, method, steady_state_tol)
+    f, _, _ = _filter(mdl, method, steady_state_tol, steady_state_cache)
     samples = _sample(mdl, f, sample_shape, noise, method)
     return KalmanSampleResult(samples, _expand_filter(f, mdl.batch_shape))
 

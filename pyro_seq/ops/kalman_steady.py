@@ -26,9 +26,15 @@ is then
 
 Everything after the steady state is computed once and repeated, so the covariance-side
 cost does not grow with T and the data-side cost is a few large matrix products.
+
+None of the covariance side depends on the observations. A :class:`SteadyStateCache` keeps
+it for repeated calls with the same parameter tensors (as Pyro's ``GaussianHMM`` builds its
+Gaussian factors once, at construction): :class:`~pyro_seq.distributions.LinearGaussianSSM`
+holds one per instance, so its second ``log_prob`` or ``smooth`` runs the data side only.
 """
 
-from typing import Optional
+from collections import OrderedDict
+from typing import Any, Callable, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -41,6 +47,7 @@ from pyro_seq.ops.lgssm import PreparedLGSSM
 from pyro_seq.ops.linalg import repeat_last, tri_solve_lower_transposed
 
 __all__ = [
+    "SteadyStateCache",
     "joint_covariance_pass",
     "steady_applicable",
     "steady_filter",
@@ -59,6 +66,72 @@ LIFT_MAX_SIZE = 32
 
 #: Lifted blocks between two steady-state tests (each test covers the blocks since the last).
 _LIFT_TEST_EVERY = 4
+
+
+def _tensor_key(t: Tensor) -> Tuple[Any, ...]:
+    """What identifies the values of ``t``: its root tensor (compared by identity), the view
+    geometry on it and the version counter, which every in-place change (of the view or of
+    the root) increments."""
+    root = t._base if t._base is not None else t
+    return (root, t.storage_offset(), tuple(t.shape), t.stride(), t._version, t.dtype, t.device)
+
+
+def _same_key(a, b) -> bool:
+    return len(a) == len(b) and all(x[0] is y[0] and x[1:] == y[1:] for x, y in zip(a, b))
+
+
+class SteadyStateCache:
+    """The observation-independent part of the steady-state paths, kept for repeated calls
+    with the same parameter tensors: the Riccati recursion of :func:`joint_covariance_pass`
+    and the smoother's gains and covariances of :func:`steady_smoother`, per number of steps
+    T and tolerance.
+
+    Pass one to :func:`pyro_seq.ops.kalman.kalman_log_likelihood`,
+    :func:`~pyro_seq.ops.kalman.kalman_filter`, :func:`~pyro_seq.ops.kalman.kalman_smoother`
+    or :func:`~pyro_seq.ops.kalman.kalman_sample` (``steady_state_cache=``); results are
+    identical with and without it. An entry is used only while the parameter tensors are the
+    same objects (views of the same roots) with unchanged version counters: other tensors,
+    or an in-place change of these (an optimiser step), empty the cache. Tensors without a
+    version counter (made under ``torch.inference_mode``) are never cached. Returned results
+    never alias the cached tensors. At most ``max_entries`` (T, tolerance, kind) entries are
+    kept, the oldest dropped first.
+    """
+
+    def __init__(self, max_entries: int = 4):
+        self.max_entries = int(max_entries)
+        self._key: Optional[Tuple[Any, ...]] = None
+        self._entries: "OrderedDict[Any, Any]" = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def clear(self) -> None:
+        """Drop every entry and the parameters they belong to."""
+        self._key, self._entries = None, OrderedDict()
+
+    def get(self, mdl: PreparedLGSSM, entry: Tuple[Any, ...], compute: Callable[[], Any]):
+        """``compute()`` for the parameters of ``mdl`` under the name ``entry``, or the value
+        kept from an earlier call with the same parameter tensors."""
+        try:
+            key = tuple(_tensor_key(p) for p in (mdl.init_cov, mdl.A, mdl.Q, mdl.C, mdl.R))
+        except RuntimeError:  # inference tensors have no version counter
+            return compute()
+        if self._key is None or not _same_key(key, self._key):
+            self._key, self._entries = key, OrderedDict()
+        if entry in self._entries:
+            return self._entries[entry]
+        value = compute()
+        self._entries[entry] = value
+        while len(self._entries) > self.max_entries:
+            self._entries.popitem(last=False)
+        return value
+
+
+def _covariances(mdl: PreparedLGSSM, tol: float, cache: Optional[SteadyStateCache]):
+    """:func:`joint_covariance_pass`, through ``cache`` when one is given."""
+    if cache is None:
+        return joint_covariance_pass(mdl, tol)
+    return cache.get(mdl, ("covariances", mdl.T, tol), lambda: joint_covariance_pass(mdl, tol))
 
 
 def steady_applicable(mdl: PreparedLGSSM, steady_state_tol: float, min_steps: int = 32) -> bool:
@@ -254,7 +327,9 @@ def _apply_split(M: Tensor, v: Tensor, u: int) -> Tensor:
     return out
 
 
-def steady_filter(mdl: PreparedLGSSM, steady_state_tol: float):
+def steady_filter(
+    mdl: PreparedLGSSM, steady_state_tol: float, cache: Optional[SteadyStateCache] = None
+):
     """The filter of :func:`pyro_seq.ops.kalman.kalman_filter` on the steady-state path.
 
     :returns: None where :func:`joint_covariance_pass` fails or no steady state is reached
@@ -262,9 +337,10 @@ def steady_filter(mdl: PreparedLGSSM, steady_state_tol: float):
         ``(means, covs, pmeans, pcovs, log_likelihoods, ASig, steady_from)`` with the
         shapes of :class:`~pyro_seq.ops.kalman.KalmanFilterResult` (covariances with the
         parameters' batch dims of size 1) and ``ASig (u, S, S)`` the distinct products
-        A Sigma_t, t < u = steady_from + 1.
+        A Sigma_t, t < u = steady_from + 1. ``cache``: a :class:`SteadyStateCache` for the
+        covariance side.
     """
-    res = joint_covariance_pass(mdl, steady_state_tol)
+    res = _covariances(mdl, steady_state_tol, cache)
     if res is None or res[-1] >= mdl.T:
         return None
     pcovs, covs, L, K, steady_from = res
@@ -276,22 +352,25 @@ def steady_filter(mdl: PreparedLGSSM, steady_state_tol: float):
     ASig = (covs @ A.mT).mT
     return (
         means.reshape(xb + (T, S)),
-        repeat_last(covs, T, 0).reshape(ones + (T, S, S)),
+        repeat_last(covs, T, 0, copy=True).reshape(ones + (T, S, S)),
         pmeans.reshape(xb + (T, S)),
-        repeat_last(pcovs, T, 0).reshape(ones + (T, S, S)),
+        repeat_last(pcovs, T, 0, copy=True).reshape(ones + (T, S, S)),
         ll.reshape(xb + (T,)),
         ASig,
         steady_from,
     )
 
 
-def steady_log_likelihood(mdl: PreparedLGSSM, steady_state_tol: float) -> Optional[Tensor]:
+def steady_log_likelihood(
+    mdl: PreparedLGSSM, steady_state_tol: float, cache: Optional[SteadyStateCache] = None
+) -> Optional[Tensor]:
     """log p(x_{1:T}) (thesis eq. 3.12) of every sequence, ``mdl.x (..., T, D)`` -> ``(...)``,
     for a model where :func:`steady_applicable` holds
     (:func:`~pyro_seq.ops.kalman_blocked.blocked_log_likelihood`). None where
     :func:`joint_covariance_pass` fails or reaches no steady state before T (the caller then
-    runs the general filter)."""
-    res = joint_covariance_pass(mdl, steady_state_tol)
+    runs the general filter). ``cache``: a :class:`SteadyStateCache` for the covariance
+    side."""
+    res = _covariances(mdl, steady_state_tol, cache)
     if res is None or res[-1] >= mdl.T:
         return None
     return blocked_log_likelihood(mdl, res[2], res[3])
@@ -306,38 +385,74 @@ def steady_smoother_means(J: Tensor, h: Tensor, zT: Tensor) -> Tensor:
     return torch.cat([z.flip(1), zT.unsqueeze(1)], 1)
 
 
-def steady_smoother(mdl: PreparedLGSSM, filtered, ASig: Tensor, steady_from: int, tol: float):
+def _smoother_covariances(
+    mdl: PreparedLGSSM, covs: Tensor, pcovs: Tensor, ASig: Tensor, steady_from: int, tol: float
+):
+    """The observation-independent part of :func:`steady_smoother`: ``(J, scovs, cross)``
+    with J ``(u, S, S)`` the distinct gains, the smoothed covariances ``(T, S, S)`` and the
+    cross covariances ``(T-1, S, S)``; None where some Sigma_{t+1|t} is singular."""
+    T, S = mdl.T, mdl.S
+    u = min(steady_from + 1, T - 1)
+    ASu = ASig[:u]
+    Lp, info = torch.linalg.cholesky_ex(pcovs.reshape(T, S, S)[1 : u + 1])
+    if bool((info != 0).any()):
+        return None
+    J = torch.cholesky_solve(ASu, Lp).mT  # (u, S, S)
+    cv = covs.reshape(T, S, S)
+    eps = torch.finfo(cv.dtype).eps
+    scovs = steady_smoothed_covariances(J, cv[:u] - J @ ASu, cv[-1], T, tol * eps)
+    if scovs is None:
+        ones = covs.shape[:-3]
+        J_full = repeat_last(J, T - 1, 0).reshape(ones + (T - 1, S, S))
+        scovs = backward_covariance_pass(J_full, covs, ASu.reshape(ones + (u, S, S)), u - 1, tol)
+    sc = scovs.reshape(T, S, S)
+    cross = torch.cat(
+        [sc[1 : u + 1] @ J.mT, (sc[u + 1 :].reshape(-1, S) @ J[-1].mT).view(-1, S, S)]
+    )
+    return J, sc, cross
+
+
+def steady_smoother(
+    mdl: PreparedLGSSM,
+    filtered,
+    ASig: Tensor,
+    steady_from: int,
+    tol: float,
+    cache: Optional[SteadyStateCache] = None,
+):
     """The RTS smoother of :func:`pyro_seq.ops.kalman.kalman_smoother` after
     :func:`steady_filter` (``filtered`` its first five outputs, ``ASig`` and ``steady_from``
     its last two): J_t = Sigma_t A^T Sigma_{t+1|t}^{-1} for the distinct t <= steady_from
     (one Cholesky solve), the backward means by :func:`steady_smoother_means`, the
     covariances by :func:`~pyro_seq.ops.kalman_stein.steady_smoothed_covariances` (or
     :func:`~pyro_seq.ops.kalman_sequential.backward_covariance_pass` where it declines) and the
-    cross covariances Sigma_{t+1|T} J_t^T with one product for the constant stretch.
+    cross covariances Sigma_{t+1|T} J_t^T with one product for the constant stretch. The
+    gains and covariances do not depend on the observations: ``cache`` (a
+    :class:`SteadyStateCache`) keeps them.
 
     :returns: None where some Sigma_{t+1|t} is singular to working precision (the caller
         runs the general smoother), else ``(means, covs, cross_covs, gains)``.
     """
     means, covs, pmeans, pcovs = filtered[:4]
     T, S = mdl.T, mdl.S
-    u = min(steady_from + 1, T - 1)
-    ones = covs.shape[:-3]
-    ASu = ASig[:u]
-    Lp, info = torch.linalg.cholesky_ex(pcovs.reshape(T, S, S)[1 : u + 1])
-    if bool((info != 0).any()):
+
+    def compute():
+        return _smoother_covariances(mdl, covs, pcovs, ASig, steady_from, tol)
+
+    part = compute() if cache is None else cache.get(mdl, ("smoother", T, tol), compute)
+    if part is None:
         return None
-    J = torch.cholesky_solve(ASu, Lp).mT  # (u, S, S)
+    J, sc, cross = part
+    u = J.shape[0]
+    ones = covs.shape[:-3]
     xb = means.shape[:-2]
     mu, pm = means.reshape(-1, T, S), pmeans.reshape(-1, T, S)
     h = mu[:, :-1] - _apply_split(J, pm[:, 1:], u)
     sm = steady_smoother_means(J, h, mu[:, -1])
-    J_full = repeat_last(J, T - 1, 0).reshape(ones + (T - 1, S, S))
-    cv = covs.reshape(T, S, S)
-    eps = torch.finfo(cv.dtype).eps
-    scovs = steady_smoothed_covariances(J, cv[:u] - J @ ASu, cv[-1], T, tol * eps)
-    if scovs is None:
-        scovs = backward_covariance_pass(J_full, covs, ASu.reshape(ones + (u, S, S)), u - 1, tol)
-    scovs = scovs.reshape(ones + (T, S, S))
-    sc = scovs.reshape(T, S, S)[1:]
-    cross = torch.cat([sc[:u] @ J.mT, (sc[u:].reshape(-1, S) @ J[-1].mT).reshape(-1, S, S)], 0)
-    return sm.reshape(xb + (T, S)), scovs, cross.reshape(ones + (T - 1, S, S)), J_full
+    J_full = repeat_last(J, T - 1, 0, copy=True).reshape(ones + (T - 1, S, S))
+    return (
+        sm.reshape(xb + (T, S)),
+        sc.clone().reshape(ones + (T, S, S)),
+        cross.clone().reshape(ones + (T - 1, S, S)),
+        J_full,
+    )

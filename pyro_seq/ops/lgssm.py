@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 
 from pyro_seq.ops.linalg import batch_index, broadcast_shapes
-from pyro_seq.validation import as_bool_mask, check_device
+from pyro_seq.validation import all_finite, as_bool_mask, check_device
 
 __all__ = [
     "COV_TOL_EPS",
@@ -145,7 +145,7 @@ def observed_finite(x: Tensor, mask: Optional[Tensor], nan_as_missing: bool) -> 
 
     With ``nan_as_missing`` NaN entries become unobserved (combined with ``mask`` by "and");
     +inf/-inf at an observed position are refused in either case."""
-    if bool(torch.isfinite(x).all()):
+    if all_finite(x):
         return mask
     nonfinite = ~torch.isfinite(x)
     observed = mask

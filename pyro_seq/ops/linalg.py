@@ -59,11 +59,12 @@ def broadcast_shapes(*shapes) -> torch.Size:
     return torch.Size(out)
 
 
-def repeat_last(x: Tensor, n: int, dim: int = 0) -> Tensor:
-    """``x`` extended to ``n`` entries along ``dim`` by repeating its last entry."""
+def repeat_last(x: Tensor, n: int, dim: int = 0, copy: bool = False) -> Tensor:
+    """``x`` extended to ``n`` entries along ``dim`` by repeating its last entry (``x`` itself
+    where it has n or more, unless ``copy``: then never an alias of ``x``)."""
     m = x.shape[dim]
     if m >= n:
-        return x
+        return x.clone() if copy else x
     shape = list(x.shape)
     shape[dim] = n - m
     return torch.cat([x, x.narrow(dim, m - 1, 1).expand(shape)], dim)

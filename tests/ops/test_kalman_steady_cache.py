@@ -1,0 +1,163 @@
+"""SteadyStateCache (pyro_seq.ops.kalman_steady): the observation-independent covariance side
+of the steady-state path, kept for repeated calls with the same parameter tensors. Results
+must be bit-for-bit those of a call without the cache, the recursion must run once per set
+of parameters, any change of the parameters (other tensors, an in-place update) must be
+seen, and nothing a caller gets back may alias what the cache keeps."""
+
+import pytest
+import torch
+
+import pyro_seq.ops.kalman_steady as steady
+from pyro_seq.distributions import LinearGaussianSSM
+from pyro_seq.ops import (
+    SteadyStateCache,
+    kalman_filter,
+    kalman_log_likelihood,
+    kalman_sample,
+    kalman_smoother,
+)
+from tests.dense_gaussian import log_marginal, observed_index
+from tests.ops.test_kalman import dense_of, observations, random_model
+
+T = 120  # past the steady state of random_model, long enough for the steady path
+
+
+@pytest.fixture
+def counted(monkeypatch):
+    """The number of Riccati recursions run (calls of joint_covariance_pass)."""
+    calls = []
+    inner = steady.joint_covariance_pass
+
+    def spy(mdl, tol):
+        calls.append(mdl.T)
+        return inner(mdl, tol)
+
+    monkeypatch.setattr(steady, "joint_covariance_pass", spy)
+    return calls
+
+
+def _equal(a, b):
+    if isinstance(a, tuple):
+        assert len(a) == len(b)
+        for u, v in zip(a, b):
+            _equal(u, v)
+    else:
+        assert torch.equal(a, b)
+
+
+@torch.no_grad()
+def test_cached_results_equal_uncached_and_recursion_runs_once(counted):
+    p = random_model(3, 2, T, seed=2)
+    x = observations(T, 2, (4,), seed=5)
+    cache = SteadyStateCache()
+    ref = (
+        kalman_log_likelihood(x, **p),
+        kalman_filter(x, **p),
+        kalman_smoother(x, **p),
+    )
+    n_ref = len(counted)
+    assert n_ref == 3  # one recursion per call without a cache
+    for _ in range(2):
+        got = (
+            kalman_log_likelihood(x, **p, steady_state_cache=cache),
+            kalman_filter(x, **p, steady_state_cache=cache),
+            kalman_smoother(x, **p, steady_state_cache=cache),
+        )
+        _equal(got[0], ref[0])
+        _equal(tuple(got[1]), tuple(ref[1]))
+        _equal(tuple(got[2][:4]), tuple(ref[2][:4]))
+        _equal(tuple(got[2].filtered), tuple(ref[2].filtered))
+    assert len(counted) == n_ref + 1  # one recursion for all six cached calls
+    noise = torch.randn(2, 4, T, 3, dtype=torch.float64)
+    a = kalman_sample(x, **p, sample_shape=(2,), noise=noise).samples
+    b = kalman_sample(x, **p, sample_shape=(2,), noise=noise, steady_state_cache=cache).samples
+    _equal(a, b)
+    # other observations, same parameters: the cache still holds, the value is exact
+    x2 = observations(T, 2, (2,), seed=9)
+    lp = kalman_log_likelihood(x2, **p, steady_state_cache=cache)
+    n = len(counted)
+    dense = dense_of(p, T)
+    for i in range(2):
+        expect = log_marginal(dense, x2[i], observed_index(dense))
+        torch.testing.assert_close(lp[i], expect, atol=1e-11, rtol=1e-12)
+    assert len(counted) == n
+
+
+@torch.no_grad()
+def test_in_place_update_and_other_tensors_invalidate(counted):
+    p = random_model(3, 2, T, seed=3)
+    x = observations(T, 2, (3,), seed=1)
+    cache = SteadyStateCache()
+    before = kalman_log_likelihood(x, **p, steady_state_cache=cache)
+    p["transition_cov"].mul_(1.5)  # an in-place update, as an optimiser step under no_grad
+    after = kalman_log_likelihood(x, **p, steady_state_cache=cache)
+    _equal(after, kalman_log_likelihood(x, **p))
+    assert not torch.allclose(before, after)
+    # equal values in another tensor: recomputed (identity, not value, is the key)
+    q = dict(p, observation_cov=p["observation_cov"].clone())
+    n = len(counted)
+    _equal(kalman_log_likelihood(x, **q, steady_state_cache=cache), after)
+    assert len(counted) == n + 1
+    # a view of the parameter that was changed in place through another view
+    A = p["transition_matrix"]
+    lp1 = kalman_log_likelihood(x, **dict(q, transition_matrix=A[:]), steady_state_cache=cache)
+    A[0].mul_(0.5)
+    lp2 = kalman_log_likelihood(x, **dict(q, transition_matrix=A[:]), steady_state_cache=cache)
+    _equal(lp2, kalman_log_likelihood(x, **q))
+    assert not torch.equal(lp1, lp2)
+
+
+@torch.no_grad()
+def test_entries_per_length_and_bound():
+    p = random_model(3, 2, T, seed=4)
+    cache = SteadyStateCache(max_entries=2)
+    for t in (60, 80, 100):
+        x = observations(t, 2, (2,), seed=t)
+        _equal(
+            kalman_log_likelihood(x, **p, steady_state_cache=cache), kalman_log_likelihood(x, **p)
+        )
+    assert len(cache) == 2
+    cache.clear()
+    assert len(cache) == 0
+
+
+@torch.no_grad()
+def test_results_never_alias_the_cache():
+    p = random_model(3, 2, T, seed=5)
+    x = observations(T, 2, (2,), seed=2)
+    cache = SteadyStateCache()
+    first = kalman_smoother(x, **p, steady_state_cache=cache)
+    ref = tuple(t.clone() for t in first[:4]) + tuple(t.clone() for t in first.filtered)
+    for t in tuple(first[:4]) + tuple(first.filtered):
+        t.fill_(float("nan"))
+    second = kalman_smoother(x, **p, steady_state_cache=cache)
+    _equal(tuple(second[:4]) + tuple(second.filtered), ref)
+
+
+def test_inference_tensors_are_computed_not_cached():
+    p = random_model(3, 2, T, seed=6)
+    x = observations(T, 2, (2,), seed=3)
+    cache = SteadyStateCache()
+    with torch.inference_mode():
+        pi = {k: v.clone() for k, v in p.items()}
+        got = kalman_log_likelihood(x, **pi, steady_state_cache=cache)
+        assert len(cache) == 0
+    with torch.no_grad():
+        _equal(got, kalman_log_likelihood(x, **p))
+
+
+@torch.no_grad()
+def test_distribution_keeps_one_cache_per_instance(counted):
+    p = random_model(3, 2, T, seed=7)
+    d = LinearGaussianSSM(**p)
+    x = observations(T, 2, (5,), seed=4)
+    lp = d.log_prob(x)
+    n = len(counted)
+    _equal(d.log_prob(x), lp)
+    sm = d.smooth(x)
+    assert len(counted) == n  # log_prob, then log_prob and smooth from the cache
+    _equal(lp, kalman_log_likelihood(x, **p))
+    _equal(sm.means, kalman_smoother(x, **p).means)
+    e = d.expand((5,))
+    _equal(e.log_prob(x), lp)
+    assert e.__dict__.get("_steady_cache") is not d.__dict__.get("_steady_cache")
