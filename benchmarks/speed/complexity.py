@@ -180,17 +180,22 @@ def lgssm_params(S, D, requires_grad=False):
 
 def kalman_op(op, T, B, S, D):
     """A zero-argument function running ``op`` (``log_prob``, ``smooth`` or ``log_prob_grad``)
-    on B random sequences of length T; the data do not change the work of the recursions."""
+    on B random sequences of length T; the data do not change the work of the recursions.
+    Each call builds its own distribution (without validation, microseconds): an instance
+    keeps the covariance side of the steady-state path for its later calls
+    (``pyro_seq.ops.SteadyStateCache``), and these curves time the whole algorithm."""
     params = lgssm_params(S, D, requires_grad=op == "log_prob_grad")
-    dist = LinearGaussianSSM(**params, num_steps=T, validate_args=False)
     x = torch.randn(B, T, D, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+
+    def dist():
+        return LinearGaussianSSM(**params, num_steps=T, validate_args=False)
+
     if op == "log_prob_grad":
-        return lambda: dist.log_prob(x).sum().backward()
-    method = getattr(dist, op)
+        return lambda: dist().log_prob(x).sum().backward()
 
     def run():
         with torch.no_grad():
-            return method(x)
+            return getattr(dist(), op)(x)
 
     return run
 
