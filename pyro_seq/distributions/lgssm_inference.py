@@ -159,7 +159,7 @@ class LGSSMInference:
         """:meth:`_params` and this instance's :class:`~pyro_seq.ops.SteadyStateCache`: the
         Riccati recursion of a time-invariant model does not depend on the observations, so
         it runs once per instance (as ``GaussianHMM`` builds its factors once); the cache
-        checks the parameter tensors' identity and version, results are unchanged."""
+        compares the parameters' values on every call, results are unchanged."""
         cache = self.__dict__.get("_steady_cache")
         if cache is None:
             cache = self.__dict__["_steady_cache"] = SteadyStateCache()

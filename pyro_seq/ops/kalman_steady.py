@@ -28,7 +28,7 @@ Everything after the steady state is computed once and repeated, so the covarian
 cost does not grow with T and the data-side cost is a few large matrix products.
 
 None of the covariance side depends on the observations. A :class:`SteadyStateCache` keeps
-it for repeated calls with the same parameter tensors (as Pyro's ``GaussianHMM`` builds its
+it for repeated calls with the same parameter values (as Pyro's ``GaussianHMM`` builds its
 Gaussian factors once, at construction): :class:`~pyro_seq.distributions.LinearGaussianSSM`
 holds one per instance, so its second ``log_prob`` or ``smooth`` runs the data side only.
 """
@@ -68,56 +68,48 @@ LIFT_MAX_SIZE = 32
 _LIFT_TEST_EVERY = 4
 
 
-def _tensor_key(t: Tensor) -> Tuple[Any, ...]:
-    """What identifies the values of ``t``: its root tensor (compared by identity), the view
-    geometry on it and the version counter, which every in-place change (of the view or of
-    the root) increments."""
-    root = t._base if t._base is not None else t
-    return (root, t.storage_offset(), tuple(t.shape), t.stride(), t._version, t.dtype, t.device)
-
-
-def _same_key(a, b) -> bool:
-    return len(a) == len(b) and all(x[0] is y[0] and x[1:] == y[1:] for x, y in zip(a, b))
-
-
 class SteadyStateCache:
     """The observation-independent part of the steady-state paths, kept for repeated calls
-    with the same parameter tensors: the Riccati recursion of :func:`joint_covariance_pass`
+    with the same parameter values: the Riccati recursion of :func:`joint_covariance_pass`
     and the smoother's gains and covariances of :func:`steady_smoother`, per number of steps
     T and tolerance.
 
     Pass one to :func:`pyro_seq.ops.kalman.kalman_log_likelihood`,
     :func:`~pyro_seq.ops.kalman.kalman_filter`, :func:`~pyro_seq.ops.kalman.kalman_smoother`
     or :func:`~pyro_seq.ops.kalman.kalman_sample` (``steady_state_cache=``); results are
-    identical with and without it. An entry is used only while the parameter tensors are the
-    same objects (views of the same roots) with unchanged version counters: other tensors,
-    or an in-place change of these (an optimiser step), empty the cache. Tensors without a
-    version counter (made under ``torch.inference_mode``) are never cached. Returned results
-    never alias the cached tensors. At most ``max_entries`` (T, tolerance, kind) entries are
-    kept, the oldest dropped first.
+    identical with and without it. The key is the parameters' values (Sigma_{1|0}, A, Q, C, R,
+    which the steady-state path needs constant in time, so a few small matrices): every call
+    compares them with the values its entries were computed from (one concatenation and one
+    exact comparison), and any change empties the cache, however it was made (an optimiser
+    step, an in-place change through ``.data`` or a NumPy view, other tensors). Inference
+    tensors (``torch.inference_mode``) are never cached. Returned results never alias the
+    cached tensors. At most ``max_entries`` (T, tolerance, kind) entries are kept, the oldest
+    dropped first.
     """
 
     def __init__(self, max_entries: int = 4):
         self.max_entries = int(max_entries)
-        self._key: Optional[Tuple[Any, ...]] = None
+        self._meta: Optional[Tuple[Any, ...]] = None
+        self._values: Optional[Tensor] = None
         self._entries: "OrderedDict[Any, Any]" = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._entries)
 
     def clear(self) -> None:
-        """Drop every entry and the parameters they belong to."""
-        self._key, self._entries = None, OrderedDict()
+        """Drop every entry and the parameter values they belong to."""
+        self._meta, self._values, self._entries = None, None, OrderedDict()
 
     def get(self, mdl: PreparedLGSSM, entry: Tuple[Any, ...], compute: Callable[[], Any]):
         """``compute()`` for the parameters of ``mdl`` under the name ``entry``, or the value
-        kept from an earlier call with the same parameter tensors."""
-        try:
-            key = tuple(_tensor_key(p) for p in (mdl.init_cov, mdl.A, mdl.Q, mdl.C, mdl.R))
-        except RuntimeError:  # inference tensors have no version counter
+        kept from an earlier call with the same parameter values."""
+        params = (mdl.init_cov, mdl.A, mdl.Q, mdl.C, mdl.R)
+        if any(p.is_inference() for p in params):
             return compute()
-        if self._key is None or not _same_key(key, self._key):
-            self._key, self._entries = key, OrderedDict()
+        meta = tuple((tuple(p.shape), p.dtype, p.device) for p in params)
+        values = torch.cat([p.detach().reshape(-1) for p in params])  # a copy, never a view
+        if meta != self._meta or self._values is None or not torch.equal(values, self._values):
+            self._meta, self._values, self._entries = meta, values, OrderedDict()
         if entry in self._entries:
             return self._entries[entry]
         value = compute()

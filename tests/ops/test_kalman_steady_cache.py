@@ -84,7 +84,7 @@ def test_cached_results_equal_uncached_and_recursion_runs_once(counted):
 
 
 @torch.no_grad()
-def test_in_place_update_and_other_tensors_invalidate(counted):
+def test_every_change_of_the_values_is_seen(counted):
     p = random_model(3, 2, T, seed=3)
     x = observations(T, 2, (3,), seed=1)
     cache = SteadyStateCache()
@@ -93,18 +93,50 @@ def test_in_place_update_and_other_tensors_invalidate(counted):
     after = kalman_log_likelihood(x, **p, steady_state_cache=cache)
     _equal(after, kalman_log_likelihood(x, **p))
     assert not torch.allclose(before, after)
-    # equal values in another tensor: recomputed (identity, not value, is the key)
+    # changes that no version counter sees: through .data (Pyro's ClippedAdam) and NumPy
+    for change in (
+        lambda: p["observation_cov"].data.mul_(2.0),
+        lambda: p["transition_matrix"].numpy().__imul__(0.5),
+    ):
+        old = kalman_log_likelihood(x, **p, steady_state_cache=cache)
+        change()
+        new = kalman_log_likelihood(x, **p, steady_state_cache=cache)
+        _equal(new, kalman_log_likelihood(x, **p))
+        assert not torch.allclose(old, new)
+    # equal values in other tensors (a copy, another view): the entries still hold
     q = dict(p, observation_cov=p["observation_cov"].clone())
+    q["transition_matrix"] = p["transition_matrix"][:]
+    kalman_log_likelihood(x, **p, steady_state_cache=cache)
     n = len(counted)
-    _equal(kalman_log_likelihood(x, **q, steady_state_cache=cache), after)
-    assert len(counted) == n + 1
-    # a view of the parameter that was changed in place through another view
-    A = p["transition_matrix"]
-    lp1 = kalman_log_likelihood(x, **dict(q, transition_matrix=A[:]), steady_state_cache=cache)
-    A[0].mul_(0.5)
-    lp2 = kalman_log_likelihood(x, **dict(q, transition_matrix=A[:]), steady_state_cache=cache)
-    _equal(lp2, kalman_log_likelihood(x, **q))
-    assert not torch.equal(lp1, lp2)
+    _equal(kalman_log_likelihood(x, **q, steady_state_cache=cache), kalman_log_likelihood(x, **p))
+    assert len(counted) == n + 1  # the uncached reference only
+    # the same values in another dtype are other parameters
+    q64 = kalman_log_likelihood(x, **p, steady_state_cache=cache)
+    q32 = {k: v.float() for k, v in p.items()}
+    got = kalman_log_likelihood(x.float(), **q32, steady_state_cache=cache)
+    assert got.dtype == torch.float32
+    _equal(got, kalman_log_likelihood(x.float(), **q32))
+    _equal(kalman_log_likelihood(x, **p, steady_state_cache=cache), q64)
+
+
+@torch.no_grad()
+def test_distribution_trained_with_clipped_adam_scores_the_new_parameters():
+    """A LinearGaussianSSM built from parameters that Pyro's ClippedAdam then updates (through
+    ``.data``, invisible to version counters): the next ``log_prob`` is that of the new values."""
+    from pyro.optim.clipped_adam import ClippedAdam
+
+    p = random_model(3, 2, T, seed=8)
+    A = torch.nn.Parameter(p["transition_matrix"].clone())
+    d = LinearGaussianSSM(**dict(p, transition_matrix=A))
+    x = observations(T, 2, (2,), seed=6)
+    first = d.log_prob(x)
+    opt = ClippedAdam([A], lr=0.05)
+    A.grad = torch.ones_like(A)
+    opt.step()
+    assert A._version == 0  # the update went through .data
+    second = d.log_prob(x)
+    _equal(second, kalman_log_likelihood(x, **dict(p, transition_matrix=A.detach())))
+    assert not torch.allclose(first, second)
 
 
 @torch.no_grad()
