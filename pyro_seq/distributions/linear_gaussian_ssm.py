@@ -130,7 +130,12 @@ class LinearGaussianSSM(LGSSMInference, TorchDistribution):
         by ``and``). Off by default: NaN at an unmasked entry is an error under
         ``validate_args``, since it usually means corrupted data.
     :param str method: ``"auto"``, ``"sequential"`` or ``"parallel"`` (see
-        :func:`pyro_seq.ops.kalman_filter`).
+        :func:`pyro_seq.ops.kalman_filter`). With ``"auto"``, time-invariant parameters, no
+        mask and no gradient, the filter takes its steady-state path, whose covariance side
+        does not depend on the observations: the instance keeps it
+        (:class:`~pyro_seq.ops.SteadyStateCache`, keyed on the parameters' values), so that
+        later ``log_prob``, ``filter``, ``smooth`` and ``sample_posterior`` calls on other
+        observations run only the data side (same results).
 
     Validation (``validate_args``, on by default as for every torch distribution): every
     parameter must be finite, covariances symmetric to ````pyro_seq.ops.kalman.COV_TOL_EPS```` machine epsilons
