@@ -332,6 +332,12 @@ def srnn_guide_scan(
         )
     check_lengths(lengths, B, T, "srnn_guide_scan")
     order, counts, _ = pack_ragged(lengths, T)
+    if bool((order == torch.arange(B, device=order.device)).all()):
+        # rows already sorted by decreasing length (e.g. all of length T): no permutation,
+        # which would cost a copy of every input and output and its backward
+        return _SRNNGuideScan.apply(
+            z0, eps.detach(), *q, *p, activation, d_act, float(min_scale), variance, counts
+        )
     rows = lambda v: None if v is None else v.index_select(0, order)  # noqa: E731
     q = (rows(q[0]),) + tuple(q[1:])
     p = (rows(p[0]),) + tuple(p[1:])

@@ -135,19 +135,25 @@ def test_gradcheck(residual, variance, lengths):
 
 
 LENGTHS = torch.tensor([4, 6, 1, 6])  # unsorted, with a tie and a one-step row
+#: rows already in the scan's order (no permutation), and every row full
+SORTED_LENGTHS, FULL_LENGTHS = torch.tensor([6, 6, 4, 1]), torch.tensor([6, 6, 6, 6])
 
 
 @pytest.mark.parametrize("residual,variance", [(True, "softplus"), (False, "log"), (True, "log")])
-def test_ragged_values_and_gradients_equal_the_loop_on_real_steps(residual, variance):
+@pytest.mark.parametrize(
+    "lengths", [LENGTHS, SORTED_LENGTHS, FULL_LENGTHS], ids=["unsorted", "sorted", "full"]
+)
+def test_ragged_values_and_gradients_equal_the_loop_on_real_steps(residual, variance, lengths):
     """With lengths, the real steps are the loop's; padded steps hold loc 0, scale 1, z = eps
     (prior 0 and 1); a loss reading the real steps only (as the masked sites do) has the loop's
-    gradients, and gradients reaching the padding are ignored."""
+    gradients, and gradients reaching the padding are ignored. Rows that are already in the
+    scan's order (decreasing lengths, or all full) skip the permutation, with the same results."""
     post, prior, a, d, z0, eps = _inputs(B=4, variance=variance, seed=7)
     want = _loop(post, prior, a, d, z0, eps, residual)
     q = (post.project_context(a),) + post.step_weights()
     p = (prior.project_context(d),) + prior.step_weights() if residual else None
-    got = srnn_guide_scan(z0, eps, q, p, post.activation, 1e-3, variance, LENGTHS)
-    real = torch.arange(6) < LENGTHS.unsqueeze(-1)
+    got = srnn_guide_scan(z0, eps, q, p, post.activation, 1e-3, variance, lengths)
+    real = torch.arange(6) < lengths.unsqueeze(-1)
     for g, w in zip(got, want):
         assert torch.allclose(g[real], w[real], rtol=0, atol=1e-12)
     fills = [0.0, 1.0, None, 0.0, 1.0]
