@@ -470,7 +470,7 @@ def kalman_filter(
         Sigma_{1|0} PSD, R PD); None follows ``torch.distributions.Distribution``.
     :param steady_state_cache: a :class:`~pyro_seq.ops.kalman_steady.SteadyStateCache`
         that keeps the observation-independent covariance side of the steady-state path
-        for later calls with the same parameter tensors (same results; see its docstring).
+        for later calls with the same parameter values (same results; see its docstring).
     :returns: :class:`KalmanFilterResult` with fields of shape ``batch + (T, S)``,
         ``batch + (T, S, S)``, ``batch + (T, S)``, ``batch + (T, S, S)``, ``batch + (T,)``
         where ``batch`` broadcasts all batch dimensions.

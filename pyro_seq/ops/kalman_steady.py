@@ -45,6 +45,7 @@ from pyro_seq.ops.kalman_sequential import backward_covariance_pass
 from pyro_seq.ops.kalman_stein import steady_smoothed_covariances
 from pyro_seq.ops.lgssm import PreparedLGSSM
 from pyro_seq.ops.linalg import repeat_last, tri_solve_lower_transposed
+from pyro_seq.validation import positive_int
 
 __all__ = [
     "SteadyStateCache",
@@ -81,14 +82,14 @@ class SteadyStateCache:
     which the steady-state path needs constant in time, so a few small matrices): every call
     compares them with the values its entries were computed from (one concatenation and one
     exact comparison), and any change empties the cache, however it was made (an optimiser
-    step, an in-place change through ``.data`` or a NumPy view, other tensors). Inference
-    tensors (``torch.inference_mode``) are never cached. Returned results never alias the
-    cached tensors. At most ``max_entries`` (T, tolerance, kind) entries are kept, the oldest
-    dropped first.
+    step, an in-place change through ``.data`` or a NumPy view, tensors with other values).
+    Inference tensors (``torch.inference_mode``) are never cached. Returned results never
+    alias the cached tensors. At most ``max_entries`` (a positive integer) (T, tolerance,
+    kind) entries are kept, the oldest dropped first.
     """
 
     def __init__(self, max_entries: int = 4):
-        self.max_entries = int(max_entries)
+        self.max_entries = positive_int("max_entries", max_entries)
         self._meta: Optional[Tuple[Any, ...]] = None
         self._values: Optional[Tensor] = None
         self._entries: "OrderedDict[Any, Any]" = OrderedDict()

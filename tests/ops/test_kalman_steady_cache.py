@@ -151,6 +151,9 @@ def test_entries_per_length_and_bound():
     assert len(cache) == 2
     cache.clear()
     assert len(cache) == 0
+    for bad in (0, -1, 1.5):
+        with pytest.raises(ValueError, match="max_entries must be a positive integer"):
+            SteadyStateCache(max_entries=bad)
 
 
 @torch.no_grad()
