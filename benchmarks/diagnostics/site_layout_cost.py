@@ -58,15 +58,12 @@ from baselines.plain_srnn import from_package  # noqa: E402
 from common import RESULTS, SHARED_DATA, machine_info  # noqa: E402
 from pyro.infer import Trace_ELBO  # noqa: E402
 from srnn_speed import (  # noqa: E402
-    BATCH_SIZE,
     LR,
-    MODEL,
-    SMOKE_MODEL,
     PlainImpl,
     PyroSeqImpl,
     fixed_normal_noise,
-    synthetic_sequences,
     time_epoch,
+    training_windows,
 )
 
 from pyro_seq.data import SequenceLoader, load_piano_rolls  # noqa: E402
@@ -154,6 +151,54 @@ def check_same_elbo(model, x, mask, seed):
             "the three forms give different ELBOs; the timing would compare different functions"
         )
     return {"elbo": values, "rel_diff_to_plain": diffs, "tolerance": CHECK_RTOL, "passed": passed}
+
+
+def timings(check, record, med, ratios):
+    """The fields every result file of this script shares."""
+    return {
+        "check_same_elbo": check,
+        "wall_seconds_per_epoch": {k: v["wall"] for k, v in record.items()},
+        "cpu_seconds_per_epoch": {k: v["cpu"] for k, v in record.items()},
+        "median_wall_seconds_per_epoch": med,
+        "ratios": ratios,
+        "site_handling_seconds_per_epoch": med["pyro_seq"] - med["one_expression"],
+        "machine": machine_info(),
+    }
+
+
+def write(result, args, name):
+    """Print the medians and ratios; write ``result`` to ``--output`` (default
+    ``benchmarks/results/<name>``, none for ``--smoke``)."""
+    print(
+        json.dumps(
+            {"median": result["median_wall_seconds_per_epoch"], "ratios": result["ratios"]},
+            indent=1,
+        )
+    )
+    out = args.output or (None if args.smoke else str(RESULTS / name))
+    if out:
+        Path(out).write_text(json.dumps(result, indent=1))
+        print(f"wrote {out}")
+    return result
+
+
+def alternate(variants, repeats, epoch_batches, run_epoch, warmup):
+    """Time every variant's epochs in turn, the order rotated every repeat: ``run_epoch(impl,
+    batches)`` returns ``(wall, cpu)`` seconds for ``epoch_batches(r)``, after one warm-up
+    epoch on ``warmup``. Returns ``({name: {"wall": [...], "cpu": [...]}}, {name: median
+    wall})``."""
+    for impl in variants.values():
+        run_epoch(impl, warmup)
+    record = {k: {"wall": [], "cpu": []} for k in variants}
+    names = list(variants)
+    for r in range(repeats):
+        batches = epoch_batches(r)
+        for name in names[r % len(names) :] + names[: r % len(names)]:
+            w, c = run_epoch(variants[name], batches)
+            record[name]["wall"].append(w)
+            record[name]["cpu"].append(c)
+            print(f"repeat {r}: {name:15s} wall {w:7.2f} s  cpu {c:7.2f} s", flush=True)
+    return record, {k: statistics.median(v["wall"]) for k, v in record.items()}
 
 
 def dmm_one_expression_elbo(m, x, mask, eps=None):
@@ -257,19 +302,13 @@ def dmm_main(args):
         "pyro_seq": dmm_speed.PyroSeqImpl(seqs, svi_ours),
         "one_expression": OneExpressionDMM(seqs, None),
     }
-    warmup = [loader.batch_indices(args.repeats)[0]]
-    for impl in variants.values():
-        dmm_speed.time_epoch(impl, warmup, False)
-    record = {k: {"wall": [], "cpu": []} for k in variants}
-    names = list(variants)
-    for r in range(args.repeats):
-        batches = loader.batch_indices(r)[:num_batches]
-        for name in names[r % 3 :] + names[: r % 3]:
-            w, c, _, _ = dmm_speed.time_epoch(variants[name], batches, False)
-            record[name]["wall"].append(w)
-            record[name]["cpu"].append(c)
-            print(f"repeat {r}: {name:15s} wall {w:7.2f} s  cpu {c:7.2f} s", flush=True)
-    med = {k: statistics.median(v["wall"]) for k, v in record.items()}
+    record, med = alternate(
+        variants,
+        args.repeats,
+        lambda r: loader.batch_indices(r)[:num_batches],
+        lambda impl, batches: dmm_speed.time_epoch(impl, batches, False)[:2],
+        [loader.batch_indices(args.repeats)[0]],
+    )
     ratios = {
         "pyro_seq / pyro_example": med["pyro_seq"] / med["pyro_example"],
         "one_expression / pyro_example": med["one_expression"] / med["pyro_example"],
@@ -290,13 +329,7 @@ def dmm_main(args):
             "timing": "alternating epochs, order rotated every repeat; median wall seconds; "
             "each implementation's minibatch preparation inside its epoch",
         },
-        "check_same_elbo": check,
-        "wall_seconds_per_epoch": {k: v["wall"] for k, v in record.items()},
-        "cpu_seconds_per_epoch": {k: v["cpu"] for k, v in record.items()},
-        "median_wall_seconds_per_epoch": med,
-        "ratios": ratios,
-        "site_handling_seconds_per_epoch": med["pyro_seq"] - med["one_expression"],
-        "machine": machine_info(),
+        **timings(check, record, med, ratios),
     }
 
 
@@ -313,29 +346,10 @@ def main(argv=None):
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     if args.model == "dmm":
-        result = dmm_main(args)
-        print(
-            json.dumps(
-                {"median": result["median_wall_seconds_per_epoch"], "ratios": result["ratios"]},
-                indent=1,
-            )
-        )
-        out = args.output or (None if args.smoke else str(RESULTS / "site_layout_cost_dmm.json"))
-        if out:
-            Path(out).write_text(json.dumps(result, indent=1))
-            print(f"wrote {out}")
-        return result
+        return write(dmm_main(args), args, "site_layout_cost_dmm.json")
+    sizes, batch_size, seqs, data = training_windows(args.data, args.smoke, args.seed)
     if args.smoke:
-        sizes, batch_size = SMOKE_MODEL, 4
-        seqs, data = synthetic_sequences(12, seed=args.seed), "synthetic"
         args.repeats, args.batches = 1, 2
-    else:
-        sizes, batch_size = MODEL, BATCH_SIZE
-        path = Path(args.data) if args.data else SHARED_DATA / "jsb_chorales_2x.pickle"
-        if not path.exists():
-            raise SystemExit(f"data file {path} not found; pass --data PATH")
-        seqs = load_piano_rolls(path, splits=("train",))["train"]
-        data = f"{path} train"
     loader = SequenceLoader(seqs, batch_size, shuffle=True, seed=args.seed)
     num_batches = min(args.batches or len(loader), len(loader))
     pyro.clear_param_store()
@@ -348,18 +362,13 @@ def main(argv=None):
         "plain": PlainImpl(from_package(model)),
         "one_expression": OneExpressionImpl(copy.deepcopy(model)),
     }
-    for impl in variants.values():
-        time_epoch(impl, [first])
-    record = {k: {"wall": [], "cpu": []} for k in variants}
-    names = list(variants)
-    for r in range(args.repeats):
-        batches = list(loader.batches(r))[:num_batches]
-        for name in names[r % 3 :] + names[: r % 3]:
-            w, c, _ = time_epoch(variants[name], batches)
-            record[name]["wall"].append(w)
-            record[name]["cpu"].append(c)
-            print(f"repeat {r}: {name:15s} wall {w:7.2f} s  cpu {c:7.2f} s", flush=True)
-    med = {k: statistics.median(v["wall"]) for k, v in record.items()}
+    record, med = alternate(
+        variants,
+        args.repeats,
+        lambda r: list(loader.batches(r))[:num_batches],
+        lambda impl, batches: time_epoch(impl, batches)[:2],
+        [first],
+    )
     ratios = {
         "pyro_seq / plain": med["pyro_seq"] / med["plain"],
         "one_expression / plain": med["one_expression"] / med["plain"],
@@ -378,21 +387,10 @@ def main(argv=None):
             "smoke": args.smoke,
             "timing": "alternating epochs, order rotated every repeat; median wall seconds",
         },
-        "check_same_elbo": check,
-        "wall_seconds_per_epoch": {k: v["wall"] for k, v in record.items()},
-        "cpu_seconds_per_epoch": {k: v["cpu"] for k, v in record.items()},
-        "median_wall_seconds_per_epoch": med,
-        "ratios": ratios,
-        "site_handling_seconds_per_epoch": med["pyro_seq"] - med["one_expression"],
+        **timings(check, record, med, ratios),
         "sample_sites_per_epoch": sites,
-        "machine": machine_info(),
     }
-    print(json.dumps({"median": med, "ratios": ratios}, indent=1))
-    out = args.output or (None if args.smoke else str(RESULTS / "site_layout_cost.json"))
-    if out:
-        Path(out).write_text(json.dumps(result, indent=1))
-        print(f"wrote {out}")
-    return result
+    return write(result, args, "site_layout_cost.json")
 
 
 if __name__ == "__main__":

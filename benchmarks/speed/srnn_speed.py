@@ -167,6 +167,19 @@ def synthetic_sequences(num, obs_dim=88, seed=0):
     ]
 
 
+def training_windows(data=None, smoke=False, seed=0):
+    """The sequences the SRNN timings train on: ``(model sizes, batch size, sequences,
+    description)``; the JSB-2x training windows (``data`` or the shared pickle), or with
+    ``smoke`` tiny sizes and 12 random sequences."""
+    if smoke:
+        seqs = synthetic_sequences(12, seed=seed)
+        return SMOKE_MODEL, 4, seqs, "synthetic: 12 sequences of 5-20 steps, D = 88"
+    path = Path(data) if data else SHARED_DATA / "jsb_chorales_2x.pickle"
+    if not path.exists():
+        raise SystemExit(f"data file {path} not found; pass --data PATH")
+    return MODEL, BATCH_SIZE, load_piano_rolls(path, splits=("train",))["train"], f"{path} train"
+
+
 def parse_args(argv=None):
     parser = timing_parser(
         __doc__.split("\n\n")[0],
@@ -183,16 +196,7 @@ def parse_args(argv=None):
 def main(argv=None):
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
-    if args.smoke:
-        sizes, batch_size, data = SMOKE_MODEL, 4, "synthetic: 12 sequences of 5-20 steps, D = 88"
-        seqs = synthetic_sequences(12, seed=args.seed)
-    else:
-        sizes, batch_size = MODEL, BATCH_SIZE
-        path = Path(args.data) if args.data else SHARED_DATA / "jsb_chorales_2x.pickle"
-        if not path.exists():
-            raise SystemExit(f"data file {path} not found; pass --data PATH")
-        seqs = load_piano_rolls(path, splits=("train",))["train"]
-        data = f"{path} train"
+    sizes, batch_size, seqs, data = training_windows(args.data, args.smoke, args.seed)
     loader = SequenceLoader(seqs, batch_size, shuffle=True, seed=args.seed)
     num_batches = min(args.batches or len(loader), len(loader))
 
