@@ -54,7 +54,7 @@ sys.path[:0] = [str(BENCHMARKS / "speed"), str(BENCHMARKS)]
 import pyro  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
-from baselines.plain_srnn import from_package  # noqa: E402
+from baselines.plain_srnn import from_package, normal_log_prob  # noqa: E402
 from common import RESULTS, SHARED_DATA, machine_info  # noqa: E402
 from pyro.infer import Trace_ELBO  # noqa: E402
 from srnn_speed import (  # noqa: E402
@@ -73,16 +73,6 @@ from pyro_seq.nn.ragged import sequence_lengths  # noqa: E402
 
 #: relative |ELBO difference| allowed between the three forms (float64)
 CHECK_RTOL = 1e-9
-
-
-def normal_log_prob(value, loc, scale):
-    """log N(value; loc, scale^2) summed over the last dim (as ``Normal(...).to_event(1)``)."""
-    var = scale * scale
-    return (
-        -((value - loc) ** 2) / (2 * var)
-        - scale.log()
-        - 0.5 * torch.log(2 * torch.pi * var.new_ones(()))
-    ).sum(-1)
 
 
 def one_expression_elbo(m: SRNN, x, mask, eps=None):
