@@ -3,6 +3,7 @@
 from pyro_seq.nn.combiner_scan import combiner_scan, residual_combiner_scan
 from pyro_seq.nn.conv import ConvEncoder, SubPixelDecoder
 from pyro_seq.nn.dropout import TrainingDropout, check_dropout, emission_dropout
+from pyro_seq.nn.gru_scan import ragged_gru
 from pyro_seq.nn.heads import BernoulliHead, GaussianHead, GaussianMLP
 from pyro_seq.nn.init import INIT_SCHEMES, bernoulli_output_layer, init_output_bias, init_weights
 from pyro_seq.nn.memory import DND, DNDRead, EarlierRead, nearest_earlier
@@ -42,6 +43,7 @@ __all__ = [
     "nearest_earlier",
     "pack_ragged",
     "previous_rows",
+    "ragged_gru",
     "ragged_relu_rnn",
     "residual_combiner_scan",
     "reverse_padded",
