@@ -25,6 +25,7 @@ float64); states at padded steps are 0.
 
 import torch
 
+import pyro_seq.nn.gemm as gemm
 from pyro_seq.nn.ragged import check_lengths, pack_ragged, previous_rows, step_offsets
 
 __all__ = ["ragged_gru"]
@@ -37,17 +38,16 @@ class _RaggedGRU(torch.autograd.Function):
         H = w_hh.shape[1]
         order, counts, index = pack_ragged(lengths, T)
         xp = x.reshape(B * T, -1).index_select(0, index)  # (N, I) packed, step-major
-        gi = torch.addmm(b_ih, xp, w_ih.t())  # (N, 3H): input projections of every step
+        gi = gemm.linear(xp, w_ih, b_ih)  # (N, 3H): input projections of every step
         N = gi.shape[0]
         gates = torch.empty(N, 3 * H, dtype=gi.dtype, device=gi.device)  # r, z, n
         ghn = torch.empty(N, H, dtype=gi.dtype, device=gi.device)  # W_hn h + b_hn
         out = torch.empty(N, H, dtype=gi.dtype, device=gi.device)
         h = h0.index_select(0, order)  # sorted by decreasing length
-        w_hh_t = w_hh.t()
         start = 0
         for n in counts:
             sl = slice(start, start + n)
-            gh = torch.addmm(b_hh, h[:n], w_hh_t)  # (n, 3H)
+            gh = gemm.linear(h[:n], w_hh, b_hh)  # (n, 3H)
             g = gates[sl]
             torch.add(gi[sl, : 2 * H], gh[:, : 2 * H], out=g[:, : 2 * H]).sigmoid_()
             r, z = g[:, :H], g[:, H : 2 * H]
@@ -74,6 +74,7 @@ class _RaggedGRU(torch.autograd.Function):
         dgin = torch.empty_like(ghn)  # d(W_in u + b_in)
         zc = 1.0 - gates[:, H : 2 * H]  # 1 - z, all steps at once
         offsets = step_offsets(counts)
+        w_hh_t = w_hh.t().contiguous()  # dh_{t-1} = d(W_h h + b_h) W_hh, a product with it
         dh = None
         for t in range(len(counts) - 1, -1, -1):
             lo, n = offsets[t], counts[t]
@@ -91,14 +92,14 @@ class _RaggedGRU(torch.autograd.Function):
             torch.mul(dn, ghn[sl], out=e[:, :H]).mul_(r - r * r)
             torch.sub(hprev[sl], nt, out=e[:, H : 2 * H]).mul_(d).mul_(z * zc[sl])
             # dh_{t-1} = d z + d(W_h h + b_h) W_hh
-            dh = torch.addmm(d * z, e, w_hh)
-        d_w_hh = dgh.t() @ hprev
+            dh = gemm.addmm(d * z, e, w_hh_t)
+        d_w_hh = gemm.matmul(dgh.t(), hprev)
         d_b_hh = dgh.sum(0)
-        d_w_ih = torch.cat([dgh[:, : 2 * H].t() @ xp, dgin.t() @ xp], 0)
+        d_w_ih = torch.cat([gemm.matmul(dgh[:, : 2 * H].t(), xp), gemm.matmul(dgin.t(), xp)], 0)
         d_b_ih = torch.cat([d_b_hh[: 2 * H], dgin.sum(0)])
         d_x = None
         if ctx.needs_input_grad[0]:
-            dgi_x = torch.addmm(dgin @ w_ih[2 * H :], dgh[:, : 2 * H], w_ih[: 2 * H])
+            dgi_x = gemm.matmul(dgin, w_ih[2 * H :]) + gemm.matmul(dgh[:, : 2 * H], w_ih[: 2 * H])
             d_x = dgi_x.new_zeros(B * T, xp.shape[1])
             d_x.index_copy_(0, index, dgi_x)
             d_x = d_x.view(B, T, -1)

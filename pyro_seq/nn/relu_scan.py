@@ -18,6 +18,7 @@ padded steps are 0.
 
 import torch
 
+import pyro_seq.nn.gemm as gemm
 from pyro_seq.nn.ragged import pack_ragged, previous_rows, step_offsets
 
 
@@ -28,15 +29,13 @@ class _RaggedReluRNN(torch.autograd.Function):
         H = w_hh.shape[0]
         order, counts, index = pack_ragged(lengths, T)
         xp = x.reshape(B * T, -1).index_select(0, index)  # (N, I) packed, time-major
-        pre = torch.addmm(bias, xp, w_ih.t())  # (N, H)
+        pre = gemm.linear(xp, w_ih, bias)  # (N, H)
         out = torch.empty_like(pre)
         h = h0.index_select(0, order)  # sorted
-        w_hh_t = w_hh.t()
         start = 0
         for n in counts:
-            h = torch.addmm(
-                pre[start : start + n], h[:n], w_hh_t, out=out[start : start + n]
-            ).relu_()
+            sl = slice(start, start + n)
+            h = gemm.addmm(pre[sl], h[:n], w_hh, out=out[sl]).relu_()
             start += n
         ctx.save_for_backward(xp, h0, w_ih, w_hh, out, order, index)
         ctx.counts, ctx.shape = counts, (B, T)
@@ -53,23 +52,25 @@ class _RaggedReluRNN(torch.autograd.Function):
         dpre = torch.empty_like(out)
         offsets = step_offsets(counts)
         dh = None
+        w_hh_t = w_hh.t().contiguous()  # dh_{t-1} = dpre_t W_hh, as a product with W_hh^T^T
         for t in range(len(counts) - 1, -1, -1):
             lo, n = offsets[t], counts[t]
             gt = g[lo : lo + n]
             if dh is not None:
                 gt[: dh.shape[0]] += dh
             torch.mul(gt, out[lo : lo + n] > 0, out=dpre[lo : lo + n])
-            dh = dpre[lo : lo + n] @ w_hh
+            dh = gemm.linear(dpre[lo : lo + n], w_hh_t)
         # previous states of every packed row: h0 for step 0, else the same rank one step back
         h0s = h0.index_select(0, order)
         hprev = previous_rows(h0s, out, counts)
-        d_w_hh = dpre.t() @ hprev
-        d_w_ih = dpre.t() @ xp
+        dpre_t = dpre.t()
+        d_w_hh = gemm.matmul(dpre_t, hprev)
+        d_w_ih = gemm.matmul(dpre_t, xp)
         d_bias = dpre.sum(0)
         d_x = None
         if ctx.needs_input_grad[0]:
             d_x = dpre.new_zeros(B * T, xp.shape[1])
-            d_x.index_copy_(0, index, dpre @ w_ih)
+            d_x.index_copy_(0, index, gemm.matmul(dpre, w_ih))
             d_x = d_x.view(B, T, -1)
         d_h0 = None
         if ctx.needs_input_grad[1]:

@@ -226,3 +226,27 @@ def test_mlp_widths_and_their_type_errors():
         MLP(0, (4,), 2)
     with pytest.raises(ValueError, match=r"at least one hidden layer, got \(\)"):
         frame_networks("mlp", (2, 2), 3, hidden_dims=())
+
+
+def test_ragged_relu_rnn_float32_at_routed_sizes_equals_torch_rnn_to_rounding():
+    """At the sizes where the scan's products go to oneDNN (pyro_seq.nn.gemm), float32 values
+    and gradients equal torch.nn.RNN's to float32 rounding."""
+    torch.manual_seed(4)
+    rnn = ForwardRNN(30, 600, cell="rnn", learn_init=True)
+    with torch.no_grad():
+        rnn.h0.normal_()
+        rnn.rnn.weight_hh_l0.mul_(0.5)
+    x = torch.randn(20, 10, 30, requires_grad=True)
+    lengths = torch.randint(1, 11, (20,))
+    w = torch.randn(20, 10, 600)
+    outs = []
+    for run in (
+        lambda: rnn(x, lengths),
+        lambda: _relu_rnn_reference(rnn, x, lengths, rnn.h0.expand(20, -1)),
+    ):
+        out = run()
+        outs.append((out, torch.autograd.grad((out * w).sum(), [x] + list(rnn.parameters()))))
+    (o1, g1), (o2, g2) = outs
+    assert torch.allclose(o1, o2, rtol=1e-5, atol=1e-5)
+    for a, b in zip(g1, g2):
+        assert torch.allclose(a, b, rtol=1e-4, atol=1e-4 * b.abs().max())

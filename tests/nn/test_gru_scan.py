@@ -105,3 +105,23 @@ def test_forward_and_backward_rnn_use_it_and_equal_torch_module():
         g_ref = torch.autograd.grad((ref * w).sum(), list(rnn.parameters()))
         for a, b in zip(g_got, g_ref):
             assert torch.allclose(a, b, rtol=1e-11, atol=1e-12)
+
+
+def test_float32_at_routed_sizes_equals_torch_gru_to_rounding():
+    """At the sizes where the scan's products go to oneDNN (pyro_seq.nn.gemm), float32 values
+    and gradients equal torch.nn.GRU's to float32 rounding."""
+    torch.manual_seed(3)
+    B, T, I, H = 16, 12, 40, 300
+    gru = torch.nn.GRU(I, H, batch_first=True)
+    x = torch.randn(B, T, I, requires_grad=True)
+    h0 = torch.randn(B, H, requires_grad=True)
+    lengths = torch.randint(1, T + 1, (B,))
+    params = [x, h0] + _weights(gru)
+    ref = _torch_gru_per_sequence(gru, x, lengths, h0)
+    got = ragged_gru(x, lengths, h0, *_weights(gru))
+    assert torch.allclose(got, ref, rtol=1e-5, atol=2e-6)
+    w = torch.randn(B, T, H)
+    for a, b in zip(
+        torch.autograd.grad((got * w).sum(), params), torch.autograd.grad((ref * w).sum(), params)
+    ):
+        assert torch.allclose(a, b, rtol=1e-4, atol=1e-4 * b.abs().max())
