@@ -26,7 +26,14 @@ float64); states at padded steps are 0.
 import torch
 
 import pyro_seq.nn.gemm as gemm
-from pyro_seq.nn.ragged import check_lengths, pack_ragged, previous_rows, step_offsets
+from pyro_seq.nn.ragged import (
+    check_lengths,
+    pack_ragged,
+    previous_rows,
+    step_offsets,
+    to_padded,
+    unsort_rows,
+)
 
 __all__ = ["ragged_gru"]
 
@@ -57,9 +64,7 @@ class _RaggedGRU(torch.autograd.Function):
             start += n
         ctx.save_for_backward(xp, h0, w_ih, w_hh, gates, ghn, out, order, index)
         ctx.counts, ctx.shape = counts, (B, T)
-        padded = out.new_zeros(B * T, H)
-        padded.index_copy_(0, index, out)
-        return padded.view(B, T, H)
+        return to_padded(out, index, B, T)
 
     @staticmethod
     def backward(ctx, grad_out):
@@ -100,13 +105,10 @@ class _RaggedGRU(torch.autograd.Function):
         d_x = None
         if ctx.needs_input_grad[0]:
             dgi_x = gemm.matmul(dgin, w_ih[2 * H :]) + gemm.matmul(dgh[:, : 2 * H], w_ih[: 2 * H])
-            d_x = dgi_x.new_zeros(B * T, xp.shape[1])
-            d_x.index_copy_(0, index, dgi_x)
-            d_x = d_x.view(B, T, -1)
+            d_x = to_padded(dgi_x, index, B, T)
         d_h0 = None
         if ctx.needs_input_grad[1]:
-            d_h0 = torch.empty_like(h0s)
-            d_h0[order] = dh  # dh of step 0 covers the whole (sorted) batch
+            d_h0 = unsort_rows(dh, order)  # dh of step 0 covers the whole (sorted) batch
         return d_x, d_h0, d_w_ih, d_w_hh, d_b_ih, d_b_hh, None
 
 

@@ -12,7 +12,15 @@ from typing import List, Optional, Sequence, Tuple
 
 import torch
 
-__all__ = ["check_lengths", "pack_ragged", "previous_rows", "sequence_lengths", "step_offsets"]
+__all__ = [
+    "check_lengths",
+    "pack_ragged",
+    "previous_rows",
+    "sequence_lengths",
+    "step_offsets",
+    "to_padded",
+    "unsort_rows",
+]
 
 
 def pack_ragged(lengths: torch.Tensor, T: int) -> Tuple[torch.Tensor, List[int], torch.Tensor]:
@@ -53,6 +61,21 @@ def step_offsets(counts: Sequence[int]) -> List[int]:
     for n in counts:
         offsets.append(offsets[-1] + n)
     return offsets
+
+
+def to_padded(packed: torch.Tensor, index: torch.Tensor, B: int, T: int) -> torch.Tensor:
+    """Packed rows ``(N, F)`` (the order of :func:`pack_ragged`'s ``index``) back in the
+    padded layout ``(B, T, F)``, zeros at the padded steps."""
+    padded = packed.new_zeros(B * T, packed.shape[-1])
+    padded.index_copy_(0, index, packed)
+    return padded.view(B, T, -1)
+
+
+def unsort_rows(rows: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
+    """Rows ``(B, F)`` in :func:`pack_ragged`'s sorted order back in the original order."""
+    out = torch.empty_like(rows)
+    out[order] = rows
+    return out
 
 
 def previous_rows(first: torch.Tensor, packed: torch.Tensor, counts: Sequence[int]) -> torch.Tensor:

@@ -19,14 +19,13 @@ padded steps are 0.
 import torch
 
 import pyro_seq.nn.gemm as gemm
-from pyro_seq.nn.ragged import pack_ragged, previous_rows, step_offsets
+from pyro_seq.nn.ragged import pack_ragged, previous_rows, step_offsets, to_padded, unsort_rows
 
 
 class _RaggedReluRNN(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, h0, w_ih, w_hh, bias, lengths):
         B, T, _ = x.shape
-        H = w_hh.shape[0]
         order, counts, index = pack_ragged(lengths, T)
         xp = x.reshape(B * T, -1).index_select(0, index)  # (N, I) packed, time-major
         pre = gemm.linear(xp, w_ih, bias)  # (N, H)
@@ -39,9 +38,7 @@ class _RaggedReluRNN(torch.autograd.Function):
             start += n
         ctx.save_for_backward(xp, h0, w_ih, w_hh, out, order, index)
         ctx.counts, ctx.shape = counts, (B, T)
-        padded = out.new_zeros(B * T, H)
-        padded.index_copy_(0, index, out)
-        return padded.view(B, T, H)
+        return to_padded(out, index, B, T)
 
     @staticmethod
     def backward(ctx, grad_out):
@@ -69,13 +66,10 @@ class _RaggedReluRNN(torch.autograd.Function):
         d_bias = dpre.sum(0)
         d_x = None
         if ctx.needs_input_grad[0]:
-            d_x = dpre.new_zeros(B * T, xp.shape[1])
-            d_x.index_copy_(0, index, gemm.matmul(dpre, w_ih))
-            d_x = d_x.view(B, T, -1)
+            d_x = to_padded(gemm.matmul(dpre, w_ih), index, B, T)
         d_h0 = None
         if ctx.needs_input_grad[1]:
-            d_h0 = torch.empty_like(h0s)
-            d_h0[order] = dh  # dh of step 0 covers the whole (sorted) batch
+            d_h0 = unsort_rows(dh, order)  # dh of step 0 covers the whole (sorted) batch
         return d_x, d_h0, d_w_ih, d_w_hh, d_bias, None
 
 
