@@ -22,7 +22,7 @@ Values and gradients equal the per-step loop's to rounding (tested in float64 wi
 import torch
 from torch.nn.functional import softplus
 
-from pyro_seq.nn.ragged import check_lengths, pack_ragged, previous_rows, step_offsets
+from pyro_seq.nn.ragged import check_lengths, pack_ragged, previous_rows, step_offsets, to_padded
 
 
 class _CombinerScan(torch.autograd.Function):
@@ -71,7 +71,7 @@ class _CombinerScan(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g_loc, g_scale, g_z):
         z0, a_p, eps_p, w_z, w_h, g, raw, z, order, index = ctx.saved_tensors
-        counts, (B, T, H) = ctx.counts, ctx.shape
+        counts, (B, T, _) = ctx.counts, ctx.shape
         Z = z.shape[1]
 
         def pack(grad):  # padded (B, T, Z) gradient -> packed real steps (N, Z)
@@ -110,7 +110,7 @@ class _CombinerScan(torch.autograd.Function):
             d_z0[order[: carry.shape[0]]] = carry  # every row runs step 1
         d_a = None
         if ctx.needs_input_grad[1]:
-            d_a = d_h.new_zeros(B * T, H).index_copy_(0, index, d_h.mul_(0.5)).view(B, T, H)
+            d_a = to_padded(d_h.mul_(0.5), index, B, T)
         return d_z0, d_a, None, d_w_z, d_b_z, d_w_h, d_b_h, None, None
 
 
@@ -266,7 +266,7 @@ class _ResidualCombinerScan(torch.autograd.Function):
             grads_z0.append(full)
         d_a = None
         if ctx.needs_input_grad[2]:
-            d_a = d_h.new_zeros(B * T, H).index_copy_(0, index, d_h.mul_(0.5)).view(B, T, H)
+            d_a = to_padded(d_h.mul_(0.5), index, B, T)
         return (
             grads_z0[0],
             grads_z0[1],

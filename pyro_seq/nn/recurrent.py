@@ -81,31 +81,15 @@ class ForwardRNN(nn.Module):
         then discarded (torch's packed sequences were slower on the CPU; docs/benchmarks.rst,
         section "DMM training speed").
         """
-        if self.cell == "rnn":
-            B, T = inputs.shape[:2]
-            if lengths is None:
-                lengths = torch.full((B,), T, dtype=torch.long, device=inputs.device)
-            r = self.rnn
-            return ragged_relu_rnn(
-                inputs,
-                lengths.long(),
-                self.h0.expand(B, -1),
-                r.weight_ih_l0,
-                r.weight_hh_l0,
-                r.bias_ih_l0 + r.bias_hh_l0,
-            )
-        if self.cell == "gru" and inputs.device.type == "cpu":
+        if self.cell == "rnn" or (self.cell == "gru" and inputs.device.type == "cpu"):
             B, T = inputs.shape[:2]
             lengths = check_lengths(lengths, B, T, "ForwardRNN", inputs.device).long()
-            r = self.rnn
+            r, h0 = self.rnn, self.h0.expand(B, -1)
+            if self.cell == "rnn":
+                bias = r.bias_ih_l0 + r.bias_hh_l0
+                return ragged_relu_rnn(inputs, lengths, h0, r.weight_ih_l0, r.weight_hh_l0, bias)
             return ragged_gru(
-                inputs,
-                lengths,
-                self.h0.expand(B, -1),
-                r.weight_ih_l0,
-                r.weight_hh_l0,
-                r.bias_ih_l0,
-                r.bias_hh_l0,
+                inputs, lengths, h0, r.weight_ih_l0, r.weight_hh_l0, r.bias_ih_l0, r.bias_hh_l0
             )
         h0 = self.h0.expand(1, inputs.shape[0], -1).contiguous()
         init = (h0, torch.zeros_like(h0)) if self.cell == "lstm" else h0

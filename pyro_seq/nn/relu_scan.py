@@ -19,7 +19,14 @@ padded steps are 0.
 import torch
 
 import pyro_seq.nn.gemm as gemm
-from pyro_seq.nn.ragged import pack_ragged, previous_rows, step_offsets, to_padded, unsort_rows
+from pyro_seq.nn.ragged import (
+    check_lengths,
+    pack_ragged,
+    previous_rows,
+    step_offsets,
+    to_padded,
+    unsort_rows,
+)
 
 
 class _RaggedReluRNN(torch.autograd.Function):
@@ -87,10 +94,5 @@ def ragged_relu_rnn(x, lengths, h0, weight_ih, weight_hh, bias):
         raise ValueError(
             f"expected x (B, T, I) and h0 (B, H); got {tuple(x.shape)}, {tuple(h0.shape)}"
         )
-    if (
-        lengths.shape != (x.shape[0],)
-        or bool((lengths < 1).any())
-        or bool((lengths > x.shape[1]).any())
-    ):
-        raise ValueError(f"lengths must be (batch,) with values in [1, {x.shape[1]}]")
+    check_lengths(lengths, x.shape[0], x.shape[1], "ragged_relu_rnn")
     return _RaggedReluRNN.apply(x, h0, weight_ih, weight_hh, bias, lengths)

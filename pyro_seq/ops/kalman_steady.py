@@ -120,11 +120,14 @@ class SteadyStateCache:
         return value
 
 
+def _cached(cache: Optional[SteadyStateCache], mdl: PreparedLGSSM, entry, compute):
+    """``compute()``, through ``cache`` when one is given."""
+    return compute() if cache is None else cache.get(mdl, entry, compute)
+
+
 def _covariances(mdl: PreparedLGSSM, tol: float, cache: Optional[SteadyStateCache]):
     """:func:`joint_covariance_pass`, through ``cache`` when one is given."""
-    if cache is None:
-        return joint_covariance_pass(mdl, tol)
-    return cache.get(mdl, ("covariances", mdl.T, tol), lambda: joint_covariance_pass(mdl, tol))
+    return _cached(cache, mdl, ("covariances", mdl.T, tol), lambda: joint_covariance_pass(mdl, tol))
 
 
 def steady_applicable(mdl: PreparedLGSSM, steady_state_tol: float, min_steps: int = 32) -> bool:
@@ -432,7 +435,7 @@ def steady_smoother(
     def compute():
         return _smoother_covariances(mdl, covs, pcovs, ASig, steady_from, tol)
 
-    part = compute() if cache is None else cache.get(mdl, ("smoother", T, tol), compute)
+    part = _cached(cache, mdl, ("smoother", T, tol), compute)
     if part is None:
         return None
     J, sc, cross = part
